@@ -1,0 +1,1036 @@
+//! The Tidal guest bundle: one blob, passed to the hypervisor as the initrd,
+//! that carries every guest's kernel, optional initrd and command line and the
+//! VM configuration.
+//!
+//! The byte layout, the versioning rule and how the hypervisor finds the blob
+//! are documented in `docs/BUNDLE.md`; the constants in [`header`] and
+//! [`entry`] are that layout. In short (all integers little-endian):
+//!
+//! ```text
+//! 0                 header (HEADER_SIZE = 64 bytes in version 1)
+//! vm_table_offset   vm_count entries of vm_entry_size (192) bytes each
+//! 4 KiB aligned     blobs (kernels, initrds, command lines), each 4 KiB aligned
+//! total_size        end; CRC-32 covers [header_size, total_size)
+//! ```
+//!
+//! The reader, [`parse`], is `no_std` and allocation-free (the hypervisor runs
+//! it before it has a heap), validates everything before handing anything out,
+//! and never panics: any byte string gives either a [`Bundle`] whose every
+//! accessor is in bounds, or a [`BundleError`] whose `Display` names the VM
+//! and the field at fault. [`parse`] (alias [`parse_untrusted`]) is the fuzz
+//! entry point.
+//!
+//! The writer, [`BundleBuilder`], needs the `std` feature (the host build tool
+//! uses it) and only produces bundles that [`parse`] accepts.
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![forbid(unsafe_code)]
+
+use core::fmt;
+
+mod crc;
+pub use crc::{crc32, Crc32};
+
+#[cfg(any(test, feature = "std"))]
+mod writer;
+#[cfg(any(test, feature = "std"))]
+pub use writer::{BundleBuilder, VmSpec};
+
+#[cfg(test)]
+mod tests;
+
+/// The first eight bytes of every bundle.
+pub const MAGIC: [u8; 8] = *b"TIDALBND";
+/// The format version this crate reads and writes. Readers reject any other
+/// version: a newer one may change the meaning of fields this reader knows.
+pub const VERSION: u32 = 1;
+/// Size of the version 1 header. A bundle may declare a larger `header_size`
+/// (a compatible extension): the extra bytes are ignored by this reader.
+pub const HEADER_SIZE: usize = 64;
+/// Size of a version 1 VM entry. A bundle may declare a larger
+/// `vm_entry_size`: the extra bytes of each entry are ignored by this reader.
+pub const VM_ENTRY_SIZE: usize = 192;
+/// Every blob starts at a multiple of this offset from the start of the
+/// bundle, and the writer pads the bundle to a multiple of it.
+pub const BLOB_ALIGN: u64 = 4096;
+/// Guest RAM sizes are a multiple of this.
+pub const RAM_ALIGN: u64 = 4096;
+/// Bytes of the NUL-padded name field.
+pub const NAME_LEN: usize = 32;
+/// Most VMs a bundle may describe.
+pub const MAX_VMS: usize = 256;
+/// Header flags defined so far (none): any other bit is rejected.
+pub const KNOWN_FLAGS: u32 = 0;
+
+/// Bits of [`VmEntry::devices`].
+pub mod devices {
+    /// A virtio-mmio memory balloon.
+    pub const BALLOON: u64 = 1 << 0;
+    /// Every bit defined so far; any other bit is rejected.
+    pub const KNOWN: u64 = BALLOON;
+}
+
+/// Byte offsets of the header fields.
+pub mod header {
+    /// `[u8; 8]`, [`MAGIC`](crate::MAGIC).
+    pub const MAGIC: usize = 0;
+    /// `u32`, [`VERSION`](crate::VERSION).
+    pub const VERSION: usize = 8;
+    /// `u32`, at least [`HEADER_SIZE`](crate::HEADER_SIZE), multiple of 8.
+    pub const HEADER_SIZE: usize = 12;
+    /// `u64`, bytes of the whole bundle.
+    pub const TOTAL_SIZE: usize = 16;
+    /// `u32`, number of VM entries.
+    pub const VM_COUNT: usize = 24;
+    /// `u32`, at least [`VM_ENTRY_SIZE`](crate::VM_ENTRY_SIZE), multiple of 8.
+    pub const VM_ENTRY_SIZE: usize = 28;
+    /// `u64`, offset of the VM table from the start of the bundle.
+    pub const VM_TABLE_OFFSET: usize = 32;
+    /// `u64`, `vm_count * vm_entry_size`.
+    pub const VM_TABLE_SIZE: usize = 40;
+    /// `u32`, CRC-32 (IEEE) of bytes `[header_size, total_size)`.
+    pub const CRC32: usize = 48;
+    /// `u32`, flags; none defined, must be zero.
+    pub const FLAGS: usize = 52;
+    /// `[u8; 8]`, reserved, must be zero.
+    pub const RESERVED: usize = 56;
+}
+
+/// Byte offsets of the fields of a VM entry.
+pub mod entry {
+    /// `[u8; 32]`, ASCII `[a-z0-9_-]`, NUL-padded.
+    pub const NAME: usize = 0;
+    /// `u64`, bytes of guest RAM, non-zero multiple of 4 KiB.
+    pub const RAM_SIZE: usize = 32;
+    /// `u32`, at least 1.
+    pub const VCPUS: usize = 40;
+    /// `u32`, reserved, must be zero.
+    pub const RESERVED0: usize = 44;
+    /// `u64`, physical CPUs (by index) the vCPUs may run on; non-zero.
+    pub const CPU_AFFINITY: usize = 48;
+    /// `u64` offset and `u64` size of the kernel image (size non-zero).
+    pub const KERNEL_OFFSET: usize = 56;
+    pub const KERNEL_SIZE: usize = 64;
+    /// `u64` offset and `u64` size of the initrd (size 0 and offset 0: none).
+    pub const INITRD_OFFSET: usize = 72;
+    pub const INITRD_SIZE: usize = 80;
+    /// `u64` offset and `u64` size of the command line, UTF-8 without NUL and
+    /// without terminator (size 0 and offset 0: none).
+    pub const CMDLINE_OFFSET: usize = 88;
+    pub const CMDLINE_SIZE: usize = 96;
+    /// `u64`, virtio balloon feature bits the device offers.
+    pub const BALLOON_FEATURES: usize = 104;
+    /// `u64`, [`devices`](crate::devices) bits.
+    pub const DEVICES: usize = 112;
+    /// `[u8; 72]`, reserved, must be zero.
+    pub const RESERVED: usize = 120;
+}
+
+/// The fuzz entry point: the same as [`parse`], named so that a fuzz target
+/// (and a reader of the code) sees that arbitrary bytes are expected.
+pub fn parse_untrusted(bytes: &[u8]) -> Result<Bundle<'_>, BundleError> {
+    parse(bytes)
+}
+
+// ---------------------------------------------------------------------------
+// Little-endian field access that cannot panic.
+
+fn read_u32(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    if let Some(s) = off.checked_add(4).and_then(|end| b.get(off..end)) {
+        a.copy_from_slice(s);
+    }
+    u32::from_le_bytes(a)
+}
+
+fn read_u64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    if let Some(s) = off.checked_add(8).and_then(|end| b.get(off..end)) {
+        a.copy_from_slice(s);
+    }
+    u64::from_le_bytes(a)
+}
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+/// A VM name as stored in the bundle, kept in errors so that messages can say
+/// which VM is at fault without borrowing the bundle.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct VmName {
+    bytes: [u8; NAME_LEN],
+    len: u8,
+}
+
+impl VmName {
+    /// The name, if `raw` holds a valid one.
+    fn from_raw(raw: &[u8; NAME_LEN]) -> Option<Self> {
+        let len = name_len(raw).ok()?;
+        Some(Self {
+            bytes: *raw,
+            len: len as u8,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        let b = self.bytes.get(..self.len as usize).unwrap_or(&[]);
+        core::str::from_utf8(b).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for VmName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for VmName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which blob of a VM entry an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blob {
+    Kernel,
+    Initrd,
+    Cmdline,
+}
+
+impl Blob {
+    pub const fn label(self) -> &'static str {
+        match self {
+            Blob::Kernel => "kernel",
+            Blob::Initrd => "initrd",
+            Blob::Cmdline => "command line",
+        }
+    }
+}
+
+/// Why a name is not valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameProblem {
+    Empty,
+    /// Byte at this index is not `[a-z0-9_-]`.
+    BadChar(usize),
+    /// A non-NUL byte follows the NUL padding at this index.
+    GarbageAfterNul(usize),
+    /// Longer than [`NAME_LEN`] (writer only).
+    TooLong(usize),
+}
+
+/// What is wrong with one VM entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmError {
+    BadName {
+        raw: [u8; NAME_LEN],
+        problem: NameProblem,
+    },
+    /// Same name as the entry at index `first`.
+    DuplicateName {
+        first: usize,
+    },
+    /// A reserved field (at this byte offset within the entry) is not zero.
+    ReservedNonZero {
+        offset: usize,
+    },
+    ZeroRam,
+    RamNotAligned {
+        ram_size: u64,
+    },
+    ZeroVcpus,
+    ZeroAffinity,
+    UnknownDevices {
+        bits: u64,
+    },
+    BalloonFeaturesWithoutBalloon {
+        features: u64,
+    },
+    EmptyKernel,
+    /// Size 0 (no blob) but a non-zero offset.
+    OffsetWithoutBlob {
+        blob: Blob,
+        offset: u64,
+    },
+    BlobMisaligned {
+        blob: Blob,
+        offset: u64,
+    },
+    /// The blob starts before the end of the VM table.
+    BlobOverlapsTable {
+        blob: Blob,
+        offset: u64,
+        table_end: u64,
+    },
+    BlobOutOfBounds {
+        blob: Blob,
+        offset: u64,
+        size: u64,
+        bundle_size: u64,
+    },
+    CmdlineNotUtf8 {
+        valid_up_to: usize,
+    },
+    CmdlineHasNul {
+        at: usize,
+    },
+    /// Kernel plus initrd do not fit in the VM's RAM.
+    BlobsExceedRam {
+        kernel: u64,
+        initrd: u64,
+        ram_size: u64,
+    },
+}
+
+/// Why a bundle was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BundleError {
+    /// Fewer bytes than a header.
+    TooShort {
+        len: usize,
+    },
+    BadMagic {
+        found: [u8; 8],
+    },
+    /// Version 0 or newer than [`VERSION`].
+    UnsupportedVersion {
+        found: u32,
+        supported: u32,
+    },
+    BadHeaderSize {
+        header_size: u32,
+    },
+    UnknownFlags {
+        flags: u32,
+    },
+    /// A reserved header byte (at this offset) is not zero.
+    HeaderReservedNonZero {
+        offset: usize,
+    },
+    /// `total_size` is smaller than the header.
+    TotalSizeTooSmall {
+        total_size: u64,
+        header_size: u32,
+    },
+    /// `total_size` is larger than the bytes available.
+    Truncated {
+        total_size: u64,
+        available: usize,
+    },
+    BadEntrySize {
+        entry_size: u32,
+    },
+    TooManyVms {
+        count: u32,
+    },
+    VmTableMisaligned {
+        offset: u64,
+    },
+    VmTableOverlapsHeader {
+        offset: u64,
+        header_size: u32,
+    },
+    VmTableSizeMismatch {
+        size: u64,
+        count: u32,
+        entry_size: u32,
+    },
+    VmTableOutOfBounds {
+        offset: u64,
+        size: u64,
+        total_size: u64,
+    },
+    CrcMismatch {
+        stored: u32,
+        computed: u32,
+    },
+    /// VM entry `index` is invalid; `name` is its name when that is readable.
+    Vm {
+        index: usize,
+        name: Option<VmName>,
+        error: VmError,
+    },
+}
+
+struct HexBytes<'a>(&'a [u8]);
+
+impl fmt::Display for HexBytes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for VmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            VmError::BadName { raw, problem } => {
+                let shown = match problem {
+                    NameProblem::TooLong(_) => &raw[..],
+                    _ => &raw[..name_shown_len(&raw)],
+                };
+                write!(f, "name \"{}\" is invalid: ", shown.escape_ascii())?;
+                match problem {
+                    NameProblem::Empty => f.write_str("empty"),
+                    NameProblem::BadChar(i) => write!(
+                        f,
+                        "byte {i} ({:#04x}) is not one of [a-z0-9_-]",
+                        raw.get(i).copied().unwrap_or(0)
+                    ),
+                    NameProblem::GarbageAfterNul(i) => {
+                        write!(f, "non-NUL byte at {i} after the NUL padding")
+                    }
+                    NameProblem::TooLong(n) => {
+                        write!(f, "{n} bytes long, the most is {NAME_LEN}")
+                    }
+                }
+            }
+            VmError::DuplicateName { first } => {
+                write!(f, "name is already used by VM {first}")
+            }
+            VmError::ReservedNonZero { offset } => write!(
+                f,
+                "reserved field at entry offset {offset:#x} is not zero \
+                 (written by a newer tool?)"
+            ),
+            VmError::ZeroRam => f.write_str("RAM size is zero"),
+            VmError::RamNotAligned { ram_size } => write!(
+                f,
+                "RAM size {ram_size:#x} is not a multiple of {RAM_ALIGN:#x} bytes"
+            ),
+            VmError::ZeroVcpus => f.write_str("vCPU count is zero"),
+            VmError::ZeroAffinity => f.write_str("CPU affinity mask is empty"),
+            VmError::UnknownDevices { bits } => {
+                write!(f, "device flags {bits:#x} include unknown bits {:#x}", bits & !devices::KNOWN)
+            }
+            VmError::BalloonFeaturesWithoutBalloon { features } => write!(
+                f,
+                "balloon features {features:#x} offered but the balloon device is not enabled"
+            ),
+            VmError::EmptyKernel => f.write_str("kernel blob is empty"),
+            VmError::OffsetWithoutBlob { blob, offset } => write!(
+                f,
+                "{} blob has size 0 (none) but offset {offset:#x} (must be 0)",
+                blob.label()
+            ),
+            VmError::BlobMisaligned { blob, offset } => write!(
+                f,
+                "{} blob at offset {offset:#x} is not {BLOB_ALIGN:#x}-byte aligned",
+                blob.label()
+            ),
+            VmError::BlobOverlapsTable { blob, offset, table_end } => write!(
+                f,
+                "{} blob at offset {offset:#x} starts before the end of the VM table ({table_end:#x})",
+                blob.label()
+            ),
+            VmError::BlobOutOfBounds { blob, offset, size, bundle_size } => write!(
+                f,
+                "{} blob at offset {offset:#x} size {size:#x} runs past the end of the bundle \
+                 ({bundle_size:#x} bytes)",
+                blob.label()
+            ),
+            VmError::CmdlineNotUtf8 { valid_up_to } => write!(
+                f,
+                "command line is not UTF-8 (invalid byte at {valid_up_to})"
+            ),
+            VmError::CmdlineHasNul { at } => {
+                write!(f, "command line contains a NUL byte at {at}")
+            }
+            VmError::BlobsExceedRam { kernel, initrd, ram_size } => write!(
+                f,
+                "kernel ({kernel:#x} bytes) and initrd ({initrd:#x} bytes) do not fit in RAM \
+                 ({ram_size:#x} bytes)"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for BundleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            BundleError::TooShort { len } => write!(
+                f,
+                "bundle is {len} bytes, shorter than its {HEADER_SIZE}-byte header"
+            ),
+            BundleError::BadMagic { found } => write!(
+                f,
+                "bad magic: expected \"TIDALBND\", found {} (\"{}\")",
+                HexBytes(&found),
+                found.escape_ascii()
+            ),
+            BundleError::UnsupportedVersion { found, supported } => {
+                if found > supported {
+                    write!(
+                        f,
+                        "bundle format version {found} is newer than this hypervisor supports \
+                         (version {supported}); rebuild the bundle with a matching tool or update \
+                         the hypervisor"
+                    )
+                } else {
+                    write!(
+                        f,
+                        "bundle format version {found} is not valid (this hypervisor supports \
+                         version {supported})"
+                    )
+                }
+            }
+            BundleError::BadHeaderSize { header_size } => write!(
+                f,
+                "header size {header_size} is invalid (at least {HEADER_SIZE}, multiple of 8)"
+            ),
+            BundleError::UnknownFlags { flags } => write!(
+                f,
+                "header flags {flags:#x} include unknown bits {:#x}",
+                flags & !KNOWN_FLAGS
+            ),
+            BundleError::HeaderReservedNonZero { offset } => {
+                write!(f, "reserved header byte at offset {offset:#x} is not zero")
+            }
+            BundleError::TotalSizeTooSmall {
+                total_size,
+                header_size,
+            } => write!(
+                f,
+                "total size {total_size:#x} is smaller than the header ({header_size:#x} bytes)"
+            ),
+            BundleError::Truncated {
+                total_size,
+                available,
+            } => write!(
+                f,
+                "bundle is truncated: header says {total_size:#x} bytes, only {available:#x} \
+                 available"
+            ),
+            BundleError::BadEntrySize { entry_size } => write!(
+                f,
+                "VM entry size {entry_size} is invalid (at least {VM_ENTRY_SIZE}, multiple of 8)"
+            ),
+            BundleError::TooManyVms { count } => {
+                write!(f, "{count} VMs, the most a bundle may hold is {MAX_VMS}")
+            }
+            BundleError::VmTableMisaligned { offset } => {
+                write!(f, "VM table offset {offset:#x} is not 8-byte aligned")
+            }
+            BundleError::VmTableOverlapsHeader {
+                offset,
+                header_size,
+            } => write!(
+                f,
+                "VM table offset {offset:#x} is inside the header ({header_size:#x} bytes)"
+            ),
+            BundleError::VmTableSizeMismatch {
+                size,
+                count,
+                entry_size,
+            } => write!(
+                f,
+                "VM table size {size:#x} is not {count} entries of {entry_size} bytes"
+            ),
+            BundleError::VmTableOutOfBounds {
+                offset,
+                size,
+                total_size,
+            } => write!(
+                f,
+                "VM table at offset {offset:#x} size {size:#x} runs past the end of the bundle \
+                 ({total_size:#x} bytes)"
+            ),
+            BundleError::CrcMismatch { stored, computed } => write!(
+                f,
+                "CRC mismatch: header says {stored:#010x}, contents give {computed:#010x} \
+                 (corrupted or truncated bundle)"
+            ),
+            BundleError::Vm { index, name, error } => {
+                match name {
+                    Some(n) => write!(f, "VM {index} (\"{n}\"): ")?,
+                    None => write!(f, "VM {index}: ")?,
+                }
+                fmt::Display::fmt(&error, f)
+            }
+        }
+    }
+}
+
+impl core::error::Error for BundleError {}
+impl core::error::Error for VmError {}
+
+// ---------------------------------------------------------------------------
+// Checks shared by the reader and the writer.
+
+/// Length of a valid NUL-padded name, or why it is invalid.
+fn name_len(raw: &[u8; NAME_LEN]) -> Result<usize, NameProblem> {
+    let len = raw.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
+    if len == 0 {
+        return Err(NameProblem::Empty);
+    }
+    check_name_chars(&raw[..len])?;
+    if let Some(i) = raw[len..].iter().position(|&b| b != 0) {
+        return Err(NameProblem::GarbageAfterNul(len + i));
+    }
+    Ok(len)
+}
+
+fn name_shown_len(raw: &[u8; NAME_LEN]) -> usize {
+    raw.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
+}
+
+fn check_name_chars(name: &[u8]) -> Result<(), NameProblem> {
+    match name
+        .iter()
+        .position(|&b| !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'))
+    {
+        Some(i) => Err(NameProblem::BadChar(i)),
+        None => Ok(()),
+    }
+}
+
+/// Whether `name` is a valid VM name: 1 to 32 bytes of `[a-z0-9_-]`.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= NAME_LEN && check_name_chars(name.as_bytes()).is_ok()
+}
+
+/// The checks on an entry's scalar fields, in the order the reader applies them.
+fn check_scalars(
+    ram_size: u64,
+    vcpus: u32,
+    cpu_affinity: u64,
+    balloon_features: u64,
+    devs: u64,
+) -> Result<(), VmError> {
+    if ram_size == 0 {
+        return Err(VmError::ZeroRam);
+    }
+    if !ram_size.is_multiple_of(RAM_ALIGN) {
+        return Err(VmError::RamNotAligned { ram_size });
+    }
+    if vcpus == 0 {
+        return Err(VmError::ZeroVcpus);
+    }
+    if cpu_affinity == 0 {
+        return Err(VmError::ZeroAffinity);
+    }
+    if devs & !devices::KNOWN != 0 {
+        return Err(VmError::UnknownDevices { bits: devs });
+    }
+    if devs & devices::BALLOON == 0 && balloon_features != 0 {
+        return Err(VmError::BalloonFeaturesWithoutBalloon {
+            features: balloon_features,
+        });
+    }
+    Ok(())
+}
+
+fn check_cmdline(b: &[u8]) -> Result<&str, VmError> {
+    let s = core::str::from_utf8(b).map_err(|e| VmError::CmdlineNotUtf8 {
+        valid_up_to: e.valid_up_to(),
+    })?;
+    if let Some(at) = b.iter().position(|&c| c == 0) {
+        return Err(VmError::CmdlineHasNul { at });
+    }
+    Ok(s)
+}
+
+fn check_fits(kernel: u64, initrd: u64, ram_size: u64) -> Result<(), VmError> {
+    match kernel.checked_add(initrd) {
+        Some(t) if t <= ram_size => Ok(()),
+        _ => Err(VmError::BlobsExceedRam {
+            kernel,
+            initrd,
+            ram_size,
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The reader.
+
+/// A validated bundle.
+#[derive(Clone, Copy, Debug)]
+pub struct Bundle<'a> {
+    /// Exactly `total_size` bytes.
+    bytes: &'a [u8],
+    version: u32,
+    header_size: usize,
+    crc: u32,
+    vm_count: usize,
+    entry_size: usize,
+    table_offset: usize,
+}
+
+/// One VM of a validated bundle.
+#[derive(Clone, Copy, Debug)]
+pub struct VmEntry<'a> {
+    index: usize,
+    name: &'a str,
+    ram_size: u64,
+    vcpus: u32,
+    cpu_affinity: u64,
+    kernel: &'a [u8],
+    initrd: Option<&'a [u8]>,
+    cmdline: Option<&'a str>,
+    balloon_features: u64,
+    devices: u64,
+}
+
+impl<'a> VmEntry<'a> {
+    /// Position in the VM table.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+    /// 1 to 32 bytes of `[a-z0-9_-]`, unique within the bundle.
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+    /// Bytes of guest RAM: non-zero, a multiple of 4 KiB, at least kernel
+    /// plus initrd.
+    pub fn ram_size(&self) -> u64 {
+        self.ram_size
+    }
+    /// At least 1.
+    pub fn vcpus(&self) -> u32 {
+        self.vcpus
+    }
+    /// Bit `n` set: vCPUs may run on physical CPU `n`. Non-zero.
+    pub fn cpu_affinity(&self) -> u64 {
+        self.cpu_affinity
+    }
+    /// The kernel image, non-empty, starting 4 KiB aligned in the bundle.
+    pub fn kernel(&self) -> &'a [u8] {
+        self.kernel
+    }
+    /// The initrd, if any (never empty), starting 4 KiB aligned in the bundle.
+    pub fn initrd(&self) -> Option<&'a [u8]> {
+        self.initrd
+    }
+    /// The command line, if any (never empty; UTF-8, no NUL).
+    pub fn cmdline(&self) -> Option<&'a str> {
+        self.cmdline
+    }
+    /// Virtio balloon feature bits offered; zero unless the balloon is enabled.
+    pub fn balloon_features(&self) -> u64 {
+        self.balloon_features
+    }
+    /// [`devices`] bits.
+    pub fn devices(&self) -> u64 {
+        self.devices
+    }
+    pub fn has_balloon(&self) -> bool {
+        self.devices & devices::BALLOON != 0
+    }
+}
+
+/// Parses and validates a bundle. `bytes` may be longer than the bundle (the
+/// initrd region may be padded); the bytes after `total_size` are ignored.
+///
+/// Checks, in order: header (magic, version, flags, reserved bytes, header
+/// size, total size against `bytes`, entry size, VM count, VM table bounds),
+/// then the CRC of everything after the header, then each VM entry (name,
+/// uniqueness, reserved fields, RAM, vCPUs, affinity, devices, balloon
+/// features, blob offsets/sizes/alignment, command line, fit in RAM). The
+/// first failure is returned.
+pub fn parse(bytes: &[u8]) -> Result<Bundle<'_>, BundleError> {
+    let hdr = match bytes.get(..HEADER_SIZE) {
+        Some(h) => h,
+        None => return Err(BundleError::TooShort { len: bytes.len() }),
+    };
+    let mut magic = [0u8; 8];
+    magic.copy_from_slice(&hdr[header::MAGIC..header::MAGIC + 8]);
+    if magic != MAGIC {
+        return Err(BundleError::BadMagic { found: magic });
+    }
+    let version = read_u32(hdr, header::VERSION);
+    if version != VERSION {
+        return Err(BundleError::UnsupportedVersion {
+            found: version,
+            supported: VERSION,
+        });
+    }
+    let flags = read_u32(hdr, header::FLAGS);
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(BundleError::UnknownFlags { flags });
+    }
+    if let Some(i) = hdr[header::RESERVED..HEADER_SIZE]
+        .iter()
+        .position(|&b| b != 0)
+    {
+        return Err(BundleError::HeaderReservedNonZero {
+            offset: header::RESERVED + i,
+        });
+    }
+    let header_size32 = read_u32(hdr, header::HEADER_SIZE);
+    let header_size = header_size32 as usize;
+    if header_size < HEADER_SIZE || !header_size.is_multiple_of(8) {
+        return Err(BundleError::BadHeaderSize {
+            header_size: header_size32,
+        });
+    }
+    let total_size = read_u64(hdr, header::TOTAL_SIZE);
+    if total_size < header_size as u64 {
+        return Err(BundleError::TotalSizeTooSmall {
+            total_size,
+            header_size: header_size32,
+        });
+    }
+    let bytes = match usize::try_from(total_size)
+        .ok()
+        .and_then(|t| bytes.get(..t))
+    {
+        Some(b) => b,
+        None => {
+            return Err(BundleError::Truncated {
+                total_size,
+                available: bytes.len(),
+            })
+        }
+    };
+    let entry_size32 = read_u32(hdr, header::VM_ENTRY_SIZE);
+    let entry_size = entry_size32 as usize;
+    if entry_size < VM_ENTRY_SIZE || !entry_size.is_multiple_of(8) {
+        return Err(BundleError::BadEntrySize {
+            entry_size: entry_size32,
+        });
+    }
+    let count32 = read_u32(hdr, header::VM_COUNT);
+    if count32 as usize > MAX_VMS {
+        return Err(BundleError::TooManyVms { count: count32 });
+    }
+    let table_offset = read_u64(hdr, header::VM_TABLE_OFFSET);
+    let table_size = read_u64(hdr, header::VM_TABLE_SIZE);
+    if !table_offset.is_multiple_of(8) {
+        return Err(BundleError::VmTableMisaligned {
+            offset: table_offset,
+        });
+    }
+    if table_offset < header_size as u64 {
+        return Err(BundleError::VmTableOverlapsHeader {
+            offset: table_offset,
+            header_size: header_size32,
+        });
+    }
+    // Both factors are small (count <= MAX_VMS, entry_size < 2^32): no overflow.
+    if table_size != count32 as u64 * entry_size32 as u64 {
+        return Err(BundleError::VmTableSizeMismatch {
+            size: table_size,
+            count: count32,
+            entry_size: entry_size32,
+        });
+    }
+    match table_offset.checked_add(table_size) {
+        Some(end) if end <= total_size => {}
+        _ => {
+            return Err(BundleError::VmTableOutOfBounds {
+                offset: table_offset,
+                size: table_size,
+                total_size,
+            })
+        }
+    }
+    let stored = read_u32(hdr, header::CRC32);
+    let computed = crc32(bytes.get(header_size..).unwrap_or(&[]));
+    if stored != computed {
+        return Err(BundleError::CrcMismatch { stored, computed });
+    }
+
+    let bundle = Bundle {
+        bytes,
+        version,
+        header_size,
+        crc: stored,
+        vm_count: count32 as usize,
+        entry_size,
+        table_offset: table_offset as usize,
+    };
+    for index in 0..bundle.vm_count {
+        let raw = bundle.raw_entry(index);
+        let mut raw_name = [0u8; NAME_LEN];
+        raw_name.copy_from_slice(raw.get(..NAME_LEN).unwrap_or(&[0; NAME_LEN]));
+        let name = VmName::from_raw(&raw_name);
+        let fail = |error| BundleError::Vm { index, name, error };
+        bundle.decode(index).map_err(fail)?;
+        for first in 0..index {
+            if bundle.raw_entry(first).get(..NAME_LEN) == Some(&raw_name[..]) {
+                return Err(fail(VmError::DuplicateName { first }));
+            }
+        }
+    }
+    Ok(bundle)
+}
+
+impl<'a> Bundle<'a> {
+    /// The format version of this bundle ([`VERSION`]).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+    /// Bytes of the bundle (the `total_size` header field).
+    pub fn total_size(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    /// The bundle's bytes, exactly [`total_size`](Self::total_size) long.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+    /// The CRC-32 stored in (and checked against) the header.
+    pub fn crc32(&self) -> u32 {
+        self.crc
+    }
+    pub fn header_size(&self) -> usize {
+        self.header_size
+    }
+    pub fn vm_count(&self) -> usize {
+        self.vm_count
+    }
+    pub fn vms(&self) -> Vms<'a> {
+        Vms {
+            bundle: *self,
+            next: 0,
+        }
+    }
+    pub fn vm(&self, index: usize) -> Option<VmEntry<'a>> {
+        if index < self.vm_count {
+            self.decode(index).ok()
+        } else {
+            None
+        }
+    }
+    pub fn find(&self, name: &str) -> Option<VmEntry<'a>> {
+        self.vms().find(|vm| vm.name() == name)
+    }
+
+    /// The first `VM_ENTRY_SIZE` bytes of entry `index` (empty if out of
+    /// bounds, which a parsed bundle never is).
+    fn raw_entry(&self, index: usize) -> &'a [u8] {
+        let bytes = self.bytes;
+        index
+            .checked_mul(self.entry_size)
+            .and_then(|o| o.checked_add(self.table_offset))
+            .and_then(|start| bytes.get(start..start.checked_add(VM_ENTRY_SIZE)?))
+            .unwrap_or(&[])
+    }
+
+    fn table_end(&self) -> u64 {
+        (self.table_offset + self.vm_count * self.entry_size) as u64
+    }
+
+    fn blob(&self, raw: &[u8], blob: Blob, off_field: usize) -> Result<&'a [u8], VmError> {
+        let offset = read_u64(raw, off_field);
+        let size = read_u64(raw, off_field + 8);
+        if size == 0 {
+            if blob == Blob::Kernel {
+                return Err(VmError::EmptyKernel);
+            }
+            if offset != 0 {
+                return Err(VmError::OffsetWithoutBlob { blob, offset });
+            }
+            return Ok(&[]);
+        }
+        if !offset.is_multiple_of(BLOB_ALIGN) {
+            return Err(VmError::BlobMisaligned { blob, offset });
+        }
+        let table_end = self.table_end();
+        if offset < table_end {
+            return Err(VmError::BlobOverlapsTable {
+                blob,
+                offset,
+                table_end,
+            });
+        }
+        let bundle_size = self.bytes.len() as u64;
+        let oob = VmError::BlobOutOfBounds {
+            blob,
+            offset,
+            size,
+            bundle_size,
+        };
+        let end = offset.checked_add(size).ok_or(oob)?;
+        if end > bundle_size {
+            return Err(oob);
+        }
+        self.bytes.get(offset as usize..end as usize).ok_or(oob)
+    }
+
+    /// Decodes and validates entry `index` (everything but name uniqueness).
+    fn decode(&self, index: usize) -> Result<VmEntry<'a>, VmError> {
+        let raw = self.raw_entry(index);
+        let mut raw_name = [0u8; NAME_LEN];
+        raw_name.copy_from_slice(raw.get(..NAME_LEN).unwrap_or(&[0; NAME_LEN]));
+        let name_len = name_len(&raw_name).map_err(|problem| VmError::BadName {
+            raw: raw_name,
+            problem,
+        })?;
+        let name = raw
+            .get(..name_len)
+            .and_then(|n| core::str::from_utf8(n).ok())
+            .unwrap_or("");
+        if read_u32(raw, entry::RESERVED0) != 0 {
+            return Err(VmError::ReservedNonZero {
+                offset: entry::RESERVED0,
+            });
+        }
+        if let Some(i) = raw
+            .get(entry::RESERVED..VM_ENTRY_SIZE)
+            .and_then(|r| r.iter().position(|&b| b != 0))
+        {
+            return Err(VmError::ReservedNonZero {
+                offset: entry::RESERVED + i,
+            });
+        }
+        let ram_size = read_u64(raw, entry::RAM_SIZE);
+        let vcpus = read_u32(raw, entry::VCPUS);
+        let cpu_affinity = read_u64(raw, entry::CPU_AFFINITY);
+        let balloon_features = read_u64(raw, entry::BALLOON_FEATURES);
+        let devs = read_u64(raw, entry::DEVICES);
+        check_scalars(ram_size, vcpus, cpu_affinity, balloon_features, devs)?;
+        let kernel = self.blob(raw, Blob::Kernel, entry::KERNEL_OFFSET)?;
+        let initrd = self.blob(raw, Blob::Initrd, entry::INITRD_OFFSET)?;
+        let cmdline = self.blob(raw, Blob::Cmdline, entry::CMDLINE_OFFSET)?;
+        let cmdline = check_cmdline(cmdline)?;
+        check_fits(kernel.len() as u64, initrd.len() as u64, ram_size)?;
+        Ok(VmEntry {
+            index,
+            name,
+            ram_size,
+            vcpus,
+            cpu_affinity,
+            kernel,
+            initrd: (!initrd.is_empty()).then_some(initrd),
+            cmdline: (!cmdline.is_empty()).then_some(cmdline),
+            balloon_features,
+            devices: devs,
+        })
+    }
+}
+
+/// Iterator over the VMs of a [`Bundle`], in table order.
+#[derive(Clone, Debug)]
+pub struct Vms<'a> {
+    bundle: Bundle<'a>,
+    next: usize,
+}
+
+impl<'a> Iterator for Vms<'a> {
+    type Item = VmEntry<'a>;
+
+    fn next(&mut self) -> Option<VmEntry<'a>> {
+        while self.next < self.bundle.vm_count {
+            let i = self.next;
+            self.next += 1;
+            // Every entry was validated by `parse`, so this always succeeds.
+            if let Ok(vm) = self.bundle.decode(i) {
+                return Some(vm);
+            }
+        }
+        None
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.bundle.vm_count - self.next.min(self.bundle.vm_count);
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Vms<'_> {}

@@ -1,0 +1,685 @@
+//! Round trips, one test per rejected field, and never-panic sweeps.
+
+use crate::writer::{fix_crc, put32, put64};
+use crate::*;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn spec(name: &str) -> VmSpec {
+    VmSpec {
+        name: name.into(),
+        ram_size: 64 << 20,
+        vcpus: 2,
+        cpu_affinity: 0b1111,
+        kernel: pattern(5000, 1),
+        initrd: Some(pattern(3000, 2)),
+        cmdline: Some("console=ttyAMA0 earlycon".into()),
+        balloon_features: 0b110,
+        devices: devices::BALLOON,
+    }
+}
+
+fn three() -> Vec<VmSpec> {
+    let mut b = spec("bare-metal_1");
+    b.initrd = None;
+    b.cmdline = None;
+    b.balloon_features = 0;
+    b.devices = 0;
+    b.vcpus = 1;
+    b.cpu_affinity = 1;
+    b.ram_size = 4096 * 3;
+    b.kernel = pattern(4096, 9);
+    let mut c = spec("linux");
+    c.kernel = pattern(12_345, 3);
+    c.cmdline = Some("root=/dev/ram0 ünicode".into());
+    c.initrd = None;
+    vec![spec("first"), b, c]
+}
+
+fn build(specs: &[VmSpec]) -> Vec<u8> {
+    let mut bb = BundleBuilder::new();
+    for s in specs {
+        bb.add_vm(s.clone()).unwrap();
+    }
+    bb.build()
+}
+
+fn check_round_trip(specs: &[VmSpec]) {
+    let bytes = build(specs);
+    assert_eq!(bytes.len() % BLOB_ALIGN as usize, 0);
+    let b = parse(&bytes).unwrap();
+    assert_eq!(b.version(), VERSION);
+    assert_eq!(b.total_size(), bytes.len() as u64);
+    assert_eq!(b.vm_count(), specs.len());
+    assert_eq!(b.vms().len(), specs.len());
+    let mut n = 0;
+    for (vm, s) in b.vms().zip(specs) {
+        assert_eq!(vm.index(), n);
+        assert_eq!(vm.name(), s.name);
+        assert_eq!(vm.ram_size(), s.ram_size);
+        assert_eq!(vm.vcpus(), s.vcpus);
+        assert_eq!(vm.cpu_affinity(), s.cpu_affinity);
+        assert_eq!(vm.kernel(), &s.kernel[..]);
+        assert_eq!(vm.initrd(), s.initrd.as_deref());
+        assert_eq!(vm.cmdline(), s.cmdline.as_deref());
+        assert_eq!(vm.balloon_features(), s.balloon_features);
+        assert_eq!(vm.devices(), s.devices);
+        assert_eq!(vm.has_balloon(), s.devices & devices::BALLOON != 0);
+        // Blobs start page-aligned within the bundle.
+        let base = bytes.as_ptr() as usize;
+        assert_eq!((vm.kernel().as_ptr() as usize - base) % 4096, 0);
+        if let Some(i) = vm.initrd() {
+            assert_eq!((i.as_ptr() as usize - base) % 4096, 0);
+        }
+        assert_eq!(b.find(&s.name).map(|v| v.index()), Some(n));
+        assert_eq!(b.vm(n).map(|v| v.name()), Some(&s.name[..]));
+        n += 1;
+    }
+    assert_eq!(n, specs.len());
+    assert!(b.vm(n).is_none());
+    assert!(b.find("nope").is_none());
+    // Same input, same bytes.
+    assert_eq!(build(specs), bytes);
+    // Trailing padding after total_size is ignored.
+    let mut padded = bytes.clone();
+    padded.extend_from_slice(&[0xAA; 5000]);
+    assert_eq!(parse(&padded).unwrap().total_size(), bytes.len() as u64);
+}
+
+#[test]
+fn round_trip_empty() {
+    check_round_trip(&[]);
+    let bytes = BundleBuilder::new().build();
+    assert_eq!(bytes.len(), 4096);
+    assert_eq!(&bytes[..8], b"TIDALBND");
+    let b = parse_untrusted(&bytes).unwrap();
+    assert_eq!(b.vms().count(), 0);
+}
+
+#[test]
+fn round_trip_one() {
+    check_round_trip(&[spec("linux")]);
+}
+
+#[test]
+fn round_trip_three() {
+    check_round_trip(&three());
+}
+
+#[test]
+fn round_trip_max_name_and_empty_cmdline() {
+    let mut s = spec("abcdefghijklmnopqrstuvwxyz012345");
+    s.cmdline = Some(String::new());
+    let bytes = build(&[s]);
+    let b = parse(&bytes).unwrap();
+    let vm = b.vms().next().unwrap();
+    assert_eq!(vm.name(), "abcdefghijklmnopqrstuvwxyz012345");
+    assert_eq!(vm.cmdline(), None);
+}
+
+#[test]
+fn larger_header_and_entries_are_accepted() {
+    // A compatible extension: header 128 bytes, entries 256 bytes; the extra
+    // bytes are ignored by a version 1 reader.
+    let v1 = build(&[spec("a")]);
+    let v1b = parse(&v1).unwrap();
+    let vm = v1b.vms().next().unwrap();
+    let (hs, es) = (128usize, 256usize);
+    let mut out = vec![0u8; 8192];
+    out[..HEADER_SIZE].copy_from_slice(&v1[..HEADER_SIZE]);
+    out[HEADER_SIZE..hs].fill(0x77);
+    out[hs..hs + VM_ENTRY_SIZE].copy_from_slice(&v1[HEADER_SIZE..HEADER_SIZE + VM_ENTRY_SIZE]);
+    out[hs + VM_ENTRY_SIZE..hs + es].fill(0x55);
+    let k = out.len();
+    out.extend_from_slice(vm.kernel());
+    out.resize(k + 8192, 0);
+    let i = out.len();
+    out.extend_from_slice(vm.initrd().unwrap());
+    out.resize(i + 4096, 0);
+    let c = out.len();
+    out.extend_from_slice(vm.cmdline().unwrap().as_bytes());
+    let e = hs;
+    put64(&mut out, e + entry::KERNEL_OFFSET, k as u64);
+    put64(&mut out, e + entry::INITRD_OFFSET, i as u64);
+    put64(&mut out, e + entry::CMDLINE_OFFSET, c as u64);
+    put32(&mut out, header::HEADER_SIZE, hs as u32);
+    put32(&mut out, header::VM_ENTRY_SIZE, es as u32);
+    put64(&mut out, header::VM_TABLE_OFFSET, hs as u64);
+    put64(&mut out, header::VM_TABLE_SIZE, es as u64);
+    let total = out.len() as u64;
+    put64(&mut out, header::TOTAL_SIZE, total);
+    fix_crc(&mut out);
+    let b = parse(&out).unwrap();
+    let got = b.vms().next().unwrap();
+    assert_eq!(got.kernel(), vm.kernel());
+    assert_eq!(got.initrd(), vm.initrd());
+    assert_eq!(got.cmdline(), vm.cmdline());
+    assert_eq!(b.header_size(), hs);
+}
+
+// ---------------------------------------------------------------------------
+// One corruption per field.
+
+/// Applies `f` to a fresh 3-VM bundle, optionally re-seals the CRC, parses.
+fn corrupt(fix: bool, f: impl FnOnce(&mut Vec<u8>)) -> BundleError {
+    let mut b = build(&three());
+    f(&mut b);
+    if fix {
+        fix_crc(&mut b);
+    }
+    match parse(&b) {
+        Ok(_) => panic!("corrupted bundle parsed"),
+        Err(e) => {
+            // Every error renders without panicking.
+            let _ = e.to_string();
+            e
+        }
+    }
+}
+
+const E0: usize = HEADER_SIZE;
+const E1: usize = HEADER_SIZE + VM_ENTRY_SIZE;
+
+fn vm_err(index: usize, fix: bool, f: impl FnOnce(&mut Vec<u8>)) -> VmError {
+    match corrupt(fix, f) {
+        BundleError::Vm {
+            index: i, error, ..
+        } => {
+            assert_eq!(i, index);
+            error
+        }
+        other => panic!("expected a VM error, got {other:?}"),
+    }
+}
+
+fn entry_u64(b: &[u8], e: usize, field: usize) -> u64 {
+    read_u64(b, e + field)
+}
+
+#[test]
+fn header_corruptions() {
+    use BundleError as E;
+    assert!(matches!(
+        corrupt(false, |b| b.truncate(10)),
+        E::TooShort { len: 10 }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| b[0] = b'X'),
+        E::BadMagic { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::VERSION, 2)),
+        E::UnsupportedVersion {
+            found: 2,
+            supported: 1
+        }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::VERSION, 0)),
+        E::UnsupportedVersion { found: 0, .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::HEADER_SIZE, 32)),
+        E::BadHeaderSize { header_size: 32 }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::HEADER_SIZE, 68)),
+        E::BadHeaderSize { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::HEADER_SIZE, u32::MAX - 7)),
+        E::TotalSizeTooSmall { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::FLAGS, 4)),
+        E::UnknownFlags { flags: 4 }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| b[header::RESERVED + 3] = 1),
+        E::HeaderReservedNonZero { offset: 59 }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put64(b, header::TOTAL_SIZE, 8)),
+        E::TotalSizeTooSmall { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put64(b, header::TOTAL_SIZE, u64::MAX)),
+        E::Truncated { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| b.truncate(b.len() - 1)),
+        E::Truncated { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::VM_ENTRY_SIZE, 100)),
+        E::BadEntrySize { entry_size: 100 }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::VM_ENTRY_SIZE, 193)),
+        E::BadEntrySize { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::VM_COUNT, 1000)),
+        E::TooManyVms { count: 1000 }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::VM_COUNT, 2)),
+        E::VmTableSizeMismatch { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put64(b, header::VM_TABLE_SIZE, 0)),
+        E::VmTableSizeMismatch { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put64(b, header::VM_TABLE_OFFSET, 65)),
+        E::VmTableMisaligned { offset: 65 }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put64(b, header::VM_TABLE_OFFSET, 8)),
+        E::VmTableOverlapsHeader { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put64(b, header::VM_TABLE_OFFSET, u64::MAX - 7)),
+        E::VmTableOutOfBounds { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| {
+            let t = b.len() as u64 - 8;
+            put64(b, header::VM_TABLE_OFFSET, t)
+        }),
+        E::VmTableOutOfBounds { .. }
+    ));
+    assert!(matches!(
+        corrupt(false, |b| put32(b, header::CRC32, 1)),
+        E::CrcMismatch { .. }
+    ));
+    // Any change after the header without re-sealing is a CRC mismatch.
+    assert!(matches!(
+        corrupt(false, |b| b[E1 + 2] ^= 1),
+        E::CrcMismatch { .. }
+    ));
+    let last = build(&three()).len() - 1;
+    assert!(matches!(
+        corrupt(false, |b| b[last] ^= 0x80),
+        E::CrcMismatch { .. }
+    ));
+}
+
+#[test]
+fn entry_corruptions() {
+    use VmError as V;
+    // Name.
+    assert!(matches!(
+        vm_err(0, true, |b| b[E0] = 0),
+        V::BadName {
+            problem: NameProblem::Empty,
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| b[E0 + 1] = b'A'),
+        V::BadName {
+            problem: NameProblem::BadChar(1),
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(1, true, |b| b[E1 + 31] = b'x'),
+        V::BadName {
+            problem: NameProblem::GarbageAfterNul(31),
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(1, true, |b| {
+            b[E1..E1 + NAME_LEN].fill(0);
+            b[E1..E1 + 5].copy_from_slice(b"first");
+        }),
+        V::DuplicateName { first: 0 }
+    ));
+    // Reserved.
+    assert!(matches!(
+        vm_err(1, true, |b| b[E1 + entry::RESERVED0] = 1),
+        V::ReservedNonZero {
+            offset: entry::RESERVED0
+        }
+    ));
+    assert!(matches!(
+        vm_err(1, true, |b| b[E1 + VM_ENTRY_SIZE - 1] = 1),
+        V::ReservedNonZero { offset: 191 }
+    ));
+    // Scalars.
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::RAM_SIZE, 0)),
+        V::ZeroRam
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(
+            b,
+            E0 + entry::RAM_SIZE,
+            (64 << 20) + 512
+        )),
+        V::RamNotAligned { .. }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::RAM_SIZE, 4096)),
+        V::BlobsExceedRam { .. }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put32(b, E0 + entry::VCPUS, 0)),
+        V::ZeroVcpus
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::CPU_AFFINITY, 0)),
+        V::ZeroAffinity
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::DEVICES, 3)),
+        V::UnknownDevices { bits: 3 }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::DEVICES, 0)),
+        V::BalloonFeaturesWithoutBalloon { features: 0b110 }
+    ));
+    // Blobs.
+    assert!(matches!(
+        vm_err(1, true, |b| put64(b, E1 + entry::KERNEL_SIZE, 0)),
+        V::EmptyKernel
+    ));
+    assert!(matches!(
+        vm_err(1, true, |b| put64(b, E1 + entry::INITRD_OFFSET, 4096)),
+        V::OffsetWithoutBlob {
+            blob: Blob::Initrd,
+            offset: 4096
+        }
+    ));
+    assert!(matches!(
+        vm_err(1, true, |b| put64(b, E1 + entry::CMDLINE_OFFSET, 4096)),
+        V::OffsetWithoutBlob {
+            blob: Blob::Cmdline,
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| {
+            let o = entry_u64(b, E0, entry::KERNEL_OFFSET);
+            put64(b, E0 + entry::KERNEL_OFFSET, o + 8)
+        }),
+        V::BlobMisaligned {
+            blob: Blob::Kernel,
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::INITRD_OFFSET, 0)),
+        V::BlobOverlapsTable {
+            blob: Blob::Initrd,
+            offset: 0,
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::CMDLINE_SIZE, 1 << 40)),
+        V::BlobOutOfBounds {
+            blob: Blob::Cmdline,
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::KERNEL_SIZE, u64::MAX)),
+        V::BlobOutOfBounds {
+            blob: Blob::Kernel,
+            ..
+        }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| put64(b, E0 + entry::KERNEL_OFFSET, !4095)),
+        V::BlobOutOfBounds {
+            blob: Blob::Kernel,
+            ..
+        }
+    ));
+    // Command line contents.
+    let cmd = |b: &Vec<u8>| entry_u64(b, E0, entry::CMDLINE_OFFSET) as usize;
+    assert!(matches!(
+        vm_err(0, true, |b| {
+            let c = cmd(b);
+            b[c + 3] = 0xFF
+        }),
+        V::CmdlineNotUtf8 { valid_up_to: 3 }
+    ));
+    assert!(matches!(
+        vm_err(0, true, |b| {
+            let c = cmd(b);
+            b[c + 5] = 0
+        }),
+        V::CmdlineHasNul { at: 5 }
+    ));
+    // Without re-sealing, every entry change is caught by the CRC first.
+    assert!(matches!(
+        corrupt(false, |b| put32(b, E0 + entry::VCPUS, 0)),
+        BundleError::CrcMismatch { .. }
+    ));
+}
+
+#[test]
+fn error_messages() {
+    let mut b = build(&three());
+    put64(&mut b, E1 + entry::KERNEL_OFFSET, 0x3000);
+    put64(&mut b, E1 + entry::KERNEL_SIZE, 0x100000);
+    put64(&mut b, E1 + entry::RAM_SIZE, 0x200000);
+    fix_crc(&mut b);
+    let len = b.len();
+    assert_eq!(
+        parse(&b).unwrap_err().to_string(),
+        format!(
+            "VM 1 (\"bare-metal_1\"): kernel blob at offset 0x3000 size 0x100000 runs past the \
+             end of the bundle ({len:#x} bytes)"
+        )
+    );
+
+    let mut b = build(&[]);
+    b[..8].copy_from_slice(&[0x5a; 8]);
+    assert_eq!(
+        parse(&b).unwrap_err().to_string(),
+        "bad magic: expected \"TIDALBND\", found 5a 5a 5a 5a 5a 5a 5a 5a (\"ZZZZZZZZ\")"
+    );
+
+    let mut b = build(&[]);
+    put32(&mut b, header::VERSION, 7);
+    let m = parse(&b).unwrap_err().to_string();
+    assert!(m.contains("version 7") && m.contains("version 1"), "{m}");
+
+    let e = vm_err(0, true, |b| b[E0 + 2] = b'!');
+    let m = BundleError::Vm {
+        index: 0,
+        name: None,
+        error: e,
+    }
+    .to_string();
+    assert_eq!(
+        m,
+        "VM 0: name \"fi!st\" is invalid: byte 2 (0x21) is not one of [a-z0-9_-]"
+    );
+
+    let m = corrupt(true, |b| put32(b, E1 + entry::VCPUS, 0)).to_string();
+    assert_eq!(m, "VM 1 (\"bare-metal_1\"): vCPU count is zero");
+}
+
+#[test]
+fn writer_rejects_what_the_reader_rejects() {
+    let try_add = |f: &dyn Fn(&mut VmSpec)| {
+        let mut s = spec("ok");
+        f(&mut s);
+        BundleBuilder::new().add_vm(s).map(|_| ())
+    };
+    assert!(try_add(&|_| {}).is_ok());
+    for bad in [
+        &|s: &mut VmSpec| s.name = String::new(),
+        &|s: &mut VmSpec| s.name = "Upper".into(),
+        &|s: &mut VmSpec| s.name = "a".repeat(33),
+        &|s: &mut VmSpec| s.name = "nul\0".into(),
+        &|s: &mut VmSpec| s.ram_size = 0,
+        &|s: &mut VmSpec| s.ram_size = 4095,
+        &|s: &mut VmSpec| s.ram_size = 4096,
+        &|s: &mut VmSpec| s.vcpus = 0,
+        &|s: &mut VmSpec| s.cpu_affinity = 0,
+        &|s: &mut VmSpec| s.devices = 2,
+        &|s: &mut VmSpec| s.devices = 0,
+        &|s: &mut VmSpec| s.kernel.clear(),
+        &|s: &mut VmSpec| s.initrd = Some(vec![]),
+        &|s: &mut VmSpec| s.cmdline = Some("a\0b".into()),
+    ] as [&dyn Fn(&mut VmSpec); 14]
+    {
+        let e = try_add(bad).unwrap_err();
+        assert!(e.starts_with("VM 0"), "{e}");
+    }
+    let mut bb = BundleBuilder::new();
+    bb.add_vm(spec("x")).unwrap();
+    let e = bb.add_vm(spec("x")).unwrap_err();
+    assert_eq!(e, "VM 1 (\"x\"): name is already used by VM 0");
+    assert_eq!(bb.len(), 1);
+    let e = BundleBuilder::new()
+        .add_vm(VmSpec {
+            name: "Bad".into(),
+            ..spec("x")
+        })
+        .unwrap_err();
+    assert_eq!(
+        e,
+        "VM 0: name \"Bad\" is invalid: byte 0 (0x42) is not one of [a-z0-9_-]"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Never panics.
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Parses and, on success, touches every accessor.
+fn exercise(bytes: &[u8]) {
+    match parse(bytes) {
+        Ok(b) => {
+            let _ = (b.version(), b.total_size(), b.crc32());
+            for vm in b.vms() {
+                let _ = (vm.name(), vm.ram_size(), vm.vcpus(), vm.cpu_affinity());
+                let _ = (vm.kernel().len(), vm.initrd(), vm.cmdline(), vm.devices());
+                assert!(!vm.kernel().is_empty() && vm.vcpus() >= 1);
+            }
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+}
+
+#[test]
+fn every_truncation_is_rejected() {
+    for specs in [vec![], vec![spec("one")], three()] {
+        let b = build(&specs);
+        for len in 0..b.len() {
+            let e = parse(&b[..len]).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    BundleError::TooShort { .. } | BundleError::Truncated { .. }
+                ),
+                "len {len}: {e:?}"
+            );
+        }
+        // Truncated and with total_size rewritten to match: never panics.
+        for len in (HEADER_SIZE..b.len()).step_by(61) {
+            let mut t = b[..len].to_vec();
+            put64(&mut t, header::TOTAL_SIZE, len as u64);
+            exercise(&t);
+            fix_crc(&mut t);
+            exercise(&t);
+        }
+    }
+}
+
+#[test]
+fn random_byte_flips_never_panic() {
+    let base = build(&three());
+    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut accepted = 0;
+    let mut vm_errors = 0;
+    for case in 0..6000 {
+        let mut b = base.clone();
+        let flips = 1 + rng.below(4);
+        for _ in 0..flips {
+            // Mostly the header and table, where the structure is.
+            let at = if rng.below(4) == 0 {
+                rng.below(b.len())
+            } else {
+                rng.below(E1 + VM_ENTRY_SIZE * 2)
+            };
+            match rng.below(3) {
+                0 => b[at] ^= 1 << rng.below(8),
+                1 => b[at] = rng.next() as u8,
+                _ => b[at] = [0, 0xFF, 0x10, 0x01][rng.below(4)],
+            }
+        }
+        if case % 2 == 0 {
+            fix_crc(&mut b);
+        }
+        match parse(&b) {
+            Ok(_) => accepted += 1,
+            Err(BundleError::Vm { .. }) => vm_errors += 1,
+            Err(_) => {}
+        }
+        exercise(&b);
+    }
+    // Some flips (in padding or to equivalent values) are harmless.
+    assert!(accepted < 6000);
+    // The re-sealed half reaches the per-VM checks.
+    assert!(vm_errors > 1000, "{vm_errors}");
+}
+
+#[test]
+fn random_garbage_never_panics() {
+    let mut rng = XorShift(12345);
+    for _ in 0..3000 {
+        let len = rng.below(600);
+        let mut b: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        if len >= HEADER_SIZE {
+            b[..8].copy_from_slice(&MAGIC);
+            put32(&mut b, header::VERSION, 1);
+            b[header::RESERVED..HEADER_SIZE].fill(0);
+            if rng.below(2) == 0 {
+                put32(&mut b, header::FLAGS, 0);
+                put32(&mut b, header::HEADER_SIZE, 64);
+                put64(&mut b, header::TOTAL_SIZE, len as u64);
+                put32(&mut b, header::VM_ENTRY_SIZE, VM_ENTRY_SIZE as u32);
+                let n = rng.below(3) as u32;
+                put32(&mut b, header::VM_COUNT, n);
+                put64(&mut b, header::VM_TABLE_OFFSET, 64);
+                put64(
+                    &mut b,
+                    header::VM_TABLE_SIZE,
+                    n as u64 * VM_ENTRY_SIZE as u64,
+                );
+                fix_crc(&mut b);
+            }
+        }
+        exercise(&b);
+    }
+}

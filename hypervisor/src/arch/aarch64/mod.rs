@@ -1,0 +1,77 @@
+//! AArch64 at EL2: boot entry, exception vectors, the EL2 MMU, CPU bring-up
+//! (PSCI and spin table), PSCI calls and small system-register helpers.
+
+pub mod entry;
+pub mod exceptions;
+pub mod mmu;
+pub mod psci;
+pub mod smp;
+
+use core::arch::asm;
+
+pub use platform::MAX_CPUS;
+
+/// Bytes of stack per CPU.
+pub const STACK_SIZE: usize = 64 * 1024;
+
+/// The logical index of the calling CPU (kept in TPIDR_EL2 since boot).
+pub fn cpu_index() -> usize {
+    let v: u64;
+    // SAFETY: reading TPIDR_EL2 has no side effects.
+    unsafe { asm!("mrs {}, TPIDR_EL2", out(reg) v, options(nomem, nostack)) };
+    v as usize
+}
+
+/// MPIDR_EL1 affinity fields (Aff3..Aff0), as device trees write them.
+pub fn mpidr() -> u64 {
+    let v: u64;
+    // SAFETY: reading MPIDR_EL1 has no side effects.
+    unsafe { asm!("mrs {}, MPIDR_EL1", out(reg) v, options(nomem, nostack)) };
+    v & 0xff_00ff_ffff
+}
+
+/// The physical counter (CNTPCT_EL0) and its frequency in Hz.
+pub fn counter() -> (u64, u64) {
+    let (count, freq): (u64, u64);
+    // SAFETY: reading the architected counter has no side effects.
+    unsafe {
+        asm!("isb", "mrs {}, CNTPCT_EL0", out(reg) count, options(nomem, nostack));
+        asm!("mrs {}, CNTFRQ_EL0", out(reg) freq, options(nomem, nostack));
+    }
+    (count, freq)
+}
+
+/// Microseconds since the counter started (board power-on).
+pub fn uptime_us() -> u64 {
+    let (count, freq) = counter();
+    if freq == 0 {
+        return 0;
+    }
+    (count as u128 * 1_000_000 / freq as u128) as u64
+}
+
+/// Clean the data cache lines covering `[addr, addr + len)` to the point of
+/// coherency, so that a CPU with its caches off reads what we wrote.
+pub fn clean_dcache_range(addr: usize, len: usize) {
+    const LINE: usize = 64;
+    let mut line = addr & !(LINE - 1);
+    while line < addr + len {
+        // SAFETY: DC CVAC on a mapped address only writes back cache contents.
+        unsafe { asm!("dc cvac, {}", in(reg) line, options(nostack)) };
+        line += LINE;
+    }
+    // SAFETY: a barrier has no memory-safety effect.
+    unsafe { asm!("dsb sy", options(nostack)) };
+}
+
+/// Wait for an event: the idle loop of a CPU with nothing to do.
+pub fn wait_for_event() {
+    // SAFETY: WFE only waits.
+    unsafe { asm!("wfe", options(nomem, nostack)) };
+}
+
+/// Stop the calling CPU for good, interrupts masked.
+pub fn park() -> ! {
+    // SAFETY: park_forever never returns and touches no memory.
+    unsafe { entry::park_forever() }
+}

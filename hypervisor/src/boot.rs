@@ -1,0 +1,380 @@
+//! The boot flow on the boot CPU, the secondary CPUs' entry into Rust, and
+//! the shell loop. Runs only on the target.
+//!
+//! Order matters: discover the board from the device tree, bring up the
+//! console (or stop saying why), switch to the precise EL2 memory map,
+//! account for every page of RAM in the frame table, give the heap its
+//! frames, validate the guest bundle, then start the other CPUs and the shell.
+
+use core::fmt::Write;
+
+use platform::uart::ConsoleUart;
+use platform::{boards, BoardInfo, PhysRange, PowerOff, MAX_CPUS};
+use spin::{Mutex, Once};
+
+use crate::arch::aarch64::{self, mmu, psci, smp};
+use crate::console::line::{Event, LineEditor};
+use crate::console::shell::{self, Command};
+use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
+use crate::mm::layout::find_hole;
+use crate::{print, println, report};
+
+/// The hypervisor refuses to run with less RAM than this.
+pub const MIN_RAM: u64 = 64 << 20;
+/// Heap size: a fixed share for now; guests are not allocated from it.
+pub const HEAP_SIZE: u64 = 16 << 20;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const BUILD: &str = match option_env!("TIDAL_BUILD_ID") {
+    Some(id) => id,
+    None => "dev",
+};
+
+static BOARD: Once<BoardInfo> = Once::new();
+static FRAMES: Once<Mutex<FrameTable<'static>>> = Once::new();
+
+struct Console;
+impl Write for Console {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        crate::console::write_fmt(format_args!("{s}"));
+        Ok(())
+    }
+}
+
+/// Print `FATAL: ...` and stop the board cleanly (power off if the tree says
+/// how, else park).
+fn fatal(board: Option<&BoardInfo>, args: core::fmt::Arguments) -> ! {
+    println!("FATAL: {args}");
+    println!("stopping.");
+    power_off(board)
+}
+
+fn power_off(board: Option<&BoardInfo>) -> ! {
+    if let Some(board) = board {
+        match board.power_off {
+            PowerOff::Psci(conduit) => {
+                let _ = psci::call(conduit, psci::SYSTEM_OFF, 0, 0, 0);
+            }
+            PowerOff::Bcm2835Watchdog { regs } => {
+                // SAFETY: the watchdog registers come from the tree and are
+                // mapped as device memory by the EL2 identity map.
+                unsafe { platform::power::bcm2835_watchdog_halt(regs.start) };
+            }
+            PowerOff::None => {}
+        }
+    }
+    println!("power-off did not take effect; parking this CPU.");
+    aarch64::park()
+}
+
+/// Read the device tree blob at `addr`: its header says how long it is.
+fn dtb_slice(addr: usize) -> Option<&'static [u8]> {
+    if addr == 0 || addr % 8 != 0 {
+        return None;
+    }
+    // SAFETY: the boot contract puts a device tree at x0; the boot map maps
+    // the 1 GiB block holding it as normal memory. We read 8 bytes, check
+    // the magic, and trust totalsize only up to 16 MiB.
+    let header = unsafe { core::slice::from_raw_parts(addr as *const u8, 8) };
+    if header[..4] != [0xd0, 0x0d, 0xfe, 0xed] {
+        return None;
+    }
+    let size = u32::from_be_bytes([header[4], header[5], header[6], header[7]]) as usize;
+    if !(40..=16 << 20).contains(&size) {
+        return None;
+    }
+    // SAFETY: as above, for `size` bytes.
+    Some(unsafe { core::slice::from_raw_parts(addr as *const u8, size) })
+}
+
+/// The console from the tree, else the board's known default UART (only
+/// to report what is wrong).
+fn console_for(board: Option<&BoardInfo>, dtb: Option<&[u8]>) -> Option<(ConsoleUart, bool)> {
+    if let Some(uart) = board.and_then(|b| b.console) {
+        // SAFETY: the tree says this UART is there; it is device-mapped.
+        return Some((unsafe { ConsoleUart::from_uart(&uart) }, true));
+    }
+    let desc = platform::board_desc(dtb?)?;
+    let uart = desc.fallback_console?;
+    // SAFETY: the board description names this board's default UART.
+    Some((unsafe { ConsoleUart::from_uart(&uart) }, false))
+}
+
+#[no_mangle]
+extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
+    let dtb = dtb_slice(dtb_addr);
+    let discovered = dtb.map(|d| platform::discover(d, dtb_addr as u64));
+    let board = discovered.as_ref().and_then(|r| r.as_ref().ok());
+    match console_for(board, dtb) {
+        Some((uart, _)) => crate::console::init(uart),
+        None => aarch64::park(), // nowhere to say anything
+    }
+    let board = match discovered {
+        None => fatal(None, format_args!("no valid device tree at x0 = {dtb_addr:#x}")),
+        Some(Err(e)) => fatal(None, format_args!("{e}")),
+        Some(Ok(b)) if b.console.is_none() => fatal(
+            Some(&b),
+            format_args!(
+                "the device tree names no console UART (no /chosen/stdout-path and no serial0 alias)"
+            ),
+        ),
+        Some(Ok(b)) => BOARD.call_once(|| b),
+    };
+    let desc = platform::boards::describe(core::iter::once(board.compatible.as_str()));
+    println!();
+    println!(
+        "Tidal hypervisor v{VERSION} ({BUILD}) on {} [{}]",
+        if desc == &boards::GENERIC {
+            board.model.as_str()
+        } else {
+            desc.name
+        },
+        board.compatible
+    );
+    println!(
+        "model: {}; loaded at {load_addr:#x}, device tree at {dtb_addr:#x}",
+        board.model
+    );
+    match &board.gic {
+        Some(gic) => {
+            let _ = report::write_gic(&mut Console, gic);
+        }
+        None => fatal(Some(board), format_args!("the device tree has no GIC")),
+    }
+    let console = board.console.as_ref().map(report::uart);
+    print!("console: {}", console.unwrap());
+    match &board.trace_uart {
+        Some(t) => println!("; trace: {} (defmt)", report::uart(t)),
+        None => println!("; trace: none (no trace UART configured, trace dropped)"),
+    }
+
+    let ram_total: u64 = board.ram.iter().map(|r| r.size()).sum();
+    if ram_total < MIN_RAM {
+        fatal(
+            Some(board),
+            format_args!(
+                "only {} of RAM; the hypervisor needs at least {}",
+                report::Size(ram_total),
+                report::Size(MIN_RAM)
+            ),
+        );
+    }
+    if let Err(e) = mmu::init(&board.ram) {
+        fatal(
+            Some(board),
+            format_args!("cannot build the EL2 memory map: {e:?}"),
+        );
+    }
+
+    init_frames(board, load_addr as u64);
+    let _ = report::write_memory_map(&mut Console, board);
+    check_bundle(board);
+
+    start_secondaries(board);
+    println!("Type 'help' for the list of commands.");
+    shell_loop(board)
+}
+
+fn image_range(load_addr: u64) -> PhysRange {
+    extern "C" {
+        static __image_end: u8;
+    }
+    let end = core::ptr::addr_of!(__image_end) as u64;
+    PhysRange::new(load_addr, end)
+}
+
+/// Account for every page of RAM, then hand the heap its frames.
+fn init_frames(board: &'static BoardInfo, load_addr: u64) {
+    let image = image_range(load_addr);
+    let mut busy: heapless::Vec<PhysRange, { platform::MAX_RESERVED + 4 }> = heapless::Vec::new();
+    let _ = busy.push(image);
+    let _ = busy.push(board.dtb);
+    if let Some(b) = board.initrd {
+        let _ = busy.push(b);
+    }
+    for r in &board.reserved {
+        let _ = busy.push(r.range);
+    }
+    let table_bytes = FrameTable::entries_needed(&board.ram) as u64;
+    let table_size = table_bytes.next_multiple_of(PAGE_SIZE);
+    let Some(table_addr) = find_hole(&board.ram, &busy, table_size, PAGE_SIZE) else {
+        fatal(
+            Some(board),
+            format_args!(
+                "no room in RAM for the frame table ({})",
+                report::Size(table_size)
+            ),
+        );
+    };
+    // SAFETY: find_hole returned RAM that overlaps no image, tree, bundle or
+    // reserved region, mapped normal by the EL2 map, used by nothing else.
+    let storage =
+        unsafe { core::slice::from_raw_parts_mut(table_addr as *mut u8, table_bytes as usize) };
+    let mut frames = match FrameTable::new(&board.ram, storage) {
+        Ok(f) => f,
+        Err(e) => fatal(Some(board), format_args!("frame table: {e}")),
+    };
+    // Priority order: the first claim on a page wins.
+    let claims = [
+        (image, FrameUse::HypervisorImage),
+        (board.dtb, FrameUse::DeviceTree),
+        (
+            PhysRange::from_base_size(table_addr, table_size),
+            FrameUse::FrameTable,
+        ),
+    ];
+    for (range, use_) in claims {
+        let _ = frames.mark(range, use_);
+    }
+    for r in &board.reserved {
+        let _ = frames.mark(r.range, FrameUse::FirmwareReserved);
+    }
+    if let Some(b) = board.initrd {
+        let _ = frames.mark(b, FrameUse::GuestBundle);
+    }
+    let heap_pages = (HEAP_SIZE / PAGE_SIZE) as usize;
+    let Some(heap) = frames.alloc(heap_pages, 1, FrameUse::Heap) else {
+        fatal(
+            Some(board),
+            format_args!("no room in RAM for the {} heap", report::Size(HEAP_SIZE)),
+        );
+    };
+    // SAFETY: the frame table just gave these frames to the heap alone.
+    unsafe { crate::heap::init(heap as usize, HEAP_SIZE as usize) };
+    FRAMES.call_once(|| Mutex::new(frames));
+}
+
+fn check_bundle(board: &BoardInfo) {
+    let Some(range) = board.initrd else {
+        fatal(
+            Some(board),
+            format_args!(
+                "no guest bundle: the device tree has no /chosen/linux,initrd-start; pass one with \
+                 `-initrd guests.img` (QEMU) or `initramfs guests.img followkernel` (config.txt)"
+            ),
+        );
+    };
+    // SAFETY: the bundle range comes from the tree, lies in RAM (the frame
+    // table marked it) and is mapped normal; nothing writes it.
+    let bytes =
+        unsafe { core::slice::from_raw_parts(range.start as *const u8, range.size() as usize) };
+    match guest_bundle::parse(bytes) {
+        Ok(b) => println!(
+            "guest bundle: format version {}, {} VM(s), {} at {:#x}",
+            b.version(),
+            b.vms().count(),
+            report::Size(range.size()),
+            range.start
+        ),
+        Err(e) => fatal(
+            Some(board),
+            format_args!("guest bundle at {:#x}: {e}", range.start),
+        ),
+    }
+}
+
+fn start_secondaries(board: &BoardInfo) {
+    let table = smp::assign_indexes(board, aarch64::mpidr());
+    let mut online = 1;
+    let present = table.iter().flatten().count();
+    for (index, cpu) in table.iter().enumerate().skip(1) {
+        let Some(cpu) = cpu else { continue };
+        match smp::start(index, cpu, board.psci) {
+            Ok(()) => online += 1,
+            Err(e) => println!(
+                "cpu{index} (MPIDR {:#x}) did not come online: {e:?}",
+                cpu.mpidr
+            ),
+        }
+    }
+    if board.cpus.len() > MAX_CPUS {
+        println!("only the first {MAX_CPUS} CPUs are used");
+    }
+    println!("CPUs online: {online} of {present}");
+}
+
+#[no_mangle]
+extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
+    smp::set_state(index, smp::CpuState::Online);
+    crate::trace::cpu_online(index, aarch64::mpidr());
+    // Nothing to run yet: secondaries idle until vCPUs arrive.
+    loop {
+        aarch64::wait_for_event();
+    }
+}
+
+fn shell_loop(board: &BoardInfo) -> ! {
+    let mut editor = LineEditor::new();
+    print!("tidal> ");
+    loop {
+        let Some(byte) = crate::console::try_read_byte() else {
+            core::hint::spin_loop();
+            continue;
+        };
+        match editor.feed(byte) {
+            Event::None => {}
+            Event::Echo(bytes) => {
+                if let Ok(s) = core::str::from_utf8(bytes) {
+                    print!("{s}");
+                }
+                if bytes.ends_with(b"\x1b[K") {
+                    print!("tidal> ");
+                }
+            }
+            Event::Line(line) => {
+                println!();
+                match shell::parse(line) {
+                    Ok(Some(cmd)) => run(cmd, board),
+                    Ok(None) => {}
+                    Err(e) => println!("{e}"),
+                }
+                print!("tidal> ");
+            }
+        }
+    }
+}
+
+fn run(cmd: Command, board: &BoardInfo) {
+    match cmd {
+        Command::Help => {
+            let _ = shell::write_help(&mut Console);
+        }
+        Command::Mem => {
+            let _ = report::write_memory_map(&mut Console, board);
+            let acc = FRAMES.get().map(|f| f.lock().accounting());
+            let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
+            if let Some(acc) = acc {
+                let _ = report::write_accounting(&mut Console, &acc, ram);
+            }
+        }
+        Command::Cpus => {
+            let rows = (0..MAX_CPUS).filter_map(|i| {
+                let mpidr = smp::cpu_mpidr(i)?;
+                let method = board
+                    .cpus
+                    .iter()
+                    .find(|c| c.mpidr == mpidr)
+                    .map_or(platform::EnableMethod::None, |c| c.enable_method);
+                Some((i, mpidr, method, smp::state(i).label()))
+            });
+            let _ = report::write_cpus(&mut Console, rows);
+        }
+        Command::PowerOff => {
+            println!("Powering off.");
+            power_off(Some(board))
+        }
+        Command::DebugFault => debug_fault(),
+        Command::DebugPanic => panic!("deliberate panic from the shell's 'debug panic'"),
+    }
+}
+
+/// Read from an address no map covers, to show the crash report.
+#[inline(never)]
+fn debug_fault() {
+    println!("Reading from an unmapped address to take a data abort...");
+    let bad = crate::mm::pagetable::VA_LIMIT as usize + 0x1234_5678;
+    // SAFETY: deliberately unsound in effect: the access faults before it
+    // returns and the exception handler parks the CPU.
+    let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
+    println!("unexpectedly read {v:#x}");
+}

@@ -1,0 +1,139 @@
+//! The operator shell: the command table, parsing, and help. Running a
+//! command touches the hardware, so that part lives in `crate::boot`; what
+//! the commands print is formatted by `crate::report`.
+
+/// A parsed command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Help,
+    Mem,
+    Cpus,
+    PowerOff,
+    DebugFault,
+    DebugPanic,
+}
+
+pub struct CommandInfo {
+    pub usage: &'static str,
+    pub summary: &'static str,
+}
+
+pub const COMMANDS: &[CommandInfo] = &[
+    CommandInfo {
+        usage: "help",
+        summary: "this list",
+    },
+    CommandInfo {
+        usage: "mem",
+        summary: "RAM banks, and where every byte of RAM is accounted",
+    },
+    CommandInfo {
+        usage: "cpus",
+        summary: "the CPUs, how each was started, and its state",
+    },
+    CommandInfo {
+        usage: "poweroff",
+        summary: "power the board off",
+    },
+    CommandInfo {
+        usage: "debug fault",
+        summary: "take a deliberate data abort on this CPU (shows the crash report)",
+    },
+    CommandInfo {
+        usage: "debug panic",
+        summary: "panic on purpose (shows the panic report)",
+    },
+];
+
+/// Why a line is not a command, worded for the operator.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ParseError<'a> {
+    Unknown(&'a str),
+    Usage(&'static str),
+}
+
+impl core::fmt::Display for ParseError<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ParseError::Unknown(word) => {
+                write!(
+                    f,
+                    "unknown command '{word}'; type 'help' for the list of commands"
+                )
+            }
+            ParseError::Usage(usage) => write!(f, "usage: {usage}"),
+        }
+    }
+}
+
+/// Parse one line; `Ok(None)` for a blank line.
+pub fn parse(line: &str) -> Result<Option<Command>, ParseError<'_>> {
+    let mut words = line.split_ascii_whitespace();
+    let Some(first) = words.next() else {
+        return Ok(None);
+    };
+    let rest = words.next();
+    let no_args = |cmd: Command, usage: &'static str| match rest {
+        None => Ok(Some(cmd)),
+        Some(_) => Err(ParseError::Usage(usage)),
+    };
+    match first {
+        "help" | "?" => no_args(Command::Help, "help"),
+        "mem" => no_args(Command::Mem, "mem"),
+        "cpus" => no_args(Command::Cpus, "cpus"),
+        "poweroff" => no_args(Command::PowerOff, "poweroff"),
+        "debug" => match (rest, words.next()) {
+            (Some("fault"), None) => Ok(Some(Command::DebugFault)),
+            (Some("panic"), None) => Ok(Some(Command::DebugPanic)),
+            _ => Err(ParseError::Usage("debug fault | debug panic")),
+        },
+        other => Err(ParseError::Unknown(other)),
+    }
+}
+
+/// The `help` text.
+pub fn write_help(out: &mut impl core::fmt::Write) -> core::fmt::Result {
+    writeln!(out, "Commands:")?;
+    for c in COMMANDS {
+        writeln!(out, "  {:<14} {}", c.usage, c.summary)?;
+    }
+    writeln!(out, "QEMU: Ctrl-A X quits, Ctrl-A C opens QEMU's monitor.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_listed_command() {
+        for c in COMMANDS {
+            assert!(matches!(parse(c.usage), Ok(Some(_))), "{}", c.usage);
+        }
+        assert_eq!(parse("  mem  "), Ok(Some(Command::Mem)));
+        assert_eq!(parse(""), Ok(None));
+        assert_eq!(parse("debug panic"), Ok(Some(Command::DebugPanic)));
+    }
+
+    #[test]
+    fn errors_tell_what_to_type() {
+        let e = parse("frobnicate now").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown command 'frobnicate'; type 'help' for the list of commands"
+        );
+        assert_eq!(parse("mem all").unwrap_err().to_string(), "usage: mem");
+        assert_eq!(
+            parse("debug").unwrap_err(),
+            ParseError::Usage("debug fault | debug panic")
+        );
+    }
+
+    #[test]
+    fn help_lists_all() {
+        let mut s = String::new();
+        write_help(&mut s).unwrap();
+        for c in COMMANDS {
+            assert!(s.contains(c.usage));
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! The Tidal hypervisor, an EL2 firmware for 64-bit Arm boards.
+//!
+//! The portable core (memory accounting, page-table construction, the shell's
+//! parsing and the reports it prints) is plain Rust and is tested on the host
+//! with `cargo test`; `arch` and the boot flow exist only on the target
+//! (`aarch64-unknown-none`).
+#![cfg_attr(not(test), no_std)]
+
+pub mod console;
+pub mod mm;
+pub mod report;
+
+#[cfg(target_os = "none")]
+pub mod arch;
+#[cfg(target_os = "none")]
+mod boot;
+#[cfg(target_os = "none")]
+pub mod crash;
+#[cfg(target_os = "none")]
+mod heap;
+pub mod trace;
+
+#[cfg(target_os = "none")]
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    crash::panic(info)
+}

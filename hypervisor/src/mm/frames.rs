@@ -1,0 +1,1141 @@
+//! The frame table: the single source of truth for who uses every 4 KiB page
+//! ("frame") of RAM.
+//!
+//! One byte per page of every RAM bank, in storage the caller provides (boot
+//! places it with [`find_hole`](super::layout::find_hole) before any allocator
+//! exists; [`FrameTable::entries_needed`] says how much). Only the
+//! page-aligned interior of each bank is tracked; the bytes of a bank's
+//! unaligned head and tail, if any, are reported as "unusable (partial page)"
+//! by [`FrameTable::accounting`], so that the accounting always sums to the
+//! RAM size.
+//!
+//! Every change of ownership goes through this type: [`FrameTable::mark`]
+//! (boot-time claims of known regions), [`FrameTable::alloc`] and
+//! [`FrameTable::free`]. Per-use page counters are kept incrementally and
+//! [`FrameTable::check_invariants`] recounts them.
+//!
+//! # Encoding and its planned extension
+//!
+//! A frame's byte is a [`FrameUse`] discriminant. Values `0x00..=0x3F` are
+//! reserved for hypervisor-level uses (nine are defined); values
+//! `0x40..=0xFF` ([`FIRST_GUEST_CODE`] and up) are kept free for guest-owned
+//! frames, planned as `0x40 | vm << 2 | state` with `state` one of mapped,
+//! ballooned, reported, hinted: 48 VMs times 4 states in the same byte. If
+//! more VMs are ever needed, the element type widens to `u16` with the same
+//! split; no caller sees the raw bytes.
+
+use core::fmt;
+
+use platform::{PhysRange, MAX_RAM_BANKS};
+
+pub const PAGE_SIZE: u64 = 4096;
+const PAGE_MASK: u64 = PAGE_SIZE - 1;
+
+/// First byte value reserved for guest-owned frames (see the module docs).
+/// No value at or above it is valid today.
+pub const FIRST_GUEST_CODE: u8 = 0x40;
+
+/// What a page of RAM is used for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum FrameUse {
+    HypervisorImage = 0,
+    DeviceTree = 1,
+    GuestBundle = 2,
+    FirmwareReserved = 3,
+    FrameTable = 4,
+    Heap = 5,
+    PageTables = 6,
+    Free = 7,
+    /// Handed out by [`FrameTable::alloc`] for the hypervisor's own use.
+    Allocated = 8,
+}
+
+impl FrameUse {
+    /// Number of uses.
+    pub const COUNT: usize = 9;
+    /// Every use, in discriminant order (the order of reports).
+    pub const ALL: [FrameUse; FrameUse::COUNT] = [
+        FrameUse::HypervisorImage,
+        FrameUse::DeviceTree,
+        FrameUse::GuestBundle,
+        FrameUse::FirmwareReserved,
+        FrameUse::FrameTable,
+        FrameUse::Heap,
+        FrameUse::PageTables,
+        FrameUse::Free,
+        FrameUse::Allocated,
+    ];
+
+    pub const fn label(self) -> &'static str {
+        match self {
+            FrameUse::HypervisorImage => "hypervisor image",
+            FrameUse::DeviceTree => "device tree",
+            FrameUse::GuestBundle => "guest bundle",
+            FrameUse::FirmwareReserved => "firmware reserved",
+            FrameUse::FrameTable => "frame table",
+            FrameUse::Heap => "heap",
+            FrameUse::PageTables => "page tables",
+            FrameUse::Free => "free",
+            FrameUse::Allocated => "allocated",
+        }
+    }
+
+    /// The byte stored for this use.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The use a stored byte encodes, if any.
+    pub const fn from_code(code: u8) -> Option<FrameUse> {
+        if (code as usize) < FrameUse::COUNT {
+            Some(FrameUse::ALL[code as usize])
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for FrameUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+const FREE: u8 = FrameUse::Free as u8;
+
+/// Why a frame table operation failed. Operations that fail change nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// More RAM banks than [`MAX_RAM_BANKS`].
+    TooManyBanks {
+        count: usize,
+    },
+    /// Bank `index` is empty (`start >= end`).
+    EmptyBank {
+        index: usize,
+        range: PhysRange,
+    },
+    /// Bank `index` starts before the end of bank `index - 1`.
+    UnsortedBanks {
+        index: usize,
+        range: PhysRange,
+        previous: PhysRange,
+    },
+    StorageTooSmall {
+        needed: usize,
+        got: usize,
+    },
+    /// `start > end`.
+    InvalidRange {
+        range: PhysRange,
+    },
+    /// The operation does not take this use (marking as, or freeing from, free).
+    InvalidUse {
+        op: &'static str,
+        use_: FrameUse,
+    },
+    Unaligned {
+        addr: u64,
+    },
+    /// Some page of `[addr, addr + pages * PAGE_SIZE)` is not tracked RAM.
+    NotInRam {
+        addr: u64,
+        pages: usize,
+    },
+    /// The page at `addr` is `found`, not `expected`.
+    WrongUse {
+        addr: u64,
+        expected: FrameUse,
+        found: FrameUse,
+    },
+    /// The byte for the page at `addr` encodes no [`FrameUse`].
+    CorruptEntry {
+        addr: u64,
+        code: u8,
+    },
+    /// The incremental counter for `use_` disagrees with a recount.
+    CounterMismatch {
+        use_: FrameUse,
+        counted: u64,
+        recorded: u64,
+    },
+    /// The accounting does not sum to the RAM size.
+    AccountingMismatch {
+        accounted: u64,
+        ram: u64,
+    },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            FrameError::TooManyBanks { count } => {
+                write!(
+                    f,
+                    "{count} RAM banks, at most {MAX_RAM_BANKS} are supported"
+                )
+            }
+            FrameError::EmptyBank { index, range } => write!(
+                f,
+                "RAM bank {index} [{:#x}, {:#x}) is empty",
+                range.start, range.end
+            ),
+            FrameError::UnsortedBanks {
+                index,
+                range,
+                previous,
+            } => write!(
+                f,
+                "RAM bank {index} [{:#x}, {:#x}) starts before the end of bank {} [{:#x}, {:#x}) \
+                 (banks must be sorted and disjoint)",
+                range.start,
+                range.end,
+                index - 1,
+                previous.start,
+                previous.end
+            ),
+            FrameError::StorageTooSmall { needed, got } => {
+                write!(f, "frame table storage is {got} bytes, {needed} are needed")
+            }
+            FrameError::InvalidRange { range } => write!(
+                f,
+                "invalid range [{:#x}, {:#x}): start is after end",
+                range.start, range.end
+            ),
+            FrameError::InvalidUse { op, use_ } => write!(f, "cannot {op} \"{use_}\" frames"),
+            FrameError::Unaligned { addr } => {
+                write!(f, "address {addr:#x} is not {PAGE_SIZE:#x}-byte aligned")
+            }
+            FrameError::NotInRam { addr, pages } => {
+                write!(f, "{pages} pages at {addr:#x} are not all in tracked RAM")
+            }
+            FrameError::WrongUse {
+                addr,
+                expected,
+                found,
+            } => write!(f, "page {addr:#x} is \"{found}\", expected \"{expected}\""),
+            FrameError::CorruptEntry { addr, code } => {
+                write!(f, "page {addr:#x} has invalid frame code {code:#04x}")
+            }
+            FrameError::CounterMismatch {
+                use_,
+                counted,
+                recorded,
+            } => write!(
+                f,
+                "\"{use_}\" counter says {recorded} pages, a recount finds {counted}"
+            ),
+            FrameError::AccountingMismatch { accounted, ram } => write!(
+                f,
+                "accounting sums to {accounted:#x} bytes, RAM is {ram:#x} bytes"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for FrameError {}
+
+/// Bytes of RAM per use. [`total`](Accounting::total) always equals the sum
+/// of the RAM bank sizes the table was built from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accounting {
+    /// Indexed by `FrameUse as usize`.
+    pub by_use: [u64; FrameUse::COUNT],
+    /// Bytes of the unaligned heads and tails of banks, not tracked.
+    pub unusable_partial_pages: u64,
+}
+
+impl Accounting {
+    pub fn bytes(&self, use_: FrameUse) -> u64 {
+        self.by_use[use_ as usize]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_use.iter().sum::<u64>() + self.unusable_partial_pages
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Bank {
+    /// The whole bank, as given.
+    range: PhysRange,
+    /// First tracked page (the bank start rounded up).
+    first: u64,
+    /// Tracked pages.
+    pages: usize,
+    /// Index of the first tracked page in the storage.
+    base: usize,
+}
+
+impl Bank {
+    const EMPTY: Bank = Bank {
+        range: PhysRange::new(0, 0),
+        first: 0,
+        pages: 0,
+        base: 0,
+    };
+
+    /// End of the tracked pages.
+    fn tracked_end(&self) -> u64 {
+        self.first + self.pages as u64 * PAGE_SIZE
+    }
+
+    /// Storage indexes of the tracked pages overlapping `[lo, hi)`, with `lo`
+    /// and `hi` page-aligned.
+    fn indexes(&self, lo: u64, hi: u64) -> core::ops::Range<usize> {
+        let lo = lo.max(self.first);
+        let hi = hi.min(self.tracked_end());
+        if lo >= hi {
+            return self.base..self.base;
+        }
+        let a = ((lo - self.first) / PAGE_SIZE) as usize;
+        let b = ((hi - self.first) / PAGE_SIZE) as usize;
+        self.base + a..self.base + b
+    }
+}
+
+/// The interior of `bank`: first tracked page and page count.
+fn interior(bank: &PhysRange) -> (u64, usize) {
+    let first = match bank.start.checked_add(PAGE_MASK) {
+        Some(v) => v & !PAGE_MASK,
+        None => return (bank.end, 0),
+    };
+    let last = bank.end & !PAGE_MASK;
+    if bank.end <= bank.start || last <= first {
+        return (first.min(bank.end), 0);
+    }
+    (first, ((last - first) / PAGE_SIZE) as usize)
+}
+
+/// One byte per tracked page of RAM; see the module documentation.
+pub struct FrameTable<'a> {
+    entries: &'a mut [u8],
+    banks: [Bank; MAX_RAM_BANKS],
+    nbanks: usize,
+    /// Pages per use, kept in step with `entries`.
+    counts: [u64; FrameUse::COUNT],
+    partial_bytes: u64,
+    /// Next-fit cursor: storage index where the next search starts.
+    hint: usize,
+}
+
+impl<'a> FrameTable<'a> {
+    /// Bytes of storage [`new`](Self::new) needs for `ram`: one per whole
+    /// page inside each bank.
+    pub fn entries_needed(ram: &[PhysRange]) -> usize {
+        ram.iter().map(|b| interior(b).1).sum()
+    }
+
+    /// A table for `ram` (sorted, disjoint, non-empty banks; checked) in
+    /// `storage` (at least [`entries_needed`](Self::entries_needed) bytes;
+    /// the rest is unused), every tracked page free.
+    pub fn new(ram: &[PhysRange], storage: &'a mut [u8]) -> Result<Self, FrameError> {
+        if ram.len() > MAX_RAM_BANKS {
+            return Err(FrameError::TooManyBanks { count: ram.len() });
+        }
+        for (index, range) in ram.iter().enumerate() {
+            if range.is_empty() {
+                return Err(FrameError::EmptyBank {
+                    index,
+                    range: *range,
+                });
+            }
+            if index > 0 && range.start < ram[index - 1].end {
+                return Err(FrameError::UnsortedBanks {
+                    index,
+                    range: *range,
+                    previous: ram[index - 1],
+                });
+            }
+        }
+        let needed = Self::entries_needed(ram);
+        if storage.len() < needed {
+            return Err(FrameError::StorageTooSmall {
+                needed,
+                got: storage.len(),
+            });
+        }
+        let entries = &mut storage[..needed];
+        entries.fill(FREE);
+        let mut banks = [Bank::EMPTY; MAX_RAM_BANKS];
+        let mut base = 0;
+        let mut partial_bytes = 0;
+        for (bank, range) in banks.iter_mut().zip(ram) {
+            let (first, pages) = interior(range);
+            *bank = Bank {
+                range: *range,
+                first,
+                pages,
+                base,
+            };
+            base += pages;
+            partial_bytes += range.size() - pages as u64 * PAGE_SIZE;
+        }
+        let mut counts = [0; FrameUse::COUNT];
+        counts[FrameUse::Free as usize] = needed as u64;
+        Ok(Self {
+            entries,
+            banks,
+            nbanks: ram.len(),
+            counts,
+            partial_bytes,
+            hint: 0,
+        })
+    }
+
+    fn banks(&self) -> &[Bank] {
+        &self.banks[..self.nbanks]
+    }
+
+    /// Physical address of the page at storage index `idx`.
+    fn addr_of(&self, idx: usize) -> u64 {
+        self.banks()
+            .iter()
+            .find(|b| idx >= b.base && idx < b.base + b.pages)
+            .map_or(0, |b| b.first + (idx - b.base) as u64 * PAGE_SIZE)
+    }
+
+    /// Storage index of the tracked page containing `addr`.
+    fn index_of(&self, addr: u64) -> Option<usize> {
+        self.banks()
+            .iter()
+            .find(|b| addr >= b.first && addr < b.tracked_end())
+            .map(|b| b.base + ((addr - b.first) / PAGE_SIZE) as usize)
+    }
+
+    fn set(&mut self, idx: usize, to: FrameUse) {
+        let from = self.entries[idx];
+        if let Some(u) = FrameUse::from_code(from) {
+            self.counts[u as usize] -= 1;
+        }
+        self.entries[idx] = to as u8;
+        self.counts[to as usize] += 1;
+    }
+
+    /// Claims the free pages of `range` for `to`: the range is rounded
+    /// outward to whole pages and clipped to tracked RAM (parts outside RAM
+    /// are ignored). Pages that are not free are left alone, so the **first
+    /// claim wins**: boot marks regions in priority order (hypervisor image,
+    /// device tree, frame table, firmware reservations, guest bundle, ...)
+    /// and an overlap keeps the earlier, more important label. Returns the
+    /// number of pages changed.
+    pub fn mark(&mut self, range: PhysRange, to: FrameUse) -> Result<u64, FrameError> {
+        if range.start > range.end {
+            return Err(FrameError::InvalidRange { range });
+        }
+        if to == FrameUse::Free {
+            return Err(FrameError::InvalidUse {
+                op: "mark pages as",
+                use_: to,
+            });
+        }
+        if range.start == range.end {
+            return Ok(0);
+        }
+        let lo = range.start & !PAGE_MASK;
+        // A range ending in the top page of the address space cannot reach
+        // tracked RAM beyond it, so saturating is exact.
+        let hi = range
+            .end
+            .checked_add(PAGE_MASK)
+            .map_or(!PAGE_MASK, |v| v & !PAGE_MASK);
+        let mut changed = 0;
+        for i in 0..self.nbanks {
+            for idx in self.banks[i].indexes(lo, hi) {
+                if self.entries[idx] == FREE {
+                    self.set(idx, to);
+                    changed += 1;
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Allocates `pages` contiguous free pages (never across banks) whose
+    /// address is a multiple of `align_pages` pages (a power of two; 0 means
+    /// 1), marks them `to` and returns their address. `None` if no such run
+    /// exists, or for `pages == 0`, a bad alignment or `to == Free`.
+    ///
+    /// Next fit: the search starts where the previous allocation ended and
+    /// wraps around once, so repeated single-page allocations cost O(1)
+    /// amortised and a failed one costs a scan of the table.
+    pub fn alloc(&mut self, pages: usize, align_pages: usize, to: FrameUse) -> Option<u64> {
+        let align_pages = align_pages.max(1);
+        if pages == 0 || to == FrameUse::Free || !align_pages.is_power_of_two() {
+            return None;
+        }
+        if self.counts[FrameUse::Free as usize] < pages as u64 {
+            return None;
+        }
+        let align = (align_pages as u64).checked_mul(PAGE_SIZE)?;
+        let hint = self.hint;
+        let idx = self
+            .search(hint, pages, align)
+            .or_else(|| self.search(0, pages, align))?;
+        for i in idx..idx + pages {
+            self.set(i, to);
+        }
+        self.hint = if idx + pages >= self.entries.len() {
+            0
+        } else {
+            idx + pages
+        };
+        Some(self.addr_of(idx))
+    }
+
+    /// First fitting run at or after storage index `from`.
+    fn search(&self, from: usize, pages: usize, align: u64) -> Option<usize> {
+        for b in self.banks() {
+            if b.base + b.pages <= from {
+                continue;
+            }
+            let start = from.saturating_sub(b.base);
+            if let Some(local) = self.search_bank(b, start, pages, align) {
+                return Some(b.base + local);
+            }
+        }
+        None
+    }
+
+    fn search_bank(&self, b: &Bank, mut i: usize, pages: usize, align: u64) -> Option<usize> {
+        let entries = &self.entries[b.base..b.base + b.pages];
+        loop {
+            let addr = b.first + i as u64 * PAGE_SIZE;
+            let aligned = addr.checked_add(align - 1)? & !(align - 1);
+            let j = usize::try_from((aligned - b.first) / PAGE_SIZE).ok()?;
+            if j.checked_add(pages)? > b.pages {
+                return None;
+            }
+            match entries[j..j + pages].iter().rposition(|&e| e != FREE) {
+                None => return Some(j),
+                Some(k) => i = j + k + 1,
+            }
+        }
+    }
+
+    /// Returns `pages` pages at `addr`, all currently `from`, to the free
+    /// pool. Errors (and changes nothing) if `addr` is unaligned, a page is
+    /// outside tracked RAM or not `from`, or `from` is `Free`.
+    pub fn free(&mut self, addr: u64, pages: usize, from: FrameUse) -> Result<(), FrameError> {
+        if from == FrameUse::Free {
+            return Err(FrameError::InvalidUse {
+                op: "free",
+                use_: from,
+            });
+        }
+        if addr & PAGE_MASK != 0 {
+            return Err(FrameError::Unaligned { addr });
+        }
+        if pages == 0 {
+            return Ok(());
+        }
+        let not_in_ram = FrameError::NotInRam { addr, pages };
+        let end = (pages as u64)
+            .checked_mul(PAGE_SIZE)
+            .and_then(|len| addr.checked_add(len))
+            .ok_or(not_in_ram)?;
+        let tracked: usize = self
+            .banks()
+            .iter()
+            .map(|b| b.indexes(addr, end).len())
+            .sum();
+        if tracked != pages {
+            return Err(not_in_ram);
+        }
+        for b in self.banks() {
+            for idx in b.indexes(addr, end) {
+                let code = self.entries[idx];
+                if code != from as u8 {
+                    let page = self.addr_of(idx);
+                    return Err(match FrameUse::from_code(code) {
+                        Some(found) => FrameError::WrongUse {
+                            addr: page,
+                            expected: from,
+                            found,
+                        },
+                        None => FrameError::CorruptEntry { addr: page, code },
+                    });
+                }
+            }
+        }
+        for i in 0..self.nbanks {
+            for idx in self.banks[i].indexes(addr, end) {
+                self.set(idx, FrameUse::Free);
+            }
+        }
+        Ok(())
+    }
+
+    /// The use of the page containing `addr`; `None` outside tracked RAM
+    /// (including the partial pages at unaligned bank edges).
+    pub fn use_of(&self, addr: u64) -> Option<FrameUse> {
+        self.index_of(addr)
+            .and_then(|i| FrameUse::from_code(self.entries[i]))
+    }
+
+    pub fn free_pages(&self) -> u64 {
+        self.counts[FrameUse::Free as usize]
+    }
+
+    /// Tracked pages (free or not).
+    pub fn total_pages(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    /// Pages currently used for `use_`.
+    pub fn pages(&self, use_: FrameUse) -> u64 {
+        self.counts[use_ as usize]
+    }
+
+    pub fn accounting(&self) -> Accounting {
+        let mut acc = Accounting {
+            by_use: [0; FrameUse::COUNT],
+            unusable_partial_pages: self.partial_bytes,
+        };
+        for (bytes, pages) in acc.by_use.iter_mut().zip(self.counts) {
+            *bytes = pages * PAGE_SIZE;
+        }
+        acc
+    }
+
+    /// Maximal runs of pages with the same use, in address order (runs never
+    /// span banks): the memory map a shell prints.
+    pub fn runs(&self) -> Runs<'_, 'a> {
+        Runs {
+            table: self,
+            bank: 0,
+            page: 0,
+        }
+    }
+
+    /// Recounts every page: every stored byte is a valid [`FrameUse`], the
+    /// incremental counters match, and the accounting covers exactly the RAM.
+    pub fn check_invariants(&self) -> Result<(), FrameError> {
+        let mut counted = [0u64; FrameUse::COUNT];
+        for b in self.banks() {
+            for idx in b.base..b.base + b.pages {
+                let code = self.entries[idx];
+                match FrameUse::from_code(code) {
+                    Some(u) => counted[u as usize] += 1,
+                    None => {
+                        let addr = b.first + (idx - b.base) as u64 * PAGE_SIZE;
+                        return Err(FrameError::CorruptEntry { addr, code });
+                    }
+                }
+            }
+        }
+        for use_ in FrameUse::ALL {
+            let (c, r) = (counted[use_ as usize], self.counts[use_ as usize]);
+            if c != r {
+                return Err(FrameError::CounterMismatch {
+                    use_,
+                    counted: c,
+                    recorded: r,
+                });
+            }
+        }
+        let ram: u64 = self.banks().iter().map(|b| b.range.size()).sum();
+        let accounted = self.accounting().total();
+        if accounted != ram {
+            return Err(FrameError::AccountingMismatch { accounted, ram });
+        }
+        Ok(())
+    }
+}
+
+/// Iterator returned by [`FrameTable::runs`].
+pub struct Runs<'t, 'a> {
+    table: &'t FrameTable<'a>,
+    bank: usize,
+    page: usize,
+}
+
+impl Iterator for Runs<'_, '_> {
+    /// The run and its use (`None` for a byte that encodes no use).
+    type Item = (PhysRange, Option<FrameUse>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.bank < self.table.nbanks {
+            let b = &self.table.banks[self.bank];
+            if self.page >= b.pages {
+                self.bank += 1;
+                self.page = 0;
+                continue;
+            }
+            let entries = &self.table.entries[b.base..b.base + b.pages];
+            let code = entries[self.page];
+            let start = self.page;
+            let len = entries[start..].iter().take_while(|&&c| c == code).count();
+            self.page = start + len;
+            let range = PhysRange::new(
+                b.first + start as u64 * PAGE_SIZE,
+                b.first + self.page as u64 * PAGE_SIZE,
+            );
+            return Some((range, FrameUse::from_code(code)));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn r(start: u64, end: u64) -> PhysRange {
+        PhysRange::new(start, end)
+    }
+
+    fn storage(ram: &[PhysRange]) -> Vec<u8> {
+        vec![0xEE; FrameTable::entries_needed(ram)]
+    }
+
+    fn ram_size(ram: &[PhysRange]) -> u64 {
+        ram.iter().map(|b| b.size()).sum()
+    }
+
+    /// Everything observable about a table, to check that failures change nothing.
+    fn snapshot(t: &FrameTable) -> (Vec<u8>, Accounting, u64) {
+        (t.entries.to_vec(), t.accounting(), t.free_pages())
+    }
+
+    #[test]
+    fn labels_and_codes() {
+        let labels: Vec<_> = FrameUse::ALL.iter().map(|u| u.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "hypervisor image",
+                "device tree",
+                "guest bundle",
+                "firmware reserved",
+                "frame table",
+                "heap",
+                "page tables",
+                "free",
+                "allocated"
+            ]
+        );
+        for (i, u) in FrameUse::ALL.iter().enumerate() {
+            assert_eq!(u.code() as usize, i);
+            assert_eq!(FrameUse::from_code(u.code()), Some(*u));
+            assert!(u.code() < FIRST_GUEST_CODE);
+        }
+        assert_eq!(FrameUse::from_code(9), None);
+        assert_eq!(FrameUse::from_code(FIRST_GUEST_CODE), None);
+    }
+
+    #[test]
+    fn accounting_sums_to_ram_with_unaligned_edges() {
+        let ram = [
+            r(0x4000_0100, 0x4010_0000),
+            r(0x5000_0000, 0x5000_3800),
+            r(0x6000_0010, 0x6000_0ff0),
+        ];
+        let mut st = storage(&ram);
+        // Bank 0: head 0xf00 partial, 255 pages; bank 1: 3 pages + 0x800 tail; bank 2: no page.
+        assert_eq!(st.len(), 255 + 3);
+        let t = FrameTable::new(&ram, &mut st).unwrap();
+        let acc = t.accounting();
+        assert_eq!(acc.unusable_partial_pages, 0xf00 + 0x800 + 0xfe0);
+        assert_eq!(acc.total(), ram_size(&ram));
+        assert_eq!(acc.bytes(FrameUse::Free), 258 * PAGE_SIZE);
+        assert_eq!(t.free_pages(), 258);
+        assert_eq!(t.total_pages(), 258);
+        t.check_invariants().unwrap();
+        assert_eq!(t.use_of(0x4000_0100), None);
+        assert_eq!(t.use_of(0x4000_1000), Some(FrameUse::Free));
+        assert_eq!(t.use_of(0x400f_ffff), Some(FrameUse::Free));
+        assert_eq!(t.use_of(0x4010_0000), None);
+        assert_eq!(t.use_of(0x5000_3000), None);
+        assert_eq!(t.use_of(0x6000_0800), None);
+        assert_eq!(t.use_of(0), None);
+        assert_eq!(t.use_of(u64::MAX), None);
+    }
+
+    #[test]
+    fn new_checks_banks_and_storage() {
+        let mut st = vec![0u8; 1 << 12];
+        let e = |ram: &[PhysRange], st: &mut [u8]| FrameTable::new(ram, st).err();
+        assert!(matches!(
+            e(&[r(0, 0x1000), r(0x800, 0x2000)], &mut st),
+            Some(FrameError::UnsortedBanks { index: 1, .. })
+        ));
+        assert!(matches!(
+            e(&[r(0x2000, 0x3000), r(0, 0x1000)], &mut st),
+            Some(FrameError::UnsortedBanks { .. })
+        ));
+        assert!(matches!(
+            e(&[r(0x2000, 0x2000)], &mut st),
+            Some(FrameError::EmptyBank { index: 0, .. })
+        ));
+        assert!(matches!(
+            e(&[r(0, 0x2000)], &mut st[..1]),
+            Some(FrameError::StorageTooSmall { needed: 2, got: 1 })
+        ));
+        let many = [r(0, 0x1000); MAX_RAM_BANKS + 1];
+        assert!(matches!(
+            e(&many, &mut st),
+            Some(FrameError::TooManyBanks { .. })
+        ));
+        // Adjacent banks are fine; so is no RAM at all, and extra storage.
+        assert!(FrameTable::new(&[r(0, 0x1000), r(0x1000, 0x2000)], &mut st).is_ok());
+        let t = FrameTable::new(&[], &mut st).unwrap();
+        assert_eq!(t.accounting().total(), 0);
+        // A bank at the very top of the address space.
+        let top = [r(u64::MAX - 0x2fff, u64::MAX)];
+        let t = FrameTable::new(&top, &mut st).unwrap();
+        assert_eq!(t.accounting().total(), 0x2fff);
+        t.check_invariants().unwrap();
+        for e in [
+            FrameError::TooManyBanks { count: 9 },
+            FrameError::NotInRam { addr: 0, pages: 1 },
+            FrameError::WrongUse {
+                addr: 0x1000,
+                expected: FrameUse::Heap,
+                found: FrameUse::Free,
+            },
+        ] {
+            assert!(!e.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn mark_first_claim_wins_and_clips() {
+        let ram = [
+            r(0x4000_0000, 0x4000_0000 + MIB),
+            r(0x5000_0000, 0x5000_0000 + MIB),
+        ];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        // Rounds outward: 0x10 bytes straddling a page boundary claim 2 pages.
+        assert_eq!(
+            t.mark(r(0x4000_0ff8, 0x4000_1008), FrameUse::HypervisorImage),
+            Ok(2)
+        );
+        // Overlapping later claim only gets the free pages.
+        assert_eq!(
+            t.mark(r(0x4000_0000, 0x4000_4000), FrameUse::DeviceTree),
+            Ok(2)
+        );
+        assert_eq!(t.use_of(0x4000_0000), Some(FrameUse::HypervisorImage));
+        assert_eq!(t.use_of(0x4000_1fff), Some(FrameUse::HypervisorImage));
+        assert_eq!(t.use_of(0x4000_2000), Some(FrameUse::DeviceTree));
+        // Same claim again: nothing changes.
+        assert_eq!(
+            t.mark(r(0x4000_0000, 0x4000_4000), FrameUse::DeviceTree),
+            Ok(0)
+        );
+        // Parts outside RAM are ignored; a range spanning both banks and the hole.
+        assert_eq!(
+            t.mark(r(0x3000_0000, 0x4000_0000), FrameUse::FirmwareReserved),
+            Ok(0)
+        );
+        assert_eq!(
+            t.mark(r(0x400f_f000, 0x5000_1000), FrameUse::FirmwareReserved),
+            Ok(2)
+        );
+        assert_eq!(
+            t.mark(r(0x5000_0000 + MIB, u64::MAX), FrameUse::GuestBundle),
+            Ok(0)
+        );
+        assert_eq!(t.mark(r(5, 5), FrameUse::GuestBundle), Ok(0));
+        let before = snapshot(&t);
+        assert!(matches!(
+            t.mark(r(6, 5), FrameUse::Heap),
+            Err(FrameError::InvalidRange { .. })
+        ));
+        assert!(matches!(
+            t.mark(r(0, u64::MAX), FrameUse::Free),
+            Err(FrameError::InvalidUse { .. })
+        ));
+        assert_eq!(snapshot(&t), before);
+        let acc = t.accounting();
+        assert_eq!(acc.bytes(FrameUse::HypervisorImage), 2 * PAGE_SIZE);
+        assert_eq!(acc.bytes(FrameUse::DeviceTree), 2 * PAGE_SIZE);
+        assert_eq!(acc.bytes(FrameUse::FirmwareReserved), 2 * PAGE_SIZE);
+        assert_eq!(acc.total(), 2 * MIB);
+        t.check_invariants().unwrap();
+        let runs: Vec<_> = t.runs().collect();
+        assert_eq!(
+            runs[0],
+            (r(0x4000_0000, 0x4000_2000), Some(FrameUse::HypervisorImage))
+        );
+        assert_eq!(
+            runs[1],
+            (r(0x4000_2000, 0x4000_4000), Some(FrameUse::DeviceTree))
+        );
+        assert_eq!(runs.iter().map(|(r, _)| r.size()).sum::<u64>(), 2 * MIB);
+    }
+
+    #[test]
+    fn alloc_free_round_trip_and_alignment() {
+        let ram = [r(0x4000_0000, 0x4000_0000 + 4 * MIB)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        t.mark(r(0x4000_0000, 0x4000_3000), FrameUse::HypervisorImage)
+            .unwrap();
+        let a = t.alloc(1, 1, FrameUse::Allocated).unwrap();
+        assert_eq!(a, 0x4000_3000);
+        let b = t.alloc(1, 1, FrameUse::PageTables).unwrap();
+        assert_eq!(b, 0x4000_4000);
+        // 2 MiB aligned: skips to the next 2 MiB boundary.
+        let c = t.alloc(16, 512, FrameUse::Heap).unwrap();
+        assert_eq!(c, 0x4020_0000);
+        assert_eq!(t.use_of(c + 15 * PAGE_SIZE), Some(FrameUse::Heap));
+        assert_eq!(t.use_of(c + 16 * PAGE_SIZE), Some(FrameUse::Free));
+        // 64 KiB aligned.
+        let d = t.alloc(3, 16, FrameUse::Allocated).unwrap();
+        assert_eq!(d % (16 * PAGE_SIZE), 0);
+        assert_eq!(t.pages(FrameUse::Allocated), 4);
+        t.check_invariants().unwrap();
+        t.free(c, 16, FrameUse::Heap).unwrap();
+        t.free(a, 1, FrameUse::Allocated).unwrap();
+        t.free(b, 1, FrameUse::PageTables).unwrap();
+        t.free(d, 3, FrameUse::Allocated).unwrap();
+        assert_eq!(t.free_pages(), 1024 - 3);
+        t.check_invariants().unwrap();
+        // Bad parameters.
+        assert_eq!(t.alloc(0, 1, FrameUse::Heap), None);
+        assert_eq!(t.alloc(1, 3, FrameUse::Heap), None);
+        assert_eq!(t.alloc(1, 1, FrameUse::Free), None);
+        assert_eq!(t.alloc(1, 1 << 62, FrameUse::Heap), None);
+        assert_eq!(
+            t.alloc(1, 0, FrameUse::Heap).map(|a| a % PAGE_SIZE),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn alloc_never_crosses_banks_and_exhausts() {
+        // Two adjacent banks of 4 pages each: 5 contiguous pages never fit.
+        let ram = [r(0x1000, 0x5000), r(0x5000, 0x9000)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        assert_eq!(t.alloc(5, 1, FrameUse::Heap), None);
+        assert_eq!(t.alloc(4, 1, FrameUse::Heap), Some(0x1000));
+        assert_eq!(t.alloc(4, 1, FrameUse::Heap), Some(0x5000));
+        assert_eq!(t.alloc(1, 1, FrameUse::Heap), None);
+        assert_eq!(t.free_pages(), 0);
+        t.free(0x2000, 2, FrameUse::Heap).unwrap();
+        assert_eq!(t.alloc(2, 2, FrameUse::Allocated), Some(0x2000));
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), None);
+        t.check_invariants().unwrap();
+        // Freeing across the two banks at once is fine when every page matches.
+        t.free(0x4000, 2, FrameUse::Heap).unwrap();
+        assert_eq!(t.use_of(0x4000), Some(FrameUse::Free));
+        assert_eq!(t.use_of(0x5000), Some(FrameUse::Free));
+    }
+
+    #[test]
+    fn next_fit_reuses_freed_pages_after_wrapping() {
+        let ram = [r(0, 8 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let got: Vec<_> = (0..8)
+            .map(|_| t.alloc(1, 1, FrameUse::Allocated).unwrap())
+            .collect();
+        assert_eq!(got, (0..8).map(|i| i * PAGE_SIZE).collect::<Vec<_>>());
+        t.free(3 * PAGE_SIZE, 1, FrameUse::Allocated).unwrap();
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(3 * PAGE_SIZE));
+        t.free(PAGE_SIZE, 1, FrameUse::Allocated).unwrap();
+        t.free(6 * PAGE_SIZE, 1, FrameUse::Allocated).unwrap();
+        // Cursor is after page 3: page 6 comes first, then page 1 after wrapping.
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(6 * PAGE_SIZE));
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(PAGE_SIZE));
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), None);
+    }
+
+    #[test]
+    fn bad_free_changes_nothing() {
+        let ram = [r(0x1000, 0x11000), r(0x20000, 0x30000)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let a = t.alloc(4, 1, FrameUse::Allocated).unwrap();
+        t.mark(r(0x20000, 0x22000), FrameUse::DeviceTree).unwrap();
+        let before = snapshot(&t);
+        let cases = [
+            (t.free(a, 4, FrameUse::Heap), "wrong use"),
+            (t.free(a, 5, FrameUse::Allocated), "one page too many"),
+            (t.free(a + 1, 1, FrameUse::Allocated), "unaligned"),
+            (t.free(0x11000, 1, FrameUse::Allocated), "gap between banks"),
+            (t.free(0x10000, 2, FrameUse::Allocated), "runs off the bank"),
+            (t.free(0, 1, FrameUse::Allocated), "below RAM"),
+            (t.free(!PAGE_MASK, 2, FrameUse::Allocated), "overflow"),
+            (t.free(a, usize::MAX, FrameUse::Allocated), "huge"),
+            (t.free(a, 1, FrameUse::Free), "free from free"),
+            (
+                t.free(0x20000, 3, FrameUse::DeviceTree),
+                "partly device tree",
+            ),
+        ];
+        for (res, what) in cases {
+            assert!(res.is_err(), "{what}");
+        }
+        assert_eq!(snapshot(&t), before);
+        assert!(matches!(
+            t.free(a, 4, FrameUse::Heap),
+            Err(FrameError::WrongUse {
+                expected: FrameUse::Heap,
+                found: FrameUse::Allocated,
+                ..
+            })
+        ));
+        assert!(matches!(
+            t.free(a + 1, 1, FrameUse::Allocated),
+            Err(FrameError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            t.free(0x11000, 1, FrameUse::Allocated),
+            Err(FrameError::NotInRam { .. })
+        ));
+        // Wrong use in the middle of the range: the first pages are untouched too.
+        assert!(matches!(
+            t.free(0x20000, 3, FrameUse::DeviceTree),
+            Err(FrameError::WrongUse {
+                addr: 0x22000,
+                found: FrameUse::Free,
+                ..
+            })
+        ));
+        assert_eq!(snapshot(&t), before);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn check_invariants_catches_corruption() {
+        let ram = [r(0, 16 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let t = FrameTable::new(&ram, &mut st).unwrap();
+        t.entries[3] = 0x41;
+        assert_eq!(
+            t.check_invariants(),
+            Err(FrameError::CorruptEntry {
+                addr: 3 * PAGE_SIZE,
+                code: 0x41
+            })
+        );
+        assert_eq!(t.use_of(3 * PAGE_SIZE), None);
+        t.entries[3] = FrameUse::Heap as u8;
+        assert!(matches!(
+            t.check_invariants(),
+            Err(FrameError::CounterMismatch { .. })
+        ));
+        t.entries[3] = FREE;
+        t.check_invariants().unwrap();
+    }
+
+    struct XorShift(u64);
+
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.0 = x;
+            x
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    #[test]
+    fn randomized_operations_keep_invariants() {
+        let ram = [
+            r(0x4000_0200, 0x4004_0000),
+            r(0x4004_0000, 0x4008_0000),
+            r(0x8000_0000, 0x8001_0800),
+        ];
+        let total = ram_size(&ram);
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let uses = [
+            FrameUse::Allocated,
+            FrameUse::Heap,
+            FrameUse::PageTables,
+            FrameUse::GuestBundle,
+        ];
+        // What we believe we own: (addr, pages, use).
+        let mut owned: Vec<(u64, usize, FrameUse)> = Vec::new();
+        let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+        for step in 0..20_000 {
+            match rng.below(10) {
+                0..=4 => {
+                    let pages = [1, 1, 1, 2, 3, 8, 17, 64][rng.below(8) as usize];
+                    let align = [1, 1, 2, 4, 16, 512][rng.below(6) as usize];
+                    let u = uses[rng.below(4) as usize];
+                    let free_before = t.free_pages();
+                    if let Some(a) = t.alloc(pages, align, u) {
+                        assert_eq!(a % (align as u64 * PAGE_SIZE), 0);
+                        assert_eq!(t.free_pages(), free_before - pages as u64);
+                        for i in 0..pages as u64 {
+                            assert_eq!(t.use_of(a + i * PAGE_SIZE), Some(u));
+                        }
+                        owned.push((a, pages, u));
+                    } else {
+                        assert_eq!(t.free_pages(), free_before);
+                    }
+                }
+                5..=7 if !owned.is_empty() => {
+                    let i = rng.below(owned.len() as u64) as usize;
+                    let (a, p, u) = owned.swap_remove(i);
+                    // A mismatched free first: must fail and change nothing.
+                    let before = snapshot(&t);
+                    let wrong = uses[(uses.iter().position(|&x| x == u).unwrap() + 1) % 4];
+                    assert!(t.free(a, p, wrong).is_err());
+                    assert_eq!(snapshot(&t), before);
+                    t.free(a, p, u).unwrap();
+                }
+                8 => {
+                    let start = 0x4000_0000 + rng.below(0x8000_0000);
+                    let len = rng.below(0x4_0000);
+                    let changed = t
+                        .mark(r(start, start + len), FrameUse::FirmwareReserved)
+                        .unwrap();
+                    assert!(changed <= len / PAGE_SIZE + 2);
+                }
+                _ => {
+                    let addr = 0x4000_0000 + rng.below(0x4_1000_0000);
+                    let _ = t.use_of(addr);
+                }
+            }
+            assert_eq!(t.accounting().total(), total);
+            if step % 97 == 0 {
+                t.check_invariants().unwrap();
+            }
+        }
+        t.check_invariants().unwrap();
+        // Owned runs are disjoint and still labelled as we think.
+        for &(a, p, u) in &owned {
+            for i in 0..p as u64 {
+                assert_eq!(t.use_of(a + i * PAGE_SIZE), Some(u));
+            }
+        }
+        for (a, p, u) in owned.drain(..) {
+            t.free(a, p, u).unwrap();
+        }
+        let reserved = t.pages(FrameUse::FirmwareReserved);
+        assert_eq!(t.free_pages() + reserved, t.total_pages());
+    }
+
+    #[test]
+    fn single_page_allocations_are_next_fit() {
+        // 64 MiB of pages allocated one by one: each search starts at the cursor.
+        let ram = [r(0, 64 * MIB)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let n = (64 * MIB / PAGE_SIZE) as usize;
+        for i in 0..n {
+            assert_eq!(
+                t.alloc(1, 1, FrameUse::Allocated),
+                Some(i as u64 * PAGE_SIZE)
+            );
+        }
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), None);
+        t.check_invariants().unwrap();
+    }
+}

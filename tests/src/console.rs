@@ -1,0 +1,175 @@
+//! Parsers for what the hypervisor prints on its console: the `mem` and
+//! `cpus` shell commands and the crash dumps. They follow the console
+//! protocol in the crate documentation and accept `\r\n` line ends.
+
+use regex::Regex;
+
+/// The shell prompt (no newline follows it).
+pub const PROMPT: &str = "tidal> ";
+
+/// The output of the `mem` command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemReport {
+    /// From `RAM: <N> bytes ...`.
+    pub ram_bytes: u64,
+    /// Accounting lines before `total`, in order: (label, bytes).
+    pub categories: Vec<(String, u64)>,
+    /// The `total` accounting line.
+    pub total: u64,
+}
+
+/// Parses the output of `mem`.
+pub fn parse_mem(text: &str) -> Result<MemReport, String> {
+    let ram_re = Regex::new(r"^\s*RAM:\s+(\d+) bytes\b").unwrap();
+    let cat_re = Regex::new(r"^\s+(\S.*?)\s+(\d+) bytes\b").unwrap();
+    let number = |s: &str| {
+        s.parse::<u64>()
+            .map_err(|e| format!("bad number `{s}`: {e}"))
+    };
+
+    let mut ram_bytes = None;
+    let mut categories = Vec::new();
+    let mut in_accounting = false;
+    for line in text.lines().map(|l| l.trim_end_matches('\r')) {
+        if !in_accounting {
+            if let Some(c) = ram_re.captures(line) {
+                ram_bytes = Some(number(&c[1])?);
+            } else if line.trim_start().starts_with("Accounting") {
+                in_accounting = true;
+            }
+            continue;
+        }
+        let Some(c) = cat_re.captures(line) else {
+            continue;
+        };
+        let bytes = number(&c[2])?;
+        if &c[1] == "total" {
+            let ram_bytes = ram_bytes.ok_or("no `RAM: <N> bytes` line before the accounting")?;
+            if categories.is_empty() {
+                return Err("no accounting categories before `total`".into());
+            }
+            return Ok(MemReport {
+                ram_bytes,
+                categories,
+                total: bytes,
+            });
+        }
+        categories.push((c[1].to_string(), bytes));
+    }
+    Err(if in_accounting {
+        "no `total` line in the accounting".into()
+    } else {
+        "no `Accounting (4 KiB pages):` section".into()
+    })
+}
+
+/// One CPU line of the `cpus` command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuLine {
+    pub index: usize,
+    pub mpidr: u64,
+    /// `psci`, `spin-table`, ...
+    pub method: String,
+    /// The state begins with `online`.
+    pub online: bool,
+    /// The whole state text (`online`, `offline (...)`, ...).
+    pub state: String,
+}
+
+/// Parses the output of `cpus`: every line of the form
+/// `<index> <mpidr hex> <enable-method> <state...>`; other lines (the header,
+/// the echoed command) are skipped.
+pub fn parse_cpus(text: &str) -> Vec<CpuLine> {
+    let re = Regex::new(r"^\s*(\d+)\s+(?:0x)?([0-9a-fA-F]+)\s+(\S+)\s+(\S.*?)\s*$").unwrap();
+    text.lines()
+        .filter_map(|line| {
+            let c = re.captures(line.trim_end_matches('\r'))?;
+            let state = c[4].to_string();
+            Some(CpuLine {
+                index: c[1].parse().ok()?,
+                mpidr: u64::from_str_radix(&c[2], 16).ok()?,
+                method: c[3].to_string(),
+                online: state.starts_with("online"),
+                state,
+            })
+        })
+        .collect()
+}
+
+/// The image offset of the last crash dump in `text`
+/// (`ELR_EL2 0x... (image offset 0x...)`), if any.
+pub fn crash_image_offset(text: &str) -> Option<u64> {
+    let re = Regex::new(r"image offset 0x([0-9a-fA-F]+)").unwrap();
+    let c = re.captures_iter(text).last()?;
+    u64::from_str_radix(&c[1], 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEM: &str = "mem\r\n\
+        RAM: 2147483648 bytes (2048 MiB) in 1 bank(s)\r\n\
+        \x20 bank 0: 0x40000000..0xc0000000 (2048 MiB)\r\n\
+        Accounting (4 KiB pages):\r\n\
+        \x20 hypervisor image         1048576 bytes  (1.0 MiB)\r\n\
+        \x20 page tables                 8192 bytes\r\n\
+        \x20 guest bundle 2           4096 bytes  (4 KiB, 1 page)\r\n\
+        \x20 free pool             2146422784 bytes  (2047 MiB)\r\n\
+        \x20 total                 2147483648 bytes = RAM\r\n";
+
+    #[test]
+    fn mem_report() {
+        let r = parse_mem(MEM).unwrap();
+        assert_eq!(r.ram_bytes, 2 << 30);
+        assert_eq!(r.total, 2 << 30);
+        assert_eq!(
+            r.categories,
+            [
+                ("hypervisor image".to_string(), 1048576),
+                ("page tables".to_string(), 8192),
+                ("guest bundle 2".to_string(), 4096),
+                ("free pool".to_string(), 2146422784),
+            ]
+        );
+    }
+
+    #[test]
+    fn mem_errors() {
+        assert!(parse_mem("").unwrap_err().contains("Accounting"));
+        let no_total = MEM.replace("  total", "  sum");
+        assert!(parse_mem(&no_total).unwrap_err().contains("total"));
+        let no_ram = MEM.replace("RAM:", "Memory:");
+        assert!(parse_mem(&no_ram).unwrap_err().contains("RAM"));
+    }
+
+    #[test]
+    fn cpus() {
+        let text = "cpus\r\nCPU MPIDR      METHOD     STATE\r\n\
+            0   0x80000000 psci       online (boot)\r\n\
+            1   80000001   spin-table offline (timeout)\r\n\
+            \x20 2 0x2 psci online\r\ntidal> ";
+        let cpus = parse_cpus(text);
+        assert_eq!(cpus.len(), 3);
+        assert_eq!(
+            cpus[0],
+            CpuLine {
+                index: 0,
+                mpidr: 0x8000_0000,
+                method: "psci".into(),
+                online: true,
+                state: "online (boot)".into()
+            }
+        );
+        assert!(!cpus[1].online && cpus[1].method == "spin-table" && cpus[1].mpidr == 0x8000_0001);
+        assert!(cpus[2].online && cpus[2].index == 2);
+    }
+
+    #[test]
+    fn crash_offset() {
+        let dump = "*** EXCEPTION on CPU 0: data abort\r\n  ESR_EL2 0x96000004  FAR_EL2 0x0\r\n\
+            \x20 ELR_EL2 0x40212a0c (image offset 0x12a0c)\r\n  x0  0x0 ...\r\nCPU 0 parked.\r\n";
+        assert_eq!(crash_image_offset(dump), Some(0x12a0c));
+        assert_eq!(crash_image_offset("no crash"), None);
+    }
+}

@@ -1,0 +1,343 @@
+//! Boards, build artifacts and QEMU command lines: the single source of truth
+//! for how the hypervisor is started under QEMU (used by the tests and by
+//! `cargo xtask run`/`test`).
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::str::FromStr;
+
+/// The QEMU binary every board runs on.
+pub const QEMU: &str = "qemu-system-aarch64";
+
+/// A board the hypervisor is tested on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Board {
+    /// `-M virt,virtualization=on,gic-version=2`
+    VirtGicv2,
+    /// `-M virt,virtualization=on,gic-version=3`
+    VirtGicv3,
+    /// `-M raspi4b` with the Raspberry Pi 4 device tree.
+    Raspi4b,
+}
+
+impl Board {
+    pub const ALL: [Board; 3] = [Board::VirtGicv2, Board::VirtGicv3, Board::Raspi4b];
+
+    /// The name used on the command line and in log file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Board::VirtGicv2 => "virt-gicv2",
+            Board::VirtGicv3 => "virt-gicv3",
+            Board::Raspi4b => "raspi4b",
+        }
+    }
+}
+
+impl fmt::Display for Board {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Board {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Board::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Board::ALL.iter().map(|b| b.name()).collect();
+                format!("unknown board `{s}`; valid boards: {}", names.join(", "))
+            })
+    }
+}
+
+/// The workspace root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR` if set, else `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => workspace_root().join(dir),
+        None => workspace_root().join("target"),
+    }
+}
+
+/// Where sessions write their console logs and tests their scratch files:
+/// `<target>/test-logs/` (created on demand).
+pub fn log_dir() -> PathBuf {
+    let dir = target_dir().join("test-logs");
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+/// The files a QEMU run needs, as built by `cargo xtask`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifacts {
+    /// Raw arm64 Image (`-kernel`).
+    pub image: PathBuf,
+    /// The image's ELF, linked at address 0: used to symbolize and decode traces.
+    pub elf: PathBuf,
+    /// The guest bundle (`-initrd`).
+    pub bundle: PathBuf,
+    /// The Raspberry Pi 4 device tree (`-dtb` on raspi4b).
+    pub pi4_dtb: PathBuf,
+}
+
+impl Artifacts {
+    /// Paths from `HV_IMAGE`, `HV_ELF`, `HV_BUNDLE` and `HV_PI4_DTB`, else the
+    /// default build outputs under the target directory. Relative paths in
+    /// the variables are taken relative to the workspace root. Nothing is
+    /// checked here; [`crate::Session::start`] reports missing files.
+    pub fn locate() -> Artifacts {
+        let target = target_dir();
+        let release = target.join("aarch64-unknown-none").join("release");
+        let pick = |var: &str, default: PathBuf| match std::env::var_os(var) {
+            Some(path) => workspace_root().join(path),
+            None => default,
+        };
+        Artifacts {
+            image: pick("HV_IMAGE", release.join("hypervisor.bin")),
+            elf: pick("HV_ELF", release.join("hypervisor")),
+            bundle: pick("HV_BUNDLE", target.join("guests.img")),
+            pi4_dtb: pick(
+                "HV_PI4_DTB",
+                target.join("fixtures").join("bcm2711-rpi-4-b.dtb"),
+            ),
+        }
+    }
+}
+
+/// What varies between QEMU runs of one board. Start from
+/// [`QemuOptions::for_board`]; every field is used verbatim by [`qemu_command`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QemuOptions {
+    /// File that receives the second (trace) UART; `None`: no trace UART.
+    pub trace: Option<PathBuf>,
+    /// `-initrd`, normally the guest bundle; `None`: no `-initrd` at all.
+    pub initrd: Option<PathBuf>,
+    /// `-dtb`; `None`: QEMU's own tree (virt only; raspi4b has none).
+    pub dtb: Option<PathBuf>,
+    /// `-m`; `None`: no `-m` (raspi4b has a fixed 2 GiB).
+    pub memory: Option<String>,
+    /// Appended to the command line as is.
+    pub extra: Vec<String>,
+    /// Console on `mon:stdio` (Ctrl-A X quits, Ctrl-A C is the monitor)
+    /// instead of a plain `stdio` serial with no monitor.
+    pub interactive: bool,
+}
+
+impl QemuOptions {
+    /// The standard run of `board`: the guest bundle as initrd, 2 GiB on virt,
+    /// the Pi 4 tree on raspi4b, no trace UART, not interactive.
+    pub fn for_board(board: Board, artifacts: &Artifacts) -> QemuOptions {
+        let raspi = board == Board::Raspi4b;
+        QemuOptions {
+            trace: None,
+            initrd: Some(artifacts.bundle.clone()),
+            dtb: raspi.then(|| artifacts.pi4_dtb.clone()),
+            memory: (!raspi).then(|| "2G".to_string()),
+            extra: Vec::new(),
+            interactive: false,
+        }
+    }
+}
+
+/// The QEMU arguments (without the program name) for one run.
+pub fn qemu_args(board: Board, artifacts: &Artifacts, opts: &QemuOptions) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut push = |a: &[&dyn AsRef<std::ffi::OsStr>]| {
+        args.extend(a.iter().map(|s| s.as_ref().to_os_string()));
+    };
+    match board {
+        Board::VirtGicv2 | Board::VirtGicv3 => {
+            let gic = if board == Board::VirtGicv2 { 2 } else { 3 };
+            let machine = format!("virt,virtualization=on,gic-version={gic}");
+            push(&[&"-M", &machine, &"-cpu", &"cortex-a72", &"-smp", &"4"]);
+        }
+        Board::Raspi4b => push(&[&"-M", &"raspi4b"]),
+    }
+    if let Some(memory) = &opts.memory {
+        push(&[&"-m", memory]);
+    }
+    push(&[&"-kernel", &artifacts.image]);
+    if let Some(dtb) = &opts.dtb {
+        push(&[&"-dtb", dtb]);
+    }
+    if let Some(initrd) = &opts.initrd {
+        push(&[&"-initrd", initrd]);
+    }
+    push(&[&"-no-reboot", &"-display", &"none"]);
+
+    let console = if opts.interactive {
+        "mon:stdio"
+    } else {
+        "stdio"
+    };
+    let trace = opts.trace.as_ref().map(|path| {
+        let mut s = OsString::from("file:");
+        s.push(path);
+        s
+    });
+    // virt: serial0 (PL011 0x0900_0000) is the console, serial1 the trace UART.
+    // raspi4b: serial0 is UART0 (PL011, trace), serial1 the mini UART console.
+    if board == Board::Raspi4b {
+        let uart0 = trace.unwrap_or_else(|| "null".into());
+        push(&[&"-serial", &uart0, &"-serial", &console]);
+        if !opts.interactive {
+            push(&[&"-monitor", &"none"]);
+        }
+    } else {
+        push(&[&"-serial", &console]);
+        if !opts.interactive {
+            push(&[&"-monitor", &"none"]);
+        }
+        if let Some(trace) = trace {
+            push(&[&"-serial", &trace]);
+        }
+    }
+    args.extend(opts.extra.iter().map(OsString::from));
+    args
+}
+
+/// The QEMU command for one run; stdio is left for the caller to set.
+pub fn qemu_command(board: Board, artifacts: &Artifacts, opts: &QemuOptions) -> Command {
+    let mut cmd = Command::new(QEMU);
+    cmd.args(qemu_args(board, artifacts, opts));
+    cmd
+}
+
+/// [`qemu_command`] rendered for a shell (arguments quoted where needed).
+pub fn qemu_command_line(board: Board, artifacts: &Artifacts, opts: &QemuOptions) -> String {
+    std::iter::once(QEMU.to_string())
+        .chain(
+            qemu_args(board, artifacts, opts)
+                .iter()
+                .map(|a| shell_quote(&a.to_string_lossy())),
+        )
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn shell_quote(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=,.:/+@%".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn artifacts() -> Artifacts {
+        Artifacts {
+            image: "IMAGE".into(),
+            elf: "ELF".into(),
+            bundle: "BUNDLE".into(),
+            pi4_dtb: "PI4_DTB".into(),
+        }
+    }
+
+    fn line(board: Board, tweak: impl FnOnce(&mut QemuOptions)) -> String {
+        let mut opts = QemuOptions::for_board(board, &artifacts());
+        tweak(&mut opts);
+        qemu_command_line(board, &artifacts(), &opts)
+    }
+
+    const VIRT: &str = "qemu-system-aarch64 -M virt,virtualization=on,gic-version=2 \
+        -cpu cortex-a72 -smp 4 -m 2G -kernel IMAGE -initrd BUNDLE -no-reboot -display none";
+
+    #[test]
+    fn board_names_round_trip() {
+        for board in Board::ALL {
+            assert_eq!(board.name().parse::<Board>(), Ok(board));
+            assert_eq!(board.to_string(), board.name());
+        }
+        let err = "virt".parse::<Board>().unwrap_err();
+        assert!(err.contains("virt-gicv2, virt-gicv3, raspi4b"), "{err}");
+    }
+
+    #[test]
+    fn virt_command_lines() {
+        assert_eq!(
+            line(Board::VirtGicv2, |_| {}),
+            format!("{VIRT} -serial stdio -monitor none")
+        );
+        assert_eq!(
+            line(Board::VirtGicv3, |_| {}),
+            format!("{VIRT} -serial stdio -monitor none").replace("gic-version=2", "gic-version=3")
+        );
+        assert_eq!(
+            line(Board::VirtGicv2, |o| {
+                o.interactive = true;
+                o.trace = Some("out/trace.bin".into());
+            }),
+            format!("{VIRT} -serial mon:stdio -serial file:out/trace.bin")
+        );
+    }
+
+    #[test]
+    fn virt_options() {
+        assert_eq!(
+            line(Board::VirtGicv2, |o| {
+                o.initrd = None;
+                o.memory = Some("32M".into());
+                o.dtb = Some("x.dtb".into());
+                o.extra = vec!["-d".into(), "int guest".into()];
+            }),
+            "qemu-system-aarch64 -M virt,virtualization=on,gic-version=2 -cpu cortex-a72 \
+             -smp 4 -m 32M -kernel IMAGE -dtb x.dtb -no-reboot -display none \
+             -serial stdio -monitor none -d 'int guest'"
+        );
+    }
+
+    #[test]
+    fn raspi4b_command_lines() {
+        const PI: &str = "qemu-system-aarch64 -M raspi4b -kernel IMAGE -dtb PI4_DTB \
+            -initrd BUNDLE -no-reboot -display none";
+        assert_eq!(
+            line(Board::Raspi4b, |_| {}),
+            format!("{PI} -serial null -serial stdio -monitor none")
+        );
+        assert_eq!(
+            line(Board::Raspi4b, |o| {
+                o.interactive = true;
+                o.trace = Some("t".into());
+            }),
+            format!("{PI} -serial file:t -serial mon:stdio")
+        );
+    }
+
+    #[test]
+    fn command_has_program_and_args() {
+        let opts = QemuOptions::for_board(Board::VirtGicv2, &artifacts());
+        let cmd = qemu_command(Board::VirtGicv2, &artifacts(), &opts);
+        assert_eq!(cmd.get_program(), QEMU);
+        assert_eq!(cmd.get_args().count(), 19);
+    }
+
+    #[test]
+    fn default_artifacts_are_under_the_workspace() {
+        let a = Artifacts::locate();
+        for p in [&a.image, &a.elf, &a.bundle, &a.pi4_dtb] {
+            assert!(p.is_absolute(), "{}", p.display());
+        }
+        if std::env::var_os("HV_IMAGE").is_none() && std::env::var_os("CARGO_TARGET_DIR").is_none()
+        {
+            assert!(a
+                .image
+                .ends_with("target/aarch64-unknown-none/release/hypervisor.bin"));
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! A running QEMU: starts it, captures its console into a buffer and a log
+//! file, matches expected output, sends input, and guarantees that QEMU ends
+//! (hard deadline, kill on drop). Also owns [`HarnessError`].
+
+use std::fmt;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use regex::bytes::Regex;
+
+use crate::console::{crash_image_offset, PROMPT};
+use crate::qemu::{log_dir, qemu_command, qemu_command_line, Artifacts, Board, QemuOptions, QEMU};
+use crate::symbols::symbolize;
+
+/// QEMU is killed this long after it started unless [`Session::set_deadline`]
+/// says otherwise.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(180);
+
+/// How many console lines an error shows.
+const TAIL_LINES: usize = 40;
+
+/// What went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// QEMU or an artifact is missing, or QEMU could not be started.
+    Setup,
+    /// Expected output or exit did not come in time.
+    Timeout,
+    /// QEMU ended before the expected output appeared, or stdin was closed.
+    Exited,
+    /// A bad regex or another misuse of the harness.
+    Usage,
+}
+
+/// A failure, with the evidence: the end of the console and, if the
+/// hypervisor printed a crash dump, the symbolized crash site.
+#[derive(Debug, Clone)]
+pub struct HarnessError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The last lines of console output, if QEMU ran.
+    pub console_tail: Option<String>,
+    /// `function at file:line` of the last `image offset 0x...` on the console.
+    pub crash_site: Option<String>,
+    /// The full console log.
+    pub log: Option<PathBuf>,
+}
+
+impl HarnessError {
+    fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        HarnessError {
+            kind,
+            message: message.into(),
+            console_tail: None,
+            crash_site: None,
+            log: None,
+        }
+    }
+}
+
+impl fmt::Display for HarnessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.message)?;
+        if let Some(site) = &self.crash_site {
+            write!(f, "\nhypervisor crashed in {site}")?;
+        }
+        if let Some(tail) = &self.console_tail {
+            write!(f, "\n--- last {TAIL_LINES} console lines ---\n{tail}\n---")?;
+        }
+        if let Some(log) = &self.log {
+            write!(f, "\nfull console log: {}", log.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for HarnessError {}
+
+/// Output captured so far, shared with the reader threads.
+#[derive(Default)]
+struct Captured {
+    bytes: Vec<u8>,
+    open_streams: usize,
+}
+
+struct Shared {
+    captured: Mutex<Captured>,
+    grew: Condvar,
+    child: Mutex<Child>,
+    started: Instant,
+    deadline: Mutex<Instant>,
+    log: Mutex<File>,
+    dropped: Mutex<bool>,
+}
+
+impl Shared {
+    fn captured(&self) -> MutexGuard<'_, Captured> {
+        self.captured.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends a harness note to the buffer and the log.
+    fn note(&self, text: &str) {
+        let line = format!("\n[harness] {text}\n");
+        self.captured().bytes.extend_from_slice(line.as_bytes());
+        let _ = self.log.lock().map(|mut f| f.write_all(line.as_bytes()));
+        self.grew.notify_all();
+    }
+}
+
+/// A running QEMU with its console captured. Dropping it kills QEMU.
+pub struct Session {
+    name: String,
+    elf: PathBuf,
+    log_path: PathBuf,
+    shared: Arc<Shared>,
+    stdin: Option<ChildStdin>,
+    /// Start of the output not yet consumed by a match.
+    cursor: usize,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Session {
+    /// Starts `board` under QEMU; `name` names the log file
+    /// (`target/test-logs/<name>.log`, which starts with the command line).
+    pub fn start(
+        name: &str,
+        board: Board,
+        artifacts: &Artifacts,
+        opts: &QemuOptions,
+    ) -> Result<Session, HarnessError> {
+        let mut needed = vec![("hypervisor image (HV_IMAGE)", &artifacts.image)];
+        needed.extend(opts.initrd.iter().map(|p| ("initrd (HV_BUNDLE)", p)));
+        needed.extend(opts.dtb.iter().map(|p| ("device tree (HV_PI4_DTB)", p)));
+        for (what, path) in needed {
+            if !path.is_file() {
+                return Err(HarnessError::new(
+                    ErrorKind::Setup,
+                    format!(
+                        "{what} {} not found: build it with `cargo xtask`",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+
+        let log_path = log_dir().join(format!("{name}.log"));
+        let mut log = File::create(&log_path).map_err(|e| {
+            HarnessError::new(
+                ErrorKind::Setup,
+                format!("cannot create {}: {e}", log_path.display()),
+            )
+        })?;
+        let _ = writeln!(log, "$ {}", qemu_command_line(board, artifacts, opts));
+
+        let mut child = qemu_command(board, artifacts, opts)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                    " (is QEMU 10 installed and on PATH?)"
+                } else {
+                    ""
+                };
+                HarnessError::new(ErrorKind::Setup, format!("cannot start {QEMU}: {e}{hint}"))
+            })?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+
+        let shared = Arc::new(Shared {
+            captured: Mutex::new(Captured {
+                bytes: Vec::new(),
+                open_streams: 2,
+            }),
+            grew: Condvar::new(),
+            child: Mutex::new(child),
+            started: Instant::now(),
+            deadline: Mutex::new(Instant::now() + DEFAULT_DEADLINE),
+            log: Mutex::new(log),
+            dropped: Mutex::new(false),
+        });
+        let threads = vec![
+            spawn_reader(stdout, shared.clone()),
+            spawn_reader(stderr, shared.clone()),
+            spawn_watchdog(shared.clone()),
+        ];
+        Ok(Session {
+            name: name.to_string(),
+            elf: artifacts.elf.clone(),
+            log_path,
+            shared,
+            stdin,
+            cursor: 0,
+            threads,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Kills QEMU once `limit` has passed since it started.
+    pub fn set_deadline(&self, limit: Duration) {
+        *self.shared.deadline.lock().unwrap() = self.shared.started + limit;
+    }
+
+    /// Waits until `pattern` (a regex; `(?m)` for line anchors) matches the
+    /// output after the previous match. Returns the match and its groups
+    /// (unmatched groups as empty strings) and moves past the match.
+    pub fn expect(
+        &mut self,
+        pattern: &str,
+        timeout: Duration,
+    ) -> Result<Vec<String>, HarnessError> {
+        self.expect_span(pattern, timeout).map(|(groups, _)| groups)
+    }
+
+    /// Sends `command`, waits for the next prompt and returns what was printed
+    /// in between, without `\r` and without the echoed command line.
+    pub fn run(&mut self, command: &str, timeout: Duration) -> Result<String, HarnessError> {
+        let from = self.cursor;
+        self.send_line(command)?;
+        let (_, start) = self.expect_span(&regex::escape(PROMPT), timeout)?;
+        let text =
+            String::from_utf8_lossy(&self.shared.captured().bytes[from..start]).replace('\r', "");
+        Ok(match text.split_once('\n') {
+            Some((first, rest)) if first.trim() == command.trim() => rest.to_string(),
+            _ => text,
+        })
+    }
+
+    fn expect_span(
+        &mut self,
+        pattern: &str,
+        timeout: Duration,
+    ) -> Result<(Vec<String>, usize), HarnessError> {
+        let re = Regex::new(pattern).map_err(|e| {
+            HarnessError::new(ErrorKind::Usage, format!("bad regex /{pattern}/: {e}"))
+        })?;
+        let until = Instant::now() + timeout;
+        let mut captured = self.shared.captured();
+        loop {
+            if let Some(c) = re.captures(&captured.bytes[self.cursor..]) {
+                let whole = c.get(0).expect("group 0");
+                let groups = c
+                    .iter()
+                    .map(|g| {
+                        g.map_or(String::new(), |m| {
+                            String::from_utf8_lossy(m.as_bytes()).into()
+                        })
+                    })
+                    .collect();
+                let start = self.cursor + whole.start();
+                self.cursor += whole.end();
+                return Ok((groups, start));
+            }
+            let now = Instant::now();
+            if captured.open_streams == 0 || now >= until {
+                let (kind, why) = if captured.open_streams == 0 {
+                    (ErrorKind::Exited, "QEMU exited")
+                } else {
+                    (ErrorKind::Timeout, "timed out")
+                };
+                drop(captured);
+                return Err(self.error(
+                    kind,
+                    format!(
+                        "{}: {why} after {:.1}s waiting for /{pattern}/",
+                        self.name,
+                        timeout.as_secs_f64()
+                    ),
+                ));
+            }
+            captured = self
+                .shared
+                .grew
+                .wait_timeout(captured, until - now)
+                .unwrap()
+                .0;
+        }
+    }
+
+    /// Writes `line` and a carriage return to the console.
+    pub fn send_line(&mut self, line: &str) -> Result<(), HarnessError> {
+        self.send(format!("{line}\r").as_bytes())
+    }
+
+    /// Writes raw bytes to the console.
+    pub fn send(&mut self, bytes: &[u8]) -> Result<(), HarnessError> {
+        let result = match self.stdin.as_mut() {
+            Some(stdin) => stdin.write_all(bytes).and_then(|()| stdin.flush()),
+            None => Err(std::io::ErrorKind::BrokenPipe.into()),
+        };
+        result.map_err(|e| {
+            self.error(
+                ErrorKind::Exited,
+                format!("{}: cannot write to QEMU: {e}", self.name),
+            )
+        })
+    }
+
+    /// Waits for QEMU to exit by itself and for its output to be read.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus, HarnessError> {
+        let until = Instant::now() + timeout;
+        loop {
+            let exited = self.shared.child.lock().unwrap().try_wait();
+            if let Ok(Some(status)) = exited {
+                // Let the readers drain the pipes (bounded: QEMU is gone).
+                let mut captured = self.shared.captured();
+                let drain_until = Instant::now() + Duration::from_secs(2);
+                while captured.open_streams > 0 && Instant::now() < drain_until {
+                    captured = self
+                        .shared
+                        .grew
+                        .wait_timeout(captured, Duration::from_millis(50))
+                        .unwrap()
+                        .0;
+                }
+                return Ok(status);
+            }
+            if Instant::now() >= until {
+                return Err(self.error(
+                    ErrorKind::Timeout,
+                    format!(
+                        "{}: QEMU still running after {:.1}s",
+                        self.name,
+                        timeout.as_secs_f64()
+                    ),
+                ));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Everything QEMU printed so far (console and QEMU's own messages).
+    pub fn output(&self) -> String {
+        String::from_utf8_lossy(&self.shared.captured().bytes).into_owned()
+    }
+
+    /// An error carrying the console tail and the symbolized crash site.
+    fn error(&self, kind: ErrorKind, message: String) -> HarnessError {
+        let output = self.output();
+        let lines: Vec<&str> = output.lines().map(|l| l.trim_end_matches('\r')).collect();
+        let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+        let crash_site = crash_image_offset(&output).map(|offset| {
+            let site = symbolize(&self.elf, offset).unwrap_or_else(|| "?? (no debug info)".into());
+            format!("{site} (image offset {offset:#x})")
+        });
+        HarnessError {
+            kind,
+            message,
+            console_tail: Some(tail),
+            crash_site,
+            log: Some(self.log_path.clone()),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        *self
+            .shared
+            .dropped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = true;
+        self.stdin = None;
+        if let Ok(mut child) = self.shared.child.lock() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn spawn_reader(mut pipe: impl Read + Send + 'static, shared: Arc<Shared>) -> JoinHandle<()> {
+    thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    shared.captured().bytes.extend_from_slice(&buf[..n]);
+                    let _ = shared.log.lock().map(|mut f| f.write_all(&buf[..n]));
+                    shared.grew.notify_all();
+                }
+            }
+        }
+        shared.captured().open_streams -= 1;
+        shared.grew.notify_all();
+    })
+}
+
+/// Kills QEMU at the deadline; ends when QEMU exits or the session is dropped.
+fn spawn_watchdog(shared: Arc<Shared>) -> JoinHandle<()> {
+    thread::spawn(move || loop {
+        if *shared.dropped.lock().unwrap_or_else(|e| e.into_inner()) {
+            return;
+        }
+        {
+            let mut child = shared.child.lock().unwrap_or_else(|e| e.into_inner());
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            if Instant::now() >= *shared.deadline.lock().unwrap() {
+                let _ = child.kill();
+                drop(child);
+                shared.note("session deadline reached: QEMU killed");
+                return;
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    })
+}

@@ -1,0 +1,160 @@
+//! Test fixtures that may not be committed (licences): Debian's current arm64
+//! kernel package, unpacked under `target/fixtures/debian-arm64/`, and the
+//! Raspberry Pi 4 device tree it ships, copied to `target/fixtures/`.
+//!
+//! apt runs with its own lists, cache and (empty) status under the cache
+//! directory, so the machine's own package state is never read or written;
+//! only the configured package sources are shared. The kernel version is
+//! never pinned: whatever `linux-image-arm64` depends on today is fetched.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PI4_DTB: &str = "bcm2711-rpi-4-b.dtb";
+const METAPACKAGE: &str = "linux-image-arm64";
+
+fn fixtures_dir(workspace_root: &Path) -> PathBuf {
+    workspace_root.join("target/fixtures")
+}
+
+/// The Pi 4 device tree, fetched on first use.
+pub fn pi4_dtb(workspace_root: &Path) -> Result<PathBuf, String> {
+    let out = fixtures_dir(workspace_root).join(PI4_DTB);
+    if out.is_file() {
+        return Ok(out);
+    }
+    let kernel = debian_kernel(workspace_root)?;
+    let lib = kernel.join("usr/lib");
+    let entries = fs::read_dir(&lib).map_err(|e| format!("{}: {e}", lib.display()))?;
+    let dtb = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("linux-image-"))
+        .map(|e| e.path().join("broadcom").join(PI4_DTB))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no linux-image-*/broadcom/{PI4_DTB} under {}",
+                lib.display()
+            )
+        })?;
+    // Copy to a temporary name first so an interrupted copy is not mistaken
+    // for the fixture next time.
+    let tmp = out.with_extension("dtb.part");
+    fs::copy(&dtb, &tmp).map_err(|e| format!("copying {}: {e}", dtb.display()))?;
+    fs::rename(&tmp, &out).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out)
+}
+
+/// The root of Debian's current arm64 kernel package, unpacked (it holds
+/// `boot/vmlinuz-*`, `lib/modules/*` and `usr/lib/linux-image-*`), fetched
+/// on first use.
+pub fn debian_kernel(workspace_root: &Path) -> Result<PathBuf, String> {
+    let dir = fixtures_dir(workspace_root).join("debian-arm64");
+    let kernel = dir.join("kernel");
+    // Written last, so a half-unpacked tree is redone rather than trusted.
+    let done = dir.join("kernel.done");
+    if done.is_file() {
+        return Ok(kernel);
+    }
+    for sub in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    eprintln!(
+        "fixtures: downloading Debian's arm64 kernel package into {}",
+        dir.display()
+    );
+    run(apt(&dir, "apt-get").args(["-qq", "update"]))?;
+    let package = current_dependency(&dir)?;
+    // `apt-get download` writes into the current directory; clear out an
+    // older kernel's package first so only one .deb is there to unpack.
+    for deb in debs(&dir)? {
+        fs::remove_file(&deb).map_err(|e| format!("{}: {e}", deb.display()))?;
+    }
+    run(apt(&dir, "apt-get")
+        .current_dir(&dir)
+        .args(["-qq", "download", &package]))?;
+    let deb = match debs(&dir)?.as_slice() {
+        [deb] => deb.clone(),
+        other => {
+            return Err(format!(
+                "expected one .deb in {} after download, found {}",
+                dir.display(),
+                other.len()
+            ))
+        }
+    };
+    if kernel.exists() {
+        fs::remove_dir_all(&kernel).map_err(|e| format!("{}: {e}", kernel.display()))?;
+    }
+    run(Command::new("dpkg").arg("-x").arg(&deb).arg(&kernel))?;
+    fs::write(&done, format!("{package}\n")).map_err(|e| format!("{}: {e}", done.display()))?;
+    Ok(kernel)
+}
+
+/// An apt command that sees only arm64 and keeps all its state under `dir`.
+fn apt(dir: &Path, program: &str) -> Command {
+    let mut cmd = Command::new(program);
+    let opt = |cmd: &mut Command, kv: String| {
+        cmd.arg("-o").arg(kv);
+    };
+    opt(&mut cmd, "APT::Architecture=arm64".into());
+    opt(&mut cmd, "APT::Architectures=arm64".into());
+    opt(
+        &mut cmd,
+        format!("Dir::State::Lists={}", dir.join("lists").display()),
+    );
+    opt(
+        &mut cmd,
+        format!("Dir::Cache={}", dir.join("cache").display()),
+    );
+    // The installed-package database of an amd64 machine means nothing here.
+    opt(&mut cmd, "Dir::State::Status=/dev/null".into());
+    // Run as root, apt drops to `_apt` for downloads, which cannot write
+    // into a cache owned by the user running xtask.
+    opt(&mut cmd, "APT::Sandbox::User=root".into());
+    cmd
+}
+
+/// The package `linux-image-arm64` currently depends on, e.g.
+/// `linux-image-6.1.0-57-arm64`.
+fn current_dependency(dir: &Path) -> Result<String, String> {
+    let out = apt(dir, "apt-cache")
+        .args(["depends", METAPACKAGE])
+        .output();
+    let out = out.map_err(|e| format!("apt-cache: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "apt-cache depends {METAPACKAGE}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .map(|p| p.trim_matches(|c| c == '<' || c == '>').to_string())
+        .find(|p| p.starts_with("linux-image-"))
+        .ok_or_else(|| {
+            format!("apt-cache depends {METAPACKAGE} names no linux-image package:\n{text}")
+        })
+}
+
+fn debs(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .collect())
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed: {status}"))
+    }
+}

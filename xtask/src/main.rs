@@ -1,0 +1,308 @@
+//! `cargo xtask`: installs what is missing, builds the hypervisor image and
+//! the guest bundle, runs them in QEMU, and runs every test.
+//!
+//! Commands: `setup`, `build`, `run [--board B]`, `test`. Every command
+//! starts with `setup`, which is quick when everything is present.
+
+mod fixtures;
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use harness::{Artifacts, Board, QemuOptions};
+
+const TARGET: &str = "aarch64-unknown-none";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup::run(),
+        Some("build") => setup::run().and_then(|_| build(&root()).map(|_| ())),
+        Some("run") => run(&args[1..]),
+        Some("test") => test(&args[1..]),
+        Some("help") | Some("--help") | Some("-h") | None => {
+            print_help();
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command '{other}'; try `cargo xtask help`")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_help() {
+    println!(
+        "cargo xtask <command>
+
+  setup              install what is missing (Rust target and components, QEMU, dtc, cpio)
+  build              build the hypervisor image and the guest bundle
+  run [--board B]    build, then boot in QEMU with the console on this terminal
+                     (B: virt-gicv2 (default), virt-gicv3, raspi4b; Ctrl-A X quits QEMU)
+  test               run every test, host and QEMU; ends with 'N passed, M failed'"
+    );
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Run a command, failing with its command line if it fails.
+pub fn run_cmd(cmd: &mut Command) -> Result<(), String> {
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed ({status})"))
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn build_id(root: &Path) -> String {
+    Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Build the image (ELF and raw Image) and the guest bundle.
+fn build(root: &Path) -> Result<Artifacts, String> {
+    run_cmd(
+        cargo()
+            .args(["build", "--release", "-p", "hypervisor", "--target", TARGET])
+            .env("TIDAL_BUILD_ID", build_id(root))
+            .current_dir(root),
+    )?;
+    let out = root.join("target").join(TARGET).join("release");
+    let elf = out.join("hypervisor");
+    let image = out.join("hypervisor.bin");
+    run_cmd(
+        Command::new(setup::llvm_tool("llvm-objcopy")?)
+            .args(["-O", "binary"])
+            .arg(&elf)
+            .arg(&image),
+    )?;
+    check_image_header(&image)?;
+    let bundle = root.join("target").join("guests.img");
+    let bytes = guest_bundle::BundleBuilder::new().build();
+    std::fs::write(&bundle, bytes).map_err(|e| format!("writing {}: {e}", bundle.display()))?;
+    let mut artifacts = Artifacts::locate();
+    artifacts.image = image;
+    artifacts.elf = elf;
+    artifacts.bundle = bundle;
+    Ok(artifacts)
+}
+
+/// The Image header must be at offset 0 (see linker/hypervisor.ld).
+fn check_image_header(image: &Path) -> Result<(), String> {
+    let bytes = std::fs::read(image).map_err(|e| format!("reading {}: {e}", image.display()))?;
+    if bytes.len() < 64 || &bytes[56..60] != b"ARM\x64" {
+        return Err(format!(
+            "{} has no arm64 Image header at offset 0",
+            image.display()
+        ));
+    }
+    Ok(())
+}
+
+fn run(args: &[String]) -> Result<(), String> {
+    let mut board = Board::VirtGicv2;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--board" => {
+                let name = it
+                    .next()
+                    .ok_or("--board needs a name: virt-gicv2, virt-gicv3 or raspi4b")?;
+                board = name.parse()?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown option '{other}'; usage: cargo xtask run [--board B]"
+                ))
+            }
+        }
+    }
+    setup::run()?;
+    let root = root();
+    let mut artifacts = build(&root)?;
+    if board == Board::Raspi4b {
+        artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
+    }
+    let trace = root
+        .join("target")
+        .join(format!("trace-{}.defmt", board.name()));
+    let mut opts = QemuOptions::for_board(board, &artifacts);
+    opts.interactive = true;
+    if board != Board::Raspi4b {
+        opts.trace = Some(trace.clone());
+    }
+    let mut cmd = harness::qemu_command(board, &artifacts, &opts);
+    eprintln!(
+        "xtask: {}",
+        harness::qemu_command_line(board, &artifacts, &opts)
+    );
+    eprintln!("xtask: the console is this terminal; Ctrl-A X quits QEMU.");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot start QEMU: {e}"))?;
+    if opts.trace.is_some() {
+        decode_trace_file(&artifacts.elf, &trace);
+    }
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("QEMU exited with {status}"))
+    }
+}
+
+/// Decode the binary trace QEMU wrote and put it beside it as text.
+fn decode_trace_file(elf: &Path, trace: &Path) {
+    let Ok(bytes) = std::fs::read(trace) else {
+        return;
+    };
+    let text_path = trace.with_extension("log");
+    match harness::decode_trace(elf, &bytes) {
+        Ok(lines) => {
+            let _ = std::fs::write(&text_path, lines.join("\n") + "\n");
+            eprintln!(
+                "xtask: trace ({} events) decoded to {}",
+                lines.len(),
+                text_path.display()
+            );
+        }
+        Err(e) => eprintln!("xtask: cannot decode the trace in {}: {e}", trace.display()),
+    }
+}
+
+/// Every test: formatting and lints, host unit tests, QEMU tests.
+fn test(args: &[String]) -> Result<(), String> {
+    if !args.is_empty() {
+        return Err("usage: cargo xtask test".into());
+    }
+    setup::run()?;
+    let root = root();
+    let mut artifacts = build(&root)?;
+    artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
+    let mut passed = 0u32;
+    let mut failed = 0u32;
+    let mut check = |name: &str, cmd: &mut Command| {
+        eprintln!("xtask: check: {name}");
+        match run_cmd(cmd.current_dir(&root)) {
+            Ok(()) => passed += 1,
+            Err(e) => {
+                eprintln!("xtask: FAILED {name}: {e}");
+                failed += 1;
+            }
+        }
+    };
+    check(
+        "cargo fmt --check",
+        cargo().args(["fmt", "--all", "--", "--check"]),
+    );
+    check(
+        "clippy (host)",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    );
+    check(
+        "clippy (aarch64-unknown-none)",
+        cargo().args([
+            "clippy",
+            "--target",
+            TARGET,
+            "-p",
+            "hypervisor",
+            "-p",
+            "platform",
+            "-p",
+            "guest-bundle",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    );
+    let (p, f) = cargo_test(&root, &artifacts)?;
+    passed += p;
+    failed += f;
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(format!("{failed} test(s) failed"))
+    }
+}
+
+/// `cargo test` over the workspace including the QEMU tests (marked
+/// `#[ignore]` so a plain `cargo test` stays host-only); returns the counts
+/// summed from every "test result:" line.
+fn cargo_test(root: &Path, artifacts: &Artifacts) -> Result<(u32, u32), String> {
+    let output = cargo()
+        .args([
+            "test",
+            "--workspace",
+            "--no-fail-fast",
+            "--",
+            "--include-ignored",
+        ])
+        .env("HV_IMAGE", &artifacts.image)
+        .env("HV_ELF", &artifacts.elf)
+        .env("HV_BUNDLE", &artifacts.bundle)
+        .env("HV_PI4_DTB", &artifacts.pi4_dtb)
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo test: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    print!("{stdout}");
+    let (mut passed, mut failed, mut results) = (0, 0, 0);
+    for line in stdout.lines() {
+        let Some(rest) = line.strip_prefix("test result: ") else {
+            continue;
+        };
+        results += 1;
+        for part in rest.split([';', '.']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next()) {
+                match (n.parse::<u32>(), what) {
+                    (Ok(n), "passed") => passed += n,
+                    (Ok(n), "failed") => failed += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    if !output.status.success() && failed == 0 {
+        // A test binary that did not build or crashed prints no result line.
+        failed += 1;
+        eprintln!("xtask: cargo test failed without a failing test: see above");
+    }
+    if results == 0 {
+        return Err("cargo test printed no test results".into());
+    }
+    Ok((passed, failed))
+}
