@@ -12,6 +12,7 @@ fn main() {
         // libcore is built without PIC: allow its absolute pointers in
         // read-only data; they are relocated before the MMU is on.
         println!("cargo:rustc-link-arg-bins=-znotext");
+        println!("cargo:rustc-link-arg-bins=-Tdefmt.x");
         println!("cargo:rerun-if-changed={script}");
     }
     println!("cargo:rerun-if-env-changed=TIDAL_BUILD_ID");

@@ -144,7 +144,13 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     let console = board.console.as_ref().map(report::uart);
     print!("console: {}", console.unwrap());
     match &board.trace_uart {
-        Some(t) => println!("; trace: {} (defmt)", report::uart(t)),
+        Some(t) => {
+            // SAFETY: discovery returns a trace UART only when it is a PL011
+            // distinct from the console; nothing else drives it.
+            unsafe { crate::trace::init(t.regs.start as usize) };
+            defmt::info!("trace started: Tidal v{=str} ({=str})", VERSION, BUILD);
+            println!("; trace: {} (defmt)", report::uart(t))
+        }
         None => println!("; trace: none (no trace UART configured, trace dropped)"),
     }
 
@@ -167,6 +173,10 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     }
 
     init_frames(board, load_addr as u64);
+    defmt::info!(
+        "frame table ready: {=u64} free pages",
+        FRAMES.get().map_or(0, |f| f.lock().free_pages())
+    );
     let _ = report::write_memory_map(&mut Console, board);
     check_bundle(board);
 
@@ -280,7 +290,10 @@ fn start_secondaries(board: &BoardInfo) {
     for (index, cpu) in table.iter().enumerate().skip(1) {
         let Some(cpu) = cpu else { continue };
         match smp::start(index, cpu, board.psci) {
-            Ok(()) => online += 1,
+            Ok(()) => {
+                online += 1;
+                defmt::info!("cpu{=usize} online (MPIDR {=u64:#x})", index, cpu.mpidr);
+            }
             Err(e) => println!(
                 "cpu{index} (MPIDR {:#x}) did not come online: {e:?}",
                 cpu.mpidr
@@ -291,12 +304,13 @@ fn start_secondaries(board: &BoardInfo) {
         println!("only the first {MAX_CPUS} CPUs are used");
     }
     println!("CPUs online: {online} of {present}");
+    defmt::info!("CPUs online: {=usize} of {=usize}", online, present);
 }
 
 #[no_mangle]
 extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
     smp::set_state(index, smp::CpuState::Online);
-    crate::trace::cpu_online(index, aarch64::mpidr());
+    defmt::debug!("cpu{=usize} entered Rust at EL2", index);
     // Nothing to run yet: secondaries idle until vCPUs arrive.
     loop {
         aarch64::wait_for_event();
@@ -323,6 +337,7 @@ fn shell_loop(board: &BoardInfo) -> ! {
             }
             Event::Line(line) => {
                 println!();
+                defmt::debug!("shell: {=str}", line);
                 match shell::parse(line) {
                     Ok(Some(cmd)) => run(cmd, board),
                     Ok(None) => {}

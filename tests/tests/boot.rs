@@ -89,7 +89,8 @@ fn mem_accounting_adds_up(t: Target) {
     assert_eq!(report.total, report.ram_bytes, "total is not RAM:\n{out}");
     match t.ram {
         Some(ram) => assert_eq!(report.ram_bytes, ram, "RAM size:\n{out}"),
-        None => assert!(report.ram_bytes > 1 << 30, "RAM size:\n{out}"),
+        // QEMU raspi4b's tree declares 960 MiB below the peripherals.
+        None => assert!(report.ram_bytes >= 512 << 20, "RAM size:\n{out}"),
     }
 }
 
@@ -153,7 +154,10 @@ fn debug_fault_dumps_and_symbolizes(t: Target) {
     let site = symbolize(&elf, offset)
         .unwrap_or_else(|| panic!("{} has no location for {offset:#x}", elf.display()));
     println!("fault at {site}");
-    assert!(site.contains("hypervisor/src/"), "fault located at {site}");
+    assert!(
+        site.contains("debug_fault") && site.contains("hypervisor/src/boot.rs"),
+        "fault located at {site}, not in the shell's debug_fault"
+    );
 }
 
 fn debug_panic_reports_location(t: Target) {
@@ -206,7 +210,8 @@ mod virt_gicv2_errors {
     fn expect_fatal(scenario: &str, words: &[&str], tweak: impl FnOnce(&mut QemuOptions)) {
         let mut s = start(VIRT_GICV2, scenario, tweak);
         let t0 = Instant::now();
-        let line = ok(s.expect(r"(?m)^FATAL: [^\r\n]*", FATAL_EXIT))[0].clone();
+        // Match up to the line end, so a line still arriving is not cut short.
+        let line = ok(s.expect(r"(?m)^FATAL: [^\r\n]*\r?\n", FATAL_EXIT))[0].clone();
         for word in words {
             assert!(line.contains(word), "`{line}` does not mention `{word}`");
         }

@@ -89,6 +89,7 @@ fn build(root: &Path) -> Result<Artifacts, String> {
         cargo()
             .args(["build", "--release", "-p", "hypervisor", "--target", TARGET])
             .env("TIDAL_BUILD_ID", build_id(root))
+            .env("DEFMT_LOG", "debug")
             .current_dir(root),
     )?;
     let out = root.join("target").join(TARGET).join("release");
