@@ -69,7 +69,7 @@ fn power_off(board: Option<&BoardInfo>) -> ! {
 
 /// Read the device tree blob at `addr`: its header says how long it is.
 fn dtb_slice(addr: usize) -> Option<&'static [u8]> {
-    if addr == 0 || addr % 8 != 0 {
+    if addr == 0 || !addr.is_multiple_of(8) {
         return None;
     }
     // SAFETY: the boot contract puts a device tree at x0; the boot map maps

@@ -17,12 +17,12 @@ impl fmt::Display for Size {
         const MIB: u64 = 1024 * 1024;
         let b = self.0;
         if b >= MIB {
-            if b % MIB == 0 {
+            if b.is_multiple_of(MIB) {
                 write!(f, "{} MiB", b / MIB)
             } else {
                 write!(f, "{}.{} MiB", b / MIB, (b % MIB) * 10 / MIB)
             }
-        } else if b >= KIB && b % KIB == 0 {
+        } else if b >= KIB && b.is_multiple_of(KIB) {
             write!(f, "{} KiB", b / KIB)
         } else if b >= KIB {
             write!(f, "{}.{} KiB", b / KIB, (b % KIB) * 10 / KIB)

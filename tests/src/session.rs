@@ -113,6 +113,10 @@ impl Shared {
 }
 
 /// A running QEMU with its console captured. Dropping it kills QEMU.
+/// How long the console must be quiet before a match that ends at the end of
+/// the output so far is taken as complete.
+const SETTLE: Duration = Duration::from_millis(150);
+
 pub struct Session {
     name: String,
     elf: PathBuf,
@@ -251,6 +255,21 @@ impl Session {
         let until = Instant::now() + timeout;
         let mut captured = self.shared.captured();
         loop {
+            let found = re.captures(&captured.bytes[self.cursor..]);
+            // A match that runs to the end of what has arrived may be cut
+            // short (`\w*` over a line still arriving): accept it only once
+            // the console has been quiet for a moment, else look again.
+            let at_end = found.as_ref().is_some_and(|c| {
+                self.cursor + c.get(0).expect("group 0").end() == captured.bytes.len()
+            });
+            if at_end && captured.open_streams > 0 {
+                let len = captured.bytes.len();
+                let (next, _) = self.shared.grew.wait_timeout(captured, SETTLE).unwrap();
+                captured = next;
+                if captured.bytes.len() != len {
+                    continue;
+                }
+            }
             if let Some(c) = re.captures(&captured.bytes[self.cursor..]) {
                 let whole = c.get(0).expect("group 0");
                 let groups = c

@@ -118,7 +118,7 @@ fn debian_packages() -> Result<(), String> {
     if !qemu_ok {
         eprintln!("xtask: setup: installing qemu-system-arm from bookworm-backports");
         run_cmd(apt_install().args(["-t", "bookworm-backports", "qemu-system-arm"]))?;
-        if !qemu_major().is_some_and(|m| m >= MIN_QEMU_MAJOR) {
+        if qemu_major().is_none_or(|m| m < MIN_QEMU_MAJOR) {
             return Err(format!(
                 "qemu-system-aarch64 is still older than {MIN_QEMU_MAJOR} after installing"
             ));

@@ -97,7 +97,10 @@ impl<'a> IdentityMap<'a> {
 
     /// Map `range` to itself as `ty`, replacing whatever mapped it before.
     pub fn map(&mut self, range: PhysRange, ty: MemType) -> Result<(), MapError> {
-        if range.start % 4096 != 0 || range.end % 4096 != 0 || range.end > VA_LIMIT {
+        if !range.start.is_multiple_of(4096)
+            || !range.end.is_multiple_of(4096)
+            || range.end > VA_LIMIT
+        {
             return Err(MapError::BadRange(range));
         }
         let mut addr = range.start;
@@ -114,7 +117,7 @@ impl<'a> IdentityMap<'a> {
         for level in 1..=3 {
             let span = entry_span(level);
             let index = ((addr / span) % ENTRIES as u64) as usize;
-            let fits = addr % span == 0 && end - addr >= span;
+            let fits = addr.is_multiple_of(span) && end - addr >= span;
             // Level 1 and 2 entries may be blocks; level 3 entries are pages.
             if fits {
                 let kind = if level == 3 { TABLE_OR_PAGE } else { 0 };
