@@ -251,6 +251,9 @@ fn init_frames(board: &'static BoardInfo, load_addr: u64) {
     };
     // SAFETY: the frame table just gave these frames to the heap alone.
     unsafe { crate::heap::init(heap as usize, HEAP_SIZE as usize) };
+    if let Err(e) = frames.check_invariants() {
+        panic!("frame table broken right after boot: {e}");
+    }
     FRAMES.call_once(|| Mutex::new(frames));
 }
 
@@ -292,6 +295,11 @@ fn start_secondaries(board: &BoardInfo) {
         match smp::start(index, cpu, board.psci) {
             Ok(()) => {
                 online += 1;
+                println!(
+                    "cpu{index} online (MPIDR {:#x}, {})",
+                    cpu.mpidr,
+                    report::method_name(cpu.enable_method)
+                );
                 defmt::info!("cpu{=usize} online (MPIDR {=u64:#x})", index, cpu.mpidr);
             }
             Err(e) => println!(
@@ -356,10 +364,16 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::Mem => {
             let _ = report::write_memory_map(&mut Console, board);
-            let acc = FRAMES.get().map(|f| f.lock().accounting());
+            let Some(frames) = FRAMES.get() else { return };
+            let (acc, check) = {
+                let frames = frames.lock();
+                (frames.accounting(), frames.check_invariants())
+            };
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            if let Some(acc) = acc {
-                let _ = report::write_accounting(&mut Console, &acc, ram);
+            let _ = report::write_accounting(&mut Console, &acc, ram);
+            match check {
+                Ok(()) => println!("frame table invariants: ok"),
+                Err(e) => println!("frame table invariants: VIOLATED: {e}"),
             }
         }
         Command::Cpus => {

@@ -122,6 +122,15 @@ pub fn write_accounting(out: &mut impl Write, acc: &Accounting, ram_bytes: u64) 
     writeln!(out, "  {:<24} {total:>12} bytes {verdict}", "total")
 }
 
+/// How a CPU is started, as device trees name it.
+pub fn method_name(method: EnableMethod) -> &'static str {
+    match method {
+        EnableMethod::Psci => "psci",
+        EnableMethod::SpinTable { .. } => "spin-table",
+        EnableMethod::None => "-",
+    }
+}
+
 /// The `cpus` table. `state(i)` names the state of logical CPU `i`.
 pub fn write_cpus<'a>(
     out: &mut impl Write,
@@ -129,11 +138,7 @@ pub fn write_cpus<'a>(
 ) -> fmt::Result {
     writeln!(out, "cpu  MPIDR         enable-method  state")?;
     for (index, mpidr, method, state) in cpus {
-        let method = match method {
-            EnableMethod::Psci => "psci",
-            EnableMethod::SpinTable { .. } => "spin-table",
-            EnableMethod::None => "-",
-        };
+        let method = method_name(method);
         let boot = if index == 0 { " (boot CPU)" } else { "" };
         writeln!(out, "{index:<4} {mpidr:<#13x} {method:<14} {state}{boot}")?;
     }

@@ -87,6 +87,10 @@ fn mem_accounting_adds_up(t: Target) {
         "categories do not add up to total:\n{out}"
     );
     assert_eq!(report.total, report.ram_bytes, "total is not RAM:\n{out}");
+    assert!(
+        out.contains("frame table invariants: ok"),
+        "the frame table check did not pass:\n{out}"
+    );
     match t.ram {
         Some(ram) => assert_eq!(report.ram_bytes, ram, "RAM size:\n{out}"),
         // QEMU raspi4b's tree declares 960 MiB below the peripherals.
