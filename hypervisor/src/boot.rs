@@ -17,6 +17,7 @@ use crate::console::line::{Event, LineEditor};
 use crate::console::shell::{self, Command};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::find_hole;
+use crate::vm::run as vm;
 use crate::{print, println, report};
 
 /// The hypervisor refuses to run with less RAM than this.
@@ -178,9 +179,21 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
         FRAMES.get().map_or(0, |f| f.lock().free_pages())
     );
     let _ = report::write_memory_map(&mut Console, board);
-    check_bundle(board);
+    let bundle = check_bundle(board);
 
     start_secondaries(board);
+    if let Some(frames) = FRAMES.get() {
+        vm::init(bundle, frames);
+    }
+    vm::for_each(|vm| match vm::start(vm) {
+        Ok(()) => println!(
+            "[{}] VM started on CPU {} with {} of RAM",
+            vm.name,
+            vm.cpu,
+            report::Size(vm.ram_size)
+        ),
+        Err(e) => println!("[{}] VM not started: {e}", vm.name),
+    });
     println!("Type 'help' for the list of commands.");
     shell_loop(board)
 }
@@ -257,7 +270,7 @@ fn init_frames(board: &'static BoardInfo, load_addr: u64) {
     FRAMES.call_once(|| Mutex::new(frames));
 }
 
-fn check_bundle(board: &BoardInfo) {
+fn check_bundle(board: &BoardInfo) -> guest_bundle::Bundle<'static> {
     let Some(range) = board.initrd else {
         fatal(
             Some(board),
@@ -272,13 +285,16 @@ fn check_bundle(board: &BoardInfo) {
     let bytes =
         unsafe { core::slice::from_raw_parts(range.start as *const u8, range.size() as usize) };
     match guest_bundle::parse(bytes) {
-        Ok(b) => println!(
-            "guest bundle: format version {}, {} VM(s), {} at {:#x}",
-            b.version(),
-            b.vms().count(),
-            report::Size(range.size()),
-            range.start
-        ),
+        Ok(b) => {
+            println!(
+                "guest bundle: format version {}, {} VM(s), {} at {:#x}",
+                b.version(),
+                b.vms().count(),
+                report::Size(range.size()),
+                range.start
+            );
+            b
+        }
         Err(e) => fatal(
             Some(board),
             format_args!("guest bundle at {:#x}: {e}", range.start),
@@ -319,10 +335,7 @@ fn start_secondaries(board: &BoardInfo) {
 extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
     smp::set_state(index, smp::CpuState::Online);
     defmt::debug!("cpu{=usize} entered Rust at EL2", index);
-    // Nothing to run yet: secondaries idle until vCPUs arrive.
-    loop {
-        aarch64::wait_for_event();
-    }
+    vm::cpu_loop(index)
 }
 
 fn shell_loop(board: &BoardInfo) -> ! {
@@ -371,6 +384,7 @@ fn run(cmd: Command, board: &BoardInfo) {
             };
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
             let _ = report::write_accounting(&mut Console, &acc, ram);
+            vm_shares();
             match check {
                 Ok(()) => println!("frame table invariants: ok"),
                 Err(e) => println!("frame table invariants: VIOLATED: {e}"),
@@ -388,6 +402,30 @@ fn run(cmd: Command, board: &BoardInfo) {
             });
             let _ = report::write_cpus(&mut Console, rows);
         }
+        Command::Vms => list_vms(),
+        Command::Balloon { vm: name, bytes } => {
+            let pages = bytes / PAGE_SIZE;
+            match vm::with_vm(name, |vm| vm::set_balloon(vm, pages)) {
+                None => no_such_vm(name),
+                Some(Err(e)) => println!("{name}: cannot set the balloon: {e}"),
+                Some(Ok(())) => println!(
+                    "{name}: balloon target {pages} pages ({}); the guest moves towards it",
+                    report::Size(pages * PAGE_SIZE)
+                ),
+            }
+        }
+        Command::InfoBalloon { vm: Some(name) } => {
+            if vm::with_vm(name, |vm| vm::print_balloon(vm)).is_none() {
+                no_such_vm(name);
+            }
+        }
+        Command::InfoBalloon { vm: None } => vm::for_each(|vm| vm::print_balloon(vm)),
+        Command::Stop { vm: name } => stop_vm(name),
+        Command::Start { vm: name } => match vm::with_vm(name, |vm| vm::start(vm)) {
+            None => no_such_vm(name),
+            Some(Err(e)) => println!("{name}: cannot start: {e}"),
+            Some(Ok(())) => println!("{name}: started"),
+        },
         Command::PowerOff => {
             println!("Powering off.");
             power_off(Some(board))
@@ -406,4 +444,67 @@ fn debug_fault() {
     // returns and the exception handler parks the CPU.
     let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
     println!("unexpectedly read {v:#x}");
+}
+
+fn no_such_vm(name: &str) {
+    println!(
+        "no VM called '{name}'; the VMs are: {} (type 'vms')",
+        vm::names()
+    );
+}
+
+fn list_vms() {
+    println!("name         state     cpu  RAM         mapped    ballooned  starts");
+    vm::for_each(|vm| {
+        let mapped = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
+        let ballooned = vm
+            .balloon
+            .as_ref()
+            .map_or(0, |b| b.device().ballooned_pages());
+        println!(
+            "{:<12} {:<9} {:<4} {:<11} {:<9} {:<10} {}",
+            vm.name,
+            vm.state.label(),
+            vm.cpu,
+            report::Size(vm.ram_size),
+            mapped,
+            ballooned,
+            vm.starts
+        );
+    });
+}
+
+/// Each VM's share of RAM, after the accounting in `mem`.
+fn vm_shares() {
+    println!("Guests (their frames are in \"guest RAM\" above):");
+    vm::for_each(|vm| {
+        let (mapped, tables) = vm
+            .ram
+            .as_ref()
+            .map_or((0, 0), |r| (r.mapped_pages(), r.table_pages()));
+        println!(
+            "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables",
+            vm.name,
+            vm.state.label(),
+            mapped * PAGE_SIZE,
+            report::Size(tables * PAGE_SIZE)
+        );
+    });
+}
+
+/// Ask a VM to stop and wait up to a second for its CPU to do it.
+fn stop_vm(name: &str) {
+    match vm::with_vm(name, vm::request_stop) {
+        None => return no_such_vm(name),
+        Some(Err(e)) => return println!("{name}: cannot stop: {e}"),
+        Some(Ok(())) => {}
+    }
+    let (start, freq) = aarch64::counter();
+    while aarch64::counter().0 - start < freq {
+        if vm::with_vm(name, |vm| vm.state == vm::VmState::Stopped) == Some(true) {
+            return;
+        }
+        core::hint::spin_loop();
+    }
+    println!("{name}: stop requested; it stops at its next exit (it has not trapped for 1 s)");
 }

@@ -6,6 +6,7 @@
 //! (`aarch64-unknown-none`).
 #![cfg_attr(not(test), no_std)]
 
+pub mod balloon;
 pub mod console;
 pub mod mm;
 pub mod report;
@@ -19,6 +20,8 @@ pub mod crash;
 #[cfg(target_os = "none")]
 mod heap;
 pub mod trace;
+pub mod virtio;
+pub mod vm;
 
 #[cfg(target_os = "none")]
 #[panic_handler]

@@ -6,6 +6,7 @@
 
 mod fixtures;
 mod setup;
+mod vmconfig;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -87,7 +88,16 @@ fn build_id(root: &Path) -> String {
 fn build(root: &Path) -> Result<Artifacts, String> {
     run_cmd(
         cargo()
-            .args(["build", "--release", "-p", "hypervisor", "--target", TARGET])
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "hypervisor",
+                "-p",
+                "testguest",
+                "--target",
+                TARGET,
+            ])
             .env("TIDAL_BUILD_ID", build_id(root))
             .env("DEFMT_LOG", "debug")
             .current_dir(root),
@@ -95,16 +105,21 @@ fn build(root: &Path) -> Result<Artifacts, String> {
     let out = root.join("target").join(TARGET).join("release");
     let elf = out.join("hypervisor");
     let image = out.join("hypervisor.bin");
-    run_cmd(
-        Command::new(setup::llvm_tool("llvm-objcopy")?)
-            .args(["-O", "binary"])
-            .arg(&elf)
-            .arg(&image),
-    )?;
-    check_image_header(&image)?;
+    let testguest = out.join("testguest.bin");
+    let objcopy = setup::llvm_tool("llvm-objcopy")?;
+    for (from, to) in [(&elf, &image), (&out.join("testguest"), &testguest)] {
+        run_cmd(
+            Command::new(&objcopy)
+                .args(["-O", "binary"])
+                .arg(from)
+                .arg(to),
+        )?;
+        check_image_header(to)?;
+    }
+    // guests/demo.toml -> target/guests.img, guests/tests/<name>.toml ->
+    // target/bundles/<name>.img (see guests/README.md).
+    vmconfig::build_all(root, &testguest)?;
     let bundle = root.join("target").join("guests.img");
-    let bytes = guest_bundle::BundleBuilder::new().build();
-    std::fs::write(&bundle, bytes).map_err(|e| format!("writing {}: {e}", bundle.display()))?;
     let mut artifacts = Artifacts::locate();
     artifacts.image = image;
     artifacts.elf = elf;

@@ -2,12 +2,27 @@
 //! command touches the hardware, so that part lives in `crate::boot`; what
 //! the commands print is formatted by `crate::report`.
 
-/// A parsed command line.
+/// A parsed command line; names are the VM names the operator typed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Command {
+pub enum Command<'a> {
     Help,
     Mem,
     Cpus,
+    Vms,
+    /// Set the balloon of a VM to this many bytes (rounded down to pages).
+    Balloon {
+        vm: &'a str,
+        bytes: u64,
+    },
+    InfoBalloon {
+        vm: Option<&'a str>,
+    },
+    Stop {
+        vm: &'a str,
+    },
+    Start {
+        vm: &'a str,
+    },
     PowerOff,
     DebugFault,
     DebugPanic,
@@ -50,6 +65,7 @@ pub const COMMANDS: &[CommandInfo] = &[
 pub enum ParseError<'a> {
     Unknown(&'a str),
     Usage(&'static str),
+    BadSize(&'a str),
 }
 
 impl core::fmt::Display for ParseError<'_> {
@@ -62,18 +78,22 @@ impl core::fmt::Display for ParseError<'_> {
                 )
             }
             ParseError::Usage(usage) => write!(f, "usage: {usage}"),
+            ParseError::BadSize(text) => write!(
+                f,
+                "'{text}' is not a size: write bytes, or a number with K, M or G (e.g. 128M)"
+            ),
         }
     }
 }
 
 /// Parse one line; `Ok(None)` for a blank line.
-pub fn parse(line: &str) -> Result<Option<Command>, ParseError<'_>> {
+pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
     let mut words = line.split_ascii_whitespace();
     let Some(first) = words.next() else {
         return Ok(None);
     };
     let rest = words.next();
-    let no_args = |cmd: Command, usage: &'static str| match rest {
+    let no_args = |cmd: Command<'static>, usage: &'static str| match rest {
         None => Ok(Some(cmd)),
         Some(_) => Err(ParseError::Usage(usage)),
     };
@@ -82,6 +102,20 @@ pub fn parse(line: &str) -> Result<Option<Command>, ParseError<'_>> {
         "mem" => no_args(Command::Mem, "mem"),
         "cpus" => no_args(Command::Cpus, "cpus"),
         "poweroff" => no_args(Command::PowerOff, "poweroff"),
+        "vms" => no_args(Command::Vms, "vms"),
+        "stop" => one_vm("stop <vm>", rest, words.next()).map(|vm| Some(Command::Stop { vm })),
+        "start" => one_vm("start <vm>", rest, words.next()).map(|vm| Some(Command::Start { vm })),
+        "balloon" => match (rest, words.next(), words.next()) {
+            (Some(vm), Some(size), None) => {
+                let bytes = parse_size(size).ok_or(ParseError::BadSize(size))?;
+                Ok(Some(Command::Balloon { vm, bytes }))
+            }
+            _ => Err(ParseError::Usage("balloon <vm> <size>")),
+        },
+        "info" => match (rest, words.next(), words.next()) {
+            (Some("balloon"), vm, None) => Ok(Some(Command::InfoBalloon { vm })),
+            _ => Err(ParseError::Usage("info balloon [vm]")),
+        },
         "debug" => match (rest, words.next()) {
             (Some("fault"), None) => Ok(Some(Command::DebugFault)),
             (Some("panic"), None) => Ok(Some(Command::DebugPanic)),
@@ -89,6 +123,32 @@ pub fn parse(line: &str) -> Result<Option<Command>, ParseError<'_>> {
         },
         other => Err(ParseError::Unknown(other)),
     }
+}
+
+/// The single VM name a command takes.
+fn one_vm<'a>(
+    usage: &'static str,
+    name: Option<&'a str>,
+    more: Option<&'a str>,
+) -> Result<&'a str, ParseError<'a>> {
+    match (name, more) {
+        (Some(vm), None) => Ok(vm),
+        _ => Err(ParseError::Usage(usage)),
+    }
+}
+
+/// A size: decimal bytes, or with a K, M or G suffix (powers of 1024).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let (digits, shift) = match text.as_bytes().last()? {
+        b'k' | b'K' => (&text[..text.len() - 1], 10),
+        b'm' | b'M' => (&text[..text.len() - 1], 20),
+        b'g' | b'G' => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 /// The `help` text.

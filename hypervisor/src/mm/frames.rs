@@ -16,13 +16,13 @@
 //!
 //! # Encoding and its planned extension
 //!
-//! A frame's byte is a [`FrameUse`] discriminant. Values `0x00..=0x3F` are
-//! reserved for hypervisor-level uses (nine are defined); values
-//! `0x40..=0xFF` ([`FIRST_GUEST_CODE`] and up) are kept free for guest-owned
-//! frames, planned as `0x40 | vm << 2 | state` with `state` one of mapped,
-//! ballooned, reported, hinted: 48 VMs times 4 states in the same byte. If
-//! more VMs are ever needed, the element type widens to `u16` with the same
-//! split; no caller sees the raw bytes.
+//! A frame's byte is a [`FrameUse`] discriminant for hypervisor-level uses
+//! (`0x00..=0x3F`), or `FIRST_GUEST_CODE + vm` (`0x40..`) for a frame that
+//! backs guest RAM of VM `vm` ([`FrameUse::Guest`], at most [`MAX_VMS`]).
+//! Whether a guest page is mapped, ballooned, reported or hinted is the VM's
+//! business (its stage-2 tables and balloon); a guest page that is not backed
+//! has no frame at all, its frame is back in the pool. If more VMs are ever
+//! needed, the element type widens to `u16`; no caller sees the raw bytes.
 
 use core::fmt;
 
@@ -31,9 +31,10 @@ use platform::{PhysRange, MAX_RAM_BANKS};
 pub const PAGE_SIZE: u64 = 4096;
 const PAGE_MASK: u64 = PAGE_SIZE - 1;
 
-/// First byte value reserved for guest-owned frames (see the module docs).
-/// No value at or above it is valid today.
+/// First byte value of guest-owned frames (see the module docs).
 pub const FIRST_GUEST_CODE: u8 = 0x40;
+/// Most VMs whose frames the table can tell apart.
+pub const MAX_VMS: usize = 64;
 
 /// What a page of RAM is used for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -49,11 +50,13 @@ pub enum FrameUse {
     Free = 7,
     /// Handed out by [`FrameTable::alloc`] for the hypervisor's own use.
     Allocated = 8,
+    /// Backs guest RAM of one VM ([`FrameTable::alloc_guest`]).
+    Guest = 9,
 }
 
 impl FrameUse {
     /// Number of uses.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
     /// Every use, in discriminant order (the order of reports).
     pub const ALL: [FrameUse; FrameUse::COUNT] = [
         FrameUse::HypervisorImage,
@@ -65,6 +68,7 @@ impl FrameUse {
         FrameUse::PageTables,
         FrameUse::Free,
         FrameUse::Allocated,
+        FrameUse::Guest,
     ];
 
     pub const fn label(self) -> &'static str {
@@ -78,6 +82,7 @@ impl FrameUse {
             FrameUse::PageTables => "page tables",
             FrameUse::Free => "free",
             FrameUse::Allocated => "allocated",
+            FrameUse::Guest => "guest RAM",
         }
     }
 
@@ -88,7 +93,9 @@ impl FrameUse {
 
     /// The use a stored byte encodes, if any.
     pub const fn from_code(code: u8) -> Option<FrameUse> {
-        if (code as usize) < FrameUse::COUNT {
+        if code >= FIRST_GUEST_CODE && ((code - FIRST_GUEST_CODE) as usize) < MAX_VMS {
+            Some(FrameUse::Guest)
+        } else if code != FrameUse::Guest as u8 && (code as usize) < FrameUse::COUNT {
             Some(FrameUse::ALL[code as usize])
         } else {
             None
@@ -165,6 +172,17 @@ pub enum FrameError {
         accounted: u64,
         ram: u64,
     },
+    /// The frame at `addr` is not VM `vm`'s (its byte is `code`).
+    NotOwnedBy {
+        addr: u64,
+        vm: usize,
+        code: u8,
+    },
+    GuestCounterMismatch {
+        vm: usize,
+        counted: u64,
+        recorded: u64,
+    },
 }
 
 impl fmt::Display for FrameError {
@@ -225,6 +243,20 @@ impl fmt::Display for FrameError {
             } => write!(
                 f,
                 "\"{use_}\" counter says {recorded} pages, a recount finds {counted}"
+            ),
+            FrameError::NotOwnedBy { addr, vm, code } => {
+                write!(
+                    f,
+                    "page {addr:#x} is not VM {vm}'s (frame code {code:#04x})"
+                )
+            }
+            FrameError::GuestCounterMismatch {
+                vm,
+                counted,
+                recorded,
+            } => write!(
+                f,
+                "VM {vm} owns {recorded} frames by its counter, a recount finds {counted}"
             ),
             FrameError::AccountingMismatch { accounted, ram } => write!(
                 f,
@@ -318,6 +350,8 @@ pub struct FrameTable<'a> {
     partial_bytes: u64,
     /// Next-fit cursor: storage index where the next search starts.
     hint: usize,
+    /// Frames owned by each VM (the split of the `Guest` count).
+    guest_counts: [u64; MAX_VMS],
 }
 
 impl<'a> FrameTable<'a> {
@@ -381,6 +415,7 @@ impl<'a> FrameTable<'a> {
             counts,
             partial_bytes,
             hint: 0,
+            guest_counts: [0; MAX_VMS],
         })
     }
 
@@ -405,12 +440,21 @@ impl<'a> FrameTable<'a> {
     }
 
     fn set(&mut self, idx: usize, to: FrameUse) {
-        let from = self.entries[idx];
-        if let Some(u) = FrameUse::from_code(from) {
-            self.counts[u as usize] -= 1;
+        self.set_code(idx, to as u8);
+    }
+
+    /// The one place a frame's byte changes: keeps every counter exact.
+    fn set_code(&mut self, idx: usize, to: u8) {
+        for (code, delta) in [(self.entries[idx], -1i64), (to, 1)] {
+            if let Some(u) = FrameUse::from_code(code) {
+                self.counts[u as usize] = self.counts[u as usize].wrapping_add_signed(delta);
+                if u == FrameUse::Guest {
+                    let vm = (code - FIRST_GUEST_CODE) as usize;
+                    self.guest_counts[vm] = self.guest_counts[vm].wrapping_add_signed(delta);
+                }
+            }
         }
-        self.entries[idx] = to as u8;
-        self.counts[to as usize] += 1;
+        self.entries[idx] = to;
     }
 
     /// Claims the free pages of `range` for `to`: the range is rounded
@@ -461,8 +505,52 @@ impl<'a> FrameTable<'a> {
     /// wraps around once, so repeated single-page allocations cost O(1)
     /// amortised and a failed one costs a scan of the table.
     pub fn alloc(&mut self, pages: usize, align_pages: usize, to: FrameUse) -> Option<u64> {
+        if to == FrameUse::Free || to == FrameUse::Guest {
+            return None;
+        }
+        self.alloc_code(pages, align_pages, to as u8)
+    }
+
+    /// One free frame for guest RAM of VM `vm` (< [`MAX_VMS`]).
+    pub fn alloc_guest(&mut self, vm: usize) -> Option<u64> {
+        if vm >= MAX_VMS {
+            return None;
+        }
+        self.alloc_code(1, 1, FIRST_GUEST_CODE + vm as u8)
+    }
+
+    /// Give a frame of VM `vm` back to the pool; an error (and no change) if
+    /// the frame does not belong to that VM.
+    pub fn free_guest(&mut self, vm: usize, addr: u64) -> Result<(), FrameError> {
+        if addr & PAGE_MASK != 0 {
+            return Err(FrameError::Unaligned { addr });
+        }
+        let idx = self
+            .index_of(addr)
+            .ok_or(FrameError::NotInRam { addr, pages: 1 })?;
+        let code = self.entries[idx];
+        if vm >= MAX_VMS || code != FIRST_GUEST_CODE + vm as u8 {
+            return Err(FrameError::NotOwnedBy { addr, vm, code });
+        }
+        self.set(idx, FrameUse::Free);
+        Ok(())
+    }
+
+    /// The VM that owns the frame at `addr`, if a VM does.
+    pub fn guest_owner(&self, addr: u64) -> Option<usize> {
+        let code = self.entries[self.index_of(addr)?];
+        (FrameUse::from_code(code) == Some(FrameUse::Guest))
+            .then(|| (code - FIRST_GUEST_CODE) as usize)
+    }
+
+    /// Frames owned by VM `vm`.
+    pub fn guest_pages(&self, vm: usize) -> u64 {
+        self.guest_counts.get(vm).copied().unwrap_or(0)
+    }
+
+    fn alloc_code(&mut self, pages: usize, align_pages: usize, code: u8) -> Option<u64> {
         let align_pages = align_pages.max(1);
-        if pages == 0 || to == FrameUse::Free || !align_pages.is_power_of_two() {
+        if pages == 0 || !align_pages.is_power_of_two() {
             return None;
         }
         if self.counts[FrameUse::Free as usize] < pages as u64 {
@@ -474,7 +562,7 @@ impl<'a> FrameTable<'a> {
             .search(hint, pages, align)
             .or_else(|| self.search(0, pages, align))?;
         for i in idx..idx + pages {
-            self.set(i, to);
+            self.set_code(i, code);
         }
         self.hint = if idx + pages >= self.entries.len() {
             0
@@ -613,6 +701,19 @@ impl<'a> FrameTable<'a> {
     /// incremental counters match, and the accounting covers exactly the RAM.
     pub fn check_invariants(&self) -> Result<(), FrameError> {
         let mut counted = [0u64; FrameUse::COUNT];
+        let mut guests = [0u64; MAX_VMS];
+        for &code in self.entries.iter() {
+            if FrameUse::from_code(code) == Some(FrameUse::Guest) {
+                guests[(code - FIRST_GUEST_CODE) as usize] += 1;
+            }
+        }
+        if let Some(vm) = (0..MAX_VMS).find(|&vm| guests[vm] != self.guest_counts[vm]) {
+            return Err(FrameError::GuestCounterMismatch {
+                vm,
+                counted: guests[vm],
+                recorded: self.guest_counts[vm],
+            });
+        }
         for b in self.banks() {
             for idx in b.base..b.base + b.pages {
                 let code = self.entries[idx];
@@ -715,16 +816,59 @@ mod tests {
                 "heap",
                 "page tables",
                 "free",
-                "allocated"
+                "allocated",
+                "guest RAM"
             ]
         );
         for (i, u) in FrameUse::ALL.iter().enumerate() {
             assert_eq!(u.code() as usize, i);
-            assert_eq!(FrameUse::from_code(u.code()), Some(*u));
             assert!(u.code() < FIRST_GUEST_CODE);
+            if *u != FrameUse::Guest {
+                assert_eq!(FrameUse::from_code(u.code()), Some(*u));
+            }
         }
-        assert_eq!(FrameUse::from_code(9), None);
-        assert_eq!(FrameUse::from_code(FIRST_GUEST_CODE), None);
+        // Guest frames are stored as FIRST_GUEST_CODE + vm, never as 9.
+        assert_eq!(FrameUse::from_code(FrameUse::Guest as u8), None);
+        assert_eq!(FrameUse::from_code(10), None);
+        assert_eq!(FrameUse::from_code(FIRST_GUEST_CODE), Some(FrameUse::Guest));
+        let past = FIRST_GUEST_CODE + MAX_VMS as u8;
+        assert_eq!(FrameUse::from_code(past), None);
+    }
+
+    #[test]
+    fn guest_frames_have_one_owner() {
+        let ram = [r(0, 64 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let a = t.alloc_guest(0).unwrap();
+        let b = t.alloc_guest(3).unwrap();
+        let c = t.alloc_guest(3).unwrap();
+        assert_eq!((t.guest_owner(a), t.guest_owner(b)), (Some(0), Some(3)));
+        assert_eq!((t.guest_pages(0), t.guest_pages(3)), (1, 2));
+        assert_eq!(t.pages(FrameUse::Guest), 3);
+        assert_eq!(t.use_of(c), Some(FrameUse::Guest));
+        assert_eq!(t.alloc_guest(MAX_VMS), None);
+        assert!(
+            t.alloc(1, 1, FrameUse::Guest).is_none(),
+            "guest frames need an owner"
+        );
+        // Another VM's frame, a free frame, or the wrong use: refused, unchanged.
+        assert!(matches!(
+            t.free_guest(0, b),
+            Err(FrameError::NotOwnedBy { .. })
+        ));
+        assert!(t.free(b, 1, FrameUse::Allocated).is_err());
+        t.check_invariants().unwrap();
+        t.free_guest(3, b).unwrap();
+        assert!(matches!(
+            t.free_guest(3, b),
+            Err(FrameError::NotOwnedBy { .. })
+        ));
+        assert_eq!((t.guest_pages(3), t.guest_owner(b)), (1, None));
+        assert_eq!(t.accounting().bytes(FrameUse::Guest), 2 * PAGE_SIZE);
+        t.check_invariants().unwrap();
+        t.entries[5] = FIRST_GUEST_CODE + 7;
+        assert!(t.check_invariants().is_err());
     }
 
     #[test]
@@ -1009,12 +1153,12 @@ mod tests {
         let ram = [r(0, 16 * PAGE_SIZE)];
         let mut st = storage(&ram);
         let t = FrameTable::new(&ram, &mut st).unwrap();
-        t.entries[3] = 0x41;
+        t.entries[3] = 0x21;
         assert_eq!(
             t.check_invariants(),
             Err(FrameError::CorruptEntry {
                 addr: 3 * PAGE_SIZE,
-                code: 0x41
+                code: 0x21
             })
         );
         assert_eq!(t.use_of(3 * PAGE_SIZE), None);

@@ -4,3 +4,4 @@
 pub mod frames;
 pub mod layout;
 pub mod pagetable;
+pub mod stage2;

@@ -2,9 +2,10 @@
 //!
 //! Every vector saves the full general-purpose register file, ELR_EL2,
 //! SPSR_EL2, ESR_EL2 and FAR_EL2 on the current stack and calls
-//! [`handle_exception`]. Nothing at EL2 is expected to take an exception yet
-//! (guests come in a later stage), so every exception is reported with a
-//! register dump and the CPU is parked.
+//! [`handle_exception`]. Nothing at EL2 itself is expected to take an
+//! exception, so every such exception is reported with a register dump and
+//! the CPU is parked. Exceptions from a guest (lower EL, AArch64) take the
+//! `guest_exit` path in `vcpu.rs` instead.
 
 use core::arch::global_asm;
 use core::fmt;
@@ -50,6 +51,15 @@ global_asm!(
     b       exception_common
 .endm
 
+/* Exceptions from a guest (a lower EL in AArch64) leave the guest: see
+   vcpu.rs. */
+.macro GUEST_VECTOR kind
+    .balign 0x80
+    stp     x0, x1, [sp, #-16]!
+    mov     x1, #\kind
+    b       guest_exit
+.endm
+
 .section .text.vectors, "ax"
 .balign 0x800
 .global exception_vectors
@@ -62,10 +72,10 @@ exception_vectors:
     VECTOR 5
     VECTOR 6
     VECTOR 7
-    VECTOR 8
-    VECTOR 9
-    VECTOR 10
-    VECTOR 11
+    GUEST_VECTOR 8
+    GUEST_VECTOR 9
+    GUEST_VECTOR 10
+    GUEST_VECTOR 11
     VECTOR 12
     VECTOR 13
     VECTOR 14

@@ -6,6 +6,7 @@ pub mod exceptions;
 pub mod mmu;
 pub mod psci;
 pub mod smp;
+pub mod vcpu;
 
 use core::arch::asm;
 

@@ -1,0 +1,582 @@
+//! Host tests: the pure parts, and the whole driver against a fake balloon
+//! device that reads the real split virtqueues virtio-drivers builds.
+
+use super::*;
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::ptr::NonNull;
+use std::rc::Rc;
+use virtio_drivers::transport::InterruptStatus;
+use virtio_drivers::{BufferDirection, PhysAddr, PAGE_SIZE};
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
+// ---------------------------------------------------------------- pure parts
+
+#[test]
+fn plan_batches_by_256_and_respects_capacity() {
+    assert_eq!(plan(0, 0, 1000), Step::Idle);
+    assert_eq!(plan(5, 5, 1000), Step::Idle);
+    assert_eq!(plan(600, 0, 1000), Step::Inflate(256));
+    assert_eq!(plan(600, 512, 1000), Step::Inflate(88));
+    assert_eq!(plan(600, 0, 100), Step::Inflate(100));
+    assert_eq!(plan(600, 100, 100), Step::Full);
+    // More in the balloon than it can hold (storage shrunk): nothing to do upwards.
+    assert_eq!(plan(600, 200, 100), Step::Full);
+    assert_eq!(plan(0, 600, 1000), Step::Deflate(256));
+    assert_eq!(plan(500, 600, 1000), Step::Deflate(100));
+    assert_eq!(plan(u32::MAX, 0, u32::MAX), Step::Inflate(256));
+    assert_eq!(plan(0, u32::MAX, u32::MAX), Step::Deflate(256));
+}
+
+#[test]
+fn pfns_are_4k_frames_that_fit_u32() {
+    assert_eq!(pfn_of(0x4000_0000), Some(0x40000));
+    assert_eq!(pfn_of(0x4000_0800), None);
+    assert_eq!(pfn_of(0xfff_ffff_f000), Some(u32::MAX));
+    assert_eq!(pfn_of(0x1000_0000_0000), None);
+    // No sign extension anywhere: the top PFN stays unsigned.
+    assert_eq!(
+        u64::from(pfn_of(0x0800_0000_0000).unwrap()) * 4096,
+        0x0800_0000_0000
+    );
+}
+
+#[test]
+fn encoding_is_little_endian_u32() {
+    let mut buf = [0u8; 1024];
+    assert_eq!(encode_pfns(&[0x12345678, 0x80000001], &mut buf), 8);
+    assert_eq!(&buf[..8], &[0x78, 0x56, 0x34, 0x12, 0x01, 0, 0, 0x80]);
+    let all = [7u32; 256];
+    assert_eq!(encode_pfns(&all, &mut buf), 1024);
+}
+
+#[test]
+fn queue_numbering_skips_absent_queues() {
+    use features::*;
+    assert_eq!(queue_index(0, Queue::Inflate), Some(0));
+    assert_eq!(queue_index(0, Queue::Deflate), Some(1));
+    assert_eq!(queue_index(0, Queue::Stats), None);
+    assert_eq!(queue_index(0, Queue::Reporting), None);
+    assert_eq!(queue_index(PAGE_REPORTING, Queue::Reporting), Some(2));
+    assert_eq!(
+        queue_index(STATS_VQ | PAGE_REPORTING, Queue::Reporting),
+        Some(3)
+    );
+    assert_eq!(
+        queue_index(FREE_PAGE_HINT | PAGE_REPORTING, Queue::FreePageHint),
+        Some(2)
+    );
+    let all = STATS_VQ | FREE_PAGE_HINT | PAGE_REPORTING;
+    assert_eq!(queue_index(all, Queue::Stats), Some(2));
+    assert_eq!(queue_index(all, Queue::FreePageHint), Some(3));
+    assert_eq!(queue_index(all, Queue::Reporting), Some(4));
+}
+
+#[test]
+fn negotiation_keeps_only_what_the_driver_implements() {
+    let offered = u64::MAX;
+    assert_eq!(
+        negotiate(offered),
+        features::VERSION_1 | features::MUST_TELL_HOST
+    );
+    assert_eq!(negotiate(features::STATS_VQ | 1 << 28 | 1 << 29), 0);
+    assert_eq!(negotiate(features::VERSION_1), features::VERSION_1);
+}
+
+#[test]
+fn progress_helpers() {
+    let p = Progress {
+        inflated: 3,
+        deflated: 0,
+        target: 10,
+        actual: 10,
+    };
+    assert_eq!(p.moved(), 3);
+    assert!(p.at_target());
+}
+
+// ---------------------------------------------------------------- fake device
+
+/// DMA from the host heap; "physical" addresses are host addresses.
+struct TestHal;
+
+// SAFETY: `dma_alloc` returns zeroed, page-aligned, unaliased memory from the
+// global allocator; buffers are shared in place (the identity mapping).
+unsafe impl Hal for TestHal {
+    fn dma_alloc(pages: usize, _direction: BufferDirection) -> (PhysAddr, NonNull<u8>) {
+        let layout = Layout::from_size_align(pages * PAGE_SIZE, PAGE_SIZE).unwrap();
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
+        (ptr.as_ptr() as PhysAddr, ptr)
+    }
+
+    unsafe fn dma_dealloc(_paddr: PhysAddr, vaddr: NonNull<u8>, pages: usize) -> i32 {
+        let layout = Layout::from_size_align(pages * PAGE_SIZE, PAGE_SIZE).unwrap();
+        // SAFETY: allocated by `dma_alloc` with the same layout.
+        unsafe { dealloc(vaddr.as_ptr(), layout) };
+        0
+    }
+
+    unsafe fn mmio_phys_to_virt(paddr: PhysAddr, _size: usize) -> NonNull<u8> {
+        NonNull::new(paddr as *mut u8).unwrap()
+    }
+
+    unsafe fn share(buffer: NonNull<[u8]>, _direction: BufferDirection) -> PhysAddr {
+        buffer.as_ptr() as *mut u8 as PhysAddr
+    }
+
+    unsafe fn unshare(_paddr: PhysAddr, _buffer: NonNull<[u8]>, _direction: BufferDirection) {}
+}
+
+#[derive(Default, Clone, Copy)]
+struct FakeQueue {
+    size: u32,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    last_avail: u16,
+}
+
+/// How the fake device misbehaves.
+#[derive(Default, Clone, Copy, PartialEq)]
+enum Mode {
+    #[default]
+    Good,
+    /// Clears FEATURES_OK unless the driver accepted everything offered.
+    RejectPartialFeatures,
+    /// Never uses a buffer and sets NEEDS_RESET on notify.
+    NeedsReset,
+    /// Never uses a buffer.
+    Silent,
+}
+
+#[derive(Default)]
+struct Device {
+    mode: Mode,
+    offered: u64,
+    driver_features: u64,
+    status: u32,
+    queues: [FakeQueue; 5],
+    queues_set: BTreeSet<u16>,
+    num_pages: u32,
+    actual: u32,
+    /// Ballooned PFNs as the device sees them.
+    inflated: BTreeSet<u32>,
+    requests: Vec<(u16, Vec<u32>)>,
+    notifies: u32,
+    /// The guest's free pages: shared with `FakePages` to check MUST_TELL_HOST.
+    guest_free: Rc<RefCell<BTreeSet<u64>>>,
+    violations: Vec<String>,
+}
+
+#[derive(Clone)]
+struct FakeTransport(Rc<RefCell<Device>>);
+
+/// Reads a `T` at a host address the driver gave the device.
+///
+/// # Safety
+///
+/// `addr` must point to a readable, initialised `T` (an address from the ring).
+unsafe fn rd<T: Copy>(addr: u64) -> T {
+    // SAFETY: the caller's promise; the rings are not necessarily aligned for T
+    // in a hostile world, so read unaligned.
+    unsafe { (addr as *const T).read_unaligned() }
+}
+
+impl Device {
+    fn process(&mut self, queue: u16) {
+        let q = self.queues[queue as usize];
+        assert_ne!(q.size, 0, "notify on a queue that was never set up");
+        // SAFETY: the ring addresses came from virtio-drivers' queue set-up,
+        // which allocated them with `TestHal::dma_alloc` and keeps them alive.
+        let avail_idx: u16 = unsafe { rd(q.avail + 2) };
+        let mut last = q.last_avail;
+        while last != avail_idx {
+            let slot = u64::from(last % q.size as u16);
+            // SAFETY: as above, within the avail ring.
+            let head: u16 = unsafe { rd(q.avail + 4 + 2 * slot) };
+            let d = q.desc + 16 * u64::from(head);
+            // SAFETY: as above, within the descriptor table.
+            let (addr, len, flags): (u64, u32, u16) = unsafe { (rd(d), rd(d + 8), rd(d + 12)) };
+            assert_eq!(flags, 0, "one device-readable descriptor per request");
+            assert!(len % 4 == 0 && len as usize <= PFNS_PER_REQUEST * 4);
+            let pfns: Vec<u32> = (0..u64::from(len / 4))
+                // SAFETY: the buffer the driver shared, `len` bytes long.
+                .map(|i| u32::from_le(unsafe { rd(addr + 4 * i) }))
+                .collect();
+            for &pfn in &pfns {
+                let page = u64::from(pfn) * 4096;
+                if self.guest_free.borrow().contains(&page) {
+                    self.violations.push(format!(
+                        "queue {queue}: page {page:#x} still free in the guest"
+                    ));
+                }
+                let fresh = match queue {
+                    0 => self.inflated.insert(pfn),
+                    1 => self.inflated.remove(&pfn),
+                    _ => unreachable!(),
+                };
+                if !fresh {
+                    self.violations
+                        .push(format!("queue {queue}: bad pfn {pfn:#x}"));
+                }
+            }
+            self.requests.push((queue, pfns));
+            // SAFETY: within the used ring, set up like the other rings.
+            let used_idx: u16 = unsafe { rd(q.used + 2) };
+            let elem = q.used + 4 + 8 * u64::from(used_idx % q.size as u16);
+            // SAFETY: within the used ring, which the device owns.
+            unsafe {
+                (elem as *mut u32).write_unaligned(u32::from(head));
+                ((elem + 4) as *mut u32).write_unaligned(0);
+                ((q.used + 2) as *mut u16).write_unaligned(used_idx.wrapping_add(1));
+            }
+            last = last.wrapping_add(1);
+        }
+        self.queues[queue as usize].last_avail = last;
+    }
+}
+
+impl Transport for FakeTransport {
+    fn device_type(&self) -> DeviceType {
+        DeviceType::MemoryBalloon
+    }
+    fn read_device_features(&mut self) -> u64 {
+        self.0.borrow().offered
+    }
+    fn write_driver_features(&mut self, driver_features: u64) {
+        self.0.borrow_mut().driver_features = driver_features;
+    }
+    fn max_queue_size(&mut self, _queue: u16) -> u32 {
+        128
+    }
+    fn notify(&mut self, queue: u16) {
+        let mut d = self.0.borrow_mut();
+        d.notifies += 1;
+        match d.mode {
+            Mode::Good | Mode::RejectPartialFeatures => d.process(queue),
+            Mode::NeedsReset => d.status |= DeviceStatus::DEVICE_NEEDS_RESET.bits(),
+            Mode::Silent => {}
+        }
+    }
+    fn get_status(&self) -> DeviceStatus {
+        DeviceStatus::from_bits_retain(self.0.borrow().status)
+    }
+    fn set_status(&mut self, status: DeviceStatus) {
+        let mut d = self.0.borrow_mut();
+        let mut bits = status.bits();
+        if bits & DeviceStatus::FEATURES_OK.bits() != 0
+            && d.mode == Mode::RejectPartialFeatures
+            && d.driver_features != d.offered
+        {
+            bits &= !DeviceStatus::FEATURES_OK.bits();
+        }
+        if bits == 0 {
+            d.queues = Default::default();
+        }
+        d.status = bits;
+    }
+    fn set_guest_page_size(&mut self, guest_page_size: u32) {
+        assert_eq!(guest_page_size, 4096);
+    }
+    fn requires_legacy_layout(&self) -> bool {
+        false
+    }
+    fn queue_set(
+        &mut self,
+        queue: u16,
+        size: u32,
+        desc: PhysAddr,
+        avail: PhysAddr,
+        used: PhysAddr,
+    ) {
+        let mut d = self.0.borrow_mut();
+        d.queues_set.insert(queue);
+        d.queues[queue as usize] = FakeQueue {
+            size,
+            desc,
+            avail,
+            used,
+            last_avail: 0,
+        };
+    }
+    fn queue_unset(&mut self, queue: u16) {
+        self.0.borrow_mut().queues[queue as usize] = FakeQueue::default();
+    }
+    fn queue_used(&mut self, queue: u16) -> bool {
+        self.0.borrow().queues[queue as usize].size != 0
+    }
+    fn ack_interrupt(&mut self) -> InterruptStatus {
+        InterruptStatus::empty()
+    }
+    fn read_config_generation(&self) -> u32 {
+        0
+    }
+    fn read_config_space<T: FromBytes + IntoBytes>(
+        &self,
+        offset: usize,
+    ) -> virtio_drivers::Result<T> {
+        let d = self.0.borrow();
+        let mut config = [0u8; 8];
+        config[..4].copy_from_slice(&d.num_pages.to_le_bytes());
+        config[4..].copy_from_slice(&d.actual.to_le_bytes());
+        let bytes = config
+            .get(offset..offset + size_of::<T>())
+            .ok_or(virtio_drivers::Error::ConfigSpaceTooSmall)?;
+        Ok(T::read_from_bytes(bytes).unwrap())
+    }
+    fn write_config_space<T: IntoBytes + Immutable>(
+        &mut self,
+        offset: usize,
+        value: T,
+    ) -> virtio_drivers::Result<()> {
+        assert_eq!(offset, 4, "the driver writes only `actual`");
+        let bytes = value.as_bytes();
+        self.0.borrow_mut().actual = u32::from_le_bytes(bytes.try_into().unwrap());
+        Ok(())
+    }
+}
+
+/// A page allocator over a made-up RAM range.
+struct FakePages {
+    free: Rc<RefCell<BTreeSet<u64>>>,
+    returned: Vec<u64>,
+}
+
+impl FakePages {
+    fn new(base: u64, pages: u64) -> Self {
+        FakePages {
+            free: Rc::new(RefCell::new((0..pages).map(|i| base + i * 4096).collect())),
+            returned: Vec::new(),
+        }
+    }
+    fn len(&self) -> usize {
+        self.free.borrow().len()
+    }
+}
+
+impl PageSource for FakePages {
+    fn take_page(&mut self) -> Option<u64> {
+        self.free.borrow_mut().pop_last()
+    }
+    fn return_page(&mut self, addr: u64) {
+        assert!(
+            self.free.borrow_mut().insert(addr),
+            "page {addr:#x} returned twice"
+        );
+        self.returned.push(addr);
+    }
+}
+
+const RAM: u64 = 0x4000_0000;
+
+fn device(offered: u64, mode: Mode, pages: &FakePages) -> (FakeTransport, Rc<RefCell<Device>>) {
+    let dev = Rc::new(RefCell::new(Device {
+        offered,
+        mode,
+        guest_free: pages.free.clone(),
+        ..Device::default()
+    }));
+    (FakeTransport(dev.clone()), dev)
+}
+
+/// Everything a greedy device might offer, including bits nobody implements.
+const LOTS: u64 = features::VERSION_1
+    | features::MUST_TELL_HOST
+    | features::STATS_VQ
+    | features::DEFLATE_ON_OOM
+    | features::FREE_PAGE_HINT
+    | features::PAGE_POISON
+    | features::PAGE_REPORTING
+    | 1 << 6
+    | 1 << 28
+    | 1 << 29
+    | 1 << 33
+    | 1 << 50;
+
+#[test]
+fn new_negotiates_and_sets_up_queues_0_and_1() {
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 16]).unwrap();
+    let d = dev.borrow();
+    assert_eq!(
+        d.driver_features,
+        features::VERSION_1 | features::MUST_TELL_HOST
+    );
+    assert_eq!(balloon.features(), d.driver_features);
+    assert_eq!(d.queues_set, BTreeSet::from([0, 1]));
+    let ok = DeviceStatus::ACKNOWLEDGE
+        | DeviceStatus::DRIVER
+        | DeviceStatus::FEATURES_OK
+        | DeviceStatus::DRIVER_OK;
+    assert_eq!(d.status, ok.bits());
+}
+
+#[test]
+fn inflate_and_deflate_through_real_queues() {
+    let mut pages = FakePages::new(RAM, 1024);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 1024]).unwrap();
+
+    // Nothing to do at target 0.
+    let p = balloon.poll(&mut pages).unwrap();
+    assert_eq!(p, Progress::default());
+
+    dev.borrow_mut().num_pages = 600;
+    let mut moved = vec![];
+    loop {
+        let p = balloon.poll(&mut pages).unwrap();
+        if p.moved() == 0 {
+            assert!(p.at_target());
+            break;
+        }
+        assert_eq!(
+            dev.borrow().actual,
+            p.actual,
+            "actual written after each request"
+        );
+        moved.push(p.inflated);
+    }
+    assert_eq!(moved, [256, 256, 88]);
+    assert_eq!(balloon.actual_pages(), 600);
+    assert_eq!(balloon.target_pages().unwrap(), 600);
+    assert_eq!(pages.len(), 1024 - 600);
+    {
+        let d = dev.borrow();
+        assert_eq!(d.inflated.len(), 600);
+        assert!(d.requests.iter().all(|(q, _)| *q == 0));
+        assert_eq!(
+            d.requests.iter().map(|(_, p)| p.len()).collect::<Vec<_>>(),
+            [256, 256, 88]
+        );
+        // The device's view equals the driver's, and no ballooned page is free.
+        let mine: BTreeSet<u32> = balloon.ballooned_pfns().iter().copied().collect();
+        assert_eq!(mine, d.inflated);
+        assert!(d.violations.is_empty(), "{:?}", d.violations);
+    }
+
+    dev.borrow_mut().num_pages = 100;
+    let mut moved = vec![];
+    loop {
+        let p = balloon.poll(&mut pages).unwrap();
+        if p.moved() == 0 {
+            break;
+        }
+        moved.push(p.deflated);
+    }
+    assert_eq!(moved, [256, 244]);
+    assert_eq!(balloon.actual_pages(), 100);
+    assert_eq!(dev.borrow().actual, 100);
+    assert_eq!(pages.len(), 1024 - 100);
+    assert_eq!(pages.returned.len(), 500);
+    let d = dev.borrow();
+    assert_eq!(d.inflated.len(), 100);
+    // Deflate requests went to queue 1; the device saw each page while the
+    // guest had not yet got it back (MUST_TELL_HOST).
+    assert_eq!(d.requests.iter().filter(|(q, _)| *q == 1).count(), 2);
+    assert!(d.violations.is_empty(), "{:?}", d.violations);
+}
+
+#[test]
+fn legacy_device_without_features_works_too() {
+    let mut pages = FakePages::new(RAM, 64);
+    let (t, dev) = device(
+        features::STATS_VQ | features::DEFLATE_ON_OOM,
+        Mode::Good,
+        &pages,
+    );
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 64]).unwrap();
+    assert_eq!(dev.borrow().driver_features, 0);
+    assert_eq!(dev.borrow().queues_set, BTreeSet::from([0, 1]));
+    dev.borrow_mut().num_pages = 10;
+    assert_eq!(balloon.poll(&mut pages).unwrap().inflated, 10);
+    dev.borrow_mut().num_pages = 0;
+    assert_eq!(balloon.poll(&mut pages).unwrap().deflated, 10);
+    assert_eq!(pages.len(), 64);
+}
+
+#[test]
+fn stops_when_the_page_source_runs_dry() {
+    let mut pages = FakePages::new(RAM, 10);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 100]).unwrap();
+    dev.borrow_mut().num_pages = 100;
+    let p = balloon.poll(&mut pages).unwrap();
+    assert_eq!((p.inflated, p.actual, p.at_target()), (10, 10, false));
+    let p = balloon.poll(&mut pages).unwrap();
+    assert_eq!((p.moved(), p.actual), (0, 10));
+    assert_eq!(dev.borrow().requests.len(), 1, "no empty requests");
+}
+
+#[test]
+fn stops_when_the_storage_is_full() {
+    let mut pages = FakePages::new(RAM, 100);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, [0u32; 50]).unwrap();
+    assert_eq!(balloon.capacity(), 50);
+    dev.borrow_mut().num_pages = 80;
+    assert_eq!(balloon.poll(&mut pages).unwrap().inflated, 50);
+    assert_eq!(balloon.poll(&mut pages).unwrap().moved(), 0);
+    assert_eq!(pages.len(), 50);
+}
+
+#[test]
+fn refused_features_fail_cleanly() {
+    let pages = FakePages::new(RAM, 1);
+    let (t, dev) = device(LOTS, Mode::RejectPartialFeatures, &pages);
+    let err = Balloon::<TestHal, _, _>::new(t, vec![0u32; 1])
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::FeaturesRejected { offered: LOTS, .. }));
+    assert_ne!(dev.borrow().status & DeviceStatus::FAILED.bits(), 0);
+}
+
+#[test]
+fn unaligned_page_is_refused_and_everything_given_back() {
+    struct Odd(Vec<u64>, Vec<u64>);
+    impl PageSource for Odd {
+        fn take_page(&mut self) -> Option<u64> {
+            self.0.pop()
+        }
+        fn return_page(&mut self, addr: u64) {
+            self.1.push(addr);
+        }
+    }
+    let pages = FakePages::new(RAM, 1);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 8]).unwrap();
+    dev.borrow_mut().num_pages = 8;
+    let mut odd = Odd(vec![0x4000_0800, 0x4000_2000, 0x4000_1000], vec![]);
+    assert_eq!(balloon.poll(&mut odd), Err(Error::BadPage(0x4000_0800)));
+    odd.1.sort();
+    assert_eq!(odd.1, [0x4000_0800, 0x4000_1000, 0x4000_2000]);
+    assert!(dev.borrow().requests.is_empty());
+    assert_eq!(balloon.actual_pages(), 0);
+}
+
+#[test]
+fn device_needing_reset_is_reset_and_pages_are_held_back() {
+    let mut pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::NeedsReset, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 16]).unwrap();
+    dev.borrow_mut().num_pages = 4;
+    assert_eq!(balloon.poll(&mut pages), Err(Error::DeviceNeedsReset));
+    assert_eq!(dev.borrow().status, 0, "device reset");
+    assert_eq!(balloon.stranded_pages(), 4);
+    assert_eq!(pages.len(), 12);
+    assert_eq!(balloon.poll(&mut pages), Err(Error::Broken));
+}
+
+#[test]
+fn silent_device_times_out_when_asked_to() {
+    let mut pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Silent, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 16]).unwrap();
+    balloon.set_wait_limit(Some(10_000));
+    dev.borrow_mut().num_pages = 4;
+    assert_eq!(balloon.poll(&mut pages), Err(Error::Timeout));
+    assert_eq!(dev.borrow().status, 0);
+    assert_eq!(dev.borrow().notifies, 1);
+}

@@ -1,0 +1,244 @@
+//! `rust_main`: start-up, then the mode chosen by /chosen/bootargs.
+
+use crate::arch::{self, counter, counter_hz};
+use crate::board::Board;
+use crate::hal::GuestHal;
+use crate::pool::{Pool, Verdict};
+use core::ptr::NonNull;
+use guest_driver::virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
+use guest_driver::{Balloon, Error, Progress};
+
+/// virtio-mmio MagicValue ("virt").
+const VIRTIO_MAGIC: u32 = 0x7472_6976;
+/// virtio device ID of the memory balloon.
+const BALLOON_ID: u32 = 5;
+/// The address the `wild` mode reads: below RAM, not a device of the board.
+const WILD_IPA: usize = 0x3000_0000;
+/// Beyond the 39-bit VA range of the boot page table.
+const FAULT_VA: usize = 0x80_0000_0000;
+/// Seconds between heartbeat lines.
+const HEARTBEAT_S: u64 = 2;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Pattern,
+    Wild,
+    Hostile,
+    Fault,
+}
+
+#[no_mangle]
+extern "C" fn rust_main(dtb: u64) -> ! {
+    let boot = counter();
+    // Booted as an ELF, QEMU passes x0 = 0 and puts the tree at the RAM base.
+    let dtb = if dtb == 0 { 0x4000_0000 } else { dtb };
+    // SAFETY: x0 at entry is the device tree's address (the boot contract),
+    // and the tree is kept out of the page pool (Board::reserved).
+    let board = match unsafe { Board::parse(dtb) } {
+        Ok(board) => board,
+        Err(e) => {
+            println!("cannot read the device tree at 0x{dtb:x}: {e}");
+            arch::system_off();
+        }
+    };
+    if let Some(uart) = board.uart {
+        crate::console::init(uart as usize);
+    }
+    arch::map_ram(board.ram.start, board.ram.end);
+    let bootargs = board.bootargs();
+    let mode = match bootargs.split_whitespace().next().unwrap_or("pattern") {
+        "wild" => Mode::Wild,
+        "hostile" => Mode::Hostile,
+        "fault" => Mode::Fault,
+        "pattern" => Mode::Pattern,
+        other => {
+            println!("unknown bootargs \"{other}\": running \"pattern\"");
+            Mode::Pattern
+        }
+    };
+    println!(
+        "booting: dtb 0x{:x}, bootargs \"{}\", RAM 0x{:x}..0x{:x}, counter {} Hz",
+        dtb,
+        bootargs,
+        board.ram.start,
+        board.ram.end,
+        counter_hz()
+    );
+
+    let (mut pool, carved) = Pool::new(&board, mode != Mode::Hostile);
+    println!(
+        "up, RAM {} MiB, {} pages in the pool",
+        (board.ram.end - board.ram.start) >> 20,
+        pool.len()
+    );
+
+    let balloon_slot = find_balloon(&board);
+    match mode {
+        Mode::Hostile => match balloon_slot {
+            Some(slot) => crate::hostile::run(slot, &board, &mut pool),
+            None => println!("hostile: no balloon device"),
+        },
+        Mode::Wild => wild(),
+        Mode::Fault => fault(),
+        Mode::Pattern => {}
+    }
+    if mode == Mode::Hostile {
+        println!("hostile: done");
+        arch::system_off();
+    }
+
+    let mut balloon = balloon_slot.and_then(|(base, size)| {
+        let header = NonNull::new(base as *mut VirtIOHeader)?;
+        // SAFETY: a virtio-mmio slot from the device tree, mapped as device
+        // memory, used by nothing else in this guest.
+        let transport = match unsafe { MmioTransport::new(header, size as usize) } {
+            Ok(t) => t,
+            Err(e) => {
+                println!("balloon at 0x{base:x}: {e}");
+                return None;
+            }
+        };
+        match Balloon::<GuestHal, _, _>::new(transport, carved.balloon_storage) {
+            Ok(b) => {
+                println!(
+                    "balloon at 0x{:x}: features 0x{:x}, room for {} pages",
+                    base,
+                    b.features(),
+                    pool.len()
+                );
+                Some(b)
+            }
+            Err(e) => {
+                println!("balloon at 0x{base:x}: {e}");
+                None
+            }
+        }
+    });
+    if balloon.is_none() {
+        println!("no usable balloon: only the heartbeat runs");
+    }
+
+    let hz = counter_hz();
+    let mut next_beat = boot + HEARTBEAT_S * hz;
+    let mut stalled_at: Option<(u32, u32)> = None;
+    loop {
+        let now = counter();
+        if now >= next_beat {
+            println!("alive {}s", (now - boot) / hz);
+            while next_beat <= now {
+                next_beat += HEARTBEAT_S * hz;
+            }
+        }
+        let Some(b) = balloon.as_mut() else {
+            arch::delay_us(10_000);
+            continue;
+        };
+        match b.poll(&mut pool) {
+            Ok(p) if p.moved() > 0 => {
+                stalled_at = None;
+                if p.at_target() {
+                    report(&p, &mut pool);
+                }
+            }
+            Ok(p) => {
+                if !p.at_target() && stalled_at != Some((p.target, p.actual)) {
+                    println!(
+                        "balloon stalled target={} actual={} pages ({} pages left in the pool)",
+                        p.target,
+                        p.actual,
+                        pool.len()
+                    );
+                    stalled_at = Some((p.target, p.actual));
+                }
+                arch::delay_us(10_000);
+            }
+            Err(e) => {
+                println!("balloon error: {e}");
+                if e == Error::Broken || b.poll(&mut pool) == Err(Error::Broken) {
+                    balloon = None;
+                }
+            }
+        }
+    }
+}
+
+/// After the balloon reached its target: the summary, the pattern check, and
+/// the check of deflated pages.
+fn report(p: &Progress, pool: &mut Pool) {
+    println!("balloon target={} actual={} pages", p.target, p.actual);
+    match pool.verify() {
+        Verdict::Ok { pages } => println!("pattern ok ({pages} pages)"),
+        Verdict::Mismatch {
+            addr,
+            expected,
+            found,
+        } => {
+            println!("PATTERN MISMATCH at 0x{addr:x} (expected 0x{expected:x}, found 0x{found:x})")
+        }
+        Verdict::ChecksumMismatch { expected, found } => {
+            println!("PATTERN MISMATCH at 0x0 (checksum 0x{found:x}, expected 0x{expected:x})")
+        }
+    }
+    let (deflated, nonzero) = pool.take_deflate_report();
+    if deflated > 0 {
+        match nonzero {
+            None => println!("deflated pages read zero"),
+            Some(addr) => println!("DEFLATED PAGE NOT ZERO at 0x{addr:x}"),
+        }
+    }
+    pool.next_generation();
+}
+
+/// The first virtio-mmio slot whose device is a balloon. Slots are listed in
+/// device-tree order; QEMU gives the first `-device` the highest slot, so all
+/// of them are scanned.
+fn find_balloon(board: &Board) -> Option<(u64, u64)> {
+    let mut found = None;
+    for &(base, size) in board.virtio_slots() {
+        // SAFETY: a virtio-mmio slot from the device tree, mapped as device
+        // memory; reading the identification registers has no side effects.
+        let (magic, version, id) = unsafe {
+            (
+                arch::mmio_read32(base as usize),
+                arch::mmio_read32(base as usize + 4),
+                arch::mmio_read32(base as usize + 8),
+            )
+        };
+        if magic != VIRTIO_MAGIC || id == 0 {
+            continue;
+        }
+        println!("virtio-mmio 0x{base:x}: device {id}, version {version}");
+        if id == BALLOON_ID && found.is_none() {
+            found = Some((base, size));
+        }
+    }
+    if found.is_none() {
+        println!(
+            "no virtio balloon (device 5) among {} virtio-mmio slots",
+            board.virtio_slots().len()
+        );
+    }
+    found
+}
+
+/// Reads a virtual address the guest's own page table does not map: the
+/// guest's vector table reports the translation fault and powers off.
+fn fault() -> ! {
+    println!("reading unmapped VA 0x{FAULT_VA:x}");
+    // SAFETY: deliberately faults; the exception handler never returns.
+    let value = unsafe { (FAULT_VA as *const u64).read_volatile() };
+    println!("read 0x{value:x}: no fault?");
+    arch::system_off()
+}
+
+/// Reads an IPA outside RAM and outside every device: the hypervisor must
+/// stop the VM. Under plain QEMU (PCIe window there) the read just returns.
+fn wild() -> ! {
+    println!("touching IPA 0x{WILD_IPA:x} outside RAM");
+    // SAFETY: deliberately an address no device or RAM backs; it is mapped as
+    // device memory, so the only possible effect is an external abort or the
+    // hypervisor stopping the VM.
+    let value = unsafe { arch::mmio_read32(WILD_IPA) };
+    println!("wild read returned 0x{value:x}: nobody stopped the VM");
+    arch::system_off()
+}

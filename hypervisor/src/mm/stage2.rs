@@ -1,0 +1,331 @@
+//! Stage-2 translation tables of one VM, as plain data: guest-physical
+//! (IPA) pages to host frames, 4 KiB pages only (so any single page can be
+//! ballooned away), 39-bit IPA space starting at level 1 (VTCR_EL2.T0SZ = 25,
+//! SL0 = 1). Table memory comes from a [`TableMemory`], which on the target
+//! is the frame table plus the identity map and in tests is a plain vector,
+//! so the walker runs on the host unchanged.
+//!
+//! This module changes descriptors only; the caller invalidates the TLB for
+//! the VM's VMID once per batch of unmaps (see `arch::aarch64::stage2`).
+
+/// IPA bits covered (T0SZ = 64 - 39).
+pub const IPA_BITS: u32 = 39;
+pub const IPA_LIMIT: u64 = 1 << IPA_BITS;
+const PAGE: u64 = 4096;
+
+const VALID: u64 = 1 << 0;
+const TABLE_OR_PAGE: u64 = 1 << 1;
+/// MemAttr = 0b1111: normal, inner and outer write-back cacheable.
+const MEMATTR_NORMAL_WB: u64 = 0b1111 << 2;
+/// S2AP = 0b11: read and write.
+const S2AP_RW: u64 = 0b11 << 6;
+const SH_INNER: u64 = 0b11 << 8;
+const AF: u64 = 1 << 10;
+const ADDR_MASK: u64 = 0x0000_ffff_ffff_f000;
+
+/// A leaf descriptor mapping guest RAM at `pa`.
+pub const fn ram_page(pa: u64) -> u64 {
+    (pa & ADDR_MASK) | AF | SH_INNER | S2AP_RW | MEMATTR_NORMAL_WB | TABLE_OR_PAGE | VALID
+}
+
+/// Where translation tables live.
+pub trait TableMemory {
+    /// A zeroed 4 KiB table; its physical address.
+    fn alloc_table(&mut self) -> Option<u64>;
+    fn free_table(&mut self, pa: u64);
+    /// The table at `pa` (returned by `alloc_table`).
+    fn table(&mut self, pa: u64) -> &mut [u64; 512];
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage2Error {
+    /// The IPA is not page aligned or beyond the IPA space.
+    BadIpa(u64),
+    /// No memory for a translation table.
+    OutOfTables,
+    /// The IPA is already mapped (to the frame given).
+    AlreadyMapped { ipa: u64, pa: u64 },
+}
+
+impl core::fmt::Display for Stage2Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Stage2Error::BadIpa(ipa) => {
+                write!(f, "IPA {ipa:#x} is unaligned or beyond {IPA_BITS} bits")
+            }
+            Stage2Error::OutOfTables => write!(f, "no free frame for a stage-2 table"),
+            Stage2Error::AlreadyMapped { ipa, pa } => {
+                write!(f, "IPA {ipa:#x} is already mapped to {pa:#x}")
+            }
+        }
+    }
+}
+
+/// One VM's stage-2 tables.
+pub struct Stage2 {
+    root: u64,
+    mapped: u64,
+    tables: u64,
+}
+
+fn index(ipa: u64, level: u32) -> usize {
+    ((ipa >> (12 + 9 * (3 - level))) & 511) as usize
+}
+
+impl Stage2 {
+    pub fn new(mem: &mut impl TableMemory) -> Result<Self, Stage2Error> {
+        let root = mem.alloc_table().ok_or(Stage2Error::OutOfTables)?;
+        Ok(Self {
+            root,
+            mapped: 0,
+            tables: 1,
+        })
+    }
+
+    /// Physical address of the root table, for VTTBR_EL2.
+    pub fn root(&self) -> u64 {
+        self.root
+    }
+
+    /// Pages mapped now.
+    pub fn mapped_pages(&self) -> u64 {
+        self.mapped
+    }
+
+    /// Tables in use, the root included.
+    pub fn tables(&self) -> u64 {
+        self.tables
+    }
+
+    fn check(ipa: u64) -> Result<(), Stage2Error> {
+        if ipa % PAGE != 0 || ipa >= IPA_LIMIT {
+            return Err(Stage2Error::BadIpa(ipa));
+        }
+        Ok(())
+    }
+
+    /// The level-3 table covering `ipa`, creating the path if `create`.
+    fn leaf_table(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: u64,
+        create: bool,
+    ) -> Result<Option<u64>, Stage2Error> {
+        let mut table = self.root;
+        for level in 1..3 {
+            let i = index(ipa, level);
+            let entry = mem.table(table)[i];
+            table = if entry & VALID != 0 {
+                entry & ADDR_MASK
+            } else if create {
+                let new = mem.alloc_table().ok_or(Stage2Error::OutOfTables)?;
+                self.tables += 1;
+                mem.table(table)[i] = new | TABLE_OR_PAGE | VALID;
+                new
+            } else {
+                return Ok(None);
+            };
+        }
+        Ok(Some(table))
+    }
+
+    /// Map the page at `ipa` to the frame at `pa` as guest RAM.
+    pub fn map(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: u64,
+        pa: u64,
+    ) -> Result<(), Stage2Error> {
+        Self::check(ipa)?;
+        let table = self
+            .leaf_table(mem, ipa, true)?
+            .ok_or(Stage2Error::OutOfTables)?;
+        let slot = &mut mem.table(table)[index(ipa, 3)];
+        if *slot & VALID != 0 {
+            return Err(Stage2Error::AlreadyMapped {
+                ipa,
+                pa: *slot & ADDR_MASK,
+            });
+        }
+        *slot = ram_page(pa);
+        self.mapped += 1;
+        Ok(())
+    }
+
+    /// Unmap the page at `ipa`; the frame it mapped, if any. The caller
+    /// invalidates the TLB before the frame is reused.
+    pub fn unmap(&mut self, mem: &mut impl TableMemory, ipa: u64) -> Option<u64> {
+        Self::check(ipa).ok()?;
+        let table = self.leaf_table(mem, ipa, false).ok()??;
+        let slot = &mut mem.table(table)[index(ipa, 3)];
+        if *slot & VALID == 0 {
+            return None;
+        }
+        let pa = *slot & ADDR_MASK;
+        *slot = 0;
+        self.mapped -= 1;
+        Some(pa)
+    }
+
+    /// The frame `ipa` maps to, if any.
+    pub fn lookup(&mut self, mem: &mut impl TableMemory, ipa: u64) -> Option<u64> {
+        if ipa >= IPA_LIMIT {
+            return None;
+        }
+        let table = self.leaf_table(mem, ipa & !(PAGE - 1), false).ok()??;
+        let entry = mem.table(table)[index(ipa, 3)];
+        (entry & VALID != 0).then_some((entry & ADDR_MASK) | (ipa & (PAGE - 1)))
+    }
+
+    /// Call `f(ipa, pa)` for every mapped page, in IPA order.
+    pub fn for_each_mapped(&self, mem: &mut impl TableMemory, mut f: impl FnMut(u64, u64)) {
+        for i1 in 0..512u64 {
+            let e1 = mem.table(self.root)[i1 as usize];
+            if e1 & VALID == 0 {
+                continue;
+            }
+            for i2 in 0..512u64 {
+                let e2 = mem.table(e1 & ADDR_MASK)[i2 as usize];
+                if e2 & VALID == 0 {
+                    continue;
+                }
+                for i3 in 0..512u64 {
+                    let e3 = mem.table(e2 & ADDR_MASK)[i3 as usize];
+                    if e3 & VALID != 0 {
+                        f((i1 << 30) | (i2 << 21) | (i3 << 12), e3 & ADDR_MASK);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Unmap everything, give every table back, and call `frame(pa)` for each
+    /// frame that was mapped (the caller frees them after a TLB flush).
+    pub fn destroy(self, mem: &mut impl TableMemory, mut frame: impl FnMut(u64)) {
+        for i1 in 0..512 {
+            let e1 = mem.table(self.root)[i1];
+            if e1 & VALID == 0 {
+                continue;
+            }
+            for i2 in 0..512 {
+                let e2 = mem.table(e1 & ADDR_MASK)[i2];
+                if e2 & VALID == 0 {
+                    continue;
+                }
+                for i3 in 0..512 {
+                    let e3 = mem.table(e2 & ADDR_MASK)[i3];
+                    if e3 & VALID != 0 {
+                        frame(e3 & ADDR_MASK);
+                    }
+                }
+                mem.free_table(e2 & ADDR_MASK);
+            }
+            mem.free_table(e1 & ADDR_MASK);
+        }
+        mem.free_table(self.root);
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Tables in a map keyed by fake physical addresses.
+    #[derive(Default)]
+    pub struct FakeTables {
+        pub tables: BTreeMap<u64, Box<[u64; 512]>>,
+        pub next: u64,
+        pub limit: Option<usize>,
+    }
+
+    impl TableMemory for FakeTables {
+        fn alloc_table(&mut self) -> Option<u64> {
+            if self.limit.is_some_and(|l| self.tables.len() >= l) {
+                return None;
+            }
+            self.next += 4096;
+            let pa = 0x1_0000_0000 + self.next;
+            self.tables.insert(pa, Box::new([0; 512]));
+            Some(pa)
+        }
+        fn free_table(&mut self, pa: u64) {
+            assert!(
+                self.tables.remove(&pa).is_some(),
+                "double free of table {pa:#x}"
+            );
+        }
+        fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+            self.tables.get_mut(&pa).expect("not a table")
+        }
+    }
+
+    #[test]
+    fn map_lookup_unmap_destroy() {
+        let mut mem = FakeTables::default();
+        let mut s2 = Stage2::new(&mut mem).unwrap();
+        let ram = 0x4000_0000;
+        for i in 0..1024 {
+            s2.map(&mut mem, ram + i * PAGE, 0x8000_0000 + i * PAGE)
+                .unwrap();
+        }
+        assert_eq!(s2.mapped_pages(), 1024);
+        assert_eq!(s2.tables(), 1 + 1 + 2, "root, one level-2, two level-3");
+        assert_eq!(
+            s2.lookup(&mut mem, ram + 5 * PAGE + 12),
+            Some(0x8000_5000 + 12)
+        );
+        assert_eq!(
+            s2.map(&mut mem, ram, 0x9000_0000),
+            Err(Stage2Error::AlreadyMapped {
+                ipa: ram,
+                pa: 0x8000_0000
+            })
+        );
+        assert_eq!(s2.unmap(&mut mem, ram + 5 * PAGE), Some(0x8000_5000));
+        assert_eq!(s2.unmap(&mut mem, ram + 5 * PAGE), None);
+        assert_eq!(s2.lookup(&mut mem, ram + 5 * PAGE), None);
+        assert_eq!(s2.lookup(&mut mem, 0x0900_0000), None);
+        let mut seen = Vec::new();
+        s2.for_each_mapped(&mut mem, |ipa, pa| seen.push((ipa, pa)));
+        assert_eq!(seen.len(), 1023);
+        assert!(seen.iter().all(|&(ipa, pa)| pa - 0x8000_0000 == ipa - ram));
+        let mut frames = 0;
+        s2.destroy(&mut mem, |_| frames += 1);
+        assert_eq!(frames, 1023);
+        assert!(mem.tables.is_empty(), "every table returned");
+    }
+
+    #[test]
+    fn bad_input_and_exhaustion() {
+        let mut mem = FakeTables {
+            limit: Some(2),
+            ..Default::default()
+        };
+        let mut s2 = Stage2::new(&mut mem).unwrap();
+        assert_eq!(
+            s2.map(&mut mem, 0x4000_0001, 0),
+            Err(Stage2Error::BadIpa(0x4000_0001))
+        );
+        assert_eq!(
+            s2.map(&mut mem, IPA_LIMIT, 0),
+            Err(Stage2Error::BadIpa(IPA_LIMIT))
+        );
+        assert_eq!(
+            s2.map(&mut mem, 0x4000_0000, 0x1000),
+            Err(Stage2Error::OutOfTables)
+        );
+        assert_eq!(s2.unmap(&mut mem, u64::MAX & !0xfff), None);
+        assert_eq!(s2.lookup(&mut mem, u64::MAX), None);
+    }
+
+    #[test]
+    fn descriptor_bits() {
+        let d = ram_page(0x1234_5000);
+        assert_eq!(d & ADDR_MASK, 0x1234_5000);
+        assert_eq!(d & 0b11, 0b11, "valid page");
+        assert_eq!((d >> 2) & 0xf, 0xf, "normal write-back");
+        assert_eq!((d >> 6) & 0b11, 0b11, "read-write");
+        assert_ne!(d & AF, 0);
+    }
+}

@@ -1,0 +1,1167 @@
+//! The virtio-mmio transport, version 2 ("modern") only (virtio 1.2 section
+//! 4.2.2), device side.
+//!
+//! This module owns the register window of one device: decoding offsets and
+//! access widths, feature negotiation, the device status state machine, queue
+//! configuration registers, the interrupt status and the config generation.
+//! It hands config-space accesses to the device uninterpreted and hands queue
+//! notifications to [`VirtioDevice::notify`].
+//!
+//! Rules it enforces, all against untrusted guest values:
+//!
+//! - registers below 0x100 take aligned 32-bit accesses only; the config space
+//!   (0x100..0x200) takes aligned 1-, 2- and 4-byte accesses; anything else is
+//!   an [`MmioError`] for the hypervisor to turn into an abort (or ignore);
+//! - the driver may accept only offered features and must accept
+//!   VIRTIO_F_VERSION_1; otherwise FEATURES_OK does not stick (the driver
+//!   reads the status back and gives up, as the spec prescribes);
+//! - queue registers of a ready queue, driver features after FEATURES_OK and
+//!   attempts to clear status bits (other than by writing 0) are ignored and
+//!   counted;
+//! - a guest error found by the transport (bad queue configuration,
+//!   DRIVER_OK without FEATURES_OK) or by the device sets DEVICE_NEEDS_RESET,
+//!   raises the config-change interrupt if DRIVER_OK was set, and stops all
+//!   processing until the driver writes 0 to Status. The write returns
+//!   [`TransportEvent::NeedsReset`] naming the device and the reason.
+//!
+//! Notifications that arrive before DRIVER_OK are remembered and processed
+//! when DRIVER_OK is set (Linux may kick a queue it primed during probe).
+//!
+//! Interrupts are not delivered by this module: the line level is
+//! [`MmioTransport::interrupt_pending`], which the owner checks after every
+//! write and after [`MmioTransport::config_changed`].
+
+extern crate alloc;
+
+use alloc::vec::Vec;
+use core::fmt;
+
+use super::queue::{Area, Virtqueue};
+use super::{
+    DeviceError, DeviceErrorKind, GuestMemory, QueueId, VirtioDevice, VirtioDeviceIo,
+    VIRTIO_F_VERSION_1,
+};
+
+// Register offsets (virtio 1.2 table 4.1).
+pub const MAGIC_VALUE: u64 = 0x000;
+pub const VERSION: u64 = 0x004;
+pub const DEVICE_ID: u64 = 0x008;
+pub const VENDOR_ID: u64 = 0x00c;
+pub const DEVICE_FEATURES: u64 = 0x010;
+pub const DEVICE_FEATURES_SEL: u64 = 0x014;
+pub const DRIVER_FEATURES: u64 = 0x020;
+pub const DRIVER_FEATURES_SEL: u64 = 0x024;
+pub const QUEUE_SEL: u64 = 0x030;
+pub const QUEUE_NUM_MAX: u64 = 0x034;
+pub const QUEUE_NUM: u64 = 0x038;
+pub const QUEUE_READY: u64 = 0x044;
+pub const QUEUE_NOTIFY: u64 = 0x050;
+pub const INTERRUPT_STATUS: u64 = 0x060;
+pub const INTERRUPT_ACK: u64 = 0x064;
+pub const STATUS: u64 = 0x070;
+pub const QUEUE_DESC_LOW: u64 = 0x080;
+pub const QUEUE_DESC_HIGH: u64 = 0x084;
+pub const QUEUE_DRIVER_LOW: u64 = 0x090;
+pub const QUEUE_DRIVER_HIGH: u64 = 0x094;
+pub const QUEUE_DEVICE_LOW: u64 = 0x0a0;
+pub const QUEUE_DEVICE_HIGH: u64 = 0x0a4;
+pub const SHM_SEL: u64 = 0x0ac;
+pub const SHM_LEN_LOW: u64 = 0x0b0;
+pub const SHM_LEN_HIGH: u64 = 0x0b4;
+pub const SHM_BASE_LOW: u64 = 0x0b8;
+pub const SHM_BASE_HIGH: u64 = 0x0bc;
+pub const CONFIG_GENERATION: u64 = 0x0fc;
+/// Start of the device config space.
+pub const CONFIG: u64 = 0x100;
+/// Size of one device's register window (the guest board spaces devices 0x200 apart).
+pub const WINDOW_SIZE: u64 = 0x200;
+
+/// "virt" in little-endian ASCII.
+pub const MAGIC: u32 = 0x7472_6976;
+/// "TIDL" in little-endian ASCII.
+pub const VENDOR: u32 = 0x4c44_4954;
+
+// Device status bits (virtio 1.2 section 2.1).
+pub const STATUS_ACKNOWLEDGE: u32 = 1;
+pub const STATUS_DRIVER: u32 = 2;
+pub const STATUS_DRIVER_OK: u32 = 4;
+pub const STATUS_FEATURES_OK: u32 = 8;
+pub const STATUS_DEVICE_NEEDS_RESET: u32 = 0x40;
+pub const STATUS_FAILED: u32 = 0x80;
+/// The status bits a driver may set.
+const DRIVER_STATUS_BITS: u32 =
+    STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_DRIVER_OK | STATUS_FEATURES_OK | STATUS_FAILED;
+
+/// InterruptStatus: a queue has new used buffers.
+pub const INT_USED_BUFFER: u32 = 1;
+/// InterruptStatus: the device configuration (or status) changed.
+pub const INT_CONFIG_CHANGE: u32 = 2;
+
+/// Device-specific feature bits (0..=23 and 50..=63): whatever a device
+/// offers there is passed on. Of the reserved transport range only
+/// VERSION_1 is implemented here (no indirect descriptors, event index,
+/// packed rings, notification data, queue reset, ...).
+const DEVICE_FEATURE_MASK: u64 = 0x00ff_ffff | (!0u64 << 50);
+
+/// An access the register window does not accept. The hypervisor decides
+/// what the guest sees (an injected abort, or the access ignored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmioError {
+    /// Width is not 1, 2 or 4 bytes.
+    BadWidth { offset: u64, width: u8 },
+    /// A config-space access not aligned to its width, or crossing the end of
+    /// the window.
+    Unaligned { offset: u64, width: u8 },
+    /// A register below 0x100 accessed other than as an aligned 32-bit word.
+    NotWord { offset: u64, width: u8 },
+    /// No register at this offset.
+    Unknown { offset: u64 },
+    /// Write to a read-only register.
+    ReadOnly { offset: u64, register: &'static str },
+    /// Read of a write-only register.
+    WriteOnly { offset: u64, register: &'static str },
+}
+
+impl fmt::Display for MmioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            MmioError::BadWidth { offset, width } => write!(
+                f,
+                "{width}-byte access at offset {:#x}: virtio-mmio takes 1-, 2- or 4-byte accesses",
+                offset
+            ),
+            MmioError::Unaligned { offset, width } => {
+                write!(f, "{width}-byte config access at offset {offset:#x} is not aligned to its width")
+            }
+            MmioError::NotWord { offset, width } => write!(
+                f,
+                "{width}-byte access at offset {offset:#x}: registers below 0x100 take aligned 32-bit accesses only"
+            ),
+            MmioError::Unknown { offset } => write!(f, "no virtio-mmio register at offset {offset:#x}"),
+            MmioError::ReadOnly { offset, register } => {
+                write!(f, "write to read-only register {register} (offset {offset:#x})")
+            }
+            MmioError::WriteOnly { offset, register } => {
+                write!(f, "read of write-only register {register} (offset {offset:#x})")
+            }
+        }
+    }
+}
+
+/// What a register write caused, for the owner to act on or print. The
+/// interrupt line level is always [`MmioTransport::interrupt_pending`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportEvent {
+    /// Nothing the owner needs to know.
+    None,
+    /// Used buffers were returned: InterruptStatus bit 0 is set.
+    Interrupt,
+    /// The driver set DRIVER_OK with these features.
+    Activated { features: u64 },
+    /// The driver reset the device (wrote 0 to Status).
+    Reset,
+    /// A guest error: the device now shows DEVICE_NEEDS_RESET and does
+    /// nothing until reset.
+    NeedsReset {
+        device: &'static str,
+        error: DeviceError,
+    },
+}
+
+impl TransportEvent {
+    /// The event, if it is worth a console line (reset, activation, needs
+    /// reset); `None` for the frequent ones (nothing, used buffers).
+    pub fn message(&self) -> Option<&Self> {
+        match self {
+            TransportEvent::None | TransportEvent::Interrupt => None,
+            _ => Some(self),
+        }
+    }
+}
+
+impl fmt::Display for TransportEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportEvent::None => f.write_str("no event"),
+            TransportEvent::Interrupt => f.write_str("used buffers returned"),
+            TransportEvent::Activated { features } => {
+                write!(f, "driver ready, features {features:#x}")
+            }
+            TransportEvent::Reset => f.write_str("reset by the driver"),
+            TransportEvent::NeedsReset { device, error } => {
+                write!(f, "{device} needs reset: {error}")
+            }
+        }
+    }
+}
+
+/// Transport counters, for the shell and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// QueueNotify writes.
+    pub notifications: u64,
+    /// Notifications not acted on: unknown or not-ready queue, device stopped
+    /// (NEEDS_RESET or FAILED).
+    pub notifications_ignored: u64,
+    /// Guest errors that set DEVICE_NEEDS_RESET.
+    pub device_errors: u64,
+    /// Resets by the driver.
+    pub resets: u64,
+    /// Accesses refused with an [`MmioError`].
+    pub bad_accesses: u64,
+    /// Writes ignored (queue registers of a ready queue, features after
+    /// FEATURES_OK, clearing status bits, unknown QueueReady values).
+    pub ignored_writes: u64,
+    /// FEATURES_OK refused because the driver accepted un-offered features or
+    /// not VERSION_1.
+    pub features_refused: u64,
+    /// Times a new InterruptStatus bit was set.
+    pub interrupts: u64,
+}
+
+/// One virtio-mmio device: the register window and the device model behind it.
+pub struct MmioTransport<D: VirtioDevice> {
+    device: D,
+    /// Features offered: the device's, filtered (see [`DEVICE_FEATURE_MASK`]).
+    offered: u64,
+    queues: Vec<Virtqueue>,
+    /// Notifications received before DRIVER_OK, per queue.
+    pending: Vec<bool>,
+    status: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    /// The driver wrote a nonzero word for features 64 and up (never offered).
+    driver_features_beyond_64: bool,
+    queue_sel: u32,
+    interrupt_status: u32,
+    config_generation: u32,
+    stats: TransportStats,
+    last_error: Option<DeviceError>,
+}
+
+impl<D: VirtioDevice> MmioTransport<D> {
+    /// Put `device` behind a register window, in the reset state.
+    pub fn new(device: D) -> Self {
+        let offered = (device.device_features() & DEVICE_FEATURE_MASK) | VIRTIO_F_VERSION_1;
+        let queues = (0..device.queue_count())
+            .map(|q| Virtqueue::new(device.queue_max_size(q)))
+            .collect();
+        let pending = alloc::vec![false; device.queue_count()];
+        MmioTransport {
+            device,
+            offered,
+            queues,
+            pending,
+            status: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            driver_features_beyond_64: false,
+            queue_sel: 0,
+            interrupt_status: 0,
+            config_generation: 0,
+            stats: TransportStats::default(),
+            last_error: None,
+        }
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The device, for its owner (e.g. to change config, then call
+    /// [`config_changed`](Self::config_changed)).
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
+    pub fn queues(&self) -> &[Virtqueue] {
+        &self.queues
+    }
+
+    /// Features offered to the driver.
+    pub fn offered_features(&self) -> u64 {
+        self.offered
+    }
+
+    /// Features negotiated: the driver's, once FEATURES_OK was accepted; 0 before.
+    pub fn negotiated_features(&self) -> u64 {
+        if self.status & STATUS_FEATURES_OK != 0 {
+            self.driver_features
+        } else {
+            0
+        }
+    }
+
+    pub fn status(&self) -> u32 {
+        self.status
+    }
+
+    pub fn needs_reset(&self) -> bool {
+        self.status & STATUS_DEVICE_NEEDS_RESET != 0
+    }
+
+    pub fn interrupt_status(&self) -> u32 {
+        self.interrupt_status
+    }
+
+    /// The level of the device's interrupt line.
+    pub fn interrupt_pending(&self) -> bool {
+        self.interrupt_status != 0
+    }
+
+    pub fn config_generation(&self) -> u32 {
+        self.config_generation
+    }
+
+    pub fn stats(&self) -> &TransportStats {
+        &self.stats
+    }
+
+    /// The error that set DEVICE_NEEDS_RESET most recently (kept across
+    /// resets, for the shell).
+    pub fn last_error(&self) -> Option<&DeviceError> {
+        self.last_error.as_ref()
+    }
+
+    /// The device owner changed device config: bump ConfigGeneration so the
+    /// driver rereads consistently, and raise the config-change interrupt if
+    /// the driver is live. Returns whether the interrupt was raised. Before
+    /// DRIVER_OK no interrupt is sent (the driver reads the config when it
+    /// starts anyway).
+    pub fn config_changed(&mut self) -> bool {
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if self.status & STATUS_DRIVER_OK != 0 && !self.needs_reset() {
+            self.raise(INT_CONFIG_CHANGE);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn raise(&mut self, bit: u32) {
+        if self.interrupt_status & bit == 0 {
+            self.stats.interrupts += 1;
+        }
+        self.interrupt_status |= bit;
+    }
+
+    fn selected_queue(&mut self) -> Option<&mut Virtqueue> {
+        let sel = usize::try_from(self.queue_sel).ok()?;
+        self.queues.get_mut(sel)
+    }
+
+    /// The device is stopped: NEEDS_RESET, or the driver gave up (FAILED).
+    fn stopped(&self) -> bool {
+        self.status & (STATUS_DEVICE_NEEDS_RESET | STATUS_FAILED) != 0
+    }
+
+    /// A guest read of `width` bytes at `offset` in the window.
+    pub fn read(&mut self, offset: u64, width: u8) -> Result<u32, MmioError> {
+        let r = self.read_inner(offset, width);
+        if r.is_err() {
+            self.stats.bad_accesses += 1;
+        }
+        r
+    }
+
+    fn read_inner(&mut self, offset: u64, width: u8) -> Result<u32, MmioError> {
+        if offset >= CONFIG {
+            let rel = check_config_access(offset, width)?;
+            let mut buf = [0u8; 4];
+            let n = usize::from(width);
+            self.device.config_read(rel, &mut buf[..n]);
+            return Ok(u32::from_le_bytes(buf));
+        }
+        check_register_access(offset, width)?;
+        Ok(match offset {
+            MAGIC_VALUE => MAGIC,
+            VERSION => 2,
+            DEVICE_ID => self.device.device_id(),
+            VENDOR_ID => VENDOR,
+            DEVICE_FEATURES => match self.device_features_sel {
+                0 => self.offered as u32,
+                1 => (self.offered >> 32) as u32,
+                _ => 0,
+            },
+            // A queue that does not exist has QueueNumMax 0 (spec 4.2.2).
+            QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| u32::from(q.max_size())),
+            QUEUE_READY => self.selected_queue().map_or(0, |q| u32::from(q.ready())),
+            INTERRUPT_STATUS => self.interrupt_status,
+            STATUS => self.status,
+            CONFIG_GENERATION => self.config_generation,
+            // No shared memory regions: length -1 (all ones), base likewise.
+            SHM_LEN_LOW | SHM_LEN_HIGH | SHM_BASE_LOW | SHM_BASE_HIGH => u32::MAX,
+            _ => {
+                return Err(match register_name(offset) {
+                    Some(register) => MmioError::WriteOnly { offset, register },
+                    None => MmioError::Unknown { offset },
+                })
+            }
+        })
+    }
+}
+
+/// Register writes and resets: these may act on the VM through the device's
+/// view `E` of it.
+impl<D: VirtioDevice> MmioTransport<D> {
+    /// A guest write of `width` bytes of `value` at `offset` in the window.
+    /// `env` is the device's view of the VM (guest memory and whatever else
+    /// the device acts on).
+    pub fn write<E: GuestMemory + ?Sized>(
+        &mut self,
+        offset: u64,
+        width: u8,
+        value: u32,
+        env: &mut E,
+    ) -> Result<TransportEvent, MmioError>
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        let r = self.write_inner(offset, width, value, env);
+        if r.is_err() {
+            self.stats.bad_accesses += 1;
+        }
+        r
+    }
+
+    fn write_inner<E: GuestMemory + ?Sized>(
+        &mut self,
+        offset: u64,
+        width: u8,
+        value: u32,
+        env: &mut E,
+    ) -> Result<TransportEvent, MmioError>
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        if offset >= CONFIG {
+            let rel = check_config_access(offset, width)?;
+            let bytes = value.to_le_bytes();
+            self.device.config_write(rel, &bytes[..usize::from(width)]);
+            return Ok(TransportEvent::None);
+        }
+        check_register_access(offset, width)?;
+        match offset {
+            DEVICE_FEATURES_SEL => self.device_features_sel = value,
+            DRIVER_FEATURES => {
+                if self.status & STATUS_FEATURES_OK != 0 {
+                    // Features are fixed once accepted.
+                    self.stats.ignored_writes += 1;
+                } else {
+                    match self.driver_features_sel {
+                        0 => {
+                            self.driver_features =
+                                (self.driver_features & !0xffff_ffff) | u64::from(value)
+                        }
+                        1 => {
+                            self.driver_features =
+                                (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32)
+                        }
+                        _ => self.driver_features_beyond_64 |= value != 0,
+                    }
+                }
+            }
+            DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            QUEUE_SEL => self.queue_sel = value,
+            QUEUE_NUM => self.queue_config(|q| q.set_num(value)),
+            QUEUE_DESC_LOW | QUEUE_DESC_HIGH => self.queue_config(|q| {
+                q.set_area_half(Area::Descriptors, offset == QUEUE_DESC_HIGH, value)
+            }),
+            QUEUE_DRIVER_LOW | QUEUE_DRIVER_HIGH => self
+                .queue_config(|q| q.set_area_half(Area::Avail, offset == QUEUE_DRIVER_HIGH, value)),
+            QUEUE_DEVICE_LOW | QUEUE_DEVICE_HIGH => self
+                .queue_config(|q| q.set_area_half(Area::Used, offset == QUEUE_DEVICE_HIGH, value)),
+            QUEUE_READY => return Ok(self.queue_ready(value, env)),
+            QUEUE_NOTIFY => return Ok(self.notify(value, env)),
+            INTERRUPT_ACK => self.interrupt_status &= !value,
+            STATUS => return Ok(self.write_status(value, env)),
+            // No shared memory regions: the selector has no effect.
+            SHM_SEL => {}
+            _ => {
+                return Err(match register_name(offset) {
+                    Some(register) => MmioError::ReadOnly { offset, register },
+                    None => MmioError::Unknown { offset },
+                })
+            }
+        }
+        Ok(TransportEvent::None)
+    }
+
+    /// Apply a configuration write to the selected queue, unless it does not
+    /// exist or is ready (the spec forbids changing a live queue).
+    fn queue_config(&mut self, f: impl FnOnce(&mut Virtqueue)) {
+        match self.selected_queue() {
+            Some(q) if !q.ready() => f(q),
+            _ => self.stats.ignored_writes += 1,
+        }
+    }
+
+    fn queue_ready<E: GuestMemory + ?Sized>(&mut self, value: u32, env: &mut E) -> TransportEvent
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        let Ok(index) = usize::try_from(self.queue_sel) else {
+            self.stats.ignored_writes += 1;
+            return TransportEvent::None;
+        };
+        let stopped = self.stopped();
+        let Some(q) = self.queues.get_mut(index) else {
+            self.stats.ignored_writes += 1;
+            return TransportEvent::None;
+        };
+        match value {
+            0 => {
+                q.disable();
+                TransportEvent::None
+            }
+            1 if !q.ready() && !stopped => match q.enable(env) {
+                Ok(()) => TransportEvent::None,
+                Err(e) => {
+                    let name = self.device.queue_name(index);
+                    self.fail(DeviceError::from_queue(index, name, e), env)
+                }
+            },
+            _ => {
+                // Already ready, device stopped, or a value the spec does not define.
+                self.stats.ignored_writes += 1;
+                TransportEvent::None
+            }
+        }
+    }
+
+    fn notify<E: GuestMemory + ?Sized>(&mut self, value: u32, env: &mut E) -> TransportEvent
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        self.stats.notifications += 1;
+        // Without VIRTIO_F_NOTIFICATION_DATA the value is the queue index.
+        let index = match usize::try_from(value) {
+            Ok(i) if i < self.queues.len() => i,
+            _ => {
+                self.stats.notifications_ignored += 1;
+                return TransportEvent::None;
+            }
+        };
+        if self.stopped() {
+            self.stats.notifications_ignored += 1;
+            return TransportEvent::None;
+        }
+        if self.status & STATUS_DRIVER_OK == 0 {
+            // Remembered for DRIVER_OK; a legitimate driver may prime a queue
+            // and kick it before the device is live.
+            self.pending[index] = true;
+            return TransportEvent::None;
+        }
+        if !self.queues[index].ready() {
+            self.stats.notifications_ignored += 1;
+            return TransportEvent::None;
+        }
+        self.process(index, env)
+    }
+
+    /// Let the device process `index`, then turn returned buffers into the
+    /// used-buffer interrupt, or an error into NEEDS_RESET.
+    fn process<E: GuestMemory + ?Sized>(&mut self, index: usize, env: &mut E) -> TransportEvent
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        match self.device.notify(index, &mut self.queues, env) {
+            Ok(()) => {
+                if self.collect_used() {
+                    TransportEvent::Interrupt
+                } else {
+                    TransportEvent::None
+                }
+            }
+            Err(e) => self.fail(e, env),
+        }
+    }
+
+    /// Whether any queue returned buffers; sets the interrupt bit if so.
+    fn collect_used(&mut self) -> bool {
+        let mut any = false;
+        for q in &mut self.queues {
+            any |= q.take_used_signal();
+        }
+        if any {
+            self.raise(INT_USED_BUFFER);
+        }
+        any
+    }
+
+    /// A guest error: return the chain it concerned if possible, set
+    /// DEVICE_NEEDS_RESET, tell the driver, stop.
+    fn fail<E: GuestMemory + ?Sized>(&mut self, error: DeviceError, env: &mut E) -> TransportEvent
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        if let (Some(QueueId { index, .. }), Some(head)) = (error.queue, error.head) {
+            if let Some(q) = self.queues.get_mut(index) {
+                // Best effort: a driver that sleeps until this buffer comes
+                // back (Linux's balloon does) is not left hanging. If the used
+                // ring itself is broken there is nothing more to do.
+                let _ = q.push_used(env, head, 0);
+            }
+        }
+        self.collect_used();
+        self.status |= STATUS_DEVICE_NEEDS_RESET;
+        if self.status & STATUS_DRIVER_OK != 0 {
+            // Spec 2.1.2: after setting NEEDS_RESET on a live device, send a
+            // configuration change notification.
+            self.raise(INT_CONFIG_CHANGE);
+        }
+        self.stats.device_errors += 1;
+        self.last_error = Some(error.clone());
+        TransportEvent::NeedsReset {
+            device: self.device.name(),
+            error,
+        }
+    }
+
+    fn write_status<E: GuestMemory + ?Sized>(&mut self, value: u32, env: &mut E) -> TransportEvent
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        if value == 0 {
+            self.reset(env);
+            return TransportEvent::Reset;
+        }
+        let old = self.status;
+        // DEVICE_NEEDS_RESET belongs to the device: the driver's copy of it
+        // (it writes back what it read, plus a bit) is ignored.
+        let wanted = value & DRIVER_STATUS_BITS;
+        if old & DRIVER_STATUS_BITS & !wanted != 0
+            || value & !(DRIVER_STATUS_BITS | STATUS_DEVICE_NEEDS_RESET) != 0
+        {
+            // Clearing bits other than by reset, or undefined bits.
+            self.stats.ignored_writes += 1;
+            return TransportEvent::None;
+        }
+        let new_bits = wanted & !old;
+        let mut status = old | new_bits;
+        if new_bits & STATUS_FEATURES_OK != 0 && !self.features_acceptable() {
+            // Per spec the device leaves FEATURES_OK clear; the driver reads
+            // the status back and fails the probe.
+            status &= !STATUS_FEATURES_OK;
+            self.stats.features_refused += 1;
+        }
+        if new_bits & STATUS_DRIVER_OK != 0 && status & STATUS_FEATURES_OK == 0 {
+            self.status = status & !STATUS_DRIVER_OK;
+            let e = DeviceError::transport(DeviceErrorKind::DriverOkWithoutFeaturesOk {
+                status: value,
+            });
+            return self.fail(e, env);
+        }
+        self.status = status;
+        if new_bits & STATUS_DRIVER_OK != 0 && !self.stopped() {
+            let features = self.driver_features;
+            self.device.activate(features);
+            // Process queues kicked before DRIVER_OK. A used-buffer interrupt
+            // this raises shows in the line level, not in the event.
+            for index in 0..self.queues.len() {
+                if core::mem::take(&mut self.pending[index]) && self.queues[index].ready() {
+                    if let ev @ TransportEvent::NeedsReset { .. } = self.process(index, env) {
+                        return ev;
+                    }
+                }
+            }
+            return TransportEvent::Activated { features };
+        }
+        TransportEvent::None
+    }
+
+    fn features_acceptable(&self) -> bool {
+        self.driver_features & !self.offered == 0
+            && self.driver_features & VIRTIO_F_VERSION_1 != 0
+            && !self.driver_features_beyond_64
+    }
+
+    /// Device reset (the driver wrote 0 to Status): the device undoes its
+    /// effects through `env`, queues and registers go back to their initial
+    /// state. ConfigGeneration keeps counting (a driver only compares it).
+    pub fn reset<E: GuestMemory + ?Sized>(&mut self, env: &mut E)
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        self.device.reset(env);
+        for q in &mut self.queues {
+            q.reset();
+        }
+        self.pending.iter_mut().for_each(|p| *p = false);
+        self.status = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.driver_features = 0;
+        self.driver_features_beyond_64 = false;
+        self.queue_sel = 0;
+        self.interrupt_status = 0;
+        self.stats.resets += 1;
+    }
+}
+
+/// Registers below 0x100: aligned 32-bit accesses only.
+fn check_register_access(offset: u64, width: u8) -> Result<(), MmioError> {
+    if !matches!(width, 1 | 2 | 4) {
+        return Err(MmioError::BadWidth { offset, width });
+    }
+    if width != 4 || !offset.is_multiple_of(4) {
+        return Err(MmioError::NotWord { offset, width });
+    }
+    Ok(())
+}
+
+/// Config space: 1, 2 or 4 bytes, naturally aligned, inside the window.
+/// Returns the offset relative to the config space.
+fn check_config_access(offset: u64, width: u8) -> Result<u64, MmioError> {
+    if !matches!(width, 1 | 2 | 4) {
+        return Err(MmioError::BadWidth { offset, width });
+    }
+    if !offset.is_multiple_of(u64::from(width)) {
+        return Err(MmioError::Unaligned { offset, width });
+    }
+    if offset.saturating_add(u64::from(width)) > WINDOW_SIZE {
+        return Err(MmioError::Unknown { offset });
+    }
+    Ok(offset - CONFIG)
+}
+
+/// Names of the registers with a direction (for read-only/write-only errors).
+fn register_name(offset: u64) -> Option<&'static str> {
+    Some(match offset {
+        MAGIC_VALUE => "MagicValue",
+        VERSION => "Version",
+        DEVICE_ID => "DeviceID",
+        VENDOR_ID => "VendorID",
+        DEVICE_FEATURES => "DeviceFeatures",
+        DEVICE_FEATURES_SEL => "DeviceFeaturesSel",
+        DRIVER_FEATURES => "DriverFeatures",
+        DRIVER_FEATURES_SEL => "DriverFeaturesSel",
+        QUEUE_SEL => "QueueSel",
+        QUEUE_NUM_MAX => "QueueNumMax",
+        QUEUE_NUM => "QueueNum",
+        QUEUE_NOTIFY => "QueueNotify",
+        INTERRUPT_STATUS => "InterruptStatus",
+        INTERRUPT_ACK => "InterruptACK",
+        QUEUE_DESC_LOW => "QueueDescLow",
+        QUEUE_DESC_HIGH => "QueueDescHigh",
+        QUEUE_DRIVER_LOW => "QueueDriverLow",
+        QUEUE_DRIVER_HIGH => "QueueDriverHigh",
+        QUEUE_DEVICE_LOW => "QueueDeviceLow",
+        QUEUE_DEVICE_HIGH => "QueueDeviceHigh",
+        SHM_SEL => "SHMSel",
+        SHM_LEN_LOW => "SHMLenLow",
+        SHM_LEN_HIGH => "SHMLenHigh",
+        SHM_BASE_LOW => "SHMBaseLow",
+        SHM_BASE_HIGH => "SHMBaseHigh",
+        CONFIG_GENERATION => "ConfigGeneration",
+        _ => return None,
+    })
+}
+
+/// Offsets of registers a driver may write (for tests and fuzzing).
+pub const WRITABLE_REGISTERS: [u64; 19] = [
+    DEVICE_FEATURES_SEL,
+    DRIVER_FEATURES,
+    DRIVER_FEATURES_SEL,
+    QUEUE_SEL,
+    QUEUE_NUM,
+    QUEUE_READY,
+    QUEUE_NOTIFY,
+    INTERRUPT_ACK,
+    STATUS,
+    QUEUE_DESC_LOW,
+    QUEUE_DESC_HIGH,
+    QUEUE_DRIVER_LOW,
+    QUEUE_DRIVER_HIGH,
+    QUEUE_DEVICE_LOW,
+    QUEUE_DEVICE_HIGH,
+    SHM_SEL,
+    CONFIG,
+    CONFIG + 4,
+    CONFIG + 12,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::testing::{
+        driver_ok, handshake, read_reg, write_reg, DriverQueue, VecMemory,
+    };
+    use crate::virtio::QueueError;
+    use alloc::format;
+    use alloc::vec;
+
+    const BASE: u64 = 0x4000_0000;
+
+    /// Two queues; returns every chain with its readable length as written
+    /// length; 8 bytes of config `01 02 .. 08`, writes ignored.
+    struct Sink {
+        resets: u32,
+        activated: Option<u64>,
+    }
+
+    impl VirtioDevice for Sink {
+        fn name(&self) -> &'static str {
+            "sink"
+        }
+        fn device_id(&self) -> u32 {
+            42
+        }
+        fn device_features(&self) -> u64 {
+            1 | VIRTIO_F_VERSION_1 | (1 << 28) // bit 28 (INDIRECT_DESC) must be filtered out
+        }
+        fn queue_count(&self) -> usize {
+            2
+        }
+        fn queue_max_size(&self, _q: usize) -> u16 {
+            16
+        }
+        fn queue_name(&self, q: usize) -> &'static str {
+            ["rxq", "txq"][q]
+        }
+        fn config_read(&self, offset: u64, data: &mut [u8]) {
+            for (at, b) in (offset..).zip(data.iter_mut()) {
+                *b = if at < 8 { at as u8 + 1 } else { 0 };
+            }
+        }
+        fn config_write(&mut self, _offset: u64, _data: &[u8]) {}
+        fn activate(&mut self, features: u64) {
+            self.activated = Some(features);
+        }
+    }
+
+    impl<E: GuestMemory + ?Sized> VirtioDeviceIo<E> for Sink {
+        fn reset(&mut self, _env: &mut E) {
+            self.resets += 1;
+            self.activated = None;
+        }
+        fn notify(
+            &mut self,
+            queue: usize,
+            queues: &mut [Virtqueue],
+            env: &mut E,
+        ) -> Result<(), DeviceError> {
+            let name = self.queue_name(queue);
+            let q = &mut queues[queue];
+            while let Some(c) = q
+                .pop(env)
+                .map_err(|e| DeviceError::from_queue(queue, name, e))?
+            {
+                let mut buf = [0u8; 64];
+                c.read_readable(env, &mut buf)
+                    .map_err(|e| DeviceError::from_queue(queue, name, e))?;
+                q.push_used(env, c.head(), c.readable_len())
+                    .map_err(|e| DeviceError::from_queue(queue, name, e))?;
+            }
+            Ok(())
+        }
+    }
+
+    fn rig() -> (MmioTransport<Sink>, VecMemory, [DriverQueue; 2]) {
+        let t = MmioTransport::new(Sink {
+            resets: 0,
+            activated: None,
+        });
+        let mem = VecMemory::new(BASE, 0x10000);
+        let qs = [
+            DriverQueue::new(8, BASE, BASE + 0x800, BASE + 0x1000),
+            DriverQueue::new(16, BASE + 0x2000, BASE + 0x2800, BASE + 0x3000),
+        ];
+        (t, mem, qs)
+    }
+
+    #[test]
+    fn identity_registers() {
+        let (mut t, _, _) = rig();
+        assert_eq!(read_reg(&mut t, MAGIC_VALUE), MAGIC);
+        assert_eq!(read_reg(&mut t, VERSION), 2);
+        assert_eq!(read_reg(&mut t, DEVICE_ID), 42);
+        assert_eq!(read_reg(&mut t, VENDOR_ID), VENDOR);
+        assert_eq!(read_reg(&mut t, DEVICE_FEATURES), 1);
+        assert_eq!(t.offered_features(), 1 | VIRTIO_F_VERSION_1);
+        assert_eq!(read_reg(&mut t, SHM_LEN_LOW), u32::MAX);
+        assert_eq!(read_reg(&mut t, SHM_LEN_HIGH), u32::MAX);
+        assert_eq!(read_reg(&mut t, QUEUE_NUM_MAX), 16);
+        assert_eq!(read_reg(&mut t, CONFIG_GENERATION), 0);
+    }
+
+    #[test]
+    fn bad_accesses_are_errors() {
+        let (mut t, mut mem, _) = rig();
+        assert_eq!(
+            t.read(STATUS, 2),
+            Err(MmioError::NotWord {
+                offset: STATUS,
+                width: 2
+            })
+        );
+        assert_eq!(
+            t.read(STATUS + 1, 4),
+            Err(MmioError::NotWord {
+                offset: STATUS + 1,
+                width: 4
+            })
+        );
+        assert_eq!(
+            t.read(STATUS, 8),
+            Err(MmioError::BadWidth {
+                offset: STATUS,
+                width: 8
+            })
+        );
+        assert_eq!(t.read(0x18, 4), Err(MmioError::Unknown { offset: 0x18 }));
+        assert_eq!(
+            t.read(QUEUE_NOTIFY, 4),
+            Err(MmioError::WriteOnly {
+                offset: QUEUE_NOTIFY,
+                register: "QueueNotify"
+            })
+        );
+        assert_eq!(
+            t.write(MAGIC_VALUE, 4, 0, &mut mem),
+            Err(MmioError::ReadOnly {
+                offset: MAGIC_VALUE,
+                register: "MagicValue"
+            })
+        );
+        assert_eq!(
+            t.read(CONFIG + 1, 2),
+            Err(MmioError::Unaligned {
+                offset: CONFIG + 1,
+                width: 2
+            })
+        );
+        assert_eq!(
+            t.read(WINDOW_SIZE, 4),
+            Err(MmioError::Unknown {
+                offset: WINDOW_SIZE
+            })
+        );
+        assert_eq!(
+            t.read(u64::MAX - 3, 4),
+            Err(MmioError::Unknown {
+                offset: u64::MAX - 3
+            })
+        );
+        assert_eq!(t.stats().bad_accesses, 9);
+        assert_eq!(
+            format!(
+                "{}",
+                MmioError::NotWord {
+                    offset: 0x70,
+                    width: 2
+                }
+            ),
+            "2-byte access at offset 0x70: registers below 0x100 take aligned 32-bit accesses only"
+        );
+        // Config space: 1, 2, 4 bytes; past the device's config reads zero.
+        assert_eq!(t.read(CONFIG, 4), Ok(0x0403_0201));
+        assert_eq!(t.read(CONFIG + 6, 2), Ok(0x0807));
+        assert_eq!(t.read(CONFIG + 5, 1), Ok(6));
+        assert_eq!(t.read(CONFIG + 8, 4), Ok(0));
+    }
+
+    #[test]
+    fn handshake_and_io() {
+        let (mut t, mut mem, mut qs) = rig();
+        let status = handshake(&mut t, &mut mem, u64::MAX, &qs);
+        assert_eq!(
+            status,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK
+        );
+        assert_eq!(
+            driver_ok(&mut t, &mut mem),
+            TransportEvent::Activated {
+                features: 1 | VIRTIO_F_VERSION_1
+            }
+        );
+        assert_eq!(t.device().activated, Some(1 | VIRTIO_F_VERSION_1));
+        let head = qs[1].add(
+            &mut mem,
+            &[(BASE + 0x8000, 12, false), (BASE + 0x9000, 4, true)],
+        );
+        assert_eq!(
+            write_reg(&mut t, &mut mem, QUEUE_NOTIFY, 1),
+            TransportEvent::Interrupt
+        );
+        assert_eq!(qs[1].take_used(&mut mem), vec![(u32::from(head), 12)]);
+        assert!(t.interrupt_pending());
+        assert_eq!(read_reg(&mut t, INTERRUPT_STATUS), INT_USED_BUFFER);
+        write_reg(&mut t, &mut mem, INTERRUPT_ACK, INT_USED_BUFFER);
+        assert!(!t.interrupt_pending());
+        // Notifying a queue that does not exist is ignored.
+        assert_eq!(
+            write_reg(&mut t, &mut mem, QUEUE_NOTIFY, 7),
+            TransportEvent::None
+        );
+        assert_eq!(t.stats().notifications, 2);
+        assert_eq!(t.stats().notifications_ignored, 1);
+        // Queue registers of a ready queue are frozen.
+        write_reg(&mut t, &mut mem, QUEUE_SEL, 1);
+        write_reg(&mut t, &mut mem, QUEUE_NUM, 2);
+        assert_eq!(t.queues()[1].size(), 16);
+        assert_eq!(t.stats().ignored_writes, 1);
+        // The generation moves and the driver is told.
+        assert!(t.config_changed());
+        assert_eq!(read_reg(&mut t, CONFIG_GENERATION), 1);
+        assert_eq!(read_reg(&mut t, INTERRUPT_STATUS), INT_CONFIG_CHANGE);
+        // Reset.
+        assert_eq!(
+            write_reg(&mut t, &mut mem, STATUS, 0),
+            TransportEvent::Reset
+        );
+        assert_eq!(t.device().resets, 2); // the handshake's and this one
+        assert_eq!(read_reg(&mut t, STATUS), 0);
+        assert_eq!(read_reg(&mut t, INTERRUPT_STATUS), 0);
+        assert_eq!(read_reg(&mut t, QUEUE_READY), 0);
+        assert!(!t.queues()[1].ready());
+        assert_eq!(read_reg(&mut t, CONFIG_GENERATION), 1);
+    }
+
+    #[test]
+    fn features_must_be_offered_and_modern() {
+        let (mut t, mut mem, qs) = rig();
+        // Un-offered bit 5.
+        write_reg(&mut t, &mut mem, STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES_SEL, 0);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES, 1 << 5);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES_SEL, 1);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES, 1);
+        write_reg(
+            &mut t,
+            &mut mem,
+            STATUS,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+        assert_eq!(read_reg(&mut t, STATUS) & STATUS_FEATURES_OK, 0);
+        assert_eq!(t.stats().features_refused, 1);
+        // Legacy driver (no VERSION_1).
+        let status = handshake(&mut t, &mut mem, 1, &qs);
+        assert_eq!(status & STATUS_FEATURES_OK, 0);
+        // Bits beyond 64.
+        write_reg(&mut t, &mut mem, STATUS, 0);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES_SEL, 1);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES, 1);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES_SEL, 2);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES, 1);
+        write_reg(&mut t, &mut mem, STATUS, STATUS_FEATURES_OK);
+        assert_eq!(read_reg(&mut t, STATUS) & STATUS_FEATURES_OK, 0);
+        assert_eq!(t.stats().features_refused, 3);
+        // Good driver; its features are fixed after FEATURES_OK.
+        let status = handshake(&mut t, &mut mem, VIRTIO_F_VERSION_1, &qs);
+        assert_ne!(status & STATUS_FEATURES_OK, 0);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES_SEL, 0);
+        write_reg(&mut t, &mut mem, DRIVER_FEATURES, 1);
+        assert_eq!(t.negotiated_features(), VIRTIO_F_VERSION_1);
+        // DRIVER_OK without FEATURES_OK is a protocol error.
+        write_reg(&mut t, &mut mem, STATUS, 0);
+        write_reg(&mut t, &mut mem, STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        let ev = write_reg(
+            &mut t,
+            &mut mem,
+            STATUS,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_DRIVER_OK,
+        );
+        assert!(matches!(ev, TransportEvent::NeedsReset { .. }), "{ev:?}");
+        assert!(t.needs_reset());
+        assert_eq!(t.device().activated, None);
+    }
+
+    #[test]
+    fn clearing_status_bits_is_ignored() {
+        let (mut t, mut mem, qs) = rig();
+        handshake(&mut t, &mut mem, u64::MAX, &qs);
+        let before = read_reg(&mut t, STATUS);
+        write_reg(&mut t, &mut mem, STATUS, STATUS_ACKNOWLEDGE);
+        assert_eq!(read_reg(&mut t, STATUS), before);
+        write_reg(&mut t, &mut mem, STATUS, before | 0x10);
+        assert_eq!(read_reg(&mut t, STATUS), before);
+    }
+
+    #[test]
+    fn bad_queue_setup_needs_reset() {
+        let (mut t, mut mem, mut qs) = rig();
+        qs[0].used = BASE + 0x1002; // not 4-byte aligned
+        handshake(&mut t, &mut mem, u64::MAX, &qs[..0]);
+        write_reg(&mut t, &mut mem, QUEUE_SEL, 0);
+        write_reg(&mut t, &mut mem, QUEUE_NUM, 8);
+        write_reg(&mut t, &mut mem, QUEUE_DESC_LOW, qs[0].desc as u32);
+        write_reg(&mut t, &mut mem, QUEUE_DRIVER_LOW, qs[0].avail as u32);
+        write_reg(&mut t, &mut mem, QUEUE_DEVICE_LOW, qs[0].used as u32);
+        let ev = write_reg(&mut t, &mut mem, QUEUE_READY, 1);
+        let TransportEvent::NeedsReset { device, error } = &ev else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(*device, "sink");
+        assert_eq!(
+            error.kind,
+            DeviceErrorKind::Queue(QueueError::Misaligned {
+                area: Area::Used,
+                ipa: BASE + 0x1002
+            })
+        );
+        assert_eq!(
+            format!("{ev}"),
+            "sink needs reset: rxq: used ring at IPA 0x4000_1002 is not 4-byte aligned"
+        );
+        assert_ne!(read_reg(&mut t, STATUS) & STATUS_DEVICE_NEEDS_RESET, 0);
+        // Not live yet: no config-change interrupt.
+        assert!(!t.interrupt_pending());
+        assert_eq!(read_reg(&mut t, QUEUE_READY), 0);
+        // A reset recovers.
+        write_reg(&mut t, &mut mem, STATUS, 0);
+        qs[0].used = BASE + 0x1000;
+        handshake(&mut t, &mut mem, u64::MAX, &qs);
+        driver_ok(&mut t, &mut mem);
+        assert!(!t.needs_reset());
+        assert_eq!(t.last_error(), Some(error));
+    }
+
+    #[test]
+    fn device_error_returns_the_buffer_and_stops() {
+        let (mut t, mut mem, mut qs) = rig();
+        handshake(&mut t, &mut mem, u64::MAX, &qs);
+        driver_ok(&mut t, &mut mem);
+        let head = qs[0].add(&mut mem, &[(0x8000_0000, 4096, false)]);
+        let ev = write_reg(&mut t, &mut mem, QUEUE_NOTIFY, 0);
+        assert_eq!(
+            format!("{ev}"),
+            "sink needs reset: rxq: descriptor 0 points outside guest RAM (IPA 0x8000_0000, 4096 bytes)"
+        );
+        // The buffer came back (written length 0), and both interrupt bits are set.
+        assert_eq!(qs[0].take_used(&mut mem), vec![(u32::from(head), 0)]);
+        assert_eq!(
+            read_reg(&mut t, INTERRUPT_STATUS),
+            INT_USED_BUFFER | INT_CONFIG_CHANGE
+        );
+        // Stopped until reset.
+        qs[0].add(&mut mem, &[(BASE + 0x8000, 4, false)]);
+        assert_eq!(
+            write_reg(&mut t, &mut mem, QUEUE_NOTIFY, 0),
+            TransportEvent::None
+        );
+        assert!(qs[0].take_used(&mut mem).is_empty());
+        assert_eq!(t.stats().device_errors, 1);
+        assert_eq!(t.stats().notifications_ignored, 1);
+    }
+
+    #[test]
+    fn kick_before_driver_ok_is_processed_at_driver_ok() {
+        let (mut t, mut mem, mut qs) = rig();
+        handshake(&mut t, &mut mem, u64::MAX, &qs);
+        let head = qs[1].add(&mut mem, &[(BASE + 0x8000, 8, false)]);
+        assert_eq!(
+            write_reg(&mut t, &mut mem, QUEUE_NOTIFY, 1),
+            TransportEvent::None
+        );
+        assert!(qs[1].take_used(&mut mem).is_empty());
+        assert!(matches!(
+            driver_ok(&mut t, &mut mem),
+            TransportEvent::Activated { .. }
+        ));
+        assert_eq!(qs[1].take_used(&mut mem), vec![(u32::from(head), 8)]);
+        assert!(t.interrupt_pending());
+    }
+}

@@ -1,0 +1,80 @@
+//! A guest's console output, line by line: the emulated PL011 hands bytes
+//! here and complete lines go to the physical console prefixed with the VM's
+//! name, so several guests can share one terminal.
+
+/// Longest line kept; a longer one is emitted in pieces.
+pub const LINE_MAX: usize = 160;
+
+pub struct ConsoleLine {
+    buf: [u8; LINE_MAX],
+    len: usize,
+}
+
+impl Default for ConsoleLine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConsoleLine {
+    pub const fn new() -> Self {
+        Self {
+            buf: [0; LINE_MAX],
+            len: 0,
+        }
+    }
+
+    /// Add one byte; returns a complete line (without its newline) when the
+    /// byte ends one or the buffer is full. Carriage returns and other
+    /// control bytes are dropped; non-ASCII bytes become '?'.
+    pub fn push(&mut self, byte: u8) -> Option<&str> {
+        match byte {
+            b'\n' => return Some(self.take()),
+            b'\t' | 0x20..=0x7e => self.buf[self.len] = byte,
+            0x80..=0xff => self.buf[self.len] = b'?',
+            _ => return None,
+        }
+        self.len += 1;
+        if self.len == LINE_MAX {
+            return Some(self.take());
+        }
+        None
+    }
+
+    fn take(&mut self) -> &str {
+        let len = core::mem::take(&mut self.len);
+        // Only ASCII is stored.
+        core::str::from_utf8(&self.buf[..len]).unwrap_or("")
+    }
+
+    /// Whatever is buffered without a newline yet (for a VM that stops).
+    pub fn flush(&mut self) -> Option<&str> {
+        (self.len > 0).then(|| self.take())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_and_control_bytes() {
+        let mut c = ConsoleLine::new();
+        let mut out = Vec::new();
+        for &b in b"hello\r\nw\x1b\xffrld\n" {
+            if let Some(l) = c.push(b) {
+                out.push(l.to_string());
+            }
+        }
+        assert_eq!(out, ["hello", "w?rld"]);
+        for &b in b"tail" {
+            assert!(c.push(b).is_none());
+        }
+        assert_eq!(c.flush(), Some("tail"));
+        assert_eq!(c.flush(), None);
+        let long: Vec<_> = (0..LINE_MAX + 3)
+            .filter_map(|_| c.push(b'x').map(str::len))
+            .collect();
+        assert_eq!(long, [LINE_MAX]);
+    }
+}

@@ -1,0 +1,217 @@
+//! Why a vCPU left its guest, decoded once from the exception syndrome
+//! (ESR_EL2, FAR_EL2, HPFAR_EL2) into a [`VcpuExit`]; the VM manager matches
+//! on it and never looks at syndrome bits. Plain data, tested on the host.
+
+/// Why the guest stopped running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VcpuExit {
+    /// A load the hypervisor must emulate: write the result to `reg`.
+    MmioRead {
+        ipa: u64,
+        width: u8,
+        reg: u8,
+        sign_extend: bool,
+        sixty_four: bool,
+    },
+    /// A store the hypervisor must emulate; the value is in `reg`.
+    MmioWrite { ipa: u64, width: u8, reg: u8 },
+    /// A stage-2 fault the syndrome does not describe as a simple load or
+    /// store (no valid ISV), or an instruction fetch: `write` is meaningful
+    /// for data aborts only.
+    Abort {
+        ipa: u64,
+        write: bool,
+        instruction: bool,
+        fault: FaultKind,
+    },
+    /// `hvc #imm`; the arguments are in x0-x7. ELR already points past it.
+    Hvc { imm: u16 },
+    /// `smc #imm`, trapped; ELR points at it.
+    Smc { imm: u16 },
+    /// WFI (`false`) or WFE (`true`).
+    Wait { wfe: bool },
+    /// An IRQ, FIQ or SError arrived while the guest ran.
+    Interrupt,
+    /// Anything else, with the raw syndrome for the message.
+    Unknown { esr: u64 },
+}
+
+/// The kind of a stage-2 fault (DFSC/IFSC bits 5:2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    Translation,
+    AccessFlag,
+    Permission,
+    Other(u8),
+}
+
+/// Decode an exit from the vector taken and the syndrome registers.
+pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
+    if vector & 3 != 0 {
+        return VcpuExit::Interrupt;
+    }
+    let ec = (esr >> 26) & 0x3f;
+    let iss = esr & 0x1ff_ffff;
+    // HPFAR_EL2.FIPA holds IPA[51:12] in bits [43:4]; the page offset is FAR's.
+    let ipa = ((hpfar >> 4) & 0xff_ffff_ffff) << 12 | (far & 0xfff);
+    let fault = match (iss >> 2) & 0xf {
+        0b0001 => FaultKind::Translation,
+        0b0010 => FaultKind::AccessFlag,
+        0b0011 => FaultKind::Permission,
+        _ => FaultKind::Other((iss & 0x3f) as u8),
+    };
+    match ec {
+        0x01 => VcpuExit::Wait { wfe: iss & 1 != 0 },
+        0x16 => VcpuExit::Hvc { imm: iss as u16 },
+        0x17 => VcpuExit::Smc { imm: iss as u16 },
+        0x20 => VcpuExit::Abort {
+            ipa,
+            write: false,
+            instruction: true,
+            fault,
+        },
+        0x24 => {
+            let isv = iss & (1 << 24) != 0;
+            let write = iss & (1 << 6) != 0;
+            // S1PTW: the fault was on the guest's own page-table walk, which
+            // is not an access to emulate even if ISV were set.
+            let s1ptw = iss & (1 << 7) != 0;
+            if !isv || s1ptw || fault != FaultKind::Translation {
+                return VcpuExit::Abort {
+                    ipa,
+                    write,
+                    instruction: false,
+                    fault,
+                };
+            }
+            let width = 1 << ((iss >> 22) & 3);
+            let reg = ((iss >> 16) & 0x1f) as u8;
+            if write {
+                VcpuExit::MmioWrite { ipa, width, reg }
+            } else {
+                VcpuExit::MmioRead {
+                    ipa,
+                    width,
+                    reg,
+                    sign_extend: iss & (1 << 21) != 0,
+                    sixty_four: iss & (1 << 15) != 0,
+                }
+            }
+        }
+        _ => VcpuExit::Unknown { esr },
+    }
+}
+
+/// The value a load of `width` bytes puts in its register.
+pub fn load_result(value: u64, width: u8, sign_extend: bool, sixty_four: bool) -> u64 {
+    let bits = u32::from(width) * 8;
+    if bits >= 64 {
+        return value;
+    }
+    let v = value & ((1 << bits) - 1);
+    if !sign_extend {
+        return v;
+    }
+    let extended = ((v << (64 - bits)) as i64 >> (64 - bits)) as u64;
+    if sixty_four {
+        extended
+    } else {
+        extended & 0xffff_ffff
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EC_DABT_LOW: u64 = 0x24 << 26;
+    const IL: u64 = 1 << 25;
+
+    /// HPFAR_EL2 for a fault at `ipa`.
+    fn hp(ipa: u64) -> u64 {
+        (ipa >> 12) << 4
+    }
+
+    #[test]
+    fn mmio_store_word() {
+        // str w3, [x1] to IPA 0x0a00_0050: ISV, SAS=2 (word), SRT=3, WnR,
+        // DFSC translation level 3.
+        let esr = EC_DABT_LOW | IL | (1 << 24) | (2 << 22) | (3 << 16) | (1 << 6) | 0b000111;
+        let exit = decode(8, esr, 0xffff_0050, hp(0x0a00_0050));
+        assert_eq!(
+            exit,
+            VcpuExit::MmioWrite {
+                ipa: 0x0a00_0050,
+                width: 4,
+                reg: 3
+            }
+        );
+    }
+
+    #[test]
+    fn mmio_load_byte_sign_extended() {
+        let esr = EC_DABT_LOW | IL | (1 << 24) | (0 << 22) | (1 << 21) | (7 << 16) | 0b000101;
+        let exit = decode(8, esr, 0x18, hp(0x0900_0000));
+        assert_eq!(
+            exit,
+            VcpuExit::MmioRead {
+                ipa: 0x0900_0018,
+                width: 1,
+                reg: 7,
+                sign_extend: true,
+                sixty_four: false
+            }
+        );
+        assert_eq!(load_result(0x80, 1, true, false), 0xffff_ff80);
+        assert_eq!(load_result(0x80, 1, true, true), 0xffff_ffff_ffff_ff80);
+        assert_eq!(load_result(0x1_2345_6780, 4, false, true), 0x2345_6780);
+        assert_eq!(load_result(u64::MAX, 8, false, true), u64::MAX);
+    }
+
+    #[test]
+    fn aborts_without_syndrome_and_other_exits() {
+        // A load pair (no ISV) in RAM.
+        let esr = EC_DABT_LOW | IL | 0b000111;
+        assert_eq!(
+            decode(8, esr, 0x123, hp(0x4000_1000)),
+            VcpuExit::Abort {
+                ipa: 0x4000_1123,
+                write: false,
+                instruction: false,
+                fault: FaultKind::Translation
+            }
+        );
+        // A permission fault with ISV set is still not MMIO.
+        let esr = EC_DABT_LOW | IL | (1 << 24) | (1 << 6) | 0b001111;
+        assert!(matches!(
+            decode(8, esr, 0, 0),
+            VcpuExit::Abort {
+                write: true,
+                fault: FaultKind::Permission,
+                ..
+            }
+        ));
+        assert_eq!(decode(8, (0x16 << 26) | IL, 0, 0), VcpuExit::Hvc { imm: 0 });
+        assert_eq!(
+            decode(8, (0x17 << 26) | IL | 5, 0, 0),
+            VcpuExit::Smc { imm: 5 }
+        );
+        assert_eq!(
+            decode(8, (0x01 << 26) | IL | 1, 0, 0),
+            VcpuExit::Wait { wfe: true }
+        );
+        assert_eq!(decode(9, 0, 0, 0), VcpuExit::Interrupt);
+        assert_eq!(
+            decode(8, 0x3f << 26, 0, 0),
+            VcpuExit::Unknown { esr: 0x3f << 26 }
+        );
+        assert!(matches!(
+            decode(8, (0x20 << 26) | 0b000110, 0, 0x1 << 4),
+            VcpuExit::Abort {
+                instruction: true,
+                ipa: 0x1000,
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,511 @@
+//! A VM's RAM: which guest pages are backed by which frames, through its
+//! stage-2 tables. Frames come from and go back to the frame table (through
+//! [`HostMemory`]); a guest page without a frame (ballooned, or never
+//! touched) is backed again, zeroed, on its next access. Unmapping is
+//! batched: one TLB invalidation per call, never per page.
+//!
+//! Plain data over the [`HostMemory`] trait, so the host tests run random
+//! inflate / deflate / fault / stop sequences against a real [`FrameTable`]
+//! and check that no frame is mapped into two VMs and that a VM maps only
+//! frames it owns.
+
+extern crate alloc;
+
+use alloc::vec::Vec;
+
+use crate::mm::frames::PAGE_SIZE;
+use crate::mm::stage2::{Stage2, Stage2Error, TableMemory};
+
+/// What a VM's memory needs from the host.
+pub trait HostMemory: TableMemory {
+    /// A zeroed frame owned by VM `vm`.
+    fn alloc_frame(&mut self, vm: usize) -> Option<u64>;
+    /// Give VM `vm`'s frame back to the pool (after the TLB flush).
+    fn free_frame(&mut self, vm: usize, pa: u64);
+    fn read(&mut self, pa: u64, buf: &mut [u8]);
+    fn write(&mut self, pa: u64, data: &[u8]);
+    /// Invalidate the TLBs of VMID `vmid` on every CPU.
+    fn flush_tlb(&mut self, vmid: u16);
+    /// The VM owning the frame at `pa`, per the frame table.
+    fn frame_owner(&self, pa: u64) -> Option<usize>;
+    /// Frames VM `vm` owns, per the frame table.
+    fn frames_owned(&self, vm: usize) -> u64;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RamError {
+    /// No free frame left to back a guest page.
+    OutOfMemory {
+        ipa: u64,
+    },
+    Stage2(Stage2Error),
+    /// The IPA is not this VM's RAM.
+    NotRam {
+        ipa: u64,
+    },
+}
+
+impl core::fmt::Display for RamError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RamError::OutOfMemory { ipa } => write!(f, "no free frame to back guest page {ipa:#x}"),
+            RamError::Stage2(e) => write!(f, "stage 2: {e}"),
+            RamError::NotRam { ipa } => write!(f, "IPA {ipa:#x} is not guest RAM"),
+        }
+    }
+}
+
+/// Counters shown by `vms` and `info`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RamStats {
+    /// Pages backed again on a stage-2 fault (after a deflate, typically).
+    pub faults_backed: u64,
+    /// Pages unmapped and returned to the pool.
+    pub pages_released: u64,
+    /// TLB invalidations (one per batch).
+    pub tlb_flushes: u64,
+}
+
+pub struct GuestRam {
+    pub vm: usize,
+    pub vmid: u16,
+    /// IPA of the first byte of RAM, and its size; both page multiples.
+    pub base: u64,
+    pub size: u64,
+    stage2: Stage2,
+    pub stats: RamStats,
+}
+
+impl GuestRam {
+    pub fn new(
+        mem: &mut impl HostMemory,
+        vm: usize,
+        vmid: u16,
+        base: u64,
+        size: u64,
+    ) -> Result<Self, RamError> {
+        let stage2 = Stage2::new(mem).map_err(RamError::Stage2)?;
+        Ok(Self {
+            vm,
+            vmid,
+            base,
+            size,
+            stage2,
+            stats: RamStats::default(),
+        })
+    }
+
+    pub fn stage2_root(&self) -> u64 {
+        self.stage2.root()
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.size / PAGE_SIZE
+    }
+
+    pub fn mapped_pages(&self) -> u64 {
+        self.stage2.mapped_pages()
+    }
+
+    pub fn table_pages(&self) -> u64 {
+        self.stage2.tables()
+    }
+
+    pub fn contains(&self, ipa: u64) -> bool {
+        ipa >= self.base && ipa - self.base < self.size
+    }
+
+    /// Guest page frame numbers of RAM: `[base / 4 KiB, end / 4 KiB)`.
+    pub fn pfns(&self) -> core::ops::Range<u64> {
+        self.base / PAGE_SIZE..(self.base + self.size) / PAGE_SIZE
+    }
+
+    /// Back every page of RAM (at VM start).
+    pub fn populate(&mut self, mem: &mut impl HostMemory) -> Result<(), RamError> {
+        for page in 0..self.pages() {
+            let ipa = self.base + page * PAGE_SIZE;
+            if self.stage2.lookup(mem, ipa).is_none() {
+                self.map_new(mem, ipa)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn map_new(&mut self, mem: &mut impl HostMemory, ipa: u64) -> Result<u64, RamError> {
+        let pa = mem
+            .alloc_frame(self.vm)
+            .ok_or(RamError::OutOfMemory { ipa })?;
+        if let Err(e) = self.stage2.map(mem, ipa, pa) {
+            mem.free_frame(self.vm, pa);
+            return Err(RamError::Stage2(e));
+        }
+        Ok(pa)
+    }
+
+    /// The frame behind `ipa` (page offset kept), backing the page with a
+    /// zeroed frame first if it has none: what a guest access does.
+    pub fn translate_or_back(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: u64,
+    ) -> Result<u64, RamError> {
+        if !self.contains(ipa) {
+            return Err(RamError::NotRam { ipa });
+        }
+        if let Some(pa) = self.stage2.lookup(mem, ipa) {
+            return Ok(pa);
+        }
+        let page = ipa & !(PAGE_SIZE - 1);
+        let pa = self.map_new(mem, page)?;
+        self.stats.faults_backed += 1;
+        Ok(pa | (ipa & (PAGE_SIZE - 1)))
+    }
+
+    /// Unmap the pages of these guest PFNs (those in RAM and backed), flush
+    /// the TLB once, and give their frames back. Returns how many were freed.
+    pub fn release(&mut self, mem: &mut impl HostMemory, pfns: &[u64]) -> u64 {
+        let mut frames: heapless::Vec<u64, 256> = heapless::Vec::new();
+        let mut released = 0;
+        for chunk in pfns.chunks(256) {
+            for &pfn in chunk {
+                let ipa = pfn.wrapping_mul(PAGE_SIZE);
+                if !self.contains(ipa) {
+                    continue;
+                }
+                if let Some(pa) = self.stage2.unmap(mem, ipa) {
+                    // Cannot overflow: at most 256 per chunk.
+                    let _ = frames.push(pa);
+                }
+            }
+            if frames.is_empty() {
+                continue;
+            }
+            // The frames must not be reused before no CPU can reach them.
+            mem.flush_tlb(self.vmid);
+            self.stats.tlb_flushes += 1;
+            for pa in frames.drain(..) {
+                mem.free_frame(self.vm, pa);
+                released += 1;
+            }
+        }
+        self.stats.pages_released += released;
+        released
+    }
+
+    /// Copy guest memory at `ipa` into `buf` (backing pages as needed).
+    pub fn read(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: u64,
+        buf: &mut [u8],
+    ) -> Result<(), RamError> {
+        self.check_span(ipa, buf.len())?;
+        let mut done = 0;
+        while done < buf.len() {
+            let at = ipa + done as u64;
+            let n = (PAGE_SIZE - (at % PAGE_SIZE)).min((buf.len() - done) as u64) as usize;
+            let pa = self.translate_or_back(mem, at)?;
+            mem.read(pa, &mut buf[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copy `data` into guest memory at `ipa` (backing pages as needed).
+    pub fn write(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: u64,
+        data: &[u8],
+    ) -> Result<(), RamError> {
+        self.check_span(ipa, data.len())?;
+        let mut done = 0;
+        while done < data.len() {
+            let at = ipa + done as u64;
+            let n = (PAGE_SIZE - (at % PAGE_SIZE)).min((data.len() - done) as u64) as usize;
+            let pa = self.translate_or_back(mem, at)?;
+            mem.write(pa, &data[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn check_span(&self, ipa: u64, len: usize) -> Result<(), RamError> {
+        let end = ipa
+            .checked_add(len as u64)
+            .ok_or(RamError::NotRam { ipa })?;
+        if len > 0 && (!self.contains(ipa) || !self.contains(end - 1)) {
+            return Err(RamError::NotRam { ipa });
+        }
+        Ok(())
+    }
+
+    /// Every (IPA, frame) mapped, for invariant checks.
+    pub fn for_each_mapped(&self, mem: &mut impl HostMemory, f: impl FnMut(u64, u64)) {
+        self.stage2.for_each_mapped(mem, f);
+    }
+
+    /// Check this VM's side of the ownership invariant: every mapped frame
+    /// is owned by this VM (so no frame is mapped into two VMs), and the VM
+    /// owns exactly the frames it maps.
+    pub fn check(&self, mem: &mut impl HostMemory) -> Result<(), OwnershipError> {
+        let mut mapped = Vec::new();
+        self.stage2
+            .for_each_mapped(mem, |ipa, pa| mapped.push((ipa, pa)));
+        for &(ipa, pa) in &mapped {
+            let owner = mem.frame_owner(pa);
+            if owner != Some(self.vm) {
+                return Err(OwnershipError::Foreign {
+                    vm: self.vm,
+                    ipa,
+                    pa,
+                    owner,
+                });
+            }
+        }
+        let owned = mem.frames_owned(self.vm);
+        if owned != mapped.len() as u64 {
+            return Err(OwnershipError::Unmapped {
+                vm: self.vm,
+                owned,
+                mapped: mapped.len() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Unmap everything, flush, and give every frame and table back.
+    pub fn destroy(self, mem: &mut impl HostMemory) {
+        let (vm, vmid) = (self.vm, self.vmid);
+        let mut frames = Vec::new();
+        self.stage2.destroy(mem, |pa| frames.push(pa));
+        mem.flush_tlb(vmid);
+        for pa in frames {
+            mem.free_frame(vm, pa);
+        }
+    }
+}
+
+/// A broken ownership invariant (a hypervisor bug, never a guest's doing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnershipError {
+    Foreign {
+        vm: usize,
+        ipa: u64,
+        pa: u64,
+        owner: Option<usize>,
+    },
+    Unmapped {
+        vm: usize,
+        owned: u64,
+        mapped: u64,
+    },
+}
+
+impl core::fmt::Display for OwnershipError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            OwnershipError::Foreign { vm, ipa, pa, owner } => {
+                write!(
+                    f,
+                    "VM {vm} maps IPA {ipa:#x} to frame {pa:#x}, which is owned by {owner:?}"
+                )
+            }
+            OwnershipError::Unmapped { vm, owned, mapped } => {
+                write!(f, "VM {vm} owns {owned} frames but maps {mapped}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mm::frames::{FrameTable, FrameUse};
+    use platform::PhysRange;
+    use std::collections::BTreeMap;
+
+    /// A host with 1 MiB of fake RAM at 0x8000_0000 and a real frame table.
+    struct FakeHost {
+        frames: FrameTable<'static>,
+        tables: BTreeMap<u64, Box<[u64; 512]>>,
+        data: BTreeMap<u64, Box<[u8; 4096]>>,
+        flushes: u64,
+    }
+
+    impl FakeHost {
+        fn new(pages: u64) -> Self {
+            let ram = [PhysRange::from_base_size(0x8000_0000, pages * PAGE_SIZE)];
+            let storage = vec![0u8; FrameTable::entries_needed(&ram)].leak();
+            let frames = FrameTable::new(&ram, storage).unwrap();
+            Self {
+                frames,
+                tables: BTreeMap::new(),
+                data: BTreeMap::new(),
+                flushes: 0,
+            }
+        }
+    }
+
+    impl TableMemory for FakeHost {
+        fn alloc_table(&mut self) -> Option<u64> {
+            let pa = self.frames.alloc(1, 1, FrameUse::PageTables)?;
+            self.tables.insert(pa, Box::new([0; 512]));
+            Some(pa)
+        }
+        fn free_table(&mut self, pa: u64) {
+            self.tables.remove(&pa).expect("table");
+            self.frames.free(pa, 1, FrameUse::PageTables).unwrap();
+        }
+        fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+            self.tables.get_mut(&pa).expect("table")
+        }
+    }
+
+    impl HostMemory for FakeHost {
+        fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
+            let pa = self.frames.alloc_guest(vm)?;
+            self.data.insert(pa, Box::new([0; 4096]));
+            Some(pa)
+        }
+        fn free_frame(&mut self, vm: usize, pa: u64) {
+            self.frames.free_guest(vm, pa).unwrap();
+            // Poison what the pool gets back: a VM must never see it again.
+            self.data.insert(pa, Box::new([0xdd; 4096]));
+        }
+        fn read(&mut self, pa: u64, buf: &mut [u8]) {
+            let page = &self.data[&(pa & !0xfff)];
+            let off = (pa & 0xfff) as usize;
+            buf.copy_from_slice(&page[off..off + buf.len()]);
+        }
+        fn write(&mut self, pa: u64, data: &[u8]) {
+            let page = self.data.get_mut(&(pa & !0xfff)).unwrap();
+            let off = (pa & 0xfff) as usize;
+            page[off..off + data.len()].copy_from_slice(data);
+        }
+        fn flush_tlb(&mut self, _vmid: u16) {
+            self.flushes += 1;
+        }
+        fn frame_owner(&self, pa: u64) -> Option<usize> {
+            self.frames.guest_owner(pa)
+        }
+        fn frames_owned(&self, vm: usize) -> u64 {
+            self.frames.guest_pages(vm)
+        }
+    }
+
+    const BASE: u64 = 0x4000_0000;
+
+    #[test]
+    fn populate_release_back_destroy() {
+        let mut host = FakeHost::new(256);
+        let mut ram = GuestRam::new(&mut host, 1, 1, BASE, 64 * PAGE_SIZE).unwrap();
+        ram.populate(&mut host).unwrap();
+        assert_eq!(ram.mapped_pages(), 64);
+        assert_eq!(host.frames.guest_pages(1), 64);
+        ram.write(&mut host, BASE + 4090, b"straddles a page")
+            .unwrap();
+        let mut buf = [0u8; 16];
+        ram.read(&mut host, BASE + 4090, &mut buf).unwrap();
+        assert_eq!(&buf, b"straddles a page");
+        let free_before = host.frames.free_pages();
+        let pfns: Vec<u64> = (BASE / PAGE_SIZE..BASE / PAGE_SIZE + 32).collect();
+        assert_eq!(ram.release(&mut host, &pfns), 32);
+        assert_eq!(host.flushes, 1, "one TLB flush for the whole batch");
+        assert_eq!(host.frames.free_pages(), free_before + 32);
+        // A released page reads as zero: it is backed again on access.
+        ram.read(&mut host, BASE + 4090, &mut buf).unwrap();
+        assert_eq!(buf, [0; 16]);
+        assert_eq!(ram.stats.faults_backed, 2);
+        ram.check(&mut host).unwrap();
+        assert_eq!(
+            ram.read(&mut host, BASE + 64 * PAGE_SIZE - 2, &mut buf),
+            Err(RamError::NotRam {
+                ipa: BASE + 64 * PAGE_SIZE - 2
+            })
+        );
+        assert_eq!(
+            ram.release(&mut host, &[0, u64::MAX, 0x0a000]),
+            0,
+            "outside RAM: ignored"
+        );
+        ram.destroy(&mut host);
+        assert_eq!(host.frames.guest_pages(1), 0);
+        assert_eq!(host.frames.pages(FrameUse::PageTables), 0);
+        assert_eq!(host.frames.free_pages(), 256);
+        host.frames.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn out_of_memory_is_an_error_not_a_panic() {
+        let mut host = FakeHost::new(40);
+        let mut ram = GuestRam::new(&mut host, 0, 1, BASE, 64 * PAGE_SIZE).unwrap();
+        assert!(matches!(
+            ram.populate(&mut host),
+            Err(RamError::OutOfMemory { .. })
+        ));
+        ram.check(&mut host).unwrap();
+        ram.destroy(&mut host);
+        assert_eq!(host.frames.free_pages(), 40);
+    }
+
+    /// Random inflate / deflate / fault / stop sequences over two VMs keep
+    /// every frame with one owner and every VM mapping only its own frames.
+    #[test]
+    fn random_sequences_keep_ownership() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut host = FakeHost::new(400);
+        let sizes = [96 * PAGE_SIZE, 160 * PAGE_SIZE];
+        let mut vms: Vec<Option<GuestRam>> = Vec::new();
+        for (vm, size) in sizes.iter().enumerate() {
+            let mut ram = GuestRam::new(&mut host, vm, vm as u16 + 1, BASE, *size).unwrap();
+            ram.populate(&mut host).unwrap();
+            vms.push(Some(ram));
+        }
+        for step in 0..4000u64 {
+            let vm = rnd(2) as usize;
+            let size = sizes[vm];
+            match (rnd(10), vms[vm].as_mut()) {
+                (0..=3, Some(ram)) => {
+                    let pfns: Vec<u64> = (0..rnd(40))
+                        .map(|_| BASE / PAGE_SIZE + rnd(size / PAGE_SIZE + 8))
+                        .collect();
+                    ram.release(&mut host, &pfns);
+                }
+                (4..=6, Some(ram)) => {
+                    let ipa = BASE + rnd(size + 3 * PAGE_SIZE);
+                    let _ = ram.translate_or_back(&mut host, ipa);
+                }
+                (7, Some(ram)) => {
+                    let ipa = BASE + rnd(size);
+                    let _ = ram.write(&mut host, ipa, &step.to_le_bytes());
+                }
+                (8, _) => {
+                    if let Some(ram) = vms[vm].take() {
+                        ram.destroy(&mut host);
+                        assert_eq!(host.frames.guest_pages(vm), 0);
+                    }
+                }
+                (_, None) => {
+                    let mut ram = GuestRam::new(&mut host, vm, vm as u16 + 1, BASE, size).unwrap();
+                    let _ = ram.populate(&mut host);
+                    vms[vm] = Some(ram);
+                }
+                _ => {}
+            }
+            host.frames.check_invariants().unwrap();
+            for ram in vms.iter().flatten() {
+                ram.check(&mut host)
+                    .unwrap_or_else(|e| panic!("step {step}: {e}"));
+            }
+            let owned: u64 = (0..2).map(|v| host.frames.guest_pages(v)).sum();
+            assert_eq!(owned, host.frames.pages(FrameUse::Guest));
+        }
+    }
+}

@@ -1,0 +1,644 @@
+//! The VM table and the vCPU loop (target only).
+//!
+//! Each VM sits behind its own lock in [`VMS`]; its one vCPU runs on the
+//! physical CPU its configuration pins it to. That CPU's loop enters the
+//! guest, decodes each exit ([`super::exit`]), handles it under the VM's
+//! lock (MMIO to the console or the balloon, stage-2 faults in RAM, PSCI,
+//! WFI/WFE) and enters again. The shell on CPU 0 changes a VM only through
+//! its lock: a stop is requested and carried out by the vCPU's CPU at its
+//! next exit. Lock order: a VM, then the frame table.
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use guest_bundle::Bundle;
+use spin::{Mutex, MutexGuard};
+
+use super::console::ConsoleLine;
+use super::exit::{decode, load_result, FaultKind, VcpuExit};
+use super::fdt::{self, layout, GicVersion, GuestBoard};
+use super::memory::{GuestRam, HostMemory, RamError};
+use crate::arch::aarch64::vcpu::{self, El1Regs, GuestContext};
+use crate::arch::aarch64::{self, MAX_CPUS};
+use crate::balloon::Balloon;
+use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
+use crate::mm::stage2::TableMemory;
+use crate::println;
+use crate::virtio::mmio::MmioTransport;
+use crate::virtio::{GuestMemError, GuestMemory};
+
+/// Most VMs a bundle may describe.
+pub const MAX_GUESTS: usize = 8;
+const NO_VM: usize = usize::MAX;
+/// Where a guest kernel's 2 MiB-aligned base is, above the device tree.
+const KERNEL_OFFSET: u64 = 2 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmState {
+    Stopped,
+    Running,
+    /// The shell asked for a stop; the vCPU's CPU carries it out.
+    StopRequested,
+}
+
+impl VmState {
+    pub fn label(self) -> &'static str {
+        match self {
+            VmState::Stopped => "stopped",
+            VmState::Running => "running",
+            VmState::StopRequested => "stopping",
+        }
+    }
+}
+
+/// Exit counters, per VM.
+#[derive(Clone, Copy, Default)]
+pub struct ExitStats {
+    pub mmio: u64,
+    pub hvc: u64,
+    pub wfx: u64,
+    pub faults: u64,
+}
+
+pub struct Vm {
+    pub id: usize,
+    pub name: heapless::String<32>,
+    pub state: VmState,
+    /// The physical CPU the vCPU is pinned to.
+    pub cpu: usize,
+    pub ram_size: u64,
+    pub ram: Option<GuestRam>,
+    pub balloon: Option<MmioTransport<Balloon>>,
+    pub console: ConsoleLine,
+    pub exits: ExitStats,
+    /// Why the VM last stopped.
+    pub last_stop: &'static str,
+    pub starts: u64,
+}
+
+static VMS: [Mutex<Option<Vm>>; MAX_GUESTS] = [const { Mutex::new(None) }; MAX_GUESTS];
+/// The VM each physical CPU runs, or NO_VM.
+static CPU_VM: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(NO_VM) }; MAX_CPUS];
+static BUNDLE: spin::Once<Bundle<'static>> = spin::Once::new();
+static FRAMES: spin::Once<&'static Mutex<FrameTable<'static>>> = spin::Once::new();
+
+/// The host side of guest memory on the target: frames from the frame table
+/// (locked per operation, never across a whole request), tables and data
+/// through the EL2 identity map.
+struct HostMem;
+
+fn frames() -> MutexGuard<'static, FrameTable<'static>> {
+    FRAMES
+        .get()
+        .expect("VMs are set up after the frame table")
+        .lock()
+}
+
+fn zero_and_clean(pa: u64) {
+    // SAFETY: `pa` is a whole frame the frame table just handed to us,
+    // identity-mapped as normal memory.
+    unsafe { core::ptr::write_bytes(pa as *mut u8, 0, PAGE_SIZE as usize) };
+    // A guest with its MMU off reads memory uncached: make it see the zeros.
+    aarch64::clean_dcache_range(pa as usize, PAGE_SIZE as usize);
+}
+
+impl TableMemory for HostMem {
+    fn alloc_table(&mut self) -> Option<u64> {
+        let pa = frames().alloc(1, 1, FrameUse::PageTables)?;
+        zero_and_clean(pa);
+        Some(pa)
+    }
+    fn free_table(&mut self, pa: u64) {
+        if let Err(e) = frames().free(pa, 1, FrameUse::PageTables) {
+            panic!("stage-2 table {pa:#x}: {e}");
+        }
+    }
+    fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+        // SAFETY: `pa` is a table frame this VM's stage 2 owns (frame table
+        // use PageTables), identity-mapped; the VM's lock serialises access.
+        unsafe { &mut *(pa as *mut [u64; 512]) }
+    }
+}
+
+impl HostMemory for HostMem {
+    fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
+        let pa = frames().alloc_guest(vm)?;
+        zero_and_clean(pa);
+        Some(pa)
+    }
+    fn free_frame(&mut self, vm: usize, pa: u64) {
+        if let Err(e) = frames().free_guest(vm, pa) {
+            panic!("guest frame {pa:#x}: {e}");
+        }
+    }
+    fn read(&mut self, pa: u64, buf: &mut [u8]) {
+        // SAFETY: `pa..pa + len` lies in one frame of this VM (GuestRam
+        // splits at pages), identity-mapped.
+        unsafe { core::ptr::copy_nonoverlapping(pa as *const u8, buf.as_mut_ptr(), buf.len()) };
+    }
+    fn write(&mut self, pa: u64, data: &[u8]) {
+        // SAFETY: as in `read`.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), pa as *mut u8, data.len()) };
+        aarch64::clean_dcache_range(pa as usize, data.len());
+    }
+    fn flush_tlb(&mut self, vmid: u16) {
+        vcpu::flush_vm_tlb(vmid);
+    }
+    fn frame_owner(&self, pa: u64) -> Option<usize> {
+        frames().guest_owner(pa)
+    }
+    fn frames_owned(&self, vm: usize) -> u64 {
+        frames().guest_pages(vm)
+    }
+}
+
+/// Guest memory as a device sees it: this VM's RAM only.
+pub struct DeviceView<'a> {
+    pub ram: &'a mut GuestRam,
+}
+
+impl GuestMemory for DeviceView<'_> {
+    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+        self.ram
+            .read(&mut HostMem, ipa, buf)
+            .map_err(|_| GuestMemError {
+                ipa,
+                len: buf.len(),
+            })
+    }
+    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+        self.ram
+            .write(&mut HostMem, ipa, data)
+            .map_err(|_| GuestMemError {
+                ipa,
+                len: data.len(),
+            })
+    }
+}
+
+impl crate::balloon::BalloonBackend for DeviceView<'_> {
+    fn ram_pfns(&self) -> core::ops::Range<u64> {
+        self.ram.pfns()
+    }
+    fn inflate(&mut self, pfns: &[u64]) {
+        self.ram.release(&mut HostMem, pfns);
+    }
+    fn deflate(&mut self, _pfns: &[u64]) {
+        // Nothing to do now: each page is backed again, zeroed, on its next access.
+    }
+}
+
+/// Register the bundle's VMs (all stopped) and the frame table they draw from.
+pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'static>>) {
+    FRAMES.call_once(|| frame_table);
+    let bundle = BUNDLE.call_once(|| bundle);
+    for (id, spec) in bundle.vms().enumerate().take(MAX_GUESTS) {
+        let cpu = spec.cpu_affinity().trailing_zeros() as usize;
+        let mut name = heapless::String::new();
+        let _ = name.push_str(spec.name());
+        *VMS[id].lock() = Some(Vm {
+            id,
+            name,
+            state: VmState::Stopped,
+            cpu,
+            ram_size: spec.ram_size(),
+            ram: None,
+            balloon: None,
+            console: ConsoleLine::new(),
+            exits: ExitStats::default(),
+            last_stop: "not started yet",
+            starts: 0,
+        });
+    }
+    if bundle.vm_count() > MAX_GUESTS {
+        println!("only the first {MAX_GUESTS} VMs of the bundle are used");
+    }
+}
+
+/// Call `f` on every VM, in table order.
+pub fn for_each(mut f: impl FnMut(&mut Vm)) {
+    for slot in &VMS {
+        if let Some(vm) = slot.lock().as_mut() {
+            f(vm);
+        }
+    }
+}
+
+/// Call `f` on the VM called `name`; `None` if there is none.
+pub fn with_vm<R>(name: &str, f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
+    for slot in &VMS {
+        let mut guard = slot.lock();
+        if let Some(vm) = guard.as_mut().filter(|vm| vm.name == name) {
+            return Some(f(vm));
+        }
+    }
+    None
+}
+
+/// The names of all VMs, for error messages.
+pub fn names() -> heapless::String<128> {
+    let mut s = heapless::String::new();
+    for_each(|vm| {
+        if !s.is_empty() {
+            let _ = s.push_str(", ");
+        }
+        let _ = s.push_str(&vm.name);
+    });
+    s
+}
+
+/// Build a VM's memory and devices and hand it to its CPU.
+pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
+    if vm.state != VmState::Stopped {
+        return Err("it is already running");
+    }
+    if vm.cpu >= MAX_CPUS
+        || aarch64::smp::state(vm.cpu) != aarch64::smp::CpuState::Online
+        || vm.cpu == 0
+    {
+        return Err("the CPU it is pinned to is not online (or is CPU 0, which runs the shell)");
+    }
+    let spec = BUNDLE
+        .get()
+        .and_then(|b| b.vm(vm.id))
+        .ok_or("it is not in the bundle")?;
+    let mut mem = HostMem;
+    let vmid = vm.id as u16 + 1;
+    let mut ram = GuestRam::new(&mut mem, vm.id, vmid, layout::RAM_BASE, spec.ram_size())
+        .map_err(|_| "no memory")?;
+    if let Err(e) = ram.populate(&mut mem) {
+        println!("{}: {e}", vm.name);
+        ram.destroy(&mut mem);
+        return Err("not enough free memory for its RAM");
+    }
+    if let Err(why) = load_images(&mut ram, &spec) {
+        ram.destroy(&mut mem);
+        return Err(why);
+    }
+    vm.balloon = None;
+    if spec.has_balloon() {
+        match Balloon::new(spec.balloon_features(), ram.pfns()) {
+            Ok(balloon) => vm.balloon = Some(MmioTransport::new(balloon)),
+            Err(e) => {
+                println!("[{}] no balloon device: {e}", vm.name);
+            }
+        }
+    }
+    vm.ram = Some(ram);
+    vm.state = VmState::Running;
+    vm.starts += 1;
+    CPU_VM[vm.cpu].store(vm.id, Ordering::Release);
+    // SAFETY: SEV only wakes CPUs waiting in WFE.
+    unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+    Ok(())
+}
+
+/// Copy the kernel (and initrd) into RAM and write the device tree below it.
+fn load_images(ram: &mut GuestRam, spec: &guest_bundle::VmEntry<'_>) -> Result<(), &'static str> {
+    let mut mem = HostMem;
+    let kernel = spec.kernel();
+    // An arm64 Image says where in its 2 MiB block it wants to be.
+    let text_offset = if kernel.len() >= 64 && kernel[56..60] == *b"ARM\x64" {
+        u64::from_le_bytes(kernel[8..16].try_into().unwrap_or([0; 8])) & 0x1f_ffff
+    } else {
+        0
+    };
+    let kernel_ipa = layout::RAM_BASE + KERNEL_OFFSET + text_offset;
+    ram.write(&mut mem, kernel_ipa, kernel)
+        .map_err(|_| "its kernel does not fit in its RAM")?;
+    let mut board = GuestBoard::standard(
+        spec.ram_size(),
+        1,
+        GicVersion::V2,
+        spec.has_balloon() as usize,
+    )
+    .map_err(|_| "its virtual board cannot be described")?;
+    board.bootargs = spec.cmdline();
+    if let Some(initrd) = spec.initrd() {
+        let start = (kernel_ipa + kernel.len() as u64).next_multiple_of(2 << 20);
+        ram.write(&mut mem, start, initrd)
+            .map_err(|_| "its initrd does not fit in its RAM")?;
+        board.initrd = Some((start, start + initrd.len() as u64));
+    }
+    let dtb = fdt::build(&board).map_err(|_| "its device tree cannot be built")?;
+    if dtb.len() as u64 > KERNEL_OFFSET {
+        return Err("its device tree is larger than 2 MiB");
+    }
+    ram.write(&mut mem, layout::RAM_BASE, &dtb)
+        .map_err(|_| "its device tree does not fit")?;
+    Ok(())
+}
+
+/// Stop a VM now (on its vCPU's CPU, or when it is not running): flush its
+/// console, give every page back, say why.
+fn stop_now(vm: &mut Vm, why: &'static str) {
+    if let Some(line) = vm.console.flush() {
+        println!("[{}] {line}", vm.name);
+    }
+    if let Some(ram) = vm.ram.take() {
+        let pages = ram.mapped_pages();
+        ram.destroy(&mut HostMem);
+        println!(
+            "[{}] VM stopped: {why}; {pages} pages returned to the pool",
+            vm.name
+        );
+    }
+    vm.balloon = None;
+    vm.state = VmState::Stopped;
+    vm.last_stop = why;
+    if vm.cpu < MAX_CPUS {
+        CPU_VM[vm.cpu].store(NO_VM, Ordering::Release);
+    }
+}
+
+/// Ask a running VM to stop; it stops at its vCPU's next exit.
+pub fn request_stop(vm: &mut Vm) -> Result<(), &'static str> {
+    match vm.state {
+        VmState::Stopped => Err("it is not running"),
+        VmState::StopRequested | VmState::Running => {
+            vm.state = VmState::StopRequested;
+            Ok(())
+        }
+    }
+}
+
+/// The loop of a CPU that runs vCPUs: wait for a VM, run it until it stops.
+pub fn cpu_loop(cpu: usize) -> ! {
+    loop {
+        let id = CPU_VM[cpu].load(Ordering::Acquire);
+        if id == NO_VM {
+            aarch64::wait_for_event();
+            continue;
+        }
+        run_vcpu(id);
+    }
+}
+
+fn run_vcpu(id: usize) {
+    let mut ctx = {
+        let guard = VMS[id].lock();
+        let Some(vm) = guard.as_ref() else { return };
+        let Some(ram) = vm.ram.as_ref() else { return };
+        if vm.state != VmState::Running {
+            return;
+        }
+        let entry = layout::RAM_BASE + KERNEL_OFFSET + kernel_text_offset(id);
+        El1Regs::reset().load();
+        vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), 0);
+        GuestContext::new(entry, layout::RAM_BASE)
+    };
+    loop {
+        let vector = vcpu::run(&mut ctx);
+        let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
+        let mut guard = VMS[id].lock();
+        let Some(vm) = guard.as_mut() else { return };
+        if vm.state == VmState::StopRequested {
+            stop_now(vm, "stopped from the shell");
+            return;
+        }
+        match handle_exit(vm, &mut ctx, exit) {
+            Outcome::Continue => {}
+            Outcome::Stop(why) => {
+                stop_now(vm, why);
+                return;
+            }
+            Outcome::Reset => {
+                stop_now(vm, "reset by the guest (PSCI SYSTEM_RESET)");
+                if let Err(e) = start(vm) {
+                    println!("[{}] cannot restart: {e}", vm.name);
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn kernel_text_offset(id: usize) -> u64 {
+    let Some(spec) = BUNDLE.get().and_then(|b| b.vm(id)) else {
+        return 0;
+    };
+    let k = spec.kernel();
+    if k.len() >= 64 && k[56..60] == *b"ARM\x64" {
+        u64::from_le_bytes(k[8..16].try_into().unwrap_or([0; 8])) & 0x1f_ffff
+    } else {
+        0
+    }
+}
+
+enum Outcome {
+    Continue,
+    Stop(&'static str),
+    Reset,
+}
+
+const PSCI_VERSION: u32 = 0x8400_0000;
+const PSCI_CPU_OFF: u32 = 0x8400_0002;
+const PSCI_SYSTEM_OFF: u32 = 0x8400_0008;
+const PSCI_SYSTEM_RESET: u32 = 0x8400_0009;
+const PSCI_FEATURES: u32 = 0x8400_000a;
+const PSCI_NOT_SUPPORTED: u64 = -1i64 as u64;
+
+fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
+    match exit {
+        VcpuExit::MmioRead {
+            ipa,
+            width,
+            reg,
+            sign_extend,
+            sixty_four,
+        } => {
+            vm.exits.mmio += 1;
+            match mmio_read(vm, ipa, width) {
+                Ok(value) => ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four)),
+                Err(why) => return stop_for(vm, ctx, ipa, why),
+            }
+            ctx.elr += 4;
+        }
+        VcpuExit::MmioWrite { ipa, width, reg } => {
+            vm.exits.mmio += 1;
+            let value = ctx.reg(reg);
+            if let Err(why) = mmio_write(vm, ipa, width, value) {
+                return stop_for(vm, ctx, ipa, why);
+            }
+            ctx.elr += 4;
+        }
+        VcpuExit::Abort {
+            ipa,
+            instruction,
+            fault,
+            ..
+        } => {
+            vm.exits.faults += 1;
+            let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
+            if in_ram && fault == FaultKind::Translation {
+                // A page given back (balloon, never touched): back it again.
+                let ram = vm.ram.as_mut().expect("checked above");
+                if let Err(RamError::OutOfMemory { .. }) = ram.translate_or_back(&mut HostMem, ipa)
+                {
+                    return stop_for(vm, ctx, ipa, "no free memory left to back its RAM");
+                }
+            } else if instruction {
+                return stop_for(vm, ctx, ipa, "instruction fetch outside its RAM");
+            } else if in_ram {
+                return stop_for(vm, ctx, ipa, "unexpected fault on its RAM");
+            } else {
+                return stop_for(
+                    vm,
+                    ctx,
+                    ipa,
+                    "access to an address that is neither its RAM nor a device",
+                );
+            }
+        }
+        VcpuExit::Hvc { .. } => {
+            vm.exits.hvc += 1;
+            return psci(ctx);
+        }
+        VcpuExit::Smc { .. } => {
+            vm.exits.hvc += 1;
+            ctx.elr += 4;
+            return psci(ctx);
+        }
+        VcpuExit::Wait { .. } => {
+            vm.exits.wfx += 1;
+            ctx.elr += 4;
+        }
+        VcpuExit::Interrupt => {}
+        VcpuExit::Unknown { esr } => {
+            println!(
+                "[{}] unhandled exit: ESR_EL2 {esr:#x} at PC {:#x}",
+                vm.name, ctx.elr
+            );
+            return Outcome::Stop("an exit the hypervisor does not handle");
+        }
+    }
+    Outcome::Continue
+}
+
+fn stop_for(vm: &Vm, ctx: &GuestContext, ipa: u64, why: &'static str) -> Outcome {
+    println!(
+        "[{}] stopping the VM: {why}: IPA {ipa:#x}, PC {:#x}",
+        vm.name, ctx.elr
+    );
+    Outcome::Stop(why)
+}
+
+fn psci(ctx: &mut GuestContext) -> Outcome {
+    let function = ctx.x[0] as u32;
+    let result = match function {
+        PSCI_VERSION => 0x1_0000, // 1.0
+        PSCI_FEATURES => match ctx.x[1] as u32 {
+            PSCI_VERSION | PSCI_CPU_OFF | PSCI_SYSTEM_OFF | PSCI_SYSTEM_RESET | PSCI_FEATURES => 0,
+            _ => PSCI_NOT_SUPPORTED,
+        },
+        PSCI_SYSTEM_OFF => return Outcome::Stop("powered off by the guest (PSCI SYSTEM_OFF)"),
+        PSCI_CPU_OFF => return Outcome::Stop("its only vCPU turned itself off (PSCI CPU_OFF)"),
+        PSCI_SYSTEM_RESET => return Outcome::Reset,
+        _ => PSCI_NOT_SUPPORTED,
+    };
+    ctx.x[0] = result;
+    Outcome::Continue
+}
+
+/// PL011 registers a guest driver polls: FR says "transmit FIFO empty,
+/// receive FIFO empty"; everything else reads as zero.
+const UART_FR: u64 = 0x18;
+const UART_FR_TXFE_RXFE: u64 = (1 << 7) | (1 << 4);
+
+fn mmio_read(vm: &mut Vm, ipa: u64, width: u8) -> Result<u64, &'static str> {
+    if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
+        return Ok(if off == UART_FR { UART_FR_TXFE_RXFE } else { 0 });
+    }
+    if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
+        let Some(balloon) = vm.balloon.as_mut() else {
+            return Err("no device at this address");
+        };
+        return balloon
+            .read(off, width)
+            .map(u64::from)
+            .map_err(|_| "bad virtio-mmio register access");
+    }
+    Err("access to an address that is neither its RAM nor a device")
+}
+
+fn mmio_write(vm: &mut Vm, ipa: u64, width: u8, value: u64) -> Result<(), &'static str> {
+    if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
+        if off == 0 {
+            if let Some(line) = vm.console.push(value as u8) {
+                println!("[{}] {line}", vm.name);
+            }
+        }
+        return Ok(());
+    }
+    if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
+        let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
+            return Err("no device at this address");
+        };
+        let mut view = DeviceView { ram };
+        match balloon.write(off, width, value as u32, &mut view) {
+            Ok(event) => {
+                if let Some(msg) = event.message() {
+                    println!("[{}] balloon: {msg}", vm.name);
+                }
+            }
+            Err(_) => return Err("bad virtio-mmio register access"),
+        }
+        return Ok(());
+    }
+    Err("access to an address that is neither its RAM nor a device")
+}
+
+fn offset_in(ipa: u64, base: u64, size: u64) -> Option<u64> {
+    (ipa >= base && ipa - base < size).then(|| ipa - base)
+}
+
+/// Set the balloon target of a VM, in 4 KiB pages, and tell the driver.
+pub fn set_balloon(vm: &mut Vm, pages: u64) -> Result<(), &'static str> {
+    if vm.state != VmState::Running {
+        return Err("it is not running (type 'start <vm>' first)");
+    }
+    let ram_pages = vm.ram_size / PAGE_SIZE;
+    let Some(balloon) = vm.balloon.as_mut() else {
+        return Err("it has no balloon device");
+    };
+    if pages > ram_pages {
+        return Err("that is more than its RAM");
+    }
+    balloon.device_mut().set_target(pages as u32);
+    balloon.config_changed();
+    Ok(())
+}
+
+/// The `info balloon` block of one VM.
+pub fn print_balloon(vm: &mut Vm) {
+    let Some(balloon) = vm.balloon.as_ref() else {
+        println!("{}: no balloon device ({})", vm.name, vm.state.label());
+        return;
+    };
+    let dev = balloon.device();
+    let (target, actual) = (u64::from(dev.target()), u64::from(dev.actual()));
+    println!("{}: balloon ({})", vm.name, vm.state.label());
+    println!(
+        "  target {target} pages ({}), actual {actual} pages ({}), ballooned {} pages",
+        crate::report::Size(target * PAGE_SIZE),
+        crate::report::Size(actual * PAGE_SIZE),
+        dev.ballooned_pages()
+    );
+    println!(
+        "  features offered: {}; negotiated: {}",
+        crate::balloon::feature_names(balloon.offered_features()),
+        crate::balloon::feature_names(balloon.negotiated_features())
+    );
+    println!("  {}", dev.stats());
+    if let Some(e) = balloon.last_error() {
+        println!("  last device error: {e}");
+    }
+    if let Some(ram) = vm.ram.as_ref() {
+        println!(
+            "  memory: {} pages mapped, {} backed again on fault, {} released, {} TLB flushes",
+            ram.mapped_pages(),
+            ram.stats.faults_backed,
+            ram.stats.pages_released,
+            ram.stats.tlb_flushes
+        );
+    }
+}
