@@ -12,7 +12,16 @@ use crate::mm::frames::{Accounting, FrameUse};
 pub struct Size(pub u64);
 
 impl fmt::Display for Size {
+    /// Honours width and alignment (`{:<10}`), so tables line up.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut text = heapless::String::<24>::new();
+        self.write(&mut text)?;
+        f.pad(&text)
+    }
+}
+
+impl Size {
+    fn write(&self, f: &mut impl Write) -> fmt::Result {
         const KIB: u64 = 1024;
         const MIB: u64 = 1024 * 1024;
         let b = self.0;

@@ -72,6 +72,8 @@ pub struct Vm {
     pub exits: ExitStats,
     /// Why the VM last stopped.
     pub last_stop: &'static str,
+    /// The balloon's counters when the VM last stopped.
+    pub last_balloon_stats: Option<crate::balloon::BalloonStats>,
     pub starts: u64,
 }
 
@@ -206,6 +208,7 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
             console: ConsoleLine::new(),
             exits: ExitStats::default(),
             last_stop: "not started yet",
+            last_balloon_stats: None,
             starts: 0,
         });
     }
@@ -342,7 +345,7 @@ fn stop_now(vm: &mut Vm, why: &'static str) {
             vm.name
         );
     }
-    vm.balloon = None;
+    vm.last_balloon_stats = vm.balloon.take().map(|b| *b.device().stats());
     vm.state = VmState::Stopped;
     vm.last_stop = why;
     if vm.cpu < MAX_CPUS {
@@ -438,6 +441,22 @@ const PSCI_FEATURES: u32 = 0x8400_000a;
 const PSCI_NOT_SUPPORTED: u64 = -1i64 as u64;
 
 fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
+    // A simple load or store to a RAM page that has no frame (given back
+    // through the balloon) carries a full syndrome too: it is a fault to
+    // back, not MMIO to emulate.
+    let exit = match exit {
+        VcpuExit::MmioRead { ipa, .. } | VcpuExit::MmioWrite { ipa, .. }
+            if vm.ram.as_ref().is_some_and(|r| r.contains(ipa)) =>
+        {
+            VcpuExit::Abort {
+                ipa,
+                write: matches!(exit, VcpuExit::MmioWrite { .. }),
+                instruction: false,
+                fault: FaultKind::Translation,
+            }
+        }
+        other => other,
+    };
     match exit {
         VcpuExit::MmioRead {
             ipa,
@@ -574,6 +593,7 @@ fn mmio_write(vm: &mut Vm, ipa: u64, width: u8, value: u64) -> Result<(), &'stat
             return Err("no device at this address");
         };
         let mut view = DeviceView { ram };
+        let before = *balloon.device().stats();
         match balloon.write(off, width, value as u32, &mut view) {
             Ok(event) => {
                 if let Some(msg) = event.message() {
@@ -582,6 +602,7 @@ fn mmio_write(vm: &mut Vm, ipa: u64, width: u8, value: u64) -> Result<(), &'stat
             }
             Err(_) => return Err("bad virtio-mmio register access"),
         }
+        report_rejections(&vm.name, &before, balloon.device().stats());
         return Ok(());
     }
     Err("access to an address that is neither its RAM nor a device")
@@ -611,7 +632,15 @@ pub fn set_balloon(vm: &mut Vm, pages: u64) -> Result<(), &'static str> {
 /// The `info balloon` block of one VM.
 pub fn print_balloon(vm: &mut Vm) {
     let Some(balloon) = vm.balloon.as_ref() else {
-        println!("{}: no balloon device ({})", vm.name, vm.state.label());
+        match &vm.last_balloon_stats {
+            Some(stats) => println!(
+                "{}: {}; {}; its balloon's last counters: {stats}",
+                vm.name,
+                vm.state.label(),
+                vm.last_stop
+            ),
+            None => println!("{}: no balloon device ({})", vm.name, vm.state.label()),
+        }
         return;
     };
     let dev = balloon.device();
@@ -639,6 +668,24 @@ pub fn print_balloon(vm: &mut Vm) {
             ram.stats.faults_backed,
             ram.stats.pages_released,
             ram.stats.tlb_flushes
+        );
+    }
+}
+
+/// Say on the console which PFNs a balloon request had rejected, and why.
+fn report_rejections(
+    name: &str,
+    before: &crate::balloon::BalloonStats,
+    after: &crate::balloon::BalloonStats,
+) {
+    let range = after.rejected_out_of_range - before.rejected_out_of_range;
+    let dup = after.rejected_duplicate - before.rejected_duplicate;
+    let already = after.rejected_already_ballooned - before.rejected_already_ballooned;
+    let not = after.rejected_not_ballooned - before.rejected_not_ballooned;
+    if range + dup + already + not > 0 {
+        println!(
+            "[{name}] balloon: rejected PFNs: {range} outside guest RAM, {dup} duplicated, \
+             {already} already ballooned, {not} not ballooned (buffers returned, nothing unmapped)"
         );
     }
 }
