@@ -1,0 +1,246 @@
+//! Guests under the hypervisor, on every board: two bare-metal test guests
+//! run at once, one is ballooned by half its RAM and given it back while the
+//! other keeps running, patterns stay intact, the pool moves by exactly the
+//! ballooned pages; stop and start return every page; a guest that touches
+//! memory outside its RAM is stopped; a hostile guest's attacks on the
+//! balloon are refused and reported. The bundles come from guests/ and
+//! guests/tests/ (built by `cargo xtask`).
+
+use std::time::Duration;
+
+use harness::{parse_mem, target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+
+const STEP: Duration = Duration::from_secs(90);
+const COMMAND: Duration = Duration::from_secs(20);
+const MIB: u64 = 1 << 20;
+
+fn ok<T>(result: Result<T, HarnessError>) -> T {
+    result.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Boot `board` with the bundle `bundle` (None: the demo bundle) and wait
+/// until every VM in `ready` has set up its balloon.
+fn boot(board: Board, scenario: &str, bundle: Option<&str>, ready: &[&str]) -> Session {
+    let artifacts = Artifacts::locate();
+    let mut opts = QemuOptions::for_board(board, &artifacts);
+    if let Some(name) = bundle {
+        opts.initrd = Some(target_dir().join("bundles").join(format!("{name}.img")));
+    }
+    let mut s = ok(Session::start(
+        &format!("{}-{scenario}", board.name()),
+        board,
+        &artifacts,
+        &opts,
+    ));
+    s.set_deadline(Duration::from_secs(420));
+    for vm in ready {
+        ok(s.expect(&format!(r"\[{vm}\] testguest: balloon at "), STEP));
+    }
+    s
+}
+
+/// Bytes in a category of `mem`'s accounting; checks the sum and invariants.
+fn mem_category(s: &mut Session, category: &str) -> u64 {
+    let out = ok(s.run("mem", COMMAND));
+    let report = parse_mem(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
+    assert_eq!(
+        report.total, report.ram_bytes,
+        "accounting does not add up:\n{out}"
+    );
+    assert!(out.contains("frame table invariants: ok"), "{out}");
+    report
+        .categories
+        .iter()
+        .find(|(name, _)| name == category)
+        .unwrap_or_else(|| panic!("no '{category}' in:\n{out}"))
+        .1
+}
+
+fn balloon_half_and_back(board: Board) {
+    let mut s = boot(board, "balloon_half_and_back", None, &["alpha", "beta"]);
+    let free0 = mem_category(&mut s, "free");
+    // alpha has 256 MiB: balloon half of it.
+    ok(s.run("balloon alpha 128M", COMMAND));
+    ok(s.expect(
+        r"\[alpha\] testguest: balloon target=32768 actual=32768 pages",
+        STEP,
+    ));
+    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    // beta kept running meanwhile.
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    let free1 = mem_category(&mut s, "free");
+    assert_eq!(
+        free1 - free0,
+        128 * MIB,
+        "the pool grows by exactly the ballooned pages"
+    );
+    let info = ok(s.run("info balloon alpha", COMMAND));
+    assert!(info.contains("ballooned 32768 pages"), "{info}");
+    assert!(
+        info.contains("negotiated: MUST_TELL_HOST VERSION_1"),
+        "{info}"
+    );
+
+    ok(s.run("balloon alpha 0", COMMAND));
+    ok(s.expect(
+        r"\[alpha\] testguest: balloon target=0 actual=0 pages",
+        STEP,
+    ));
+    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    ok(s.expect(r"\[alpha\] testguest: deflated pages read zero", STEP));
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    // The guest touched every page it got back: all are backed again.
+    assert_eq!(
+        mem_category(&mut s, "free"),
+        free0,
+        "deflate gives every page back"
+    );
+    let out = s.output();
+    for bad in ["MISMATCH", "NOT ZERO", "EXCEPTION", "VM stopped"] {
+        assert!(!out.contains(bad), "'{bad}' in the console:\n{out}");
+    }
+}
+
+fn stop_and_start(board: Board) {
+    let mut s = boot(board, "stop_and_start", None, &["alpha", "beta"]);
+    let guest0 = mem_category(&mut s, "guest RAM");
+    assert_eq!(guest0, 384 * MIB, "alpha 256 MiB + beta 128 MiB");
+    let tables0 = mem_category(&mut s, "page tables");
+    let out = ok(s.run("stop beta", COMMAND));
+    let stopped = r"\[beta\] VM stopped: stopped from the shell; 32768 pages returned";
+    // The shell waits for the stop, so the line usually comes before the prompt.
+    if !regex::Regex::new(stopped).unwrap().is_match(&out) {
+        ok(s.expect(stopped, STEP));
+    }
+    assert_eq!(mem_category(&mut s, "guest RAM"), 256 * MIB);
+    assert!(
+        mem_category(&mut s, "page tables") < tables0,
+        "beta's stage-2 tables are freed"
+    );
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(
+        vms.lines()
+            .any(|l| l.starts_with("beta") && l.contains("stopped")),
+        "{vms}"
+    );
+    ok(s.expect(r"\[alpha\] testguest: alive \d+s", STEP));
+    ok(s.run("start beta", COMMAND));
+    ok(s.expect(r"\[beta\] testguest: balloon at ", STEP));
+    assert_eq!(mem_category(&mut s, "guest RAM"), guest0);
+    assert_eq!(mem_category(&mut s, "page tables"), tables0);
+    let out = ok(s.run("start beta", COMMAND));
+    assert!(out.contains("cannot start: it is already running"), "{out}");
+    let out = ok(s.run("stop gamma", COMMAND));
+    assert!(
+        out.contains("no VM called 'gamma'; the VMs are: alpha, beta"),
+        "{out}"
+    );
+}
+
+fn wild_guest_is_stopped(board: Board) {
+    // The wild guest stops before beta is up: expect its lines first.
+    let mut s = boot(board, "wild_guest_is_stopped", Some("wild"), &[]);
+    ok(s.expect(
+        r"\[wild\] stopping the VM: access to an address that is neither its RAM nor a device: IPA 0x30000000, PC 0x",
+        STEP,
+    ));
+    ok(s.expect(r"\[wild\] VM stopped: .* pages returned to the pool", STEP));
+    ok(s.expect(r"\[beta\] testguest: balloon at ", STEP));
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    assert_eq!(
+        mem_category(&mut s, "guest RAM"),
+        128 * MIB,
+        "only beta's RAM is still in use"
+    );
+}
+
+fn hostile_guest_is_contained(board: Board) {
+    let mut s = boot(board, "hostile_guest_is_contained", Some("hostile"), &[]);
+    // Each attack: the device refuses it and the console says why.
+    for (attack, report) in [
+        (
+            "descriptor-loop",
+            r"is longer than the queue size .* \(a loop\?\)",
+        ),
+        ("descriptor-outside-ram", r"points outside guest RAM"),
+        (
+            "descriptor-huge-length",
+            r"is longer than the 16384 bytes accepted",
+        ),
+        (
+            "avail-index-ahead",
+            r"available index 1000 is more than the queue size",
+        ),
+        ("pfn-past-ram", r"rejected PFNs: [1-9]\d* outside guest RAM"),
+        ("pfn-mmio", r"rejected PFNs: [1-9]\d* outside guest RAM"),
+        (
+            "pfn-duplicate",
+            r"rejected PFNs: 0 outside guest RAM, 1 duplicated",
+        ),
+        ("pfn-already-ballooned", r"1 already ballooned"),
+        ("deflate-never-inflated", r"1 not ballooned"),
+        (
+            "indirect-descriptor",
+            r"is indirect, but VIRTIO_F_INDIRECT_DESC is not offered",
+        ),
+        ("misaligned-queue", r"is not 16-byte aligned"),
+    ] {
+        ok(s.expect(&format!(r"\[hostile\] balloon: .*{report}"), STEP));
+        ok(s.expect(
+            &format!(r"\[hostile\] testguest: hostile: {attack} -> status"),
+            STEP,
+        ));
+    }
+    ok(s.expect(r"\[hostile\] testguest: hostile: done", STEP));
+    ok(s.expect(r"\[hostile\] VM stopped: powered off by the guest", STEP));
+    // The other guest was never disturbed, and the hypervisor still answers.
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    ok(s.run("balloon beta 64M", COMMAND));
+    ok(s.expect(
+        r"\[beta\] testguest: balloon target=16384 actual=16384 pages",
+        STEP,
+    ));
+    ok(s.expect(r"\[beta\] testguest: pattern ok", STEP));
+    assert_eq!(mem_category(&mut s, "guest RAM"), 64 * MIB);
+    let out = s.output();
+    assert!(!out.contains("*** "), "the hypervisor crashed:\n{out}");
+}
+
+macro_rules! vm_tests {
+    ($($module:ident => $board:expr;)*) => {$(
+        mod $module {
+            use super::*;
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn balloon_half_and_back() {
+                super::balloon_half_and_back($board);
+            }
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn stop_and_start() {
+                super::stop_and_start($board);
+            }
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn wild_guest_is_stopped() {
+                super::wild_guest_is_stopped($board);
+            }
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn hostile_guest_is_contained() {
+                super::hostile_guest_is_contained($board);
+            }
+        }
+    )*};
+}
+
+vm_tests! {
+    virt_gicv2 => Board::VirtGicv2;
+    virt_gicv3 => Board::VirtGicv3;
+    raspi4b => Board::Raspi4b;
+}
