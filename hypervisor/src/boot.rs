@@ -334,16 +334,21 @@ fn start_secondaries(board: &BoardInfo) {
 #[no_mangle]
 extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
     smp::set_state(index, smp::CpuState::Online);
+    aarch64::pmu::init();
     defmt::debug!("cpu{=usize} entered Rust at EL2", index);
     vm::cpu_loop(index)
 }
 
 fn shell_loop(board: &BoardInfo) -> ! {
+    aarch64::enable_event_stream();
     let mut editor = LineEditor::new();
     print!("tidal> ");
     loop {
         let Some(byte) = crate::console::try_read_byte() else {
-            core::hint::spin_loop();
+            // Sleep until the timer's event stream (about every 1 ms) rather
+            // than spin: an idle shell must not steal cycles (or, under QEMU,
+            // instruction counts) from the CPUs running guests.
+            aarch64::wait_for_event();
             continue;
         };
         match editor.feed(byte) {

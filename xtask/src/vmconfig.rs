@@ -792,7 +792,7 @@ kernel = "testguest"
         assert_eq!(
             seen,
             vec![
-                ("bench".into(), vec![("bench".into(), 256, 2, p("bench"))]),
+                ("bench".into(), vec![("bench".into(), 256, 2, p("pattern"))]),
                 ("demo".into(), pair.clone()),
                 (
                     "hostile".into(),

@@ -18,13 +18,13 @@ use super::exit::{decode, load_result, FaultKind, VcpuExit};
 use super::fdt::{self, layout, GicVersion, GuestBoard};
 use super::memory::{GuestRam, HostMemory, RamError};
 use crate::arch::aarch64::vcpu::{self, El1Regs, GuestContext};
-use crate::arch::aarch64::{self, MAX_CPUS};
+use crate::arch::aarch64::{self, pmu, MAX_CPUS};
 use crate::balloon::Balloon;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
-use crate::println;
 use crate::virtio::mmio::MmioTransport;
 use crate::virtio::{GuestMemError, GuestMemory};
+use crate::{print, println};
 
 /// Most VMs a bundle may describe.
 pub const MAX_GUESTS: usize = 8;
@@ -57,6 +57,30 @@ pub struct ExitStats {
     pub hvc: u64,
     pub wfx: u64,
     pub faults: u64,
+    /// EL2 instructions over all exits (when the PMU counts them).
+    pub instructions: u64,
+    pub total: u64,
+}
+
+/// One move of the balloon to a new target, measured for `info balloon`
+/// and the benchmark.
+#[derive(Clone, Copy, Debug)]
+pub struct BalloonChange {
+    pub from: u32,
+    pub to: u32,
+    /// CNTPCT when the target was set, and when the driver reported it reached.
+    pub started: u64,
+    pub ended: u64,
+    /// Hypervisor (EL2) instructions spent on the change's exits: balloon
+    /// register accesses and faults backing RAM, world switch included.
+    pub instructions: u64,
+    pub exits: u64,
+}
+
+impl BalloonChange {
+    pub fn pages(&self) -> u64 {
+        u64::from(self.from.abs_diff(self.to))
+    }
 }
 
 pub struct Vm {
@@ -72,6 +96,10 @@ pub struct Vm {
     pub exits: ExitStats,
     /// Why the VM last stopped.
     pub last_stop: &'static str,
+    /// The balloon change in progress (from `set_balloon` until the driver
+    /// reports the target reached), and the last one completed.
+    pub change: Option<BalloonChange>,
+    pub last_change: Option<BalloonChange>,
     /// The balloon's counters when the VM last stopped.
     pub last_balloon_stats: Option<crate::balloon::BalloonStats>,
     pub starts: u64,
@@ -209,6 +237,8 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
             exits: ExitStats::default(),
             last_stop: "not started yet",
             last_balloon_stats: None,
+            change: None,
+            last_change: None,
             starts: 0,
         });
     }
@@ -390,15 +420,27 @@ fn run_vcpu(id: usize) {
         GuestContext::new(entry, layout::RAM_BASE)
     };
     loop {
+        let before = pmu::instructions();
         let vector = vcpu::run(&mut ctx);
         let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
         let mut guard = VMS[id].lock();
         let Some(vm) = guard.as_mut() else { return };
+        let counted = vm.change.is_some() && balloon_work(vm, &exit);
         if vm.state == VmState::StopRequested {
             stop_now(vm, "stopped from the shell");
             return;
         }
-        match handle_exit(vm, &mut ctx, exit) {
+        let outcome = handle_exit(vm, &mut ctx, exit);
+        vm.exits.total += 1;
+        vm.exits.instructions += u64::from(pmu::instructions().wrapping_sub(before));
+        if counted {
+            if let Some(change) = vm.change.as_mut() {
+                change.instructions += u64::from(pmu::instructions().wrapping_sub(before));
+                change.exits += 1;
+            }
+        }
+        finish_change(vm);
+        match outcome {
             Outcome::Continue => {}
             Outcome::Stop(why) => {
                 stop_now(vm, why);
@@ -624,8 +666,17 @@ pub fn set_balloon(vm: &mut Vm, pages: u64) -> Result<(), &'static str> {
     if pages > ram_pages {
         return Err("that is more than its RAM");
     }
+    let from = balloon.device().actual();
     balloon.device_mut().set_target(pages as u32);
     balloon.config_changed();
+    vm.change = Some(BalloonChange {
+        from,
+        to: pages as u32,
+        started: aarch64::counter().0,
+        ended: 0,
+        instructions: 0,
+        exits: 0,
+    });
     Ok(())
 }
 
@@ -661,6 +712,16 @@ pub fn print_balloon(vm: &mut Vm) {
     if let Some(e) = balloon.last_error() {
         println!("  last device error: {e}");
     }
+    let e = &vm.exits;
+    println!(
+        "  exits: {} ({} MMIO, {} HVC/SMC, {} WFI/WFE, {} faults), {} EL2 instructions each on average",
+        e.total,
+        e.mmio,
+        e.hvc,
+        e.wfx,
+        e.faults,
+        e.instructions / e.total.max(1)
+    );
     if let Some(ram) = vm.ram.as_ref() {
         println!(
             "  memory: {} pages mapped, {} backed again on fault, {} released, {} TLB flushes",
@@ -687,5 +748,60 @@ fn report_rejections(
             "[{name}] balloon: rejected PFNs: {range} outside guest RAM, {dup} duplicated, \
              {already} already ballooned, {not} not ballooned (buffers returned, nothing unmapped)"
         );
+    }
+}
+
+/// Whether an exit is part of moving the balloon: a balloon register access
+/// or a fault backing RAM.
+fn balloon_work(vm: &Vm, exit: &VcpuExit) -> bool {
+    match *exit {
+        VcpuExit::MmioRead { ipa, .. }
+        | VcpuExit::MmioWrite { ipa, .. }
+        | VcpuExit::Abort { ipa, .. } => {
+            offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE).is_some()
+                || vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
+        }
+        _ => false,
+    }
+}
+
+/// When the driver reports the target reached, close the change and say
+/// what it cost.
+fn finish_change(vm: &mut Vm) {
+    let (Some(change), Some(balloon)) = (vm.change.as_mut(), vm.balloon.as_ref()) else {
+        return;
+    };
+    if balloon.device().actual() != change.to || balloon.device().target() != change.to {
+        return;
+    }
+    change.ended = aarch64::counter().0;
+    let change = *change;
+    vm.change = None;
+    vm.last_change = Some(change);
+    let freq = aarch64::counter().1.max(1);
+    let micros = (change.ended - change.started) as u128 * 1_000_000 / freq as u128;
+    let pages = change.pages();
+    let rate = if micros > 0 {
+        pages as u128 * 1_000_000 / micros
+    } else {
+        0
+    };
+    let verb = if change.to >= change.from {
+        "inflated"
+    } else {
+        "deflated"
+    };
+    print!(
+        "[{}] balloon: reached {} pages: {pages} pages {verb} in {micros} us ({rate} pages/s)",
+        vm.name, change.to
+    );
+    if pmu::counts_instructions() && pages > 0 {
+        let per_page = change.instructions as f64 / pages as f64;
+        println!(
+            ", {per_page:.1} hypervisor instructions per page ({} in {} exits)",
+            change.instructions, change.exits
+        );
+    } else {
+        println!(", hypervisor instructions: not counted (no PMU instruction event)");
     }
 }

@@ -4,6 +4,7 @@
 pub mod entry;
 pub mod exceptions;
 pub mod mmu;
+pub mod pmu;
 pub mod psci;
 pub mod smp;
 pub mod vcpu;
@@ -69,6 +70,26 @@ pub fn clean_dcache_range(addr: usize, len: usize) {
 pub fn wait_for_event() {
     // SAFETY: WFE only waits.
     unsafe { asm!("wfe", options(nomem, nostack)) };
+}
+
+/// Wake this CPU from WFE about every millisecond: the physical counter's
+/// event stream (CNTHCTL_EL2.EVNTEN) on bit 15 (with the counter at 25-100
+/// MHz, one event per 0.3-1.3 ms). Only for CPUs that never run a guest.
+pub fn enable_event_stream() {
+    const EVNTEN: u64 = 1 << 2;
+    const EVNTI_BIT15: u64 = 15 << 4;
+    // SAFETY: the event stream only generates wake-up events.
+    unsafe {
+        asm!(
+            "mrs {t}, CNTHCTL_EL2",
+            "orr {t}, {t}, {bits}",
+            "msr CNTHCTL_EL2, {t}",
+            "isb",
+            t = out(reg) _,
+            bits = in(reg) EVNTEN | EVNTI_BIT15,
+            options(nostack)
+        );
+    }
 }
 
 /// Stop the calling CPU for good, interrupts masked.
