@@ -420,13 +420,13 @@ fn run(cmd: Command, board: &BoardInfo) {
             }
         }
         Command::InfoBalloon { vm: Some(name) } => {
-            if vm::with_vm(name, |vm| vm::print_balloon(vm)).is_none() {
+            if vm::with_vm(name, vm::print_balloon).is_none() {
                 no_such_vm(name);
             }
         }
-        Command::InfoBalloon { vm: None } => vm::for_each(|vm| vm::print_balloon(vm)),
+        Command::InfoBalloon { vm: None } => vm::for_each(vm::print_balloon),
         Command::Stop { vm: name } => stop_vm(name),
-        Command::Start { vm: name } => match vm::with_vm(name, |vm| vm::start(vm)) {
+        Command::Start { vm: name } => match vm::with_vm(name, vm::start) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot start: {e}"),
             Some(Ok(())) => println!("{name}: started"),

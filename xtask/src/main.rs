@@ -4,6 +4,7 @@
 //! Commands: `setup`, `build`, `run [--board B]`, `test`. Every command
 //! starts with `setup`, which is quick when everything is present.
 
+mod bench;
 mod fixtures;
 mod setup;
 mod vmconfig;
@@ -22,6 +23,10 @@ fn main() -> ExitCode {
         Some("build") => setup::run().and_then(|_| build(&root()).map(|_| ())),
         Some("run") => run(&args[1..]),
         Some("test") => test(&args[1..]),
+        Some("bench") => setup::run().and_then(|_| {
+            let root = root();
+            bench::run(&root, &build(&root)?)
+        }),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -45,7 +50,8 @@ fn print_help() {
   build              build the hypervisor image and the guest bundle
   run [--board B]    build, then boot in QEMU with the console on this terminal
                      (B: virt-gicv2 (default), virt-gicv3, raspi4b; Ctrl-A X quits QEMU)
-  test               run every test, host and QEMU; ends with 'N passed, M failed'"
+  test               run every test, host and QEMU; ends with 'N passed, M failed'
+  bench              balloon benchmark under QEMU -icount: table, and target/bench/balloon.json"
     );
 }
 
@@ -257,6 +263,10 @@ fn test(args: &[String]) -> Result<(), String> {
             "platform",
             "-p",
             "guest-bundle",
+            "-p",
+            "guest-driver",
+            "-p",
+            "testguest",
             "--",
             "-D",
             "warnings",

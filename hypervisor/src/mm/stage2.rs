@@ -98,7 +98,7 @@ impl Stage2 {
     }
 
     fn check(ipa: u64) -> Result<(), Stage2Error> {
-        if ipa % PAGE != 0 || ipa >= IPA_LIMIT {
+        if !ipa.is_multiple_of(PAGE) || ipa >= IPA_LIMIT {
             return Err(Stage2Error::BadIpa(ipa));
         }
         Ok(())
@@ -315,7 +315,7 @@ pub mod tests {
             s2.map(&mut mem, 0x4000_0000, 0x1000),
             Err(Stage2Error::OutOfTables)
         );
-        assert_eq!(s2.unmap(&mut mem, u64::MAX & !0xfff), None);
+        assert_eq!(s2.unmap(&mut mem, !0xfff), None);
         assert_eq!(s2.lookup(&mut mem, u64::MAX), None);
     }
 

@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn mmio_load_byte_sign_extended() {
-        let esr = EC_DABT_LOW | IL | (1 << 24) | (0 << 22) | (1 << 21) | (7 << 16) | 0b000101;
+        let esr = EC_DABT_LOW | IL | (1 << 24) | (1 << 21) | (7 << 16) | 0b000101;
         let exit = decode(8, esr, 0x18, hp(0x0900_0000));
         assert_eq!(
             exit,

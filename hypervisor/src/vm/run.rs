@@ -781,11 +781,7 @@ fn finish_change(vm: &mut Vm) {
     let freq = aarch64::counter().1.max(1);
     let micros = (change.ended - change.started) as u128 * 1_000_000 / freq as u128;
     let pages = change.pages();
-    let rate = if micros > 0 {
-        pages as u128 * 1_000_000 / micros
-    } else {
-        0
-    };
+    let rate = (pages as u128 * 1_000_000).checked_div(micros).unwrap_or(0);
     let verb = if change.to >= change.from {
         "inflated"
     } else {

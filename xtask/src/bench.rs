@@ -1,0 +1,129 @@
+//! `cargo xtask bench`: balloon throughput and cost, measured by the
+//! hypervisor itself under QEMU with `-icount shift=0` (guest time follows
+//! the instruction count, so figures repeat run to run).
+//!
+//! One bare-metal test guest (guests/tests/bench.toml, 256 MiB) is ballooned
+//! by 128 MiB and back, three rounds. For each move the hypervisor prints the
+//! pages moved, the (virtual) time from setting the target to the driver
+//! reporting it reached, and the EL2 instructions spent on the exits that
+//! did the work (QEMU's PMU instruction event; with -icount QEMU counts
+//! instructions of all CPUs while this one is at EL2, which is why the shell
+//! and idle CPUs wait in WFE). Results: a table on stdout and
+//! target/bench/balloon.json.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use harness::{target_dir, Artifacts, Board, QemuOptions, Session};
+
+const ROUNDS: usize = 3;
+const SIZE_MIB: u64 = 128;
+const STEP: Duration = Duration::from_secs(300);
+
+struct Move {
+    round: usize,
+    op: &'static str,
+    pages: u64,
+    virtual_us: u64,
+    pages_per_s: u64,
+    insns_per_page: Option<f64>,
+    exits: Option<u64>,
+    wall: Duration,
+}
+
+pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    let board = Board::VirtGicv2;
+    let mut opts = QemuOptions::for_board(board, artifacts);
+    opts.initrd = Some(target_dir().join("bundles").join("bench.img"));
+    opts.extra = vec!["-icount".into(), "shift=0".into()];
+    let mut s =
+        Session::start("bench-balloon", board, artifacts, &opts).map_err(|e| e.to_string())?;
+    s.set_deadline(Duration::from_secs(1800));
+    s.expect(r"\[bench\] testguest: balloon at ", STEP)
+        .map_err(|e| e.to_string())?;
+    let mut moves = Vec::new();
+    for round in 1..=ROUNDS {
+        for (op, size) in [("inflate", SIZE_MIB), ("deflate", 0)] {
+            let started = Instant::now();
+            s.send_line(&format!("balloon bench {size}M"))
+                .map_err(|e| e.to_string())?;
+            let c = s
+                .expect(
+                    r"\[bench\] balloon: reached \d+ pages: (\d+) pages \w+ in (\d+) us \((\d+) pages/s\), (?:([\d.]+) hypervisor instructions per page \((\d+) in (\d+) exits\)|hypervisor instructions: not counted)",
+                    STEP,
+                )
+                .map_err(|e| e.to_string())?;
+            let wall = started.elapsed();
+            let num = |i: usize| {
+                c[i].parse::<u64>()
+                    .map_err(|e| format!("bad number '{}': {e}", c[i]))
+            };
+            moves.push(Move {
+                round,
+                op,
+                pages: num(1)?,
+                virtual_us: num(2)?,
+                pages_per_s: num(3)?,
+                insns_per_page: c[4].parse().ok(),
+                exits: c[6].parse().ok(),
+                wall,
+            });
+            // The guest checks its memory after every move; wait for it.
+            s.expect(r"\[bench\] testguest: pattern ok", STEP)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    s.send_line("poweroff").map_err(|e| e.to_string())?;
+    let _ = s.wait_exit(Duration::from_secs(30));
+
+    println!();
+    println!("Balloon, bare-metal guest, 128 MiB, QEMU virt GICv2, -icount shift=0 (virtual time: 1 ns per instruction)");
+    println!(
+        "round  op        pages   virtual ms   pages/s (virtual)   EL2 instr/page   exits   wall s"
+    );
+    for m in &moves {
+        println!(
+            "{:<6} {:<8} {:>6} {:>12.1} {:>19} {:>16} {:>7} {:>8.2}",
+            m.round,
+            m.op,
+            m.pages,
+            m.virtual_us as f64 / 1000.0,
+            m.pages_per_s,
+            m.insns_per_page.map_or("n/a".into(), |v| format!("{v:.1}")),
+            m.exits.map_or("n/a".into(), |v| v.to_string()),
+            m.wall.as_secs_f64()
+        );
+    }
+    println!("EL2 instructions cover every exit of the move, world switch included. A deflate's exits are");
+    println!(
+        "mostly faults: the test guest writes each page it gets back before reporting the target"
+    );
+    println!("reached, and each first touch backs the page with a zeroed frame.");
+
+    let dir = root.join("target").join("bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let json: Vec<String> = moves
+        .iter()
+        .map(|m| {
+            format!(
+                "    {{\"round\": {}, \"op\": \"{}\", \"pages\": {}, \"virtual_us\": {}, \"pages_per_s_virtual\": {}, \"el2_instructions_per_page\": {}, \"exits\": {}, \"wall_s\": {:.3}}}",
+                m.round,
+                m.op,
+                m.pages,
+                m.virtual_us,
+                m.pages_per_s,
+                m.insns_per_page.map_or("null".into(), |v| format!("{v:.1}")),
+                m.exits.map_or("null".into(), |v| v.to_string()),
+                m.wall.as_secs_f64()
+            )
+        })
+        .collect();
+    let path = dir.join("balloon.json");
+    let text = format!(
+        "{{\n  \"benchmark\": \"balloon-bare-metal\",\n  \"board\": \"virt-gicv2\",\n  \"icount_shift\": 0,\n  \"size_mib\": {SIZE_MIB},\n  \"moves\": [\n{}\n  ]\n}}\n",
+        json.join(",\n")
+    );
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("written to {}", path.display());
+    Ok(())
+}
