@@ -294,6 +294,9 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
         .get()
         .and_then(|b| b.vm(vm.id))
         .ok_or("it is not in the bundle")?;
+    if spec.vcpus() != 1 {
+        return Err("it asks for more than one vCPU; this version runs one vCPU per VM");
+    }
     let mut mem = HostMem;
     let vmid = vm.id as u16 + 1;
     let mut ram = GuestRam::new(&mut mem, vm.id, vmid, layout::RAM_BASE, spec.ram_size())
