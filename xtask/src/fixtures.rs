@@ -92,6 +92,69 @@ pub fn debian_kernel(workspace_root: &Path) -> Result<PathBuf, String> {
     Ok(kernel)
 }
 
+/// The root of Debian's current arm64 `package` (any architecture-specific
+/// package without a kernel's version dance, e.g. `busybox-static`), unpacked
+/// under `target/fixtures/debian-arm64/<package>/root`, fetched on first use
+/// with the same apt lists, cache and options as [`debian_kernel`]. The
+/// version is whatever the archive's candidate is today; see
+/// [`debian_package_deb`].
+pub fn debian_package(workspace_root: &Path, package: &str) -> Result<PathBuf, String> {
+    let dir = fixtures_dir(workspace_root).join("debian-arm64");
+    let pkg_dir = dir.join(package);
+    let root = pkg_dir.join("root");
+    // Written last (holding the .deb's file name), so a half-unpacked tree is
+    // redone rather than trusted.
+    let done = pkg_dir.join("done");
+    if done.is_file() {
+        return Ok(root);
+    }
+    for sub in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    fs::create_dir_all(&pkg_dir).map_err(|e| format!("{}: {e}", pkg_dir.display()))?;
+    eprintln!(
+        "fixtures: downloading Debian's arm64 {package} package into {}",
+        pkg_dir.display()
+    );
+    // Refresh the lists: ones left by an earlier kernel download may name a
+    // version the archive has since dropped.
+    run(apt(&dir, "apt-get").args(["-qq", "update"]))?;
+    for deb in debs(&pkg_dir)? {
+        fs::remove_file(&deb).map_err(|e| format!("{}: {e}", deb.display()))?;
+    }
+    run(apt(&dir, "apt-get")
+        .current_dir(&pkg_dir)
+        .args(["-qq", "download", package]))?;
+    let deb = match debs(&pkg_dir)?.as_slice() {
+        [deb] => deb.clone(),
+        other => {
+            return Err(format!(
+                "expected one .deb in {} after download, found {}",
+                pkg_dir.display(),
+                other.len()
+            ))
+        }
+    };
+    if root.exists() {
+        fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    }
+    run(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))?;
+    let name = deb.file_name().unwrap_or_default().to_string_lossy();
+    fs::write(&done, format!("{name}\n")).map_err(|e| format!("{}: {e}", done.display()))?;
+    Ok(root)
+}
+
+/// The `package_version_arch.deb` file name [`debian_package`] unpacked, if
+/// it has (the version is URL-escaped as in the archive: `1%3a1.35.0-4`).
+pub fn debian_package_deb(workspace_root: &Path, package: &str) -> Option<String> {
+    let done = fixtures_dir(workspace_root)
+        .join("debian-arm64")
+        .join(package)
+        .join("done");
+    let text = fs::read_to_string(done).ok()?;
+    Some(text.trim().to_string())
+}
+
 /// An apt command that sees only arm64 and keeps all its state under `dir`.
 fn apt(dir: &Path, program: &str) -> Command {
     let mut cmd = Command::new(program);

@@ -6,6 +6,7 @@
 
 mod bench;
 mod fixtures;
+mod linux;
 mod setup;
 mod vmconfig;
 
@@ -122,6 +123,9 @@ fn build(root: &Path) -> Result<Artifacts, String> {
         )?;
         check_image_header(to)?;
     }
+    // The Linux guest fixture: Debian's arm64 kernel and a busybox initramfs
+    // (target/fixtures/linux/), for the configurations that name them.
+    linux::build_initramfs(root)?;
     // guests/demo.toml -> target/guests.img, guests/tests/<name>.toml ->
     // target/bundles/<name>.img (see guests/README.md).
     vmconfig::build_all(root, &testguest)?;

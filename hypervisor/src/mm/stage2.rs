@@ -23,6 +23,21 @@ const SH_INNER: u64 = 0b11 << 8;
 const AF: u64 = 1 << 10;
 const ADDR_MASK: u64 = 0x0000_ffff_ffff_f000;
 
+/// MemAttr = 0b0001: Device-nGnRE.
+const MEMATTR_DEVICE: u64 = 0b0001 << 2;
+const MEMATTR_MASK: u64 = 0b1111 << 2;
+/// Stage-2 execute-never.
+const XN: u64 = 1 << 54;
+
+/// A leaf descriptor passing a device page at `pa` through (the GICV page).
+pub const fn device_page(pa: u64) -> u64 {
+    (pa & ADDR_MASK) | AF | S2AP_RW | MEMATTR_DEVICE | XN | TABLE_OR_PAGE | VALID
+}
+
+fn is_ram(entry: u64) -> bool {
+    entry & MEMATTR_MASK == MEMATTR_NORMAL_WB
+}
+
 /// A leaf descriptor mapping guest RAM at `pa`.
 pub const fn ram_page(pa: u64) -> u64 {
     (pa & ADDR_MASK) | AF | SH_INNER | S2AP_RW | MEMATTR_NORMAL_WB | TABLE_OR_PAGE | VALID
@@ -129,6 +144,29 @@ impl Stage2 {
         Ok(Some(table))
     }
 
+    /// Pass the device page at `pa` through at `ipa`. Device pages are not
+    /// guest RAM: they are not counted, reported or freed as frames.
+    pub fn map_device(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: u64,
+        pa: u64,
+    ) -> Result<(), Stage2Error> {
+        Self::check(ipa)?;
+        let table = self
+            .leaf_table(mem, ipa, true)?
+            .ok_or(Stage2Error::OutOfTables)?;
+        let slot = &mut mem.table(table)[index(ipa, 3)];
+        if *slot & VALID != 0 {
+            return Err(Stage2Error::AlreadyMapped {
+                ipa,
+                pa: *slot & ADDR_MASK,
+            });
+        }
+        *slot = device_page(pa);
+        Ok(())
+    }
+
     /// Map the page at `ipa` to the frame at `pa` as guest RAM.
     pub fn map(
         &mut self,
@@ -158,7 +196,7 @@ impl Stage2 {
         Self::check(ipa).ok()?;
         let table = self.leaf_table(mem, ipa, false).ok()??;
         let slot = &mut mem.table(table)[index(ipa, 3)];
-        if *slot & VALID == 0 {
+        if *slot & VALID == 0 || !is_ram(*slot) {
             return None;
         }
         let pa = *slot & ADDR_MASK;
@@ -174,7 +212,7 @@ impl Stage2 {
         }
         let table = self.leaf_table(mem, ipa & !(PAGE - 1), false).ok()??;
         let entry = mem.table(table)[index(ipa, 3)];
-        (entry & VALID != 0).then_some((entry & ADDR_MASK) | (ipa & (PAGE - 1)))
+        (entry & VALID != 0 && is_ram(entry)).then_some((entry & ADDR_MASK) | (ipa & (PAGE - 1)))
     }
 
     /// Call `f(ipa, pa)` for every mapped page, in IPA order.
@@ -191,7 +229,7 @@ impl Stage2 {
                 }
                 for i3 in 0..512u64 {
                     let e3 = mem.table(e2 & ADDR_MASK)[i3 as usize];
-                    if e3 & VALID != 0 {
+                    if e3 & VALID != 0 && is_ram(e3) {
                         f((i1 << 30) | (i2 << 21) | (i3 << 12), e3 & ADDR_MASK);
                     }
                 }
@@ -214,7 +252,7 @@ impl Stage2 {
                 }
                 for i3 in 0..512 {
                     let e3 = mem.table(e2 & ADDR_MASK)[i3];
-                    if e3 & VALID != 0 {
+                    if e3 & VALID != 0 && is_ram(e3) {
                         frame(e3 & ADDR_MASK);
                     }
                 }
@@ -317,6 +355,31 @@ pub mod tests {
         );
         assert_eq!(s2.unmap(&mut mem, !0xfff), None);
         assert_eq!(s2.lookup(&mut mem, u64::MAX), None);
+    }
+
+    #[test]
+    fn device_pages_are_not_ram() {
+        let mut mem = FakeTables::default();
+        let mut s2 = Stage2::new(&mut mem).unwrap();
+        s2.map_device(&mut mem, 0x0801_0000, 0x0804_0000).unwrap();
+        s2.map(&mut mem, 0x4000_0000, 0x9000_0000).unwrap();
+        assert_eq!(s2.mapped_pages(), 1);
+        assert_eq!(s2.lookup(&mut mem, 0x0801_0000), None, "not RAM");
+        assert_eq!(
+            s2.unmap(&mut mem, 0x0801_0000),
+            None,
+            "the balloon cannot take it"
+        );
+        assert!(s2.map(&mut mem, 0x0801_0000, 0x1000).is_err());
+        let mut seen = Vec::new();
+        s2.for_each_mapped(&mut mem, |ipa, _| seen.push(ipa));
+        assert_eq!(seen, [0x4000_0000]);
+        let mut frames = Vec::new();
+        s2.destroy(&mut mem, |pa| frames.push(pa));
+        assert_eq!(frames, [0x9000_0000]);
+        let d = device_page(0x0804_0000);
+        assert_ne!(d & XN, 0);
+        assert_eq!((d >> 2) & 0xf, 0b0001);
     }
 
     #[test]

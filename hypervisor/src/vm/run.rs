@@ -350,7 +350,14 @@ fn load_images(ram: &mut GuestRam, spec: &guest_bundle::VmEntry<'_>) -> Result<(
     .map_err(|_| "its virtual board cannot be described")?;
     board.bootargs = spec.cmdline();
     if let Some(initrd) = spec.initrd() {
-        let start = (kernel_ipa + kernel.len() as u64).next_multiple_of(2 << 20);
+        // Past the kernel's whole footprint (image_size includes its .bss).
+        let image_size = if kernel.len() >= 64 && kernel[56..60] == *b"ARM\x64" {
+            u64::from_le_bytes(kernel[16..24].try_into().unwrap_or([0; 8]))
+        } else {
+            0
+        };
+        let footprint = image_size.max(kernel.len() as u64);
+        let start = (kernel_ipa + footprint).next_multiple_of(2 << 20);
         ram.write(&mut mem, start, initrd)
             .map_err(|_| "its initrd does not fit in its RAM")?;
         board.initrd = Some((start, start + initrd.len() as u64));

@@ -3,6 +3,7 @@
 
 pub mod entry;
 pub mod exceptions;
+pub mod gic;
 pub mod mmu;
 pub mod pmu;
 pub mod psci;
