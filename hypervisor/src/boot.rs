@@ -174,6 +174,7 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     }
 
     init_frames(board, load_addr as u64);
+    init_gic(board);
     defmt::info!(
         "frame table ready: {=u64} free pages",
         FRAMES.get().map_or(0, |f| f.lock().free_pages())
@@ -335,6 +336,7 @@ fn start_secondaries(board: &BoardInfo) {
 extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
     smp::set_state(index, smp::CpuState::Online);
     aarch64::pmu::init();
+    aarch64::gic::init_cpu(index);
     defmt::debug!("cpu{=usize} entered Rust at EL2", index);
     vm::cpu_loop(index)
 }
@@ -512,4 +514,31 @@ fn stop_vm(name: &str) {
         core::hint::spin_loop();
     }
     println!("{name}: stop requested; it stops at its next exit (it has not trapped for 1 s)");
+}
+
+/// Drive the GIC's virtualization interface when the host has one we
+/// support (GICv2 with GICH and GICV); guests then get a virtual GIC.
+fn init_gic(board: &BoardInfo) {
+    let Some(gic) = board.gic.as_ref() else {
+        return;
+    };
+    match (
+        gic.version,
+        gic.cpu_interface,
+        gic.hyp_interface,
+        gic.virtual_cpu_interface,
+    ) {
+        (platform::GicVersion::V2, Some(gicc), Some(gich), Some(gicv)) => {
+            aarch64::gic::init_distributor(gic.distributor.start, gicc.start, gich.start);
+            aarch64::gic::init_cpu(0);
+            vm::set_gicv(gicv.start);
+            println!(
+                "virtual GIC: GICv2 with {} list registers",
+                aarch64::gic::list_registers()
+            );
+        }
+        _ => println!(
+            "virtual GIC: none on this host yet (GICv3 comes later): guests run without interrupts"
+        ),
+    }
 }

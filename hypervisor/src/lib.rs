@@ -20,6 +20,7 @@ pub mod crash;
 #[cfg(target_os = "none")]
 mod heap;
 pub mod trace;
+pub mod vgic;
 pub mod virtio;
 pub mod vm;
 

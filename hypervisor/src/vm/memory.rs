@@ -120,6 +120,18 @@ impl GuestRam {
         self.base / PAGE_SIZE..(self.base + self.size) / PAGE_SIZE
     }
 
+    /// Pass a device page through at `ipa` (not RAM: never a frame of ours).
+    pub fn map_device(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: u64,
+        pa: u64,
+    ) -> Result<(), RamError> {
+        self.stage2
+            .map_device(mem, ipa, pa)
+            .map_err(RamError::Stage2)
+    }
+
     /// Back every page of RAM (at VM start).
     pub fn populate(&mut self, mem: &mut impl HostMemory) -> Result<(), RamError> {
         for page in 0..self.pages() {

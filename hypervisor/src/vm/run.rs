@@ -17,13 +17,32 @@ use super::console::ConsoleLine;
 use super::exit::{decode, load_result, FaultKind, VcpuExit};
 use super::fdt::{self, layout, GicVersion, GuestBoard};
 use super::memory::{GuestRam, HostMemory, RamError};
+use crate::arch::aarch64::gic;
 use crate::arch::aarch64::vcpu::{self, El1Regs, GuestContext};
 use crate::arch::aarch64::{self, pmu, MAX_CPUS};
 use crate::balloon::Balloon;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
+use crate::vgic::VDistributor;
+use crate::vgic::{lr_value, parse_lr, LR_EOI, LR_HW};
 use crate::virtio::mmio::MmioTransport;
 use crate::virtio::{GuestMemError, GuestMemory};
+
+/// List registers tracked per vCPU (GICv2 has at most 64; boards have 4).
+const MAX_LRS: usize = 16;
+/// SPIs the guest's distributor has: the PL011 (1) and virtio devices (16..).
+const GUEST_SPIS: u32 = 64;
+/// The guest's PL011 and first virtio-mmio device, as INTIDs.
+const UART_INTID: u32 = 32 + layout::UART_SPI;
+const VIRTIO_INTID: u32 = 32 + layout::VIRTIO_SPI_BASE;
+/// Physical address of the GICV page the guests' GICC maps to (0: none).
+static GICV: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// Guests get a virtual GIC when the host GIC has a virtualization
+/// interface we drive (GICv2 with GICH and GICV).
+pub fn set_gicv(pa: u64) {
+    GICV.store(pa, Ordering::Relaxed);
+}
 use crate::{print, println};
 
 /// Most VMs a bundle may describe.
@@ -84,6 +103,11 @@ impl BalloonChange {
 }
 
 pub struct Vm {
+    /// The virtual GIC distributor (GICv2 hosts; the CPU interface is the
+    /// hardware GICV page mapped at the guest's GICC).
+    pub vgic: Option<VDistributor>,
+    /// Which INTID each list register of the vCPU holds (vCPU 0).
+    pub listed: [Option<u32>; MAX_LRS],
     pub id: usize,
     pub name: heapless::String<32>,
     pub state: VmState,
@@ -226,6 +250,8 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
         let mut name = heapless::String::new();
         let _ = name.push_str(spec.name());
         *VMS[id].lock() = Some(Vm {
+            vgic: None,
+            listed: [None; MAX_LRS],
             id,
             name,
             state: VmState::Stopped,
@@ -305,6 +331,24 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
         println!("{}: {e}", vm.name);
         ram.destroy(&mut mem);
         return Err("not enough free memory for its RAM");
+    }
+    let gicv = GICV.load(Ordering::Relaxed);
+    vm.vgic = None;
+    vm.listed = [None; MAX_LRS];
+    if gicv != 0 {
+        // The guest's GICC (8 KiB) is the hardware virtual CPU interface.
+        let mapped = (0..2u64).try_for_each(|page| {
+            ram.map_device(
+                &mut mem,
+                layout::GICC_BASE + page * PAGE_SIZE,
+                gicv + page * PAGE_SIZE,
+            )
+        });
+        if mapped.is_err() {
+            ram.destroy(&mut mem);
+            return Err("its GIC CPU interface cannot be mapped");
+        }
+        vm.vgic = VDistributor::new(1, GUEST_SPIS).ok();
     }
     if let Err(why) = load_images(&mut ram, &spec) {
         ram.destroy(&mut mem);
@@ -386,6 +430,11 @@ fn stop_now(vm: &mut Vm, why: &'static str) {
         );
     }
     vm.last_balloon_stats = vm.balloon.take().map(|b| *b.device().stats());
+    if vm.vgic.take().is_some() && aarch64::cpu_index() == vm.cpu {
+        gic::reset_virtual_interface();
+        // The virtual timer may be active, handed to the guest: end it.
+        gic::deactivate(gic::VTIMER_PPI);
+    }
     vm.state = VmState::Stopped;
     vm.last_stop = why;
     if vm.cpu < MAX_CPUS {
@@ -426,10 +475,16 @@ fn run_vcpu(id: usize) {
         }
         let entry = layout::RAM_BASE + KERNEL_OFFSET + kernel_text_offset(id);
         El1Regs::reset().load();
-        vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), 0);
+        vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), 0, vm.vgic.is_some());
+        if vm.vgic.is_some() {
+            gic::reset_virtual_interface();
+        }
         GuestContext::new(entry, layout::RAM_BASE)
     };
     loop {
+        if let Some(vm) = VMS[id].lock().as_mut() {
+            flush_list_registers(vm);
+        }
         let before = pmu::instructions();
         let vector = vcpu::run(&mut ctx);
         let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
@@ -573,7 +628,7 @@ fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
             vm.exits.wfx += 1;
             ctx.elr += 4;
         }
-        VcpuExit::Interrupt => {}
+        VcpuExit::Interrupt => handle_physical_irqs(vm),
         VcpuExit::Unknown { esr } => {
             println!(
                 "[{}] unhandled exit: ESR_EL2 {esr:#x} at PC {:#x}",
@@ -616,6 +671,15 @@ const UART_FR: u64 = 0x18;
 const UART_FR_TXFE_RXFE: u64 = (1 << 7) | (1 << 4);
 
 fn mmio_read(vm: &mut Vm, ipa: u64, width: u8) -> Result<u64, &'static str> {
+    if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
+        let Some(vgic) = vm.vgic.as_mut() else {
+            return Err("no GIC distributor on this host");
+        };
+        return vgic
+            .read(0, off, width)
+            .map(u64::from)
+            .map_err(|_| "bad GIC distributor access");
+    }
     if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
         return Ok(if off == UART_FR { UART_FR_TXFE_RXFE } else { 0 });
     }
@@ -632,6 +696,15 @@ fn mmio_read(vm: &mut Vm, ipa: u64, width: u8) -> Result<u64, &'static str> {
 }
 
 fn mmio_write(vm: &mut Vm, ipa: u64, width: u8, value: u64) -> Result<(), &'static str> {
+    if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
+        let Some(vgic) = vm.vgic.as_mut() else {
+            return Err("no GIC distributor on this host");
+        };
+        return vgic
+            .write(0, off, width, value as u32)
+            .map(|_| ())
+            .map_err(|_| "bad GIC distributor access");
+    }
     if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
         if off == 0 {
             if let Some(line) = vm.console.push(value as u8) {
@@ -655,6 +728,7 @@ fn mmio_write(vm: &mut Vm, ipa: u64, width: u8, value: u64) -> Result<(), &'stat
             Err(_) => return Err("bad virtio-mmio register access"),
         }
         report_rejections(&vm.name, &before, balloon.device().stats());
+        update_virtio_irq(vm);
         return Ok(());
     }
     Err("access to an address that is neither its RAM nor a device")
@@ -810,4 +884,87 @@ fn finish_change(vm: &mut Vm) {
     } else {
         println!(", hypervisor instructions: not counted (no PMU instruction event)");
     }
+}
+
+/// Drive the balloon's interrupt line into the virtual distributor.
+fn update_virtio_irq(vm: &mut Vm) {
+    let level = vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending());
+    if let Some(vgic) = vm.vgic.as_mut() {
+        let _ = vgic.set_level(VIRTIO_INTID, level);
+    }
+}
+
+/// Take every pending physical interrupt on this CPU (the guest was
+/// interrupted): the virtual timer goes to the guest, the rest is ours.
+fn handle_physical_irqs(vm: &mut Vm) {
+    loop {
+        let (intid, iar) = gic::acknowledge();
+        match intid {
+            gic::SPURIOUS => return,
+            gic::VTIMER_PPI => {
+                // Priority drop only: the interrupt stays active until the
+                // guest's EOI deactivates it through the hardware-linked LR.
+                gic::end_of_interrupt(iar);
+                match vm.vgic.as_mut() {
+                    Some(vgic) => {
+                        let _ = vgic.pend_ppi(0, gic::VTIMER_PPI);
+                    }
+                    None => gic::deactivate(iar),
+                }
+            }
+            _ => {
+                // Maintenance and kicks: the list registers are synced
+                // before the next entry anyway.
+                gic::end_of_interrupt(iar);
+                gic::deactivate(iar);
+            }
+        }
+    }
+}
+
+/// Sync the list registers with the virtual distributor before entering
+/// the guest: retire what the guest finished, then list what is pending.
+fn flush_list_registers(vm: &mut Vm) {
+    let Some(vgic) = vm.vgic.as_mut() else { return };
+    let count = gic::list_registers().min(MAX_LRS);
+    for (i, slot) in vm.listed.iter_mut().enumerate().take(count) {
+        let Some(intid) = *slot else { continue };
+        let lr = parse_lr(gic::read_gich(gic::GICH_LR0 + 4 * i as u64));
+        if lr.is_free() {
+            // The guest is done with it; a level line still high pends again.
+            if lr.eoi || !lr.hw {
+                let _ = vgic.on_eoi(0, intid);
+            }
+            *slot = None;
+        }
+    }
+    let mut waiting = false;
+    for i in 0..count {
+        if vm.listed[i].is_some() {
+            continue;
+        }
+        let listed = vm.listed;
+        let Some(irq) = vgic.next_pending(0, |id| listed.contains(&Some(id))) else {
+            break;
+        };
+        let mut value = lr_value(&irq);
+        if irq.intid == gic::VTIMER_PPI {
+            // Linked to the physical timer interrupt: the guest's EOI
+            // deactivates it in hardware (PhysicalID in bits 19:10).
+            value = (value & !(LR_EOI | (0x3ff << 10))) | LR_HW | (gic::VTIMER_PPI << 10);
+        }
+        gic::write_gich(gic::GICH_LR0 + 4 * i as u64, value);
+        vgic.on_listed(0, &irq);
+        vm.listed[i] = Some(irq.intid);
+    }
+    if vgic.has_pending(0) {
+        let listed = vm.listed;
+        waiting = vgic
+            .next_pending(0, |id| listed.contains(&Some(id)))
+            .is_some();
+    }
+    // More pending than list registers: ask for a maintenance interrupt
+    // when they drain (underflow), so the rest gets listed.
+    let hcr = gic::HCR_EN | if waiting { gic::HCR_UIE } else { 0 };
+    gic::write_gich(gic::GICH_HCR, hcr);
 }

@@ -247,7 +247,10 @@ pub fn vtcr() -> u64 {
 }
 
 /// Point this CPU's stage 2 at a VM and set the controls a guest runs under.
-pub fn load_vm_controls(vmid: u16, root: u64, vcpu_index: u64) {
+/// With `virtual_irqs`, physical IRQs and FIQs are routed to EL2 (HCR_EL2
+/// IMO/FMO), which also enables virtual interrupts from the list registers.
+pub fn load_vm_controls(vmid: u16, root: u64, vcpu_index: u64, virtual_irqs: bool) {
+    let hcr = HCR_GUEST | if virtual_irqs { (1 << 4) | (1 << 3) } else { 0 };
     let vttbr = ((vmid as u64 & 0xff) << 48) | root;
     // SAFETY: these registers only affect guest execution (EL1/EL0), which
     // does not run on this CPU until `run`.
@@ -263,7 +266,7 @@ pub fn load_vm_controls(vmid: u16, root: u64, vcpu_index: u64) {
             vtcr = in(reg) vtcr(),
             vttbr = in(reg) vttbr,
             vmpidr = in(reg) (1u64 << 31) | vcpu_index,
-            hcr = in(reg) HCR_GUEST,
+            hcr = in(reg) hcr,
             // EL1 may read the physical counter and use the physical timer.
             cnthctl = in(reg) 3u64,
             options(nostack)

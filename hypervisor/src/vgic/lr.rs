@@ -1,0 +1,110 @@
+//! A portable model of the GICv2 virtual interface's list registers
+//! (GICH_LRn, GIC architecture specification v2, section 5.3.11).
+//!
+//! The hypervisor's arch code writes [`lr_value`] into a free list register
+//! and decodes what it reads back with [`parse_lr`]; neither touches
+//! hardware.
+//!
+//! ```text
+//!  31  30   29:28  27:23     22:20  19   18:13  12:10  9:0
+//!  HW  Grp1 State  Priority  -      EOI  -      CPUID  VirtualID   (HW = 0)
+//!  HW  Grp1 State  Priority  -      PhysicalID[19:10]  VirtualID   (HW = 1)
+//! ```
+
+use super::PendingIrq;
+
+/// HW: the virtual interrupt is backed by a physical one (never set here).
+pub const LR_HW: u32 = 1 << 31;
+/// Grp1: a group 1 virtual interrupt.
+pub const LR_GRP1: u32 = 1 << 30;
+/// State field: pending.
+pub const LR_PENDING: u32 = 1 << 28;
+/// State field: active.
+pub const LR_ACTIVE: u32 = 1 << 29;
+/// Lowest bit of the 5-bit priority field (priority bits 7:3).
+pub const LR_PRIORITY_SHIFT: u32 = 23;
+/// EOI (HW = 0): raise a maintenance interrupt when the guest deactivates
+/// this interrupt.
+pub const LR_EOI: u32 = 1 << 19;
+/// Lowest bit of the CPUID field (HW = 0): the source CPU of an SGI.
+pub const LR_CPUID_SHIFT: u32 = 10;
+/// The VirtualID field.
+pub const LR_VIRTUAL_ID_MASK: u32 = 0x3ff;
+
+/// The State field of a list register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LrStatus {
+    /// The list register is free.
+    Invalid,
+    Pending,
+    Active,
+    PendingActive,
+}
+
+/// A decoded list register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LrState {
+    /// VirtualID: the INTID the guest sees.
+    pub intid: u32,
+    pub state: LrStatus,
+    /// The EOI maintenance bit (only meaningful with `hw` clear).
+    pub eoi: bool,
+    pub hw: bool,
+    pub group1: bool,
+    /// Priority, bits 7:3 significant.
+    pub priority: u8,
+    /// The CPUID field for an SGI (`hw` clear, `intid` < 16).
+    pub source_cpu: Option<u8>,
+    /// The PhysicalID field when `hw` is set.
+    pub physical_id: Option<u32>,
+}
+
+impl LrState {
+    /// Whether the list register is free for a new interrupt.
+    pub fn is_free(&self) -> bool {
+        self.state == LrStatus::Invalid
+    }
+}
+
+/// The GICH_LRn value that presents `irq` to the guest as pending: its
+/// INTID as VirtualID, priority bits 7:3, the group, HW clear; the EOI bit
+/// for level-sensitive interrupts (so the hypervisor learns through a
+/// maintenance interrupt when the guest is done and can re-sample the line,
+/// see [`super::VDistributor::on_eoi`]); and the source CPU for an SGI.
+pub fn lr_value(irq: &PendingIrq) -> u32 {
+    let mut value = (irq.intid & LR_VIRTUAL_ID_MASK)
+        | (u32::from(irq.priority >> 3) << LR_PRIORITY_SHIFT)
+        | LR_PENDING;
+    if irq.group1 {
+        value |= LR_GRP1;
+    }
+    if irq.is_level {
+        value |= LR_EOI;
+    }
+    if let Some(source) = irq.source_cpu {
+        value |= u32::from(source & 7) << LR_CPUID_SHIFT;
+    }
+    value
+}
+
+/// Decodes a GICH_LRn value read back from the hardware (any value).
+pub fn parse_lr(value: u32) -> LrState {
+    let intid = value & LR_VIRTUAL_ID_MASK;
+    let hw = value & LR_HW != 0;
+    let state = match (value & LR_PENDING != 0, value & LR_ACTIVE != 0) {
+        (false, false) => LrStatus::Invalid,
+        (true, false) => LrStatus::Pending,
+        (false, true) => LrStatus::Active,
+        (true, true) => LrStatus::PendingActive,
+    };
+    LrState {
+        intid,
+        state,
+        eoi: !hw && value & LR_EOI != 0,
+        hw,
+        group1: value & LR_GRP1 != 0,
+        priority: (((value >> LR_PRIORITY_SHIFT) & 0x1f) << 3) as u8,
+        source_cpu: (!hw && intid < 16).then_some(((value >> LR_CPUID_SHIFT) & 7) as u8),
+        physical_id: hw.then_some((value >> 10) & 0x3ff),
+    }
+}
