@@ -353,6 +353,17 @@ fn shell_loop(board: &BoardInfo) -> ! {
             aarch64::wait_for_event();
             continue;
         };
+        // Ctrl-] gives the keyboard back to the shell.
+        if byte == 0x1d && vm::input_to_focus_active() {
+            vm::unfocus();
+            println!();
+            println!("[back to the shell]");
+            print!("tidal> ");
+            continue;
+        }
+        if vm::input_to_focus(byte) {
+            continue;
+        }
         match editor.feed(byte) {
             Event::None => {}
             Event::Echo(bytes) => {
@@ -428,6 +439,13 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::InfoBalloon { vm: None } => vm::for_each(vm::print_balloon),
         Command::Stop { vm: name } => stop_vm(name),
+        Command::Console { vm: name } => {
+            if vm::focus(name) {
+                println!("Connected to {name}'s console; Ctrl-] comes back to the shell.");
+            } else {
+                no_such_vm(name);
+            }
+        }
         Command::Start { vm: name } => match vm::with_vm(name, vm::start) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot start: {e}"),

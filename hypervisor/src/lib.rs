@@ -9,6 +9,7 @@
 pub mod balloon;
 pub mod console;
 pub mod mm;
+pub mod pl011;
 pub mod report;
 
 #[cfg(target_os = "none")]

@@ -20,6 +20,10 @@ pub enum Command<'a> {
     Stop {
         vm: &'a str,
     },
+    /// Give the keyboard to a VM's console until Ctrl-].
+    Console {
+        vm: &'a str,
+    },
     Start {
         vm: &'a str,
     },
@@ -45,6 +49,30 @@ pub const COMMANDS: &[CommandInfo] = &[
     CommandInfo {
         usage: "cpus",
         summary: "the CPUs, how each was started, and its state",
+    },
+    CommandInfo {
+        usage: "vms",
+        summary: "the VMs: state, CPU, RAM, pages mapped and ballooned",
+    },
+    CommandInfo {
+        usage: "balloon <vm> <size>",
+        summary: "set a VM's balloon to <size> (K, M or G suffix; 0 gives all back)",
+    },
+    CommandInfo {
+        usage: "info balloon [vm]",
+        summary: "balloon target, actual, features, counters and exits",
+    },
+    CommandInfo {
+        usage: "console <vm>",
+        summary: "type into a VM's console; Ctrl-] comes back here",
+    },
+    CommandInfo {
+        usage: "stop <vm>",
+        summary: "stop a VM and return all its pages to the pool",
+    },
+    CommandInfo {
+        usage: "start <vm>",
+        summary: "start a stopped VM again from the bundle",
     },
     CommandInfo {
         usage: "poweroff",
@@ -105,6 +133,9 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
         "vms" => no_args(Command::Vms, "vms"),
         "stop" => one_vm("stop <vm>", rest, words.next()).map(|vm| Some(Command::Stop { vm })),
         "start" => one_vm("start <vm>", rest, words.next()).map(|vm| Some(Command::Start { vm })),
+        "console" => {
+            one_vm("console <vm>", rest, words.next()).map(|vm| Some(Command::Console { vm }))
+        }
         "balloon" => match (rest, words.next(), words.next()) {
             (Some(vm), Some(size), None) => {
                 let bytes = parse_size(size).ok_or(ParseError::BadSize(size))?;
@@ -167,7 +198,13 @@ mod tests {
     #[test]
     fn parses_every_listed_command() {
         for c in COMMANDS {
-            assert!(matches!(parse(c.usage), Ok(Some(_))), "{}", c.usage);
+            // The usage with its placeholders filled in must parse.
+            let line = c
+                .usage
+                .replace("<vm>", "alpha")
+                .replace("<size>", "64M")
+                .replace("[vm]", "beta");
+            assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
         assert_eq!(parse("  mem  "), Ok(Some(Command::Mem)));
         assert_eq!(parse(""), Ok(None));

@@ -445,7 +445,7 @@ impl VDistributor {
             if !matches!(width, 1 | 2 | 4) {
                 return Err(VgicError::BadWidth { offset, width });
             }
-            if offset % u64::from(width) != 0 {
+            if !offset.is_multiple_of(u64::from(width)) {
                 return Err(VgicError::Unaligned { offset, width });
             }
             if offset >= GICD_SIZE {
@@ -481,9 +481,9 @@ impl VDistributor {
             Reg::Id(value) => value,
             Reg::Bits(kind, first) => self.read_bits(vcpu, kind, first),
             Reg::Config(first) => self.read_config(vcpu, first),
-            Reg::Priority(first) => {
-                self.read_bytes(first, bytes, |d, intid| d.irq(vcpu, intid).map(|i| i.priority))
-            }
+            Reg::Priority(first) => self.read_bytes(first, bytes, |d, intid| {
+                d.irq(vcpu, intid).map(|i| i.priority)
+            }),
             Reg::Targets(first) => self.read_bytes(first, bytes, |d, intid| {
                 if intid < SPI_BASE {
                     Some(1 << vcpu)
@@ -670,12 +670,7 @@ impl VDistributor {
         kick
     }
 
-    fn read_bytes(
-        &self,
-        first: u32,
-        bytes: u32,
-        byte: impl Fn(&Self, u32) -> Option<u8>,
-    ) -> u32 {
+    fn read_bytes(&self, first: u32, bytes: u32, byte: impl Fn(&Self, u32) -> Option<u8>) -> u32 {
         (0..bytes).fold(0, |value, i| {
             value | u32::from(byte(self, first + i).unwrap_or(0)) << (8 * i)
         })

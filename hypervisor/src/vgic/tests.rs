@@ -66,7 +66,10 @@ fn config_limits() {
     // Interrupts 72..96 are not implemented: RAZ/WI.
     wr(&mut d, 0, GICD_ISENABLER + 8, 0xffff_ffff);
     assert_eq!(rd(&mut d, 0, GICD_ISENABLER + 8), 0xff);
-    assert_eq!(d.set_level(72, true), Err(VgicError::BadIntid { intid: 72 }));
+    assert_eq!(
+        d.set_level(72, true),
+        Err(VgicError::BadIntid { intid: 72 })
+    );
 }
 
 #[test]
@@ -236,7 +239,10 @@ fn sgis_with_every_target_filter() {
     assert_eq!(wr(&mut d, 3, GICD_SGIR, 2 << 24 | 7).kick, 0b1000);
     assert!(d.is_pending(3, 7));
     // Filter 3 is reserved.
-    assert_eq!(wr(&mut d, 0, GICD_SGIR, 3 << 24 | 0xff << 16 | 8), VgicEffect::NONE);
+    assert_eq!(
+        wr(&mut d, 0, GICD_SGIR, 3 << 24 | 0xff << 16 | 8),
+        VgicEffect::NONE
+    );
     assert_eq!(d.counters().sgir_reserved, 1);
     assert_eq!(d.counters().sgis, 1 + 3 + 1);
 
@@ -267,9 +273,20 @@ fn priority_ordering() {
     linux_boot(&mut d);
     wr(&mut d, 0, GICD_ISENABLER + 4, 0xffff_ffff);
     wr(&mut d, 0, GICD_ISENABLER + 8, 0xffff_ffff);
-    for (intid, priority) in [(40u32, 0x80u8), (41, 0x40), (42, 0x40), (70, 0x10), (50, 0x47)] {
-        d.write(0, GICD_IPRIORITYR + u64::from(intid), 1, u32::from(priority))
-            .unwrap();
+    for (intid, priority) in [
+        (40u32, 0x80u8),
+        (41, 0x40),
+        (42, 0x40),
+        (70, 0x10),
+        (50, 0x47),
+    ] {
+        d.write(
+            0,
+            GICD_IPRIORITYR + u64::from(intid),
+            1,
+            u32::from(priority),
+        )
+        .unwrap();
         d.pend_edge(intid).unwrap();
     }
     // 0x47 keeps only its top five bits: 0x40, and ties go to the lowest INTID.
@@ -279,7 +296,10 @@ fn priority_ordering() {
         order.push((irq.intid, irq.priority));
         d.on_listed(0, &irq);
     }
-    assert_eq!(order, [(70, 0x10), (41, 0x40), (42, 0x40), (50, 0x40), (40, 0x80)]);
+    assert_eq!(
+        order,
+        [(70, 0x10), (41, 0x40), (42, 0x40), (50, 0x40), (40, 0x80)]
+    );
 
     // already_listed skips the best without hiding the others.
     d.pend_edge(70).unwrap();
@@ -316,17 +336,36 @@ fn widths_offsets_and_counters() {
             width: 2
         })
     );
-    assert!(matches!(d.read(0, GICD_CTLR, 1), Err(VgicError::BadWidth { .. })));
-    assert!(matches!(d.write(0, GICD_ISENABLER + 1, 1, 1), Err(VgicError::BadWidth { .. })));
-    assert!(matches!(d.read(0, GICD_IPRIORITYR + 2, 4), Err(VgicError::Unaligned { .. })));
+    assert!(matches!(
+        d.read(0, GICD_CTLR, 1),
+        Err(VgicError::BadWidth { .. })
+    ));
+    assert!(matches!(
+        d.write(0, GICD_ISENABLER + 1, 1, 1),
+        Err(VgicError::BadWidth { .. })
+    ));
+    assert!(matches!(
+        d.read(0, GICD_IPRIORITYR + 2, 4),
+        Err(VgicError::Unaligned { .. })
+    ));
     assert!(matches!(d.read(0, 0, 8), Err(VgicError::BadWidth { .. })));
     assert!(matches!(d.read(0, 0, 0), Err(VgicError::BadWidth { .. })));
     assert_eq!(d.read(2, 0, 4), Err(VgicError::BadVcpu { vcpu: 2 }));
-    assert_eq!(d.read(0, 0x1_0000, 4), Err(VgicError::OutOfWindow { offset: 0x1_0000 }));
-    assert_eq!(d.read(0, u64::MAX - 3, 4), Err(VgicError::OutOfWindow { offset: u64::MAX - 3 }));
+    assert_eq!(
+        d.read(0, 0x1_0000, 4),
+        Err(VgicError::OutOfWindow { offset: 0x1_0000 })
+    );
+    assert_eq!(
+        d.read(0, u64::MAX - 3, 4),
+        Err(VgicError::OutOfWindow {
+            offset: u64::MAX - 3
+        })
+    );
     assert_eq!(d.counters().rejected, 9);
     // Reserved offsets read as zero and ignore writes, counted.
-    for offset in [0x00c, 0x040, 0xd00, 0xe00, 0xf04, 0xf30, 0x7fc, 0xbfc, 0x1000, 0xfffc] {
+    for offset in [
+        0x00c, 0x040, 0xd00, 0xe00, 0xf04, 0xf30, 0x7fc, 0xbfc, 0x1000, 0xfffc,
+    ] {
         assert_eq!(rd(&mut d, 0, offset), 0, "offset {offset:#x}");
         assert_eq!(wr(&mut d, 0, offset, !0), VgicEffect::NONE);
     }
@@ -343,7 +382,13 @@ fn widths_offsets_and_counters() {
     let ids: Vec<u32> = (0..12).map(|i| rd(&mut d, 0, GICD_PIDR4 + 4 * i)).collect();
     assert_eq!(ids, GICD_ID_VALUES);
     // Error messages are printable.
-    let _ = alloc::format!("{}", VgicError::BadWidth { offset: 0x400, width: 2 });
+    let _ = alloc::format!(
+        "{}",
+        VgicError::BadWidth {
+            offset: 0x400,
+            width: 2
+        }
+    );
 }
 
 #[test]
@@ -388,9 +433,15 @@ fn list_register_round_trip() {
     assert_eq!(parse_lr(value & !LR_PENDING).state, LrStatus::Invalid);
     assert!(parse_lr(0).is_free());
     assert_eq!(parse_lr(value | LR_ACTIVE).state, LrStatus::PendingActive);
-    assert_eq!(parse_lr(value ^ LR_PENDING ^ LR_ACTIVE).state, LrStatus::Active);
+    assert_eq!(
+        parse_lr(value ^ LR_PENDING ^ LR_ACTIVE).state,
+        LrStatus::Active
+    );
     let hw = parse_lr(LR_HW | 27 | 30 << 10 | LR_ACTIVE);
-    assert_eq!((hw.hw, hw.eoi, hw.physical_id, hw.source_cpu), (true, false, Some(30), None));
+    assert_eq!(
+        (hw.hw, hw.eoi, hw.physical_id, hw.source_cpu),
+        (true, false, Some(30), None)
+    );
     let sgi = parse_lr(lr_value(&PendingIrq {
         intid: 15,
         priority: 0,
@@ -403,13 +454,36 @@ fn list_register_round_trip() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Read { vcpu: usize, offset: u64, width: u8 },
-    Write { vcpu: usize, offset: u64, width: u8, value: u32 },
-    Level { intid: u32, level: bool },
-    PpiLevel { vcpu: usize, intid: u32, level: bool },
-    Edge { intid: u32 },
-    List { vcpu: usize },
-    Eoi { vcpu: usize, intid: u32 },
+    Read {
+        vcpu: usize,
+        offset: u64,
+        width: u8,
+    },
+    Write {
+        vcpu: usize,
+        offset: u64,
+        width: u8,
+        value: u32,
+    },
+    Level {
+        intid: u32,
+        level: bool,
+    },
+    PpiLevel {
+        vcpu: usize,
+        intid: u32,
+        level: bool,
+    },
+    Edge {
+        intid: u32,
+    },
+    List {
+        vcpu: usize,
+    },
+    Eoi {
+        vcpu: usize,
+        intid: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -11,6 +11,7 @@
 use core::sync::atomic::{AtomicUsize, Ordering};
 
 use guest_bundle::Bundle;
+use spin::mutex::TicketMutex;
 use spin::{Mutex, MutexGuard};
 
 use super::console::ConsoleLine;
@@ -23,6 +24,7 @@ use crate::arch::aarch64::{self, pmu, MAX_CPUS};
 use crate::balloon::Balloon;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
+use crate::pl011::Pl011;
 use crate::vgic::VDistributor;
 use crate::vgic::{lr_value, parse_lr, LR_EOI, LR_HW};
 use crate::virtio::mmio::MmioTransport;
@@ -117,6 +119,8 @@ pub struct Vm {
     pub ram: Option<GuestRam>,
     pub balloon: Option<MmioTransport<Balloon>>,
     pub console: ConsoleLine,
+    /// The emulated PL011 the guest's console driver talks to.
+    pub uart: Pl011,
     pub exits: ExitStats,
     /// Why the VM last stopped.
     pub last_stop: &'static str,
@@ -129,7 +133,8 @@ pub struct Vm {
     pub starts: u64,
 }
 
-static VMS: [Mutex<Option<Vm>>; MAX_GUESTS] = [const { Mutex::new(None) }; MAX_GUESTS];
+/// Ticket locks: a vCPU exiting in a tight loop must not starve the shell.
+static VMS: [TicketMutex<Option<Vm>>; MAX_GUESTS] = [const { TicketMutex::new(None) }; MAX_GUESTS];
 /// The VM each physical CPU runs, or NO_VM.
 static CPU_VM: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(NO_VM) }; MAX_CPUS];
 static BUNDLE: spin::Once<Bundle<'static>> = spin::Once::new();
@@ -260,6 +265,7 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
             ram: None,
             balloon: None,
             console: ConsoleLine::new(),
+            uart: Pl011::new(),
             exits: ExitStats::default(),
             last_stop: "not started yet",
             last_balloon_stats: None,
@@ -335,6 +341,7 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
     let gicv = GICV.load(Ordering::Relaxed);
     vm.vgic = None;
     vm.listed = [None; MAX_LRS];
+    vm.uart.reset();
     if gicv != 0 {
         // The guest's GICC (8 KiB) is the hardware virtual CPU interface.
         let mapped = (0..2u64).try_for_each(|page| {
@@ -448,6 +455,8 @@ pub fn request_stop(vm: &mut Vm) -> Result<(), &'static str> {
         VmState::Stopped => Err("it is not running"),
         VmState::StopRequested | VmState::Running => {
             vm.state = VmState::StopRequested;
+            // Wake its CPU if it waits in WFI for the guest.
+            gic::kick(vm.cpu);
             Ok(())
         }
     }
@@ -507,6 +516,13 @@ fn run_vcpu(id: usize) {
         finish_change(vm);
         match outcome {
             Outcome::Continue => {}
+            Outcome::Idle => {
+                drop(guard);
+                // Any pending physical interrupt (even masked at EL2) ends
+                // the wait; it is taken as soon as the guest runs again.
+                // SAFETY: WFI only waits.
+                unsafe { core::arch::asm!("wfi", options(nomem, nostack)) };
+            }
             Outcome::Stop(why) => {
                 stop_now(vm, why);
                 return;
@@ -536,6 +552,8 @@ fn kernel_text_offset(id: usize) -> u64 {
 
 enum Outcome {
     Continue,
+    /// The guest executed WFI: sleep until an interrupt could be for it.
+    Idle,
     Stop(&'static str),
     Reset,
 }
@@ -624,9 +642,14 @@ fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
             ctx.elr += 4;
             return psci(ctx);
         }
-        VcpuExit::Wait { .. } => {
+        VcpuExit::Wait { wfe } => {
             vm.exits.wfx += 1;
             ctx.elr += 4;
+            // WFE is a spin-wait hint: go straight back. A WFI with the
+            // virtual GIC idle waits for a physical interrupt (timer, kick).
+            if !wfe && vm.vgic.as_ref().is_some_and(|g| !g.has_pending(0)) && !lr_pending(vm) {
+                return Outcome::Idle;
+            }
         }
         VcpuExit::Interrupt => handle_physical_irqs(vm),
         VcpuExit::Unknown { esr } => {
@@ -665,11 +688,6 @@ fn psci(ctx: &mut GuestContext) -> Outcome {
     Outcome::Continue
 }
 
-/// PL011 registers a guest driver polls: FR says "transmit FIFO empty,
-/// receive FIFO empty"; everything else reads as zero.
-const UART_FR: u64 = 0x18;
-const UART_FR_TXFE_RXFE: u64 = (1 << 7) | (1 << 4);
-
 fn mmio_read(vm: &mut Vm, ipa: u64, width: u8) -> Result<u64, &'static str> {
     if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
         let Some(vgic) = vm.vgic.as_mut() else {
@@ -681,7 +699,9 @@ fn mmio_read(vm: &mut Vm, ipa: u64, width: u8) -> Result<u64, &'static str> {
             .map_err(|_| "bad GIC distributor access");
     }
     if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
-        return Ok(if off == UART_FR { UART_FR_TXFE_RXFE } else { 0 });
+        let value = vm.uart.read(off, width);
+        update_uart_irq(vm);
+        return Ok(u64::from(value));
     }
     if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
         let Some(balloon) = vm.balloon.as_mut() else {
@@ -706,10 +726,14 @@ fn mmio_write(vm: &mut Vm, ipa: u64, width: u8, value: u64) -> Result<(), &'stat
             .map_err(|_| "bad GIC distributor access");
     }
     if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
-        if off == 0 {
-            if let Some(line) = vm.console.push(value as u8) {
+        let effect = vm.uart.write(off, width, value as u32);
+        if let Some(byte) = effect.output {
+            if let Some(line) = vm.console.push(byte) {
                 println!("[{}] {line}", vm.name);
             }
+        }
+        if effect.irq_changed {
+            update_uart_irq(vm);
         }
         return Ok(());
     }
@@ -753,6 +777,10 @@ pub fn set_balloon(vm: &mut Vm, pages: u64) -> Result<(), &'static str> {
     let from = balloon.device().actual();
     balloon.device_mut().set_target(pages as u32);
     balloon.config_changed();
+    update_virtio_irq(vm);
+    if vm.vgic.is_some() {
+        gic::kick(vm.cpu);
+    }
     vm.change = Some(BalloonChange {
         from,
         to: pages as u32,
@@ -894,10 +922,11 @@ fn update_virtio_irq(vm: &mut Vm) {
     }
 }
 
-/// Take every pending physical interrupt on this CPU (the guest was
+/// Take the pending physical interrupts on this CPU (the guest was
 /// interrupted): the virtual timer goes to the guest, the rest is ours.
+/// Bounded: a level interrupt that stays asserted must not trap us here.
 fn handle_physical_irqs(vm: &mut Vm) {
-    loop {
+    for _ in 0..16 {
         let (intid, iar) = gic::acknowledge();
         match intid {
             gic::SPURIOUS => return,
@@ -912,9 +941,15 @@ fn handle_physical_irqs(vm: &mut Vm) {
                     None => gic::deactivate(iar),
                 }
             }
+            gic::MAINTENANCE_PPI => {
+                // The maintenance interrupt is level: it stays asserted
+                // until the list registers are retired and refilled.
+                flush_list_registers(vm);
+                gic::end_of_interrupt(iar);
+                gic::deactivate(iar);
+            }
             _ => {
-                // Maintenance and kicks: the list registers are synced
-                // before the next entry anyway.
+                // A kick: the list registers are synced before the next entry.
                 gic::end_of_interrupt(iar);
                 gic::deactivate(iar);
             }
@@ -935,6 +970,9 @@ fn flush_list_registers(vm: &mut Vm) {
             if lr.eoi || !lr.hw {
                 let _ = vgic.on_eoi(0, intid);
             }
+            // Clear it: a stale EOI bit keeps the maintenance interrupt
+            // (GICH_EISR) asserted and the guest could never run.
+            gic::write_gich(gic::GICH_LR0 + 4 * i as u64, 0);
             *slot = None;
         }
     }
@@ -967,4 +1005,70 @@ fn flush_list_registers(vm: &mut Vm) {
     // when they drain (underflow), so the rest gets listed.
     let hcr = gic::HCR_EN | if waiting { gic::HCR_UIE } else { 0 };
     gic::write_gich(gic::GICH_HCR, hcr);
+}
+
+/// Drive the PL011's interrupt line into the virtual distributor.
+fn update_uart_irq(vm: &mut Vm) {
+    let level = vm.uart.irq_level();
+    if let Some(vgic) = vm.vgic.as_mut() {
+        let _ = vgic.set_level(UART_INTID, level);
+    }
+}
+
+/// Give a byte typed on the physical console to a VM's PL011, and make its
+/// vCPU notice. False if the VM's receive FIFO is full.
+pub fn console_input(vm: &mut Vm, byte: u8) -> bool {
+    if !vm.uart.push_input(byte) {
+        return false;
+    }
+    update_uart_irq(vm);
+    if vm.state == VmState::Running {
+        gic::kick(vm.cpu);
+    }
+    true
+}
+
+/// The VM whose console has the keyboard, if any (`console <vm>`).
+static FOCUS: AtomicUsize = AtomicUsize::new(NO_VM);
+
+/// Give the keyboard to VM `name`; false if there is no such VM.
+pub fn focus(name: &str) -> bool {
+    with_vm(name, |vm| FOCUS.store(vm.id, Ordering::Relaxed)).is_some()
+}
+
+/// Whether a VM has the keyboard.
+pub fn input_to_focus_active() -> bool {
+    FOCUS.load(Ordering::Relaxed) != NO_VM
+}
+
+pub fn unfocus() {
+    FOCUS.store(NO_VM, Ordering::Relaxed);
+}
+
+/// Pass a byte to the focused VM; false when no VM has the keyboard.
+pub fn input_to_focus(byte: u8) -> bool {
+    let id = FOCUS.load(Ordering::Relaxed);
+    let Some(slot) = VMS.get(id) else {
+        return false;
+    };
+    if let Some(vm) = slot.lock().as_mut() {
+        // A full FIFO drops the byte, as a real UART would.
+        let _ = console_input(vm, byte);
+    }
+    true
+}
+
+/// Whether a list register holds an interrupt the guest has not taken yet
+/// (it may have executed WFI with interrupts masked: it must not sleep).
+fn lr_pending(vm: &Vm) -> bool {
+    let count = gic::list_registers().min(MAX_LRS);
+    (0..count).any(|i| {
+        vm.listed[i].is_some() && {
+            let lr = parse_lr(gic::read_gich(gic::GICH_LR0 + 4 * i as u64));
+            matches!(
+                lr.state,
+                crate::vgic::LrStatus::Pending | crate::vgic::LrStatus::PendingActive
+            )
+        }
+    })
 }
