@@ -520,8 +520,7 @@ fn run_vcpu(id: usize) {
                 drop(guard);
                 // Any pending physical interrupt (even masked at EL2) ends
                 // the wait; it is taken as soon as the guest runs again.
-                // SAFETY: WFI only waits.
-                unsafe { core::arch::asm!("wfi", options(nomem, nostack)) };
+                aarch64::wait_for_interrupt_or(10_000);
             }
             Outcome::Stop(why) => {
                 stop_now(vm, why);
@@ -1045,17 +1044,29 @@ pub fn unfocus() {
     FOCUS.store(NO_VM, Ordering::Relaxed);
 }
 
-/// Pass a byte to the focused VM; false when no VM has the keyboard.
+/// Pass a byte to the focused VM; false when no VM has the keyboard. When
+/// the VM's receive FIFO is full the byte waits (up to a second) for the
+/// guest to drain it: pasted text is not cut short.
 pub fn input_to_focus(byte: u8) -> bool {
     let id = FOCUS.load(Ordering::Relaxed);
     let Some(slot) = VMS.get(id) else {
         return false;
     };
-    if let Some(vm) = slot.lock().as_mut() {
-        // A full FIFO drops the byte, as a real UART would.
-        let _ = console_input(vm, byte);
+    let (start, freq) = aarch64::counter();
+    loop {
+        match slot.lock().as_mut() {
+            Some(vm) if vm.state == VmState::Running => {
+                if console_input(vm, byte) {
+                    return true;
+                }
+            }
+            _ => return true,
+        }
+        if aarch64::counter().0 - start > freq {
+            return true; // The guest is not reading: drop it, as a UART would.
+        }
+        aarch64::wait_for_event();
     }
-    true
 }
 
 /// Whether a list register holds an interrupt the guest has not taken yet

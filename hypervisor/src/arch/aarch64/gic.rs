@@ -52,6 +52,8 @@ pub const KICK_SGI: u32 = 0;
 /// PPIs the hypervisor takes: the maintenance interrupt and the EL1 virtual
 /// timer (handed to the guest).
 pub const MAINTENANCE_PPI: u32 = 25;
+/// The EL2 physical timer, which bounds how long a CPU sleeps for a guest.
+pub const HYP_TIMER_PPI: u32 = 26;
 pub const VTIMER_PPI: u32 = 27;
 /// Spurious interrupt ID.
 pub const SPURIOUS: u32 = 1023;
@@ -96,7 +98,7 @@ pub fn init_cpu(cpu: usize) {
     if let Some(slot) = CPU_IF.get(cpu) {
         slot.store(rd(&GICD, GICD_ITARGETSR) as u8, Ordering::Relaxed);
     }
-    for intid in [KICK_SGI, MAINTENANCE_PPI, VTIMER_PPI] {
+    for intid in [KICK_SGI, MAINTENANCE_PPI, HYP_TIMER_PPI, VTIMER_PPI] {
         // Priority 0xa0 (bytes of IPRIORITYR), enable (banked per CPU).
         let off = GICD_IPRIORITYR + (intid as u64 & !3);
         let shift = (intid % 4) * 8;

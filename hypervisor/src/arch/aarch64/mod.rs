@@ -93,6 +93,28 @@ pub fn enable_event_stream() {
     }
 }
 
+/// Sleep in WFI until an interrupt is pending or about `micros` pass (the
+/// EL2 physical timer bounds the wait, so a wake-up that raced with the
+/// sleep costs at most that long).
+pub fn wait_for_interrupt_or(micros: u64) {
+    let (_, freq) = counter();
+    let ticks = (freq * micros / 1_000_000).max(1);
+    // SAFETY: the EL2 timer is the hypervisor's own; WFI only waits.
+    unsafe {
+        asm!(
+            "msr CNTHP_TVAL_EL2, {ticks}",
+            "msr CNTHP_CTL_EL2, {on}",
+            "isb",
+            "wfi",
+            "msr CNTHP_CTL_EL2, xzr",
+            "isb",
+            ticks = in(reg) ticks,
+            on = in(reg) 1u64,
+            options(nomem, nostack)
+        );
+    }
+}
+
 /// Stop the calling CPU for good, interrupts masked.
 pub fn park() -> ! {
     // SAFETY: park_forever never returns and touches no memory.
