@@ -642,9 +642,10 @@ mod tests {
     /// for `/initrds/*`, nothing else.
     fn fake_load(path: &Path) -> std::io::Result<Vec<u8>> {
         let s = path.to_string_lossy();
-        if s.ends_with("/tg.bin") || s.contains("/kernels/") {
+        if s.ends_with("/tg.bin") || s.contains("/kernels/") || s.ends_with("/fixtures/linux/Image")
+        {
             Ok(KERNEL.to_vec())
-        } else if s.contains("/initrds/") {
+        } else if s.contains("/initrds/") || s.ends_with("/fixtures/linux/initramfs.cpio") {
             Ok(INITRD.to_vec())
         } else if s.contains("/empty") {
             Ok(Vec::new())
@@ -800,6 +801,15 @@ kernel = "testguest"
                         ("hostile".into(), 128, 2, p("hostile")),
                         ("beta".into(), 128, 4, p("pattern"))
                     ]
+                ),
+                (
+                    "linux".into(),
+                    vec![(
+                        "linux".into(),
+                        512,
+                        2,
+                        p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
+                    )]
                 ),
                 ("pair".into(), pair),
                 (
