@@ -134,11 +134,51 @@ fn upstream_balloon_driver(board: Board) {
     assert!(!out.contains("VM stopped"), "{out}");
 }
 
+/// `reboot -f` restarts only that VM (PSCI SYSTEM_RESET); `poweroff -f`
+/// stops it (SYSTEM_OFF) and every page goes back to the pool.
+fn reboot_and_poweroff(board: Board) {
+    let mut s = boot(board, "linux_reboot_and_poweroff");
+    ok(s.send_line("console linux"));
+    ok(s.expect(r"Connected to linux's console", COMMAND));
+    ok(s.send_line("run 1 reboot -f"));
+    ok(s.expect(
+        r"\[linux\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); 131072 pages returned",
+        STEP,
+    ));
+    ok(s.expect(r"\[linux\] tidal-guest: agent listening", BOOT));
+    ok(s.send_line("run 2 poweroff -f"));
+    ok(s.expect(r"\[linux\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); 131072 pages returned", STEP));
+    ok(s.send(&[0x1d]));
+    ok(s.expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND));
+    let out = ok(s.run("mem", COMMAND));
+    let report = parse_mem(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
+    let guest = report
+        .categories
+        .iter()
+        .find(|(n, _)| n == "guest RAM")
+        .expect("guest RAM")
+        .1;
+    assert_eq!(guest, 0, "no guest frames left:\n{out}");
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(
+        vms.lines().any(|l| l.starts_with("linux")
+            && l.contains("stopped")
+            && l.trim_end().ends_with('2')),
+        "{vms}"
+    );
+}
+
 mod virt_gicv2 {
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {
         super::upstream_balloon_driver(harness::Board::VirtGicv2);
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn reboot_and_poweroff() {
+        super::reboot_and_poweroff(harness::Board::VirtGicv2);
     }
 }
 
