@@ -78,7 +78,7 @@ fn free_bytes(s: &mut Session) -> u64 {
 fn upstream_balloon_driver(board: Board) {
     let mut s = boot(board, "linux_balloon");
     let cpus = agent(&mut s, 1, "grep -c ^processor /proc/cpuinfo");
-    assert_eq!(cpus, ["1"], "one vCPU online");
+    assert_eq!(cpus, ["2"], "both vCPUs online");
     let mods = agent(&mut s, 2, "cat /proc/modules");
     assert!(
         mods.iter().any(|l| l.starts_with("virtio_balloon ")),

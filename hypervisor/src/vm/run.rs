@@ -49,6 +49,25 @@ use crate::{print, println};
 
 /// Most VMs a bundle may describe.
 pub const MAX_GUESTS: usize = 8;
+/// Most vCPUs per VM.
+pub const MAX_VCPUS: usize = 4;
+
+/// A vCPU's power state, as PSCI sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Power {
+    Off,
+    /// CPU_ON accepted: enter at `entry` with x0 = `context`.
+    Starting {
+        entry: u64,
+        context: u64,
+    },
+    On,
+}
+
+/// `CPU_VM` packs a VM and a vCPU index.
+fn encode(id: usize, vcpu: usize) -> usize {
+    id * MAX_VCPUS + vcpu
+}
 const NO_VM: usize = usize::MAX;
 /// Where a guest kernel's 2 MiB-aligned base is, above the device tree.
 const KERNEL_OFFSET: u64 = 2 << 20;
@@ -108,8 +127,16 @@ pub struct Vm {
     /// The virtual GIC distributor (GICv2 hosts; the CPU interface is the
     /// hardware GICV page mapped at the guest's GICC).
     pub vgic: Option<VDistributor>,
-    /// Which INTID each list register of the vCPU holds (vCPU 0).
-    pub listed: [Option<u32>; MAX_LRS],
+    /// Which INTID each list register of each vCPU holds.
+    pub listed: [[Option<u32>; MAX_LRS]; MAX_VCPUS],
+    /// vCPUs, the physical CPU each is pinned to, and whether each is on.
+    pub vcpus: usize,
+    pub cpus: [usize; MAX_VCPUS],
+    power: [Power; MAX_VCPUS],
+    /// vCPUs inside their run loop: RAM is freed only when none is.
+    inside: usize,
+    /// Start again once every vCPU has left (PSCI SYSTEM_RESET).
+    restart: bool,
     pub id: usize,
     pub name: heapless::String<32>,
     pub state: VmState,
@@ -254,9 +281,22 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
         let cpu = spec.cpu_affinity().trailing_zeros() as usize;
         let mut name = heapless::String::new();
         let _ = name.push_str(spec.name());
+        let mut cpus = [usize::MAX; MAX_VCPUS];
+        let mut vcpus = 0;
+        for bit in 0..64 {
+            if spec.cpu_affinity() & (1 << bit) != 0 && vcpus < MAX_VCPUS {
+                cpus[vcpus] = bit;
+                vcpus += 1;
+            }
+        }
         *VMS[id].lock() = Some(Vm {
             vgic: None,
-            listed: [None; MAX_LRS],
+            listed: [[None; MAX_LRS]; MAX_VCPUS],
+            vcpus: vcpus.max(1),
+            cpus,
+            power: [Power::Off; MAX_VCPUS],
+            inside: 0,
+            restart: false,
             id,
             name,
             state: VmState::Stopped,
@@ -316,18 +356,21 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
     if vm.state != VmState::Stopped {
         return Err("it is already running");
     }
-    if vm.cpu >= MAX_CPUS
-        || aarch64::smp::state(vm.cpu) != aarch64::smp::CpuState::Online
-        || vm.cpu == 0
-    {
-        return Err("the CPU it is pinned to is not online (or is CPU 0, which runs the shell)");
+    let cpus_ok = vm.cpus[..vm.vcpus].iter().all(|&c| {
+        c != 0 && c < MAX_CPUS && aarch64::smp::state(c) == aarch64::smp::CpuState::Online
+    });
+    if !cpus_ok {
+        return Err("a CPU it is pinned to is not online (or is CPU 0, which runs the shell)");
+    }
+    if vm.inside > 0 {
+        return Err("its vCPUs are still leaving; try again");
     }
     let spec = BUNDLE
         .get()
         .and_then(|b| b.vm(vm.id))
         .ok_or("it is not in the bundle")?;
-    if spec.vcpus() != 1 {
-        return Err("it asks for more than one vCPU; this version runs one vCPU per VM");
+    if spec.vcpus() as usize != vm.vcpus || vm.vcpus > MAX_VCPUS {
+        return Err("its vCPU count and CPU list disagree, or it asks for more than 4 vCPUs");
     }
     let mut mem = HostMem;
     let vmid = vm.id as u16 + 1;
@@ -340,7 +383,10 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
     }
     let gicv = GICV.load(Ordering::Relaxed);
     vm.vgic = None;
-    vm.listed = [None; MAX_LRS];
+    vm.listed = [[None; MAX_LRS]; MAX_VCPUS];
+    vm.power = [Power::Off; MAX_VCPUS];
+    vm.power[0] = Power::On;
+    vm.restart = false;
     vm.uart.reset();
     if gicv != 0 {
         // The guest's GICC (8 KiB) is the hardware virtual CPU interface.
@@ -355,7 +401,7 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
             ram.destroy(&mut mem);
             return Err("its GIC CPU interface cannot be mapped");
         }
-        vm.vgic = VDistributor::new(1, GUEST_SPIS).ok();
+        vm.vgic = VDistributor::new(vm.vcpus, GUEST_SPIS).ok();
     }
     if let Err(why) = load_images(&mut ram, &spec) {
         ram.destroy(&mut mem);
@@ -373,7 +419,7 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
     vm.ram = Some(ram);
     vm.state = VmState::Running;
     vm.starts += 1;
-    CPU_VM[vm.cpu].store(vm.id, Ordering::Release);
+    CPU_VM[vm.cpus[0]].store(encode(vm.id, 0), Ordering::Release);
     // SAFETY: SEV only wakes CPUs waiting in WFE.
     unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
     Ok(())
@@ -394,7 +440,7 @@ fn load_images(ram: &mut GuestRam, spec: &guest_bundle::VmEntry<'_>) -> Result<(
         .map_err(|_| "its kernel does not fit in its RAM")?;
     let mut board = GuestBoard::standard(
         spec.ram_size(),
-        1,
+        spec.vcpus(),
         GicVersion::V2,
         spec.has_balloon() as usize,
     )
@@ -422,12 +468,32 @@ fn load_images(ram: &mut GuestRam, spec: &guest_bundle::VmEntry<'_>) -> Result<(
     Ok(())
 }
 
-/// Stop a VM now (on its vCPU's CPU, or when it is not running): flush its
-/// console, give every page back, say why.
-fn stop_now(vm: &mut Vm, why: &'static str) {
+/// Begin stopping a VM: every vCPU leaves at its next exit (the others are
+/// kicked), and the last one out gives the pages back ([`finish_stop`]).
+fn begin_stop(vm: &mut Vm, why: &'static str, restart: bool) {
+    if vm.state != VmState::StopRequested {
+        vm.last_stop = why;
+    }
+    vm.state = VmState::StopRequested;
+    vm.restart |= restart;
+    let me = aarch64::cpu_index();
+    for v in 0..vm.vcpus {
+        if vm.power[v] != Power::Off && vm.cpus[v] != me {
+            gic::kick(vm.cpus[v]);
+        }
+    }
+    if vm.inside == 0 {
+        finish_stop(vm);
+    }
+}
+
+/// Every vCPU has left: flush the console, give every page back, say why,
+/// and start again if the guest asked for a reset.
+fn finish_stop(vm: &mut Vm) {
     if let Some(line) = vm.console.flush() {
         println!("[{}] {line}", vm.name);
     }
+    let why = vm.last_stop;
     if let Some(ram) = vm.ram.take() {
         let pages = ram.mapped_pages();
         ram.destroy(&mut HostMem);
@@ -437,74 +503,113 @@ fn stop_now(vm: &mut Vm, why: &'static str) {
         );
     }
     vm.last_balloon_stats = vm.balloon.take().map(|b| *b.device().stats());
-    if vm.vgic.take().is_some() && aarch64::cpu_index() == vm.cpu {
-        gic::reset_virtual_interface();
-        // The virtual timer may be active, handed to the guest: end it.
-        gic::deactivate(gic::VTIMER_PPI);
-    }
+    vm.vgic = None;
+    vm.power = [Power::Off; MAX_VCPUS];
     vm.state = VmState::Stopped;
-    vm.last_stop = why;
-    if vm.cpu < MAX_CPUS {
-        CPU_VM[vm.cpu].store(NO_VM, Ordering::Release);
+    if core::mem::take(&mut vm.restart) {
+        if let Err(e) = start(vm) {
+            println!("[{}] cannot restart: {e}", vm.name);
+        }
     }
 }
 
-/// Ask a running VM to stop; it stops at its vCPU's next exit.
+/// Ask a running VM to stop; its vCPUs stop at their next exit.
 pub fn request_stop(vm: &mut Vm) -> Result<(), &'static str> {
     match vm.state {
         VmState::Stopped => Err("it is not running"),
         VmState::StopRequested | VmState::Running => {
-            vm.state = VmState::StopRequested;
-            // Wake its CPU if it waits in WFI for the guest.
-            gic::kick(vm.cpu);
+            begin_stop(vm, "stopped from the shell", false);
             Ok(())
         }
     }
 }
 
-/// The loop of a CPU that runs vCPUs: wait for a VM, run it until it stops.
+/// The loop of a CPU that runs vCPUs: wait for one, run it until it stops.
 pub fn cpu_loop(cpu: usize) -> ! {
     loop {
-        let id = CPU_VM[cpu].load(Ordering::Acquire);
-        if id == NO_VM {
+        let slot = CPU_VM[cpu].load(Ordering::Acquire);
+        if slot == NO_VM {
             aarch64::wait_for_event();
             continue;
         }
-        run_vcpu(id);
+        run_vcpu(slot / MAX_VCPUS, slot % MAX_VCPUS);
+        // The vCPU left: this CPU is free unless it was handed a new one.
+        let _ = CPU_VM[cpu].compare_exchange(slot, NO_VM, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
-fn run_vcpu(id: usize) {
+/// Where a vCPU starts: vCPU 0 at the kernel with the device tree in x0,
+/// the others where PSCI CPU_ON said.
+fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
+    let entry = match vm.power[vcpu] {
+        Power::Starting { entry, context } => (entry, context),
+        Power::On if vcpu == 0 => (
+            layout::RAM_BASE + KERNEL_OFFSET + kernel_text_offset(vm.id),
+            layout::RAM_BASE,
+        ),
+        _ => return None,
+    };
+    vm.power[vcpu] = Power::On;
+    Some(entry)
+}
+
+/// Leave the run loop: give up this CPU's GIC state; the last vCPU out of
+/// a stopping VM finishes the stop.
+fn leave(vm: &mut Vm, vcpu: usize, power_off: bool) {
+    if vm.vgic.is_some() {
+        gic::reset_virtual_interface();
+        // The virtual timer may be active, handed to the guest: end it.
+        gic::deactivate(gic::VTIMER_PPI);
+    }
+    vm.listed[vcpu] = [None; MAX_LRS];
+    if power_off {
+        vm.power[vcpu] = Power::Off;
+    }
+    vm.inside -= 1;
+    if vm.state == VmState::StopRequested && vm.inside == 0 {
+        finish_stop(vm);
+    } else if vm.state == VmState::Running
+        && vm.inside == 0
+        && vm.power.iter().all(|p| *p == Power::Off)
+    {
+        begin_stop(vm, "every vCPU turned itself off (PSCI CPU_OFF)", false);
+    }
+}
+
+fn run_vcpu(id: usize, vcpu: usize) {
     let mut ctx = {
-        let guard = VMS[id].lock();
-        let Some(vm) = guard.as_ref() else { return };
-        let Some(ram) = vm.ram.as_ref() else { return };
-        if vm.state != VmState::Running {
+        let mut guard = VMS[id].lock();
+        let Some(vm) = guard.as_mut() else { return };
+        if vm.state != VmState::Running || vcpu >= vm.vcpus {
             return;
         }
-        let entry = layout::RAM_BASE + KERNEL_OFFSET + kernel_text_offset(id);
+        let Some((entry, x0)) = vcpu_entry(vm, vcpu) else {
+            return;
+        };
+        let Some(ram) = vm.ram.as_ref() else { return };
+        vm.inside += 1;
         El1Regs::reset().load();
-        vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), 0, vm.vgic.is_some());
+        vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), vcpu as u64, vm.vgic.is_some());
         if vm.vgic.is_some() {
             gic::reset_virtual_interface();
         }
-        GuestContext::new(entry, layout::RAM_BASE)
+        GuestContext::new(entry, x0)
     };
     loop {
         if let Some(vm) = VMS[id].lock().as_mut() {
-            flush_list_registers(vm);
+            flush_list_registers(vm, vcpu);
         }
         let before = pmu::instructions();
         let vector = vcpu::run(&mut ctx);
         let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
         let mut guard = VMS[id].lock();
         let Some(vm) = guard.as_mut() else { return };
-        let counted = vm.change.is_some() && balloon_work(vm, &exit);
         if vm.state == VmState::StopRequested {
-            stop_now(vm, "stopped from the shell");
+            leave(vm, vcpu, true);
             return;
         }
-        let outcome = handle_exit(vm, &mut ctx, exit);
+        let counted = vm.change.is_some() && balloon_work(vm, &exit);
+        let outcome = handle_exit(vm, vcpu, &mut ctx, exit);
         vm.exits.total += 1;
         vm.exits.instructions += u64::from(pmu::instructions().wrapping_sub(before));
         if counted {
@@ -523,14 +628,17 @@ fn run_vcpu(id: usize) {
                 aarch64::wait_for_interrupt_or(10_000);
             }
             Outcome::Stop(why) => {
-                stop_now(vm, why);
+                begin_stop(vm, why, false);
+                leave(vm, vcpu, true);
                 return;
             }
             Outcome::Reset => {
-                stop_now(vm, "reset by the guest (PSCI SYSTEM_RESET)");
-                if let Err(e) = start(vm) {
-                    println!("[{}] cannot restart: {e}", vm.name);
-                }
+                begin_stop(vm, "reset by the guest (PSCI SYSTEM_RESET)", true);
+                leave(vm, vcpu, true);
+                return;
+            }
+            Outcome::VcpuOff => {
+                leave(vm, vcpu, true);
                 return;
             }
         }
@@ -553,6 +661,8 @@ enum Outcome {
     Continue,
     /// The guest executed WFI: sleep until an interrupt could be for it.
     Idle,
+    /// This vCPU turned itself off (PSCI CPU_OFF).
+    VcpuOff,
     Stop(&'static str),
     Reset,
 }
@@ -564,7 +674,7 @@ const PSCI_SYSTEM_RESET: u32 = 0x8400_0009;
 const PSCI_FEATURES: u32 = 0x8400_000a;
 const PSCI_NOT_SUPPORTED: u64 = -1i64 as u64;
 
-fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
+fn handle_exit(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
     // A simple load or store to a RAM page that has no frame (given back
     // through the balloon) carries a full syndrome too: it is a fault to
     // back, not MMIO to emulate.
@@ -590,7 +700,7 @@ fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
             sixty_four,
         } => {
             vm.exits.mmio += 1;
-            match mmio_read(vm, ipa, width) {
+            match mmio_read(vm, vcpu, ipa, width) {
                 Ok(value) => ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four)),
                 Err(why) => return stop_for(vm, ctx, ipa, why),
             }
@@ -599,7 +709,7 @@ fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
         VcpuExit::MmioWrite { ipa, width, reg } => {
             vm.exits.mmio += 1;
             let value = ctx.reg(reg);
-            if let Err(why) = mmio_write(vm, ipa, width, value) {
+            if let Err(why) = mmio_write(vm, vcpu, ipa, width, value) {
                 return stop_for(vm, ctx, ipa, why);
             }
             ctx.elr += 4;
@@ -634,23 +744,26 @@ fn handle_exit(vm: &mut Vm, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
         }
         VcpuExit::Hvc { .. } => {
             vm.exits.hvc += 1;
-            return psci(ctx);
+            return psci(vm, vcpu, ctx);
         }
         VcpuExit::Smc { .. } => {
             vm.exits.hvc += 1;
             ctx.elr += 4;
-            return psci(ctx);
+            return psci(vm, vcpu, ctx);
         }
         VcpuExit::Wait { wfe } => {
             vm.exits.wfx += 1;
             ctx.elr += 4;
             // WFE is a spin-wait hint: go straight back. A WFI with the
             // virtual GIC idle waits for a physical interrupt (timer, kick).
-            if !wfe && vm.vgic.as_ref().is_some_and(|g| !g.has_pending(0)) && !lr_pending(vm) {
+            if !wfe
+                && vm.vgic.as_ref().is_some_and(|g| !g.has_pending(vcpu))
+                && !lr_pending(vm, vcpu)
+            {
                 return Outcome::Idle;
             }
         }
-        VcpuExit::Interrupt => handle_physical_irqs(vm),
+        VcpuExit::Interrupt => handle_physical_irqs(vm, vcpu),
         VcpuExit::Unknown { esr } => {
             println!(
                 "[{}] unhandled exit: ESR_EL2 {esr:#x} at PC {:#x}",
@@ -670,30 +783,98 @@ fn stop_for(vm: &Vm, ctx: &GuestContext, ipa: u64, why: &'static str) -> Outcome
     Outcome::Stop(why)
 }
 
-fn psci(ctx: &mut GuestContext) -> Outcome {
+const PSCI_CPU_ON: u32 = 0xc400_0003;
+const PSCI_AFFINITY_INFO: u32 = 0xc400_0004;
+const PSCI_MIGRATE_INFO_TYPE: u32 = 0x8400_0006;
+const PSCI_INVALID_PARAMETERS: u64 = -2i64 as u64;
+const PSCI_ALREADY_ON: u64 = -4i64 as u64;
+
+/// PSCI for guests (SMC64 and SMC32 function IDs of the calls below).
+fn psci(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext) -> Outcome {
     let function = ctx.x[0] as u32;
-    let result = match function {
-        PSCI_VERSION => 0x1_0000, // 1.0
-        PSCI_FEATURES => match ctx.x[1] as u32 {
-            PSCI_VERSION | PSCI_CPU_OFF | PSCI_SYSTEM_OFF | PSCI_SYSTEM_RESET | PSCI_FEATURES => 0,
+    // The 32-bit calling convention's IDs differ only in bit 30.
+    let function64 = if function & 0xff00_0000 == 0x8400_0000 {
+        function | 0x4000_0000
+    } else {
+        function
+    };
+    let target = |mpidr: u64| {
+        let v = (mpidr & 0xff_00ff_ffff) as usize;
+        (v < vm.vcpus).then_some(v)
+    };
+    let result = match function64 {
+        _ if function == PSCI_VERSION => 0x1_0000, // 1.0
+        _ if function == PSCI_FEATURES => match ctx.x[1] as u32 | 0x4000_0000 {
+            f if [
+                PSCI_VERSION | 0x4000_0000,
+                PSCI_CPU_OFF | 0x4000_0000,
+                PSCI_SYSTEM_OFF | 0x4000_0000,
+                PSCI_SYSTEM_RESET | 0x4000_0000,
+                PSCI_FEATURES | 0x4000_0000,
+                PSCI_CPU_ON,
+                PSCI_AFFINITY_INFO,
+                PSCI_MIGRATE_INFO_TYPE | 0x4000_0000,
+            ]
+            .contains(&f) =>
+            {
+                0
+            }
             _ => PSCI_NOT_SUPPORTED,
         },
-        PSCI_SYSTEM_OFF => return Outcome::Stop("powered off by the guest (PSCI SYSTEM_OFF)"),
-        PSCI_CPU_OFF => return Outcome::Stop("its only vCPU turned itself off (PSCI CPU_OFF)"),
-        PSCI_SYSTEM_RESET => return Outcome::Reset,
+        _ if function == PSCI_SYSTEM_OFF => {
+            return Outcome::Stop("powered off by the guest (PSCI SYSTEM_OFF)")
+        }
+        _ if function == PSCI_SYSTEM_RESET => return Outcome::Reset,
+        _ if function == PSCI_CPU_OFF => return Outcome::VcpuOff,
+        _ if function == PSCI_MIGRATE_INFO_TYPE => 2, // no trusted OS to migrate
+        PSCI_CPU_ON => match target(ctx.x[1]) {
+            None => PSCI_INVALID_PARAMETERS,
+            Some(t) if vm.power[t] != Power::Off || t == vcpu => PSCI_ALREADY_ON,
+            Some(t) => {
+                vm.power[t] = Power::Starting {
+                    entry: ctx.x[2],
+                    context: ctx.x[3],
+                };
+                let cpu = vm.cpus[t];
+                CPU_VM[cpu].store(encode(vm.id, t), Ordering::Release);
+                // SAFETY: SEV only wakes CPUs waiting in WFE.
+                unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+                0
+            }
+        },
+        PSCI_AFFINITY_INFO => match target(ctx.x[1]) {
+            None => PSCI_INVALID_PARAMETERS,
+            Some(t) => match vm.power[t] {
+                Power::On => 0,
+                Power::Off => 1,
+                Power::Starting { .. } => 2,
+            },
+        },
         _ => PSCI_NOT_SUPPORTED,
     };
+    let _ = vcpu;
     ctx.x[0] = result;
     Outcome::Continue
 }
 
-fn mmio_read(vm: &mut Vm, ipa: u64, width: u8) -> Result<u64, &'static str> {
+/// Kick the CPUs of the vCPUs a vGIC change made something deliverable to
+/// (not the caller's own CPU: it syncs before entering anyway).
+fn apply_effect(vm: &Vm, effect: crate::vgic::VgicEffect) {
+    let me = aarch64::cpu_index();
+    for v in 0..vm.vcpus {
+        if effect.kicks(v) && vm.power[v] != Power::Off && vm.cpus[v] != me {
+            gic::kick(vm.cpus[v]);
+        }
+    }
+}
+
+fn mmio_read(vm: &mut Vm, vcpu: usize, ipa: u64, width: u8) -> Result<u64, &'static str> {
     if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
         let Some(vgic) = vm.vgic.as_mut() else {
             return Err("no GIC distributor on this host");
         };
         return vgic
-            .read(0, off, width)
+            .read(vcpu, off, width)
             .map(u64::from)
             .map_err(|_| "bad GIC distributor access");
     }
@@ -714,15 +895,23 @@ fn mmio_read(vm: &mut Vm, ipa: u64, width: u8) -> Result<u64, &'static str> {
     Err("access to an address that is neither its RAM nor a device")
 }
 
-fn mmio_write(vm: &mut Vm, ipa: u64, width: u8, value: u64) -> Result<(), &'static str> {
+fn mmio_write(
+    vm: &mut Vm,
+    vcpu: usize,
+    ipa: u64,
+    width: u8,
+    value: u64,
+) -> Result<(), &'static str> {
     if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
         let Some(vgic) = vm.vgic.as_mut() else {
             return Err("no GIC distributor on this host");
         };
-        return vgic
-            .write(0, off, width, value as u32)
-            .map(|_| ())
-            .map_err(|_| "bad GIC distributor access");
+        let effect = vgic
+            .write(vcpu, off, width, value as u32)
+            .map_err(|_| "bad GIC distributor access")?;
+        // An SGI to another vCPU, an enable: make its CPU sync.
+        apply_effect(vm, effect);
+        return Ok(());
     }
     if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
         let effect = vm.uart.write(off, width, value as u32);
@@ -777,9 +966,6 @@ pub fn set_balloon(vm: &mut Vm, pages: u64) -> Result<(), &'static str> {
     balloon.device_mut().set_target(pages as u32);
     balloon.config_changed();
     update_virtio_irq(vm);
-    if vm.vgic.is_some() {
-        gic::kick(vm.cpu);
-    }
     vm.change = Some(BalloonChange {
         from,
         to: pages as u32,
@@ -916,15 +1102,15 @@ fn finish_change(vm: &mut Vm) {
 /// Drive the balloon's interrupt line into the virtual distributor.
 fn update_virtio_irq(vm: &mut Vm) {
     let level = vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending());
-    if let Some(vgic) = vm.vgic.as_mut() {
-        let _ = vgic.set_level(VIRTIO_INTID, level);
+    if let Some(Ok(effect)) = vm.vgic.as_mut().map(|g| g.set_level(VIRTIO_INTID, level)) {
+        apply_effect(vm, effect);
     }
 }
 
 /// Take the pending physical interrupts on this CPU (the guest was
 /// interrupted): the virtual timer goes to the guest, the rest is ours.
 /// Bounded: a level interrupt that stays asserted must not trap us here.
-fn handle_physical_irqs(vm: &mut Vm) {
+fn handle_physical_irqs(vm: &mut Vm, vcpu: usize) {
     for _ in 0..16 {
         let (intid, iar) = gic::acknowledge();
         match intid {
@@ -935,7 +1121,7 @@ fn handle_physical_irqs(vm: &mut Vm) {
                 gic::end_of_interrupt(iar);
                 match vm.vgic.as_mut() {
                     Some(vgic) => {
-                        let _ = vgic.pend_ppi(0, gic::VTIMER_PPI);
+                        let _ = vgic.pend_ppi(vcpu, gic::VTIMER_PPI);
                     }
                     None => gic::deactivate(iar),
                 }
@@ -943,7 +1129,7 @@ fn handle_physical_irqs(vm: &mut Vm) {
             gic::MAINTENANCE_PPI => {
                 // The maintenance interrupt is level: it stays asserted
                 // until the list registers are retired and refilled.
-                flush_list_registers(vm);
+                flush_list_registers(vm, vcpu);
                 gic::end_of_interrupt(iar);
                 gic::deactivate(iar);
             }
@@ -958,16 +1144,16 @@ fn handle_physical_irqs(vm: &mut Vm) {
 
 /// Sync the list registers with the virtual distributor before entering
 /// the guest: retire what the guest finished, then list what is pending.
-fn flush_list_registers(vm: &mut Vm) {
+fn flush_list_registers(vm: &mut Vm, vcpu: usize) {
     let Some(vgic) = vm.vgic.as_mut() else { return };
     let count = gic::list_registers().min(MAX_LRS);
-    for (i, slot) in vm.listed.iter_mut().enumerate().take(count) {
+    for (i, slot) in vm.listed[vcpu].iter_mut().enumerate().take(count) {
         let Some(intid) = *slot else { continue };
         let lr = parse_lr(gic::read_gich(gic::GICH_LR0 + 4 * i as u64));
         if lr.is_free() {
             // The guest is done with it; a level line still high pends again.
             if lr.eoi || !lr.hw {
-                let _ = vgic.on_eoi(0, intid);
+                let _ = vgic.on_eoi(vcpu, intid);
             }
             // Clear it: a stale EOI bit keeps the maintenance interrupt
             // (GICH_EISR) asserted and the guest could never run.
@@ -977,11 +1163,11 @@ fn flush_list_registers(vm: &mut Vm) {
     }
     let mut waiting = false;
     for i in 0..count {
-        if vm.listed[i].is_some() {
+        if vm.listed[vcpu][i].is_some() {
             continue;
         }
-        let listed = vm.listed;
-        let Some(irq) = vgic.next_pending(0, |id| listed.contains(&Some(id))) else {
+        let listed = vm.listed[vcpu];
+        let Some(irq) = vgic.next_pending(vcpu, |id| listed.contains(&Some(id))) else {
             break;
         };
         let mut value = lr_value(&irq);
@@ -991,11 +1177,11 @@ fn flush_list_registers(vm: &mut Vm) {
             value = (value & !(LR_EOI | (0x3ff << 10))) | LR_HW | (gic::VTIMER_PPI << 10);
         }
         gic::write_gich(gic::GICH_LR0 + 4 * i as u64, value);
-        vgic.on_listed(0, &irq);
-        vm.listed[i] = Some(irq.intid);
+        vgic.on_listed(vcpu, &irq);
+        vm.listed[vcpu][i] = Some(irq.intid);
     }
-    if vgic.has_pending(0) {
-        let listed = vm.listed;
+    if vgic.has_pending(vcpu) {
+        let listed = vm.listed[vcpu];
         waiting = vgic
             .next_pending(0, |id| listed.contains(&Some(id)))
             .is_some();
@@ -1009,8 +1195,8 @@ fn flush_list_registers(vm: &mut Vm) {
 /// Drive the PL011's interrupt line into the virtual distributor.
 fn update_uart_irq(vm: &mut Vm) {
     let level = vm.uart.irq_level();
-    if let Some(vgic) = vm.vgic.as_mut() {
-        let _ = vgic.set_level(UART_INTID, level);
+    if let Some(Ok(effect)) = vm.vgic.as_mut().map(|g| g.set_level(UART_INTID, level)) {
+        apply_effect(vm, effect);
     }
 }
 
@@ -1021,9 +1207,6 @@ pub fn console_input(vm: &mut Vm, byte: u8) -> bool {
         return false;
     }
     update_uart_irq(vm);
-    if vm.state == VmState::Running {
-        gic::kick(vm.cpu);
-    }
     true
 }
 
@@ -1071,10 +1254,10 @@ pub fn input_to_focus(byte: u8) -> bool {
 
 /// Whether a list register holds an interrupt the guest has not taken yet
 /// (it may have executed WFI with interrupts masked: it must not sleep).
-fn lr_pending(vm: &Vm) -> bool {
+fn lr_pending(vm: &Vm, vcpu: usize) -> bool {
     let count = gic::list_registers().min(MAX_LRS);
     (0..count).any(|i| {
-        vm.listed[i].is_some() && {
+        vm.listed[vcpu][i].is_some() && {
             let lr = parse_lr(gic::read_gich(gic::GICH_LR0 + 4 * i as u64));
             matches!(
                 lr.state,
