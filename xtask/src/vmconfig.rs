@@ -807,7 +807,7 @@ kernel = "testguest"
                     vec![(
                         "linux".into(),
                         512,
-                        2,
+                        6,
                         p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
                     )]
                 ),

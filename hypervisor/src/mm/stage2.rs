@@ -152,19 +152,7 @@ impl Stage2 {
         ipa: u64,
         pa: u64,
     ) -> Result<(), Stage2Error> {
-        Self::check(ipa)?;
-        let table = self
-            .leaf_table(mem, ipa, true)?
-            .ok_or(Stage2Error::OutOfTables)?;
-        let slot = &mut mem.table(table)[index(ipa, 3)];
-        if *slot & VALID != 0 {
-            return Err(Stage2Error::AlreadyMapped {
-                ipa,
-                pa: *slot & ADDR_MASK,
-            });
-        }
-        *slot = device_page(pa);
-        Ok(())
+        self.set_leaf(mem, ipa, device_page(pa))
     }
 
     /// Map the page at `ipa` to the frame at `pa` as guest RAM.
@@ -173,6 +161,18 @@ impl Stage2 {
         mem: &mut impl TableMemory,
         ipa: u64,
         pa: u64,
+    ) -> Result<(), Stage2Error> {
+        self.set_leaf(mem, ipa, ram_page(pa))?;
+        self.mapped += 1;
+        Ok(())
+    }
+
+    /// Install a leaf descriptor where nothing is mapped yet.
+    fn set_leaf(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: u64,
+        descriptor: u64,
     ) -> Result<(), Stage2Error> {
         Self::check(ipa)?;
         let table = self
@@ -185,8 +185,7 @@ impl Stage2 {
                 pa: *slot & ADDR_MASK,
             });
         }
-        *slot = ram_page(pa);
-        self.mapped += 1;
+        *slot = descriptor;
         Ok(())
     }
 
