@@ -301,7 +301,12 @@ fn cargo_test(root: &Path, artifacts: &Artifacts) -> Result<(u32, u32), String> 
         ])
         .env("HV_IMAGE", &artifacts.image)
         .env("HV_ELF", &artifacts.elf)
-        .env("HV_BUNDLE", &artifacts.bundle)
+        // The QEMU tests' default bundle is the pair of bare-metal test
+        // guests; the tests that want Linux (or another) ask for it by name.
+        .env(
+            "HV_BUNDLE",
+            root.join("target").join("bundles").join("pair.img"),
+        )
         .env("HV_PI4_DTB", &artifacts.pi4_dtb)
         .current_dir(root)
         .stderr(std::process::Stdio::inherit())

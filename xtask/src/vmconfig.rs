@@ -734,20 +734,20 @@ kernel = "testguest"
         let bundle = guest_bundle::parse(&bytes).unwrap();
         assert_eq!(bundle.vm_count(), 2);
         let a = bundle.vm(0).unwrap();
-        assert_eq!(a.name(), "alpha");
-        assert_eq!(a.ram_size(), 256 << 20);
-        assert_eq!(a.vcpus(), 1);
-        assert_eq!(a.cpu_affinity(), 1 << 1);
+        assert_eq!(a.name(), "linux");
+        assert_eq!(a.ram_size(), 512 << 20);
+        assert_eq!(a.vcpus(), 2);
+        assert_eq!(a.cpu_affinity(), (1 << 1) | (1 << 2));
         assert_eq!(a.kernel(), KERNEL);
-        assert_eq!(a.initrd(), None);
-        assert_eq!(a.cmdline(), Some("pattern"));
+        assert_eq!(a.initrd(), Some(INITRD));
+        assert!(a.cmdline().is_some_and(|c| c.contains("console=ttyAMA0")));
         assert!(a.has_balloon());
         assert_eq!(a.devices(), devices::BALLOON);
         assert_eq!(a.balloon_features(), 1 << 0);
         let b = bundle.vm(1).unwrap();
         assert_eq!(b.name(), "beta");
         assert_eq!(b.ram_size(), 128 << 20);
-        assert_eq!(b.cpu_affinity(), 1 << 2);
+        assert_eq!(b.cpu_affinity(), 1 << 3);
         assert_eq!(b.cmdline(), Some("pattern"));
         assert_eq!(b.balloon_features(), 1 << 0);
         assert_eq!(b.devices(), devices::BALLOON);
@@ -794,7 +794,18 @@ kernel = "testguest"
             seen,
             vec![
                 ("bench".into(), vec![("bench".into(), 256, 2, p("pattern"))]),
-                ("demo".into(), pair.clone()),
+                (
+                    "demo".into(),
+                    vec![
+                        (
+                            "linux".into(),
+                            512,
+                            6,
+                            p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
+                        ),
+                        ("beta".into(), 128, 8, p("pattern"))
+                    ]
+                ),
                 (
                     "hostile".into(),
                     vec![
