@@ -8,6 +8,16 @@ pub const LINE_MAX: usize = 160;
 pub struct ConsoleLine {
     buf: [u8; LINE_MAX],
     len: usize,
+    /// Inside an escape sequence (ESC, then CSI parameters up to a final
+    /// letter): terminal control, not text, so it is dropped whole.
+    escape: Escape,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Escape {
+    None,
+    Esc,
+    Csi,
 }
 
 impl Default for ConsoleLine {
@@ -21,6 +31,7 @@ impl ConsoleLine {
         Self {
             buf: [0; LINE_MAX],
             len: 0,
+            escape: Escape::None,
         }
     }
 
@@ -28,6 +39,26 @@ impl ConsoleLine {
     /// byte ends one or the buffer is full. Carriage returns and other
     /// control bytes are dropped; non-ASCII bytes become '?'.
     pub fn push(&mut self, byte: u8) -> Option<&str> {
+        match (self.escape, byte) {
+            (_, 0x1b) => {
+                self.escape = Escape::Esc;
+                return None;
+            }
+            (Escape::Esc, b'[') => {
+                self.escape = Escape::Csi;
+                return None;
+            }
+            (Escape::Esc, _) => {
+                self.escape = Escape::None;
+                return None;
+            }
+            (Escape::Csi, 0x40..=0x7e) => {
+                self.escape = Escape::None;
+                return None;
+            }
+            (Escape::Csi, _) => return None,
+            (Escape::None, _) => {}
+        }
         match byte {
             b'\n' => return Some(self.take()),
             b'\t' | 0x20..=0x7e => self.buf[self.len] = byte,
@@ -61,12 +92,19 @@ mod tests {
     fn lines_and_control_bytes() {
         let mut c = ConsoleLine::new();
         let mut out = Vec::new();
-        for &b in b"hello\r\nw\x1b\xffrld\n" {
+        for &b in b"hello\r\nw\x1bZ\xffrld\n" {
             if let Some(l) = c.push(b) {
                 out.push(l.to_string());
             }
         }
         assert_eq!(out, ["hello", "w?rld"]);
+        // Terminal control sequences vanish whole (busybox's cursor query).
+        let mut d = ConsoleLine::new();
+        let lines: Vec<String> = b"/ # \x1b[6ncat\x1b7\n"
+            .iter()
+            .filter_map(|&b| d.push(b).map(str::to_string))
+            .collect();
+        assert_eq!(lines, ["/ # cat"]);
         for &b in b"tail" {
             assert!(c.push(b).is_none());
         }
