@@ -310,6 +310,26 @@ impl Session {
         }
     }
 
+    /// Runs `mem` and returns the bytes in accounting category `category`
+    /// (e.g. "free", "guest RAM"), after checking that the categories sum
+    /// to the RAM size and that the frame table's invariant check passed.
+    pub fn mem_category(&mut self, category: &str, timeout: Duration) -> Result<u64, String> {
+        let out = self.run("mem", timeout).map_err(|e| e.to_string())?;
+        let report = crate::parse_mem(&out).map_err(|e| format!("{e}:\n{out}"))?;
+        if report.total != report.ram_bytes {
+            return Err(format!("the accounting does not add up to RAM:\n{out}"));
+        }
+        if !out.contains("frame table invariants: ok") {
+            return Err(format!("the frame table check did not pass:\n{out}"));
+        }
+        report
+            .categories
+            .iter()
+            .find(|(name, _)| name == category)
+            .map(|(_, bytes)| *bytes)
+            .ok_or_else(|| format!("no '{category}' in:\n{out}"))
+    }
+
     /// Writes `line` and a carriage return to the console.
     pub fn send_line(&mut self, line: &str) -> Result<(), HarnessError> {
         self.send(format!("{line}\r").as_bytes())

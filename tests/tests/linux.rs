@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use harness::{parse_mem, target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
 
 const BOOT: Duration = Duration::from_secs(180);
 const STEP: Duration = Duration::from_secs(60);
@@ -62,17 +62,14 @@ fn value(lines: &[String], key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
 }
 
+/// The guest's MemTotal in kB (agent request `id`).
+fn mem_total(s: &mut Session, id: u32) -> u64 {
+    value(&agent(s, id, "grep MemTotal /proc/meminfo"), "MemTotal:")
+}
+
 fn free_bytes(s: &mut Session) -> u64 {
-    let out = ok(s.run("mem", COMMAND));
-    let report = parse_mem(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
-    assert_eq!(report.total, report.ram_bytes, "{out}");
-    assert!(out.contains("frame table invariants: ok"), "{out}");
-    report
-        .categories
-        .iter()
-        .find(|(n, _)| n == "free")
-        .expect("free")
-        .1
+    s.mem_category("free", COMMAND)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn upstream_balloon_driver(board: Board) {
@@ -84,10 +81,7 @@ fn upstream_balloon_driver(board: Board) {
         mods.iter().any(|l| l.starts_with("virtio_balloon ")),
         "{mods:?}"
     );
-    let total0 = value(
-        &agent(&mut s, 3, "grep MemTotal /proc/meminfo"),
-        "MemTotal:",
-    );
+    let total0 = mem_total(&mut s, 3);
     let free0 = free_bytes(&mut s);
 
     ok(s.send_line("balloon linux 128M"));
@@ -97,10 +91,7 @@ fn upstream_balloon_driver(board: Board) {
     ));
     let vmstat = agent(&mut s, 4, "grep ^balloon_ /proc/vmstat");
     assert_eq!(value(&vmstat, "balloon_inflate"), 32768, "{vmstat:?}");
-    let total1 = value(
-        &agent(&mut s, 5, "grep MemTotal /proc/meminfo"),
-        "MemTotal:",
-    );
+    let total1 = mem_total(&mut s, 5);
     assert_eq!(
         total0 - total1,
         128 * 1024,
@@ -125,10 +116,7 @@ fn upstream_balloon_driver(board: Board) {
     ));
     let vmstat = agent(&mut s, 6, "grep ^balloon_ /proc/vmstat");
     assert_eq!(value(&vmstat, "balloon_deflate"), 32768, "{vmstat:?}");
-    let total2 = value(
-        &agent(&mut s, 7, "grep MemTotal /proc/meminfo"),
-        "MemTotal:",
-    );
+    let total2 = mem_total(&mut s, 7);
     assert_eq!(total2, total0, "MemTotal back");
     let out = s.output();
     assert!(!out.contains("VM stopped"), "{out}");
@@ -150,15 +138,10 @@ fn reboot_and_poweroff(board: Board) {
     ok(s.expect(r"\[linux\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); 131072 pages returned", STEP));
     ok(s.send(&[0x1d]));
     ok(s.expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND));
-    let out = ok(s.run("mem", COMMAND));
-    let report = parse_mem(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
-    let guest = report
-        .categories
-        .iter()
-        .find(|(n, _)| n == "guest RAM")
-        .expect("guest RAM")
-        .1;
-    assert_eq!(guest, 0, "no guest frames left:\n{out}");
+    let guest = s
+        .mem_category("guest RAM", COMMAND)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(guest, 0, "no guest frames left");
     let vms = ok(s.run("vms", COMMAND));
     assert!(
         vms.lines().any(|l| l.starts_with("linux")

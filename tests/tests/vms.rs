@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use harness::{parse_mem, target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
 
 const STEP: Duration = Duration::from_secs(90);
 const COMMAND: Duration = Duration::from_secs(20);
@@ -43,21 +43,10 @@ fn boot(board: Board, scenario: &str, bundle: Option<&str>, ready: &[&str]) -> S
     s
 }
 
-/// Bytes in a category of `mem`'s accounting; checks the sum and invariants.
+/// Bytes in a category of `mem`; checks the sum and invariants.
 fn mem_category(s: &mut Session, category: &str) -> u64 {
-    let out = ok(s.run("mem", COMMAND));
-    let report = parse_mem(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
-    assert_eq!(
-        report.total, report.ram_bytes,
-        "accounting does not add up:\n{out}"
-    );
-    assert!(out.contains("frame table invariants: ok"), "{out}");
-    report
-        .categories
-        .iter()
-        .find(|(name, _)| name == category)
-        .unwrap_or_else(|| panic!("no '{category}' in:\n{out}"))
-        .1
+    s.mem_category(category, COMMAND)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn balloon_half_and_back(board: Board) {

@@ -66,28 +66,7 @@ pub fn debian_kernel(workspace_root: &Path) -> Result<PathBuf, String> {
     );
     run(apt(&dir, "apt-get").args(["-qq", "update"]))?;
     let package = current_dependency(&dir)?;
-    // `apt-get download` writes into the current directory; clear out an
-    // older kernel's package first so only one .deb is there to unpack.
-    for deb in debs(&dir)? {
-        fs::remove_file(&deb).map_err(|e| format!("{}: {e}", deb.display()))?;
-    }
-    run(apt(&dir, "apt-get")
-        .current_dir(&dir)
-        .args(["-qq", "download", &package]))?;
-    let deb = match debs(&dir)?.as_slice() {
-        [deb] => deb.clone(),
-        other => {
-            return Err(format!(
-                "expected one .deb in {} after download, found {}",
-                dir.display(),
-                other.len()
-            ))
-        }
-    };
-    if kernel.exists() {
-        fs::remove_dir_all(&kernel).map_err(|e| format!("{}: {e}", kernel.display()))?;
-    }
-    run(Command::new("dpkg").arg("-x").arg(&deb).arg(&kernel))?;
+    download_and_unpack(&dir, &dir, &package, &kernel)?;
     fs::write(&done, format!("{package}\n")).map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(kernel)
 }
@@ -119,29 +98,42 @@ pub fn debian_package(workspace_root: &Path, package: &str) -> Result<PathBuf, S
     // Refresh the lists: ones left by an earlier kernel download may name a
     // version the archive has since dropped.
     run(apt(&dir, "apt-get").args(["-qq", "update"]))?;
-    for deb in debs(&pkg_dir)? {
+    let deb = download_and_unpack(&dir, &pkg_dir, package, &root)?;
+    let name = deb.file_name().unwrap_or_default().to_string_lossy();
+    fs::write(&done, format!("{name}\n")).map_err(|e| format!("{}: {e}", done.display()))?;
+    Ok(root)
+}
+
+/// `apt-get download` `package` into `into` (with the apt state in
+/// `apt_dir`), after removing any .deb already there, and unpack it into
+/// `dest` (emptied first). Returns the .deb's path.
+fn download_and_unpack(
+    apt_dir: &Path,
+    into: &Path,
+    package: &str,
+    dest: &Path,
+) -> Result<PathBuf, String> {
+    for deb in debs(into)? {
         fs::remove_file(&deb).map_err(|e| format!("{}: {e}", deb.display()))?;
     }
-    run(apt(&dir, "apt-get")
-        .current_dir(&pkg_dir)
+    run(apt(apt_dir, "apt-get")
+        .current_dir(into)
         .args(["-qq", "download", package]))?;
-    let deb = match debs(&pkg_dir)?.as_slice() {
+    let deb = match debs(into)?.as_slice() {
         [deb] => deb.clone(),
         other => {
             return Err(format!(
                 "expected one .deb in {} after download, found {}",
-                pkg_dir.display(),
+                into.display(),
                 other.len()
             ))
         }
     };
-    if root.exists() {
-        fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    if dest.exists() {
+        fs::remove_dir_all(dest).map_err(|e| format!("{}: {e}", dest.display()))?;
     }
-    run(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))?;
-    let name = deb.file_name().unwrap_or_default().to_string_lossy();
-    fs::write(&done, format!("{name}\n")).map_err(|e| format!("{}: {e}", done.display()))?;
-    Ok(root)
+    run(Command::new("dpkg").arg("-x").arg(&deb).arg(dest))?;
+    Ok(deb)
 }
 
 /// The `package_version_arch.deb` file name [`debian_package`] unpacked, if

@@ -211,16 +211,9 @@ impl GuestRam {
         ipa: u64,
         buf: &mut [u8],
     ) -> Result<(), RamError> {
-        self.check_span(ipa, buf.len())?;
-        let mut done = 0;
-        while done < buf.len() {
-            let at = ipa + done as u64;
-            let n = (PAGE_SIZE - (at % PAGE_SIZE)).min((buf.len() - done) as u64) as usize;
-            let pa = self.translate_or_back(mem, at)?;
-            mem.read(pa, &mut buf[done..done + n]);
-            done += n;
-        }
-        Ok(())
+        self.for_each_page(mem, ipa, buf.len(), |mem, pa, span| {
+            mem.read(pa, &mut buf[span])
+        })
     }
 
     /// Copy `data` into guest memory at `ipa` (backing pages as needed).
@@ -230,13 +223,27 @@ impl GuestRam {
         ipa: u64,
         data: &[u8],
     ) -> Result<(), RamError> {
-        self.check_span(ipa, data.len())?;
+        self.for_each_page(mem, ipa, data.len(), |mem, pa, span| {
+            mem.write(pa, &data[span])
+        })
+    }
+
+    /// Split `[ipa, ipa + len)` at page boundaries and call `f` with each
+    /// piece's host address and its byte range within the whole.
+    fn for_each_page<M: HostMemory>(
+        &mut self,
+        mem: &mut M,
+        ipa: u64,
+        len: usize,
+        mut f: impl FnMut(&mut M, u64, core::ops::Range<usize>),
+    ) -> Result<(), RamError> {
+        self.check_span(ipa, len)?;
         let mut done = 0;
-        while done < data.len() {
+        while done < len {
             let at = ipa + done as u64;
-            let n = (PAGE_SIZE - (at % PAGE_SIZE)).min((data.len() - done) as u64) as usize;
+            let n = (PAGE_SIZE - (at % PAGE_SIZE)).min((len - done) as u64) as usize;
             let pa = self.translate_or_back(mem, at)?;
-            mem.write(pa, &data[done..done + n]);
+            f(mem, pa, done..done + n);
             done += n;
         }
         Ok(())
