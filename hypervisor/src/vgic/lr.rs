@@ -108,3 +108,55 @@ pub fn parse_lr(value: u32) -> LrState {
         physical_id: hw.then_some((value >> 10) & 0x3ff),
     }
 }
+
+/// GICv3 list register (ICH_LR<n>_EL2) fields.
+const LR3_STATE_SHIFT: u32 = 62;
+const LR3_HW: u64 = 1 << 61;
+const LR3_GROUP: u64 = 1 << 60;
+const LR3_PRIORITY_SHIFT: u32 = 48;
+/// With HW = 0: raise a maintenance interrupt when the guest deactivates.
+const LR3_EOI: u64 = 1 << 41;
+const LR3_PINTID_SHIFT: u32 = 32;
+const LR3_PINTID_MASK: u64 = 0x1fff;
+
+/// The ICH_LR<n>_EL2 value that makes `irq` pending in the guest. With
+/// `hw` the interrupt is linked to that physical INTID, whose deactivation
+/// the guest's own does (no EOI maintenance then). GICv3 SGIs carry no
+/// source CPU.
+pub fn lr_value_v3(irq: &PendingIrq, hw: Option<u32>) -> u64 {
+    let mut value = u64::from(irq.intid)
+        | (u64::from(irq.priority & 0xf8) << LR3_PRIORITY_SHIFT)
+        | (1 << LR3_STATE_SHIFT);
+    if irq.group1 {
+        value |= LR3_GROUP;
+    }
+    match hw {
+        Some(physical) => {
+            value |= LR3_HW | ((u64::from(physical) & LR3_PINTID_MASK) << LR3_PINTID_SHIFT)
+        }
+        None if irq.is_level => value |= LR3_EOI,
+        None => {}
+    }
+    value
+}
+
+/// Decode an ICH_LR<n>_EL2 value.
+pub fn parse_lr_v3(value: u64) -> LrState {
+    let hw = value & LR3_HW != 0;
+    let state = match (value >> LR3_STATE_SHIFT) & 3 {
+        0 => LrStatus::Invalid,
+        1 => LrStatus::Pending,
+        2 => LrStatus::Active,
+        _ => LrStatus::PendingActive,
+    };
+    LrState {
+        intid: value as u32,
+        state,
+        eoi: !hw && value & LR3_EOI != 0,
+        hw,
+        group1: value & LR3_GROUP != 0,
+        priority: ((value >> LR3_PRIORITY_SHIFT) & 0xf8) as u8,
+        source_cpu: None,
+        physical_id: hw.then_some(((value >> LR3_PINTID_SHIFT) & LR3_PINTID_MASK) as u32),
+    }
+}

@@ -94,12 +94,19 @@ mod lr;
 mod regs;
 #[cfg(test)]
 mod tests;
+mod v3;
+#[cfg(test)]
+mod v3_tests;
 
 pub use lr::{
-    lr_value, parse_lr, LrState, LrStatus, LR_ACTIVE, LR_CPUID_SHIFT, LR_EOI, LR_GRP1, LR_HW,
-    LR_PENDING, LR_PRIORITY_SHIFT, LR_VIRTUAL_ID_MASK,
+    lr_value, lr_value_v3, parse_lr, parse_lr_v3, LrState, LrStatus, LR_ACTIVE, LR_CPUID_SHIFT,
+    LR_EOI, LR_GRP1, LR_HW, LR_PENDING, LR_PRIORITY_SHIFT, LR_VIRTUAL_ID_MASK,
 };
 pub use regs::*;
+pub use v3::{
+    GICR_SGI_BASE, GICR_STRIDE, GICR_TYPER, GICR_WAKER, GICV3_DIST_WINDOW, ICC_ASGI1R_EL1,
+    ICC_SGI0R_EL1, ICC_SGI1R_EL1,
+};
 
 use regs::{decode, BitReg, Reg};
 
@@ -249,14 +256,30 @@ impl PrivateBank {
     }
 }
 
-/// The virtual GICv2 distributor of one VM.
+/// Which GIC architecture the guest sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VgicVersion {
+    /// A GICv2 distributor; the CPU interface is the hardware GICV page.
+    V2,
+    /// A GICv3 distributor (affinity routing always on, one security
+    /// state) and one redistributor per vCPU; the CPU interface is the
+    /// hardware's virtual ICC_* system registers. See [`v3`].
+    V3,
+}
+
+/// The virtual distributor of one VM (and, for GICv3, its redistributors).
 #[derive(Clone, Debug)]
 pub struct VDistributor {
+    version: VgicVersion,
     vcpus: usize,
     spis: u32,
     ctlr: u32,
     private: Vec<PrivateBank>,
     spi: Vec<Irq>,
+    /// GICv3: GICD_IROUTER of each SPI as the guest wrote it.
+    irouter: Vec<u64>,
+    /// GICv3: GICR_WAKER.ProcessorSleep of each redistributor.
+    asleep: Vec<bool>,
     counters: VgicCounters,
 }
 
@@ -264,15 +287,28 @@ impl VDistributor {
     /// A distributor in its reset state for `vcpus` vCPUs (1..=8) and `spis`
     /// SPIs (INTIDs 32..32 + spis, at most 988).
     pub fn new(vcpus: usize, spis: u32) -> Result<Self, VgicError> {
+        Self::with_version(VgicVersion::V2, vcpus, spis)
+    }
+
+    /// A GICv3 distributor with `vcpus` redistributors (1..=8) in its reset
+    /// state.
+    pub fn new_v3(vcpus: usize, spis: u32) -> Result<Self, VgicError> {
+        Self::with_version(VgicVersion::V3, vcpus, spis)
+    }
+
+    fn with_version(version: VgicVersion, vcpus: usize, spis: u32) -> Result<Self, VgicError> {
         if !(1..=MAX_VCPUS).contains(&vcpus) || spis > MAX_SPIS {
             return Err(VgicError::BadConfig { vcpus, spis });
         }
         let mut dist = VDistributor {
+            version,
             vcpus,
             spis,
             ctlr: 0,
             private: Vec::new(),
             spi: Vec::new(),
+            irouter: Vec::new(),
+            asleep: Vec::new(),
             counters: VgicCounters::default(),
         };
         dist.reset();
@@ -293,6 +329,14 @@ impl VDistributor {
                 ..Irq::default()
             },
         );
+        self.irouter.clear();
+        self.irouter.resize(self.spis as usize, 0);
+        self.asleep.clear();
+        self.asleep.resize(self.vcpus, true);
+    }
+
+    pub fn version(&self) -> VgicVersion {
+        self.version
     }
 
     pub fn vcpus(&self) -> usize {
