@@ -336,7 +336,11 @@ fn start_secondaries(board: &BoardInfo) {
 extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
     smp::set_state(index, smp::CpuState::Online);
     aarch64::pmu::init();
-    aarch64::gic::init_cpu(index);
+    if aarch64::gic::present() && !aarch64::gic::init_cpu(index) {
+        println!(
+            "cpu{index}: no GIC redistributor matches this CPU: guests on it get no interrupts"
+        );
+    }
     defmt::debug!("cpu{=usize} entered Rust at EL2", index);
     vm::cpu_loop(index)
 }
@@ -419,6 +423,13 @@ fn run(cmd: Command, board: &BoardInfo) {
                 Some((i, mpidr, method, smp::state(i).label()))
             });
             let _ = report::write_cpus(&mut Console, rows);
+            if aarch64::gic::present() {
+                println!("interrupts taken while a guest ran (kick, GIC maintenance, EL2 timer, guest timer, other):");
+                for cpu in (1..MAX_CPUS).filter(|&c| smp::cpu_mpidr(c).is_some()) {
+                    let [kick, maint, timer, vtimer, other] = vm::interrupts_taken(cpu);
+                    println!("  cpu{cpu}: {kick} {maint} {timer} {vtimer} {other}");
+                }
+            }
         }
         Command::Vms => list_vms(),
         Command::Balloon { vm: name, bytes } => {
@@ -555,8 +566,21 @@ fn init_gic(board: &BoardInfo) {
                 aarch64::gic::list_registers()
             );
         }
+        (platform::GicVersion::V3, _, _, _) if gic.redistributors.is_some() => {
+            let gicr = gic.redistributors.unwrap_or(gic.distributor);
+            aarch64::gic::init_v3(gic.distributor.start, gicr.start, gicr.end - gicr.start);
+            if !aarch64::gic::init_cpu(0) {
+                println!("virtual GIC: no GICv3 redistributor matches the boot CPU: guests run without interrupts");
+                return;
+            }
+            vm::set_gic_v3();
+            println!(
+                "virtual GIC: GICv3 with {} list registers",
+                aarch64::gic::list_registers()
+            );
+        }
         _ => println!(
-            "virtual GIC: none on this host yet (GICv3 comes later): guests run without interrupts"
+            "virtual GIC: this host's GIC has no virtualization interface we drive: guests run without interrupts"
         ),
     }
 }

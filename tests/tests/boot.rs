@@ -61,6 +61,12 @@ fn boot_with(t: Target, scenario: &str, tweak: impl FnOnce(&mut QemuOptions)) ->
     );
     let gic = ok(s.expect(r"(?m)^GIC: (GICv\d)", left()));
     assert_eq!(gic[1], t.gic, "GIC line");
+    // Guests get a virtual GIC of the host's version.
+    let vgic = ok(s.expect(
+        r"(?m)^virtual GIC: (GICv\d) with (\d+) list registers",
+        left(),
+    ));
+    assert_eq!(vgic[1], t.gic, "virtual GIC line");
     ok(s.expect(&regex::escape(PROMPT), left()));
     s
 }

@@ -1,6 +1,6 @@
 //! An unmodified Debian arm64 Linux guest (kernel and busybox initramfs from
 //! Debian's packages, built by `cargo xtask` into target/fixtures/linux/)
-//! under the hypervisor on the GICv2 hosts: it boots to its agent, the
+//! under the hypervisor on every board: it boots to its agent, the
 //! upstream virtio_balloon driver inflates 128 MiB and deflates it, and the
 //! guest's /proc/vmstat and MemTotal, and the hypervisor's accounting, agree
 //! to the page. The agent protocol is guests/linux/README.md's: `run <id>
@@ -170,5 +170,19 @@ mod raspi4b {
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {
         super::upstream_balloon_driver(harness::Board::Raspi4b);
+    }
+}
+
+mod virt_gicv3 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn upstream_balloon_driver() {
+        super::upstream_balloon_driver(harness::Board::VirtGicv3);
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn reboot_and_poweroff() {
+        super::reboot_and_poweroff(harness::Board::VirtGicv3);
     }
 }

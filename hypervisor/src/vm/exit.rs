@@ -30,6 +30,14 @@ pub enum VcpuExit {
     Smc { imm: u16 },
     /// WFI (`false`) or WFE (`true`).
     Wait { wfe: bool },
+    /// A trapped MSR (`read` false) or MRS of the system register
+    /// (op0, op1, CRn, CRm, op2) with general register `reg` (31: XZR).
+    /// ELR points at the instruction.
+    SysReg {
+        encoding: (u8, u8, u8, u8, u8),
+        reg: u8,
+        read: bool,
+    },
     /// An IRQ, FIQ or SError arrived while the guest ran.
     Interrupt,
     /// Anything else, with the raw syndrome for the message.
@@ -64,6 +72,17 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
         0x01 => VcpuExit::Wait { wfe: iss & 1 != 0 },
         0x16 => VcpuExit::Hvc { imm: iss as u16 },
         0x17 => VcpuExit::Smc { imm: iss as u16 },
+        0x18 => VcpuExit::SysReg {
+            encoding: (
+                ((iss >> 20) & 3) as u8,
+                ((iss >> 14) & 7) as u8,
+                ((iss >> 10) & 0xf) as u8,
+                ((iss >> 1) & 0xf) as u8,
+                ((iss >> 17) & 7) as u8,
+            ),
+            reg: ((iss >> 5) & 0x1f) as u8,
+            read: iss & 1 != 0,
+        },
         0x20 => VcpuExit::Abort {
             ipa,
             write: false,
@@ -130,6 +149,24 @@ mod tests {
     /// HPFAR_EL2 for a fault at `ipa`.
     fn hp(ipa: u64) -> u64 {
         (ipa >> 12) << 4
+    }
+
+    #[test]
+    fn trapped_icc_sgi1r_write() {
+        // msr ICC_SGI1R_EL1, x2: EC 0x18, op0 3, op2 5, op1 0, CRn 12,
+        // Rt 2, CRm 11, direction 0 (write).
+        let iss = (3 << 20) | (5 << 17) | (12 << 10) | (2 << 5) | (11 << 1);
+        let exit = decode(8, (0x18 << 26) | IL | iss, 0, 0);
+        assert_eq!(
+            exit,
+            VcpuExit::SysReg {
+                encoding: (3, 0, 12, 11, 5),
+                reg: 2,
+                read: false
+            }
+        );
+        let read = decode(8, (0x18 << 26) | IL | iss | 1, 0, 0);
+        assert!(matches!(read, VcpuExit::SysReg { read: true, .. }));
     }
 
     #[test]

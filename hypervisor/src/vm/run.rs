@@ -8,7 +8,7 @@
 //! its lock: a stop is requested and carried out by the vCPU's CPU at its
 //! next exit. Lock order: a VM, then the frame table.
 
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use guest_bundle::Bundle;
 use spin::mutex::TicketMutex;
@@ -25,8 +25,10 @@ use crate::balloon::Balloon;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
 use crate::pl011::Pl011;
-use crate::vgic::VDistributor;
-use crate::vgic::{lr_value, parse_lr, LR_EOI, LR_HW};
+use crate::vgic::{
+    VDistributor, VgicVersion, GICR_STRIDE, GICV3_DIST_WINDOW, ICC_ASGI1R_EL1, ICC_SGI0R_EL1,
+    ICC_SGI1R_EL1,
+};
 use crate::virtio::mmio::MmioTransport;
 use crate::virtio::{GuestMemError, GuestMemory};
 
@@ -40,10 +42,30 @@ const VIRTIO_INTID: u32 = 32 + layout::VIRTIO_SPI_BASE;
 /// Physical address of the GICV page the guests' GICC maps to (0: none).
 static GICV: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
-/// Guests get a virtual GIC when the host GIC has a virtualization
-/// interface we drive (GICv2 with GICH and GICV).
+/// Whether guests get a GICv3 (the host has one with the ICH interface).
+static GIC_V3: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Guests get a virtual GICv2 whose CPU interface is the host's GICV page
+/// at `pa` (the host has a GICv2 with GICH and GICV).
 pub fn set_gicv(pa: u64) {
     GICV.store(pa, Ordering::Relaxed);
+}
+
+/// Guests get a virtual GICv3 (the host has a GICv3: its virtual CPU
+/// interface is the ICC_* system registers, nothing to map).
+pub fn set_gic_v3() {
+    GIC_V3.store(true, Ordering::Relaxed);
+}
+
+/// The GIC guests see, if any.
+fn guest_gic() -> Option<GicVersion> {
+    if GIC_V3.load(Ordering::Relaxed) {
+        Some(GicVersion::V3)
+    } else if GICV.load(Ordering::Relaxed) != 0 {
+        Some(GicVersion::V2)
+    } else {
+        None
+    }
 }
 use crate::{print, println};
 
@@ -96,6 +118,8 @@ pub struct ExitStats {
     pub mmio: u64,
     pub hvc: u64,
     pub wfx: u64,
+    /// Trapped system-register accesses (GICv3 SGIs).
+    pub sysreg: u64,
     pub faults: u64,
     /// EL2 instructions over all exits (when the PMU counts them).
     pub instructions: u64,
@@ -402,6 +426,8 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
             return Err("its GIC CPU interface cannot be mapped");
         }
         vm.vgic = VDistributor::new(vm.vcpus, GUEST_SPIS).ok();
+    } else if guest_gic() == Some(GicVersion::V3) {
+        vm.vgic = VDistributor::new_v3(vm.vcpus, GUEST_SPIS).ok();
     }
     if let Err(why) = load_images(&mut ram, &spec) {
         ram.destroy(&mut mem);
@@ -441,7 +467,7 @@ fn load_images(ram: &mut GuestRam, spec: &guest_bundle::VmEntry<'_>) -> Result<(
     let mut board = GuestBoard::standard(
         spec.ram_size(),
         spec.vcpus(),
-        GicVersion::V2,
+        guest_gic().unwrap_or(GicVersion::V2),
         spec.has_balloon() as usize,
     )
     .map_err(|_| "its virtual board cannot be described")?;
@@ -764,6 +790,34 @@ fn handle_exit(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext, exit: VcpuExit)
             }
         }
         VcpuExit::Interrupt => handle_physical_irqs(vm, vcpu),
+        VcpuExit::SysReg {
+            encoding,
+            reg,
+            read,
+        } => {
+            vm.exits.sysreg += 1;
+            let sgi = [ICC_SGI1R_EL1, ICC_ASGI1R_EL1, ICC_SGI0R_EL1].contains(&encoding);
+            match vm.vgic.as_mut() {
+                // The SGI generation registers are write-only.
+                Some(vgic) if sgi && !read => {
+                    if let Ok(effect) = vgic.send_sgi_v3(vcpu, ctx.reg(reg)) {
+                        apply_effect(vm, effect);
+                    }
+                }
+                Some(_) if sgi => ctx.set_reg(reg, 0),
+                _ => {
+                    let (op0, op1, crn, crm, op2) = encoding;
+                    println!(
+                        "[{}] stopping the VM: {} of system register S{op0}_{op1}_C{crn}_C{crm}_{op2}, which the hypervisor does not emulate, at PC {:#x}",
+                        vm.name,
+                        if read { "read" } else { "write" },
+                        ctx.elr
+                    );
+                    return Outcome::Stop("a system register the hypervisor does not emulate");
+                }
+            }
+            ctx.elr += 4;
+        }
         VcpuExit::Unknown { esr } => {
             println!(
                 "[{}] unhandled exit: ESR_EL2 {esr:#x} at PC {:#x}",
@@ -868,7 +922,52 @@ fn apply_effect(vm: &Vm, effect: crate::vgic::VgicEffect) {
     }
 }
 
+/// A guest access to the GICv3 distributor or a redistributor (`value`:
+/// a write); None if `ipa` is outside them or the VM's GIC is not a GICv3.
+fn gic_v3_mmio(
+    vm: &mut Vm,
+    vcpu: usize,
+    ipa: u64,
+    width: u8,
+    value: Option<u64>,
+) -> Option<Result<u64, &'static str>> {
+    let vgic = vm
+        .vgic
+        .as_mut()
+        .filter(|g| g.version() == VgicVersion::V3)?;
+    let redist_size = GICR_STRIDE * vgic.vcpus() as u64;
+    let none = crate::vgic::VgicEffect::NONE;
+    let result = if let Some(off) = offset_in(ipa, layout::GICD_BASE, GICV3_DIST_WINDOW) {
+        match value {
+            None => vgic.read_dist_v3(vcpu, off, width).map(|r| (r, none)),
+            Some(v) => vgic.write_dist_v3(vcpu, off, width, v).map(|e| (0, e)),
+        }
+    } else if let Some(off) = offset_in(ipa, layout::GICR_BASE, redist_size) {
+        let redist = (off / GICR_STRIDE) as usize;
+        let off = off % GICR_STRIDE;
+        match value {
+            None => vgic
+                .read_redist(vcpu, redist, off, width)
+                .map(|r| (r, none)),
+            Some(v) => vgic
+                .write_redist(vcpu, redist, off, width, v)
+                .map(|e| (0, e)),
+        }
+    } else {
+        return None;
+    };
+    // An enable or a pending bit for another vCPU: make its CPU sync.
+    let result = result.map(|(read, effect)| {
+        apply_effect(vm, effect);
+        read
+    });
+    Some(result.map_err(|_| "bad GIC distributor or redistributor access"))
+}
+
 fn mmio_read(vm: &mut Vm, vcpu: usize, ipa: u64, width: u8) -> Result<u64, &'static str> {
+    if let Some(result) = gic_v3_mmio(vm, vcpu, ipa, width, None) {
+        return result;
+    }
     if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
         let Some(vgic) = vm.vgic.as_mut() else {
             return Err("no GIC distributor on this host");
@@ -902,6 +1001,9 @@ fn mmio_write(
     width: u8,
     value: u64,
 ) -> Result<(), &'static str> {
+    if let Some(result) = gic_v3_mmio(vm, vcpu, ipa, width, Some(value)) {
+        return result.map(|_| ());
+    }
     if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
         let Some(vgic) = vm.vgic.as_mut() else {
             return Err("no GIC distributor on this host");
@@ -1107,12 +1209,40 @@ fn update_virtio_irq(vm: &mut Vm) {
     }
 }
 
+/// Physical interrupts taken while a guest ran, per CPU: kicks, the
+/// maintenance interrupt, the EL2 timer, the guest's virtual timer, others.
+static IRQS_TAKEN: [[AtomicU64; 5]; aarch64::MAX_CPUS] =
+    [const { [const { AtomicU64::new(0) }; 5] }; aarch64::MAX_CPUS];
+
+/// [`IRQS_TAKEN`] of CPU `cpu` (zeros for a CPU that does not exist).
+pub fn interrupts_taken(cpu: usize) -> [u64; 5] {
+    IRQS_TAKEN.get(cpu).map_or([0; 5], |c| {
+        core::array::from_fn(|i| c[i].load(Ordering::Relaxed))
+    })
+}
+
+fn count_taken(intid: u32) {
+    let slot = match intid {
+        gic::KICK_SGI => 0,
+        gic::MAINTENANCE_PPI => 1,
+        gic::HYP_TIMER_PPI => 2,
+        gic::VTIMER_PPI => 3,
+        _ => 4,
+    };
+    if let Some(c) = IRQS_TAKEN.get(aarch64::cpu_index()) {
+        c[slot].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Take the pending physical interrupts on this CPU (the guest was
 /// interrupted): the virtual timer goes to the guest, the rest is ours.
 /// Bounded: a level interrupt that stays asserted must not trap us here.
 fn handle_physical_irqs(vm: &mut Vm, vcpu: usize) {
     for _ in 0..16 {
         let (intid, iar) = gic::acknowledge();
+        if intid != gic::SPURIOUS {
+            count_taken(intid);
+        }
         match intid {
             gic::SPURIOUS => return,
             gic::VTIMER_PPI => {
@@ -1149,7 +1279,7 @@ fn flush_list_registers(vm: &mut Vm, vcpu: usize) {
     let count = gic::list_registers().min(MAX_LRS);
     for (i, slot) in vm.listed[vcpu].iter_mut().enumerate().take(count) {
         let Some(intid) = *slot else { continue };
-        let lr = parse_lr(gic::read_gich(gic::GICH_LR0 + 4 * i as u64));
+        let lr = gic::read_lr(i);
         if lr.is_free() {
             // The guest is done with it; a level line still high pends again.
             if lr.eoi || !lr.hw {
@@ -1157,7 +1287,7 @@ fn flush_list_registers(vm: &mut Vm, vcpu: usize) {
             }
             // Clear it: a stale EOI bit keeps the maintenance interrupt
             // (GICH_EISR) asserted and the guest could never run.
-            gic::write_gich(gic::GICH_LR0 + 4 * i as u64, 0);
+            gic::clear_lr(i);
             *slot = None;
         }
     }
@@ -1170,26 +1300,22 @@ fn flush_list_registers(vm: &mut Vm, vcpu: usize) {
         let Some(irq) = vgic.next_pending(vcpu, |id| listed.contains(&Some(id))) else {
             break;
         };
-        let mut value = lr_value(&irq);
-        if irq.intid == gic::VTIMER_PPI {
-            // Linked to the physical timer interrupt: the guest's EOI
-            // deactivates it in hardware (PhysicalID in bits 19:10).
-            value = (value & !(LR_EOI | (0x3ff << 10))) | LR_HW | (gic::VTIMER_PPI << 10);
-        }
-        gic::write_gich(gic::GICH_LR0 + 4 * i as u64, value);
+        // The virtual timer is linked to the physical timer interrupt: the
+        // guest's EOI deactivates it in hardware.
+        let hw = (irq.intid == gic::VTIMER_PPI).then_some(gic::VTIMER_PPI);
+        gic::write_lr(i, &irq, hw);
         vgic.on_listed(vcpu, &irq);
         vm.listed[vcpu][i] = Some(irq.intid);
     }
     if vgic.has_pending(vcpu) {
         let listed = vm.listed[vcpu];
         waiting = vgic
-            .next_pending(0, |id| listed.contains(&Some(id)))
+            .next_pending(vcpu, |id| listed.contains(&Some(id)))
             .is_some();
     }
     // More pending than list registers: ask for a maintenance interrupt
     // when they drain (underflow), so the rest gets listed.
-    let hcr = gic::HCR_EN | if waiting { gic::HCR_UIE } else { 0 };
-    gic::write_gich(gic::GICH_HCR, hcr);
+    gic::enable_virtual_interface(waiting);
 }
 
 /// Drive the PL011's interrupt line into the virtual distributor.
@@ -1258,7 +1384,7 @@ fn lr_pending(vm: &Vm, vcpu: usize) -> bool {
     let count = gic::list_registers().min(MAX_LRS);
     (0..count).any(|i| {
         vm.listed[vcpu][i].is_some() && {
-            let lr = parse_lr(gic::read_gich(gic::GICH_LR0 + 4 * i as u64));
+            let lr = gic::read_lr(i);
             matches!(
                 lr.state,
                 crate::vgic::LrStatus::Pending | crate::vgic::LrStatus::PendingActive

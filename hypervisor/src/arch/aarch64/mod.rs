@@ -4,6 +4,7 @@
 pub mod entry;
 pub mod exceptions;
 pub mod gic;
+pub mod gic_v3;
 pub mod mmu;
 pub mod pmu;
 pub mod psci;
