@@ -8,11 +8,55 @@ pub mod shell;
 #[cfg(target_os = "none")]
 mod uart_console {
     use core::fmt::{self, Write};
+    use core::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::vm::console::LiveOutput;
 
     use platform::uart::ConsoleUart;
     use spin::Mutex;
 
     static CONSOLE: Mutex<Option<ConsoleUart>> = Mutex::new(None);
+    /// 1 + the id of the VM whose unfinished line is on the terminal (its
+    /// console is shown live), or 0. Other output starts a new line first.
+    static OPEN_LINE: AtomicUsize = AtomicUsize::new(0);
+
+    fn close_open_line(uart: &mut ConsoleUart) {
+        if OPEN_LINE.swap(0, Ordering::Relaxed) != 0 {
+            let _ = uart.write_str("\n");
+        }
+    }
+
+    /// Show live output of VM `id` (named `name`): the unfinished line
+    /// continues where it stopped if nothing else was printed since, and is
+    /// shown again whole, prefixed, if something was.
+    pub fn guest_live_output(id: usize, name: &str, output: LiveOutput<'_>) {
+        let mut guard = CONSOLE.lock();
+        let Some(uart) = guard.as_mut() else { return };
+        let ours = OPEN_LINE.load(Ordering::Relaxed) == id + 1;
+        let (text, shown, complete) = match output {
+            LiveOutput::Nothing => return,
+            LiveOutput::Erase => {
+                if ours {
+                    let _ = uart.write_str("\x08");
+                }
+                return;
+            }
+            LiveOutput::Partial { text, shown } => (text, shown, false),
+            LiveOutput::Line { text, shown } => (text, shown, true),
+        };
+        if ours {
+            let _ = uart.write_str(text.get(shown..).unwrap_or(""));
+        } else {
+            close_open_line(uart);
+            let _ = write!(uart, "[{name}] {text}");
+        }
+        if complete {
+            let _ = uart.write_str("\n");
+            OPEN_LINE.store(0, Ordering::Relaxed);
+        } else {
+            OPEN_LINE.store(id + 1, Ordering::Relaxed);
+        }
+    }
 
     /// Install the console UART; until then output is dropped.
     pub fn init(mut uart: ConsoleUart) {
@@ -26,6 +70,7 @@ mod uart_console {
 
     pub fn write_fmt(args: fmt::Arguments) {
         if let Some(uart) = CONSOLE.lock().as_mut() {
+            close_open_line(uart);
             let _ = uart.write_fmt(args);
         }
     }

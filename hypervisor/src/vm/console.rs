@@ -1,6 +1,8 @@
 //! A guest's console output, line by line: the emulated PL011 hands bytes
 //! here and complete lines go to the physical console prefixed with the VM's
-//! name, so several guests can share one terminal.
+//! name, so several guests can share one terminal. The VM that has the
+//! keyboard (`console <vm>`) is shown live instead ([`ConsoleLine::push_live`]):
+//! a prompt without a newline appears at once and echoed backspaces erase.
 
 /// Longest line kept; a longer one is emitted in pieces.
 pub const LINE_MAX: usize = 160;
@@ -8,6 +10,9 @@ pub const LINE_MAX: usize = 160;
 pub struct ConsoleLine {
     buf: [u8; LINE_MAX],
     len: usize,
+    /// How much of the current line [`ConsoleLine::push_live`] has handed
+    /// out for display.
+    shown: usize,
     /// Inside an escape sequence (ESC, then CSI parameters up to a final
     /// letter): terminal control, not text, so it is dropped whole.
     escape: Escape,
@@ -31,6 +36,7 @@ impl ConsoleLine {
         Self {
             buf: [0; LINE_MAX],
             len: 0,
+            shown: 0,
             escape: Escape::None,
         }
     }
@@ -72,7 +78,38 @@ impl ConsoleLine {
         None
     }
 
+    /// Add one byte of a VM whose output is shown live: what to show now.
+    /// Backspace and DEL erase the last character, as an echoing shell
+    /// means them (busybox erases with "\b \b").
+    pub fn push_live(&mut self, byte: u8) -> LiveOutput<'_> {
+        if self.escape == Escape::None && matches!(byte, 0x08 | 0x7f) {
+            self.len = self.len.saturating_sub(1);
+            if self.shown > self.len {
+                self.shown = self.len;
+                return LiveOutput::Erase;
+            }
+            return LiveOutput::Nothing;
+        }
+        let shown = core::mem::take(&mut self.shown);
+        let before = self.len;
+        if self.push(byte).is_some() {
+            // `take` emptied the buffer; the line is still in it.
+            let len = if byte == b'\n' { before } else { LINE_MAX };
+            let text = core::str::from_utf8(&self.buf[..len]).unwrap_or("");
+            return LiveOutput::Line { text, shown };
+        }
+        self.shown = self.len;
+        if self.len == shown {
+            return LiveOutput::Nothing;
+        }
+        LiveOutput::Partial {
+            text: core::str::from_utf8(&self.buf[..self.len]).unwrap_or(""),
+            shown,
+        }
+    }
+
     fn take(&mut self) -> &str {
+        self.shown = 0;
         let len = core::mem::take(&mut self.len);
         // Only ASCII is stored.
         core::str::from_utf8(&self.buf[..len]).unwrap_or("")
@@ -84,9 +121,55 @@ impl ConsoleLine {
     }
 }
 
+/// What a live console shows after a byte.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LiveOutput<'a> {
+    Nothing,
+    /// The line so far; its first `shown` bytes were handed out before.
+    Partial {
+        text: &'a str,
+        shown: usize,
+    },
+    /// A complete line (without its newline); `shown` bytes were handed
+    /// out before.
+    Line {
+        text: &'a str,
+        shown: usize,
+    },
+    /// The last character handed out was erased.
+    Erase,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_output_shows_prompts_and_erases() {
+        let mut c = ConsoleLine::new();
+        let mut shown = Vec::new();
+        for &b in b"/ # \x1b[6nls\x08 \x08\x08 \x08cat\r\n" {
+            match c.push_live(b) {
+                LiveOutput::Nothing => {}
+                LiveOutput::Partial { text, shown: s } => shown.push(text[s..].to_string()),
+                LiveOutput::Line { text, shown: s } => shown.push(format!("{}|", &text[s..])),
+                LiveOutput::Erase => shown.push("<".into()),
+            }
+        }
+        assert_eq!(
+            shown,
+            ["/", " ", "#", " ", "l", "s", "<", " ", "<", "<", " ", "<", "c", "a", "t", "|"]
+        );
+        // The line the erasing left behind is what a line-mode reader gets.
+        let mut d = ConsoleLine::new();
+        let mut line = String::new();
+        for &b in b"ab\x08c\n" {
+            if let LiveOutput::Line { text, .. } = d.push_live(b) {
+                line = text.to_string();
+            }
+        }
+        assert_eq!(line, "ac");
+    }
 
     #[test]
     fn lines_and_control_bytes() {

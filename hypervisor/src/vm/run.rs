@@ -1018,7 +1018,11 @@ fn mmio_write(
     if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
         let effect = vm.uart.write(off, width, value as u32);
         if let Some(byte) = effect.output {
-            if let Some(line) = vm.console.push(byte) {
+            // The console with the keyboard is shown live (prompts, echo).
+            if FOCUS.load(Ordering::Relaxed) == vm.id {
+                let output = vm.console.push_live(byte);
+                crate::console::guest_live_output(vm.id, &vm.name, output);
+            } else if let Some(line) = vm.console.push(byte) {
                 println!("[{}] {line}", vm.name);
             }
         }
