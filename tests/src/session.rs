@@ -236,8 +236,8 @@ impl Session {
         let from = self.cursor;
         self.send_line(command)?;
         let (_, start) = self.expect_span(&regex::escape(PROMPT), timeout)?;
-        let text =
-            String::from_utf8_lossy(&self.shared.captured().bytes[from..start]).replace('\r', "");
+        let text = String::from_utf8_lossy(&self.shared.captured().bytes[from.min(start)..start])
+            .replace('\r', "");
         Ok(match text.split_once('\n') {
             Some((first, rest)) if first.trim() == command.trim() => rest.to_string(),
             _ => text,
@@ -255,6 +255,8 @@ impl Session {
         let until = Instant::now() + timeout;
         let mut captured = self.shared.captured();
         loop {
+            // An erased line may have taken back bytes past the cursor.
+            self.cursor = self.cursor.min(captured.bytes.len());
             let found = re.captures(&captured.bytes[self.cursor..]);
             // A match that runs to the end of what has arrived may be cut
             // short (`\w*` over a line still arriving): accept it only once
@@ -431,7 +433,7 @@ fn spawn_reader(mut pipe: impl Read + Send + 'static, shared: Arc<Shared>) -> Jo
             match pipe.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    shared.captured().bytes.extend_from_slice(&buf[..n]);
+                    append_as_terminal(&mut shared.captured().bytes, &buf[..n]);
                     let _ = shared.log.lock().map(|mut f| f.write_all(&buf[..n]));
                     shared.grew.notify_all();
                 }
@@ -440,6 +442,27 @@ fn spawn_reader(mut pipe: impl Read + Send + 'static, shared: Arc<Shared>) -> Jo
         shared.captured().open_streams -= 1;
         shared.grew.notify_all();
     })
+}
+
+/// The hypervisor's "erase this line" (carriage return, then VT100 erase
+/// line): it redraws the live console's unfinished line below other output.
+const ERASE_LINE: &[u8] = b"\r\x1b[2K";
+
+/// Append console bytes as a terminal shows them: an erased line vanishes
+/// from the capture, so matching sees each line once, in its final form
+/// (the raw bytes still go to the log).
+fn append_as_terminal(captured: &mut Vec<u8>, new: &[u8]) {
+    for &byte in new {
+        captured.push(byte);
+        if captured.ends_with(ERASE_LINE) {
+            let end = captured.len() - ERASE_LINE.len();
+            let start = captured[..end]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1);
+            captured.truncate(start);
+        }
+    }
 }
 
 /// Kills QEMU at the deadline; ends when QEMU exits or the session is dropped.
@@ -462,4 +485,20 @@ fn spawn_watchdog(shared: Arc<Shared>) -> JoinHandle<()> {
         }
         thread::sleep(Duration::from_millis(50));
     })
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    #[test]
+    fn erased_lines_vanish_from_the_capture() {
+        let mut c = Vec::new();
+        for chunk in [
+            &b"[a] x\n[b] pro"[..],
+            b"mpt\r",
+            b"\x1b[2K[a] y\n[b] prompt ls\n",
+        ] {
+            super::append_as_terminal(&mut c, chunk);
+        }
+        assert_eq!(c, b"[a] x\n[a] y\n[b] prompt ls\n");
+    }
 }

@@ -55,7 +55,26 @@ pub struct LinuxFixture {
 /// then writes the kernel `Image` and the initramfs under
 /// `target/fixtures/linux/`. The initramfs is rebuilt every call (it takes
 /// milliseconds) but only rewritten when its bytes change.
-pub fn build_initramfs(root: &Path) -> Result<LinuxFixture, String> {
+/// The Rust target of the guest's own tools (static musl binaries; see
+/// guests/linux/memtool and .cargo/config.toml).
+pub const TOOLS_TARGET: &str = "aarch64-unknown-linux-musl";
+
+/// Where `cargo build --release -p tidal-memtool --target TOOLS_TARGET`
+/// puts `tidal-mem`.
+pub fn memtool_path(root: &Path) -> PathBuf {
+    root.join("target")
+        .join(TOOLS_TARGET)
+        .join("release")
+        .join("tidal-mem")
+}
+
+pub fn build_initramfs(root: &Path, memtool: &Path) -> Result<LinuxFixture, String> {
+    let memtool = fs::read(memtool).map_err(|e| {
+        format!(
+            "{}: {e} (it is built by `cargo xtask build`)",
+            memtool.display()
+        )
+    })?;
     let kernel_pkg = fixtures::debian_kernel(root)?;
     let busybox_pkg = fixtures::debian_package(root, BUSYBOX_PACKAGE)?;
     let out = root.join("target/fixtures/linux");
@@ -104,6 +123,7 @@ pub fn build_initramfs(root: &Path) -> Result<LinuxFixture, String> {
     cpio.symlink("bin/sh", "busybox");
     cpio.file("init", 0o755, INIT.as_bytes());
     cpio.file("bin/tidal-agent", 0o755, AGENT.as_bytes());
+    cpio.file("bin/tidal-mem", 0o755, &memtool);
     let mut list = String::new();
     for (name, bytes) in &modules {
         let path = format!("lib/modules/{kernel_release}/{name}.ko");
@@ -707,7 +727,8 @@ mod tests {
     #[test]
     #[ignore = "fetches Debian packages"]
     fn linux_fixture_builds() {
-        let f = build_initramfs(&crate::root()).unwrap();
+        let root = crate::root();
+        let f = build_initramfs(&root, &memtool_path(&root)).unwrap();
         eprintln!("{f:#?}");
         let image = fs::read(&f.kernel).unwrap();
         assert_eq!(&image[IMAGE_MAGIC_AT..IMAGE_MAGIC_AT + 4], IMAGE_MAGIC);
@@ -719,6 +740,7 @@ mod tests {
             "bin/sh",
             "dev/console",
             "etc/tidal-modules",
+            "bin/tidal-mem",
         ] {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }

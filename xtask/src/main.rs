@@ -125,7 +125,13 @@ fn build(root: &Path) -> Result<Artifacts, String> {
     }
     // The Linux guest fixture: Debian's arm64 kernel and a busybox initramfs
     // (target/fixtures/linux/), for the configurations that name them.
-    linux::build_initramfs(root)?;
+    run_cmd(
+        cargo()
+            .args(["build", "--release", "-p", "tidal-memtool", "--target"])
+            .arg(linux::TOOLS_TARGET)
+            .current_dir(root),
+    )?;
+    linux::build_initramfs(root, &linux::memtool_path(root))?;
     // guests/demo.toml -> target/guests.img, guests/tests/<name>.toml ->
     // target/bundles/<name>.img (see guests/README.md).
     vmconfig::build_all(root, &testguest)?;
@@ -275,6 +281,13 @@ fn test(args: &[String]) -> Result<(), String> {
             "-D",
             "warnings",
         ]),
+    );
+    check(
+        "clippy (aarch64-unknown-linux-musl)",
+        cargo()
+            .args(["clippy", "-p", "tidal-memtool", "--target"])
+            .arg(linux::TOOLS_TARGET)
+            .args(["--", "-D", "warnings"]),
     );
     let (p, f) = cargo_test(&root, &artifacts)?;
     passed += p;

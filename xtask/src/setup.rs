@@ -25,9 +25,12 @@ fn output(cmd: &mut Command) -> Option<String> {
 fn rust() -> Result<(), String> {
     let targets =
         output(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
-    if !targets.lines().any(|l| l.trim() == crate::TARGET) {
-        eprintln!("xtask: setup: adding the Rust target {}", crate::TARGET);
-        run_cmd(Command::new("rustup").args(["target", "add", crate::TARGET]))?;
+    // The hypervisor and bare-metal guests, and the Linux guest's tools.
+    for target in [crate::TARGET, crate::linux::TOOLS_TARGET] {
+        if !targets.lines().any(|l| l.trim() == target) {
+            eprintln!("xtask: setup: adding the Rust target {target}");
+            run_cmd(Command::new("rustup").args(["target", "add", target]))?;
+        }
     }
     let components = output(Command::new("rustup").args(["component", "list", "--installed"]))
         .unwrap_or_default();

@@ -8,7 +8,6 @@ pub mod shell;
 #[cfg(target_os = "none")]
 mod uart_console {
     use core::fmt::{self, Write};
-    use core::sync::atomic::{AtomicUsize, Ordering};
 
     use crate::vm::console::LiveOutput;
 
@@ -16,46 +15,96 @@ mod uart_console {
     use spin::Mutex;
 
     static CONSOLE: Mutex<Option<ConsoleUart>> = Mutex::new(None);
-    /// 1 + the id of the VM whose unfinished line is on the terminal (its
-    /// console is shown live), or 0. Other output starts a new line first.
-    static OPEN_LINE: AtomicUsize = AtomicUsize::new(0);
+    /// The unfinished line of the VM whose console is shown live, as it
+    /// stands on the terminal (prefix included). Other output erases it,
+    /// prints, and draws it again below, so it stays the last line.
+    /// Locked only while holding `CONSOLE`.
+    static OPEN_LINE: Mutex<OpenLine> = Mutex::new(OpenLine {
+        owner: None,
+        text: [0; OPEN_LINE_MAX],
+        len: 0,
+    });
 
-    fn close_open_line(uart: &mut ConsoleUart) {
-        if OPEN_LINE.swap(0, Ordering::Relaxed) != 0 {
-            let _ = uart.write_str("\n");
+    const OPEN_LINE_MAX: usize = 256;
+    /// Carriage return, then erase the whole line (VT100).
+    const ERASE_LINE: &str = "\r\x1b[2K";
+
+    struct OpenLine {
+        owner: Option<usize>,
+        text: [u8; OPEN_LINE_MAX],
+        len: usize,
+    }
+
+    impl OpenLine {
+        fn as_str(&self) -> &str {
+            core::str::from_utf8(&self.text[..self.len]).unwrap_or("")
+        }
+
+        fn push_str(&mut self, s: &str) {
+            for &b in s.as_bytes() {
+                if self.len < OPEN_LINE_MAX {
+                    self.text[self.len] = b;
+                    self.len += 1;
+                }
+            }
+        }
+
+        fn clear(&mut self) {
+            self.owner = None;
+            self.len = 0;
         }
     }
 
-    /// Show live output of VM `id` (named `name`): the unfinished line
-    /// continues where it stopped if nothing else was printed since, and is
-    /// shown again whole, prefixed, if something was.
+    /// Show live output of VM `id` (named `name`) at the bottom of the
+    /// terminal: a prompt appears without waiting for its newline.
     pub fn guest_live_output(id: usize, name: &str, output: LiveOutput<'_>) {
         let mut guard = CONSOLE.lock();
         let Some(uart) = guard.as_mut() else { return };
-        let ours = OPEN_LINE.load(Ordering::Relaxed) == id + 1;
+        let mut open = OPEN_LINE.lock();
         let (text, shown, complete) = match output {
             LiveOutput::Nothing => return,
             LiveOutput::Erase => {
-                if ours {
-                    let _ = uart.write_str("\x08");
+                if open.owner == Some(id) && open.len > 0 {
+                    open.len -= 1;
+                    let _ = uart.write_str("\x08 \x08");
                 }
                 return;
             }
             LiveOutput::Partial { text, shown } => (text, shown, false),
             LiveOutput::Line { text, shown } => (text, shown, true),
         };
-        if ours {
-            let _ = uart.write_str(text.get(shown..).unwrap_or(""));
+        if open.owner == Some(id) {
+            let new = text.get(shown..).unwrap_or("");
+            let _ = uart.write_str(new);
+            open.push_str(new);
         } else {
-            close_open_line(uart);
+            if open.owner.is_some() {
+                let _ = uart.write_str("\n");
+            }
+            open.clear();
+            open.owner = Some(id);
             let _ = write!(uart, "[{name}] {text}");
+            open.push_str("[");
+            open.push_str(name);
+            open.push_str("] ");
+            open.push_str(text);
         }
         if complete {
             let _ = uart.write_str("\n");
-            OPEN_LINE.store(0, Ordering::Relaxed);
-        } else {
-            OPEN_LINE.store(id + 1, Ordering::Relaxed);
+            open.clear();
         }
+    }
+
+    /// The live console loses the keyboard: its unfinished line stays on
+    /// the terminal as it is and later output starts below it.
+    pub fn end_live_output() {
+        let mut guard = CONSOLE.lock();
+        let Some(uart) = guard.as_mut() else { return };
+        let mut open = OPEN_LINE.lock();
+        if open.owner.is_some() {
+            let _ = uart.write_str("\n");
+        }
+        open.clear();
     }
 
     /// Install the console UART; until then output is dropped.
@@ -70,8 +119,14 @@ mod uart_console {
 
     pub fn write_fmt(args: fmt::Arguments) {
         if let Some(uart) = CONSOLE.lock().as_mut() {
-            close_open_line(uart);
+            let open = OPEN_LINE.lock();
+            if open.owner.is_some() {
+                let _ = uart.write_str(ERASE_LINE);
+            }
             let _ = uart.write_fmt(args);
+            if open.owner.is_some() {
+                let _ = uart.write_str(open.as_str());
+            }
         }
     }
 

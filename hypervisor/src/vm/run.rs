@@ -1355,6 +1355,7 @@ pub fn input_to_focus_active() -> bool {
 
 pub fn unfocus() {
     FOCUS.store(NO_VM, Ordering::Relaxed);
+    crate::console::end_live_output();
 }
 
 /// Pass a byte to the focused VM; false when no VM has the keyboard. When
