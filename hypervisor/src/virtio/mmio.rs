@@ -567,7 +567,43 @@ impl<D: VirtioDevice> MmioTransport<D> {
     where
         D: VirtioDeviceIo<E>,
     {
-        match self.device.notify(index, &mut self.queues, env) {
+        let result = self.device.notify(index, &mut self.queues, env);
+        self.finish_work(result, env)
+    }
+
+    /// Let the device use its queues outside a notification: on a timer or
+    /// a host command (the balloon returning its statistics buffer). Does
+    /// nothing unless the driver is live (DRIVER_OK, not stopped). Used
+    /// buffers raise the used-buffer interrupt, a device config change the
+    /// config-change interrupt, an error sets NEEDS_RESET, as after a
+    /// notification.
+    pub fn device_work<E, F>(&mut self, env: &mut E, work: F) -> TransportEvent
+    where
+        E: GuestMemory + ?Sized,
+        D: VirtioDeviceIo<E>,
+        F: FnOnce(&mut D, &mut [Virtqueue], &mut E) -> Result<(), DeviceError>,
+    {
+        if self.status & STATUS_DRIVER_OK == 0 || self.stopped() {
+            return TransportEvent::None;
+        }
+        let result = work(&mut self.device, &mut self.queues, env);
+        self.finish_work(result, env)
+    }
+
+    /// After the device worked on its queues: interrupts for what it
+    /// returned or changed, or NEEDS_RESET for its error.
+    fn finish_work<E: GuestMemory + ?Sized>(
+        &mut self,
+        result: Result<(), DeviceError>,
+        env: &mut E,
+    ) -> TransportEvent
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        if self.device.take_config_change() {
+            self.config_changed();
+        }
+        match result {
             Ok(()) => {
                 if self.collect_used() {
                     TransportEvent::Interrupt
