@@ -232,8 +232,12 @@ pub trait BalloonBackend {
     /// Monotonic time in microseconds: the clock the owner passes to
     /// [`MmioTransport::poll_balloon`] and
     /// [`MmioTransport::start_free_page_hint`]. Stamps statistics samples
-    /// and the end of hinting runs.
-    fn now_us(&self) -> u64;
+    /// and the end of hinting runs. The default, `None`, makes the device
+    /// use the latest time the owner passed (less precise: samples then
+    /// look as old as the poll that asked for them).
+    fn now_us(&self) -> Option<u64> {
+        None
+    }
     /// Give back these guest pages (inflate). Called once per request, only
     /// with PFNs the device validated: in RAM, distinct, ascending, not
     /// ballooned (they may have been reported or hinted, i.e. be unmapped
@@ -247,13 +251,18 @@ pub trait BalloonBackend {
     /// back every page of them. Blocks are PFN ranges, non-empty, ascending,
     /// disjoint, inside [`ram_pfns`](Self::ram_pfns), holding no ballooned
     /// page. Called once per report (up to [`QUEUE_SIZE`] blocks), before the
-    /// report's buffer is returned to the guest.
-    fn report(&mut self, blocks: &[Range<u64>]);
+    /// report's buffer is returned to the guest. The default gives nothing
+    /// back (the pages stay mapped: correct, but saves no memory).
+    fn report(&mut self, blocks: &[Range<u64>]) {
+        let _ = blocks;
+    }
     /// The guest hinted these blocks free (FREE_PAGE_HINT): give back every
     /// page, with the guarantees of [`report`](Self::report). Until the
     /// run ends the hypervisor calls [`Balloon::page_refaulted`] for every
-    /// page of the VM it backs again.
-    fn hint(&mut self, blocks: &[Range<u64>]);
+    /// page of the VM it backs again. The default gives nothing back.
+    fn hint(&mut self, blocks: &[Range<u64>]) {
+        let _ = blocks;
+    }
 }
 
 /// What the balloon needs from the hypervisor while it works: guest memory
@@ -429,6 +438,9 @@ pub struct Balloon {
     hint_run: Option<HintRun>,
     /// Config changed by the device; the transport raises the interrupt.
     config_change: bool,
+    /// The latest time seen (owner's calls and the backend's clock), so
+    /// that time never goes backwards for the device.
+    clock_us: u64,
     stats: BalloonStats,
 }
 
@@ -498,6 +510,7 @@ impl Balloon {
             hint_id: 0,
             hint_run: None,
             config_change: false,
+            clock_us: 0,
             stats: BalloonStats::default(),
         })
     }
@@ -623,6 +636,19 @@ impl Balloon {
         c
     }
 
+    /// The current time: the backend's clock if it has one, never before
+    /// the latest time seen.
+    fn now<E: BalloonEnv + ?Sized>(&mut self, env: &E) -> u64 {
+        self.clock_us = self.clock_us.max(env.now_us().unwrap_or(0));
+        self.clock_us
+    }
+
+    /// The owner says it is `now_us`.
+    fn saw_time(&mut self, now_us: u64) -> u64 {
+        self.clock_us = self.clock_us.max(now_us);
+        self.clock_us
+    }
+
     // ---- Statistics --------------------------------------------------------
 
     /// The latest statistics the guest sent.
@@ -724,7 +750,7 @@ impl Balloon {
         chain
             .read_readable(env, buf)
             .map_err(DeviceErrorKind::Queue)?;
-        let mut sample = StatsSample::new(env.now_us());
+        let mut sample = StatsSample::new(self.now(env));
         sample.add_entries(buf);
         self.stats.stats_unknown_tags += u64::from(sample.unknown_tags);
         self.sample = Some(sample);
@@ -749,6 +775,7 @@ impl Balloon {
     /// that the device is not stopped). A run the driver has not answered
     /// yet is superseded; a started one must end first.
     pub fn start_hint(&mut self, now_us: u64) -> Result<u32, HintError> {
+        let now_us = self.saw_time(now_us);
         if self.offered & F_FREE_PAGE_HINT == 0 {
             return Err(HintError::NotOffered);
         }
@@ -777,6 +804,7 @@ impl Balloon {
     /// was a run to stop; the owner raises the config-change interrupt
     /// ([`MmioTransport::stop_free_page_hint`]).
     pub fn stop_hint(&mut self, now_us: u64) -> bool {
+        let now_us = self.saw_time(now_us);
         match self.hint_state {
             HintState::Requested => self.finish_run(now_us),
             HintState::Started => {
@@ -868,7 +896,8 @@ impl Balloon {
             chain
                 .read_readable(env, &mut id)
                 .map_err(DeviceErrorKind::Queue)?;
-            self.hint_command(u32::from_le_bytes(id), env.now_us());
+            let now = self.now(env);
+            self.hint_command(u32::from_le_bytes(id), now);
         }
         if !has_blocks {
             return Ok(());
@@ -1321,7 +1350,8 @@ impl VirtioDevice for Balloon {
 impl<E: BalloonEnv + ?Sized> VirtioDeviceIo<E> for Balloon {
     fn reset(&mut self, env: &mut E) {
         self.deflate_all(env);
-        self.end_run(HintOutcome::Reset, env.now_us());
+        let now = self.now(env);
+        self.end_run(HintOutcome::Reset, now);
         // The id counter stays: an id is never reused for a new driver either.
         self.hint_state = HintState::Idle;
         self.config_change = false;
@@ -1383,6 +1413,7 @@ impl MmioTransport<Balloon> {
         env: &mut E,
         now_us: u64,
     ) -> TransportEvent {
+        let now_us = self.device_mut().saw_time(now_us);
         if !self.device().stats_due(now_us) {
             return TransportEvent::None;
         }
