@@ -909,6 +909,48 @@ mod tests {
     }
 
     #[test]
+    fn device_work_only_while_live() {
+        let (mut t, mut mem, qs) = rig();
+        let mut calls = 0;
+        let mut work = |_: &mut Sink, _: &mut [Virtqueue], _: &mut VecMemory| {
+            calls += 1;
+            Ok(())
+        };
+        assert_eq!(t.device_work(&mut mem, &mut work), TransportEvent::None);
+        handshake(&mut t, &mut mem, 1 | VIRTIO_F_VERSION_1, &qs);
+        assert_eq!(t.device_work(&mut mem, &mut work), TransportEvent::None);
+        driver_ok(&mut t, &mut mem);
+        assert_eq!(t.device_work(&mut mem, &mut work), TransportEvent::None);
+        assert_eq!(calls, 1, "not before DRIVER_OK");
+        // A buffer returned from outside a notification raises the interrupt.
+        let mut dq = qs[1].clone();
+        dq.add(&mut mem, &[(BASE + 0x8000, 4, false)]);
+        let ev = t.device_work(&mut mem, |_, queues, mem| {
+            let c = queues[1].pop(mem).unwrap().unwrap();
+            queues[1].push_used(mem, c.head(), 0).unwrap();
+            Ok(())
+        });
+        assert_eq!(ev, TransportEvent::Interrupt);
+        assert_eq!(t.interrupt_status(), INT_USED_BUFFER);
+        // An error stops the device like one found on a notification.
+        let ev = t.device_work(&mut mem, |_, _, _| {
+            Err(DeviceError::from_queue(
+                0,
+                "rxq",
+                QueueError::NothingInFlight,
+            ))
+        });
+        assert!(matches!(ev, TransportEvent::NeedsReset { .. }));
+        assert!(t.needs_reset());
+        let mut called = false;
+        t.device_work(&mut mem, |_, _, _| {
+            called = true;
+            Ok(())
+        });
+        assert!(!called, "stopped");
+    }
+
+    #[test]
     fn identity_registers() {
         let (mut t, _, _) = rig();
         assert_eq!(read_reg(&mut t, MAGIC_VALUE), MAGIC);

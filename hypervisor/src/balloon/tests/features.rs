@@ -270,6 +270,28 @@ fn stats_hostile_buffers() {
 const MAX_STATS_BYTES_FOR_TESTS: u32 = stats::MAX_STATS_BYTES;
 
 #[test]
+fn stats_buffer_stays_with_a_stopped_device_and_goes_with_a_reset() {
+    let mut r = Rig::live(F_STATS_VQ, F_STATS_VQ);
+    let q = r.qi(QueueKind::Stats);
+    r.send_stats(&[(4, 1)]);
+    // A guest error elsewhere stops the device: no more polling.
+    r.send_raw(0, &[(BUFS, 6, false)]);
+    assert!(r.t.needs_reset());
+    r.used(0);
+    assert_eq!(
+        r.t.request_balloon_stats(&mut r.env, 100 * SECOND),
+        TransportEvent::None
+    );
+    assert!(r.used(q).is_empty());
+    // The reset forgets the held buffer (the rings are gone); the sample
+    // stays for `info balloon`.
+    write_reg(&mut r.t, &mut r.env, mmio::STATUS, 0);
+    assert_eq!(r.balloon().next_stats_poll_us(), None);
+    assert_eq!(r.balloon().stats_sample().unwrap().get(4), Some(1));
+    assert_eq!(r.balloon().stats_interval_us(), DEFAULT_STATS_INTERVAL_US);
+}
+
+#[test]
 fn stats_lines_for_info_balloon() {
     let mut s = StatsSample::new(10 * SECOND);
     s.add_entries(&Rig::stats_buffer(&[
