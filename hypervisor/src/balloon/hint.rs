@@ -18,7 +18,8 @@
 //! 3. The driver then adds free blocks as single device-writable buffers.
 //!    The device may discard their content: it unmaps them at once and
 //!    returns their frames (the next guest access backs a fresh page).
-//!    Blocks that arrive while no run is started are stale: returned, not
+//!    Blocks that arrive while no run is started (not yet answered, stopped
+//!    by the host, done, or no run at all) are stale: returned, not
 //!    touched, counted.
 //! 4. The driver ends with a 4-byte buffer holding STOP (0) when it has no
 //!    more free blocks or when it saw the id change. Any id buffer other

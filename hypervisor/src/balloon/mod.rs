@@ -82,6 +82,19 @@
 //! never resets is not stuck on it), and the transport sets
 //! DEVICE_NEEDS_RESET.
 //!
+//! # What the owner (the VM run loop) calls
+//!
+//! - [`MmioTransport::poll_balloon`] with the current time, regularly (on
+//!   every exit or timer tick; [`Balloon::next_stats_poll_us`] says when it
+//!   next matters), then updates the guest's interrupt line if it returns
+//!   [`TransportEvent::Interrupt`].
+//! - [`Balloon::page_refaulted`] for every guest page it backs again after
+//!   a stage-2 fault, and [`Balloon::page_fill`] for what to fill it with.
+//! - [`Balloon::set_stats_interval`] for `balloon-stats`,
+//!   [`MmioTransport::start_free_page_hint`] for `hint` (then the interrupt
+//!   line), [`Balloon::info_lines`] for `info balloon`.
+//! - The [`BalloonBackend`] methods, over its stage-2 tables and frames.
+//!
 //! # Reset
 //!
 //! When the driver resets the device (status 0, e.g. the balloon driver is
