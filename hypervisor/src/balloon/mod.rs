@@ -970,11 +970,12 @@ impl Balloon {
     /// ascending and disjoint; count the others.
     fn collect_blocks(&mut self, chain: &DescChain) {
         self.blocks.clear();
-        for d in chain.descriptors().iter().filter(|d| d.writable) {
+        // A chain has at most QueueNum <= QUEUE_SIZE descriptors, the
+        // capacity of `blocks`: `take` skips nothing, `push` never allocates.
+        let room = self.blocks.capacity();
+        for d in chain.descriptors().iter().filter(|d| d.writable).take(room) {
             match self.check_block(d.ipa, d.len) {
-                // The chain has at most QUEUE_SIZE descriptors, the capacity.
-                Ok(r) if self.blocks.len() < self.blocks.capacity() => self.blocks.push(r),
-                Ok(_) => self.stats.blocks_rejected_overlapping += 1,
+                Ok(r) => self.blocks.push(r),
                 Err(BlockReject::OutsideRam) => self.stats.blocks_rejected_outside_ram += 1,
                 Err(BlockReject::Unaligned) => self.stats.blocks_rejected_unaligned += 1,
                 Err(BlockReject::Ballooned) => self.stats.blocks_rejected_ballooned += 1,

@@ -392,6 +392,25 @@ fn reports_give_blocks_back() {
 }
 
 #[test]
+fn a_report_as_long_as_the_queue() {
+    let mut r = Rig::live(F_PAGE_REPORTING, F_PAGE_REPORTING);
+    let q = r.qi(QueueKind::Reporting);
+    // Every descriptor of the queue in one chain, in descending order.
+    let chain: Vec<(u64, u32, bool)> = (0..u64::from(QSIZE))
+        .rev()
+        .map(|i| (FREE + i * 0x2000, 0x1000, true))
+        .collect();
+    r.send_raw(q, &chain);
+    assert_eq!(r.used(q).len(), 1);
+    let want: Vec<Range<u64>> = (0..u64::from(QSIZE))
+        .map(|i| pages(FREE + i * 0x2000, 1))
+        .collect();
+    assert_eq!(r.env.backend.reports, vec![want]);
+    assert_eq!(r.balloon().stats().blocks_rejected(), 0);
+    assert!(!r.t.needs_reset());
+}
+
+#[test]
 fn report_blocks_hostile() {
     let mut r = Rig::live(F_PAGE_REPORTING, F_PAGE_REPORTING);
     let q = r.qi(QueueKind::Reporting);
