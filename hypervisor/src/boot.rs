@@ -449,6 +449,26 @@ fn run(cmd: Command, board: &BoardInfo) {
             }
         }
         Command::InfoBalloon { vm: None } => vm::for_each(vm::print_balloon),
+        Command::BalloonStats { vm: name, seconds } => {
+            let set = vm::with_vm(name, |vm| {
+                vm.balloon
+                    .as_mut()
+                    .map(|b| b.device_mut().set_stats_interval(seconds))
+            });
+            match set {
+                None => no_such_vm(name),
+                Some(None) => println!("{name}: it has no balloon device"),
+                Some(Some(())) if seconds == 0 => {
+                    println!("{name}: balloon statistics polling off")
+                }
+                Some(Some(())) => println!("{name}: balloon statistics every {seconds} s"),
+            }
+        }
+        // Starting a run raises the balloon's config interrupt, which only
+        // the run loop (vm::run) can deliver; it is wired there next.
+        Command::Hint { vm: name } => {
+            println!("{name}: free page hinting is not connected to the run loop in this build")
+        }
         Command::Stop { vm: name } => stop_vm(name),
         Command::Console { vm: name } => {
             if vm::focus(name) {

@@ -1,7 +1,8 @@
 //! Balloon tests: a small driver over `VecMemory` talks to the balloon through
 //! the virtio-mmio registers; a recording backend checks that it only ever
-//! sees valid, distinct, state-consistent PFNs, and the device's bitmap is
-//! compared with the backend's set after every step.
+//! sees valid, distinct, state-consistent PFNs and blocks (the contracts of
+//! [`BalloonBackend`]), and the device's bitmap is compared with the
+//! backend's set after every step.
 
 extern crate alloc;
 
@@ -31,9 +32,17 @@ const BUFS: u64 = BASE + 0x10000;
 #[derive(Default)]
 struct FakeBackend {
     ram: Range<u64>,
+    /// Ballooned pages.
     held: BTreeSet<u64>,
+    /// Pages given back by a report or hint and not backed again since.
+    discarded: BTreeSet<u64>,
     inflates: Vec<Vec<u64>>,
     deflates: Vec<Vec<u64>>,
+    reports: Vec<Vec<Range<u64>>>,
+    hints: Vec<Vec<Range<u64>>>,
+    now: u64,
+    /// Whether `now_us` answers (else the device uses the owner's times).
+    clock: bool,
 }
 
 impl FakeBackend {
@@ -47,6 +56,34 @@ impl FakeBackend {
         );
         for p in pfns {
             assert!(self.ram.contains(p), "PFN {p:#x} outside RAM");
+        }
+    }
+
+    /// The contract of `report` and `hint`: non-empty blocks, ascending,
+    /// disjoint, in RAM, no ballooned page.
+    fn check_blocks(&self, blocks: &[Range<u64>]) {
+        assert!(!blocks.is_empty(), "empty block list");
+        assert!(blocks.len() <= usize::from(QUEUE_SIZE));
+        for (i, b) in blocks.iter().enumerate() {
+            assert!(b.start < b.end, "empty block {b:?}");
+            assert!(
+                self.ram.start <= b.start && b.end <= self.ram.end,
+                "block {b:?} outside RAM {:?}",
+                self.ram
+            );
+            if i > 0 {
+                assert!(blocks[i - 1].end <= b.start, "blocks {blocks:?} overlap");
+            }
+            assert!(
+                !b.clone().any(|p| self.held.contains(&p)),
+                "block {b:?} holds a ballooned page"
+            );
+        }
+    }
+
+    fn discard(&mut self, blocks: &[Range<u64>]) {
+        for b in blocks {
+            self.discarded.extend(b.clone());
         }
     }
 }
@@ -68,6 +105,19 @@ impl GuestMemory for TestEnv {
 impl BalloonBackend for TestEnv {
     fn ram_pfns(&self) -> Range<u64> {
         self.backend.ram.clone()
+    }
+    fn now_us(&self) -> Option<u64> {
+        self.backend.clock.then_some(self.backend.now)
+    }
+    fn report(&mut self, blocks: &[Range<u64>]) {
+        self.backend.check_blocks(blocks);
+        self.backend.discard(blocks);
+        self.backend.reports.push(blocks.to_vec());
+    }
+    fn hint(&mut self, blocks: &[Range<u64>]) {
+        self.backend.check_blocks(blocks);
+        self.backend.discard(blocks);
+        self.backend.hints.push(blocks.to_vec());
     }
     fn inflate(&mut self, pfns: &[u64]) {
         self.backend.check_call(pfns);
@@ -113,6 +163,7 @@ impl Rig {
             mem: VecMemory::new(BASE, RAM_BYTES),
             backend: FakeBackend {
                 ram,
+                clock: true,
                 ..FakeBackend::default()
             },
         };
@@ -566,27 +617,6 @@ fn target_changes_bump_the_generation() {
 }
 
 #[test]
-fn queues_not_implemented_yet() {
-    let all = F_STATS_VQ | F_FREE_PAGE_HINT | F_PAGE_REPORTING;
-    let mut r = Rig::live(all, all);
-    // statsq: the first buffer is kept, a second comes back at once.
-    r.send_raw(2, &[(BUFS, 100, false)]);
-    assert!(r.used(2).is_empty());
-    assert_eq!(r.t.queues()[2].in_flight(), 1);
-    r.send_raw(2, &[(BUFS, 100, false)]);
-    assert_eq!(r.used(2).len(), 1);
-    // free_page_vq and reporting_vq: returned unused.
-    r.send_raw(3, &[(BUFS, 4, false)]);
-    r.send_raw(4, &[(BUFS, 4096, true), (BUFS + 4096, 4096, true)]);
-    assert_eq!(r.used(3), vec![(0, 0)]);
-    assert_eq!(r.used(4), vec![(0, 0)]);
-    let s = r.balloon().stats();
-    assert_eq!(s.stats_buffers_held, 1);
-    assert_eq!(s.buffers_ignored, 3);
-    assert!(!r.t.needs_reset());
-}
-
-#[test]
 fn constructor() {
     assert_eq!(
         Balloon::new(1 << 7, RAM_START..RAM_END).err(),
@@ -671,9 +701,12 @@ proptest! {
     }
 
     /// Random register traffic over random ring contents, optionally after a
-    /// correct handshake: no panic, no access outside RAM goes through, no
-    /// chain is left in flight unless the device stopped (or keeps a
-    /// statistics buffer), and the bitmap always equals the backend's set.
+    /// correct handshake, mixed with the host's calls (statistics polls,
+    /// hinting runs, refaults): no panic, no access outside RAM goes
+    /// through, no chain is left in flight unless the device stopped (or
+    /// keeps a statistics buffer), the backend only sees calls within its
+    /// contracts (the fake asserts), and the bitmap always equals the
+    /// backend's set.
     #[test]
     fn random_register_traffic(
         handshake_first in any::<bool>(),
@@ -685,7 +718,7 @@ proptest! {
             any::<u32>(),
         ], any::<bool>()), 1..60),
     ) {
-        let all = F_MUST_TELL_HOST | F_STATS_VQ | F_FREE_PAGE_HINT | F_PAGE_POISON | F_PAGE_REPORTING;
+        let all = F_MUST_TELL_HOST | F_STATS_VQ | F_DEFLATE_ON_OOM | F_FREE_PAGE_HINT | F_PAGE_POISON | F_PAGE_REPORTING;
         let mut r = Rig::new(all);
         if handshake_first {
             handshake(&mut r.t, &mut r.env, all | F_VERSION_1, &r.qs.clone());
@@ -699,6 +732,19 @@ proptest! {
             r.env.mem.clear_log();
             let _ = r.t.write(offset, width, value, &mut r.env);
             let _ = r.t.read(offset, width);
+            r.env.backend.now += u64::from(value % 4_000_000);
+            let now = r.env.backend.now;
+            match value % 13 {
+                0 => { let _ = r.t.poll_balloon(&mut r.env, now); }
+                1 => { let _ = r.t.start_free_page_hint(now); }
+                2 => { let _ = r.t.stop_free_page_hint(now); }
+                3 => { r.t.device_mut().page_refaulted(RAM_START + u64::from(value >> 4) % 1024); }
+                4 => { let _ = r.t.request_balloon_stats(&mut r.env, now); }
+                _ => {}
+            }
+            // The config always shows STOP, DONE or the latest run's id.
+            let id = r.t.device().free_page_hint_cmd_id();
+            prop_assert!(id <= 1 || Some(id) == r.t.device().hint_run().map(|run| run.id));
             // Memory outside RAM is never touched: the access is refused, and
             // a refused access always stops the device.
             prop_assert!(r.env.mem.refused().is_empty() || r.t.needs_reset(), "refused {:?}", r.env.mem.refused());
@@ -716,3 +762,5 @@ proptest! {
         r.check();
     }
 }
+
+mod features;

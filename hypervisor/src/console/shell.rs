@@ -17,6 +17,15 @@ pub enum Command<'a> {
     InfoBalloon {
         vm: Option<&'a str>,
     },
+    /// Poll a VM's balloon statistics every `seconds` (0: stop polling).
+    BalloonStats {
+        vm: &'a str,
+        seconds: u32,
+    },
+    /// Start a free page hinting run on a VM.
+    Hint {
+        vm: &'a str,
+    },
     Stop {
         vm: &'a str,
     },
@@ -60,7 +69,15 @@ pub const COMMANDS: &[CommandInfo] = &[
     },
     CommandInfo {
         usage: "info balloon [vm]",
-        summary: "balloon target, actual, features, counters and exits",
+        summary: "balloon target, actual, features, counters, guest statistics, hinting and exits",
+    },
+    CommandInfo {
+        usage: "balloon-stats <vm> <seconds>",
+        summary: "ask a VM's guest for memory statistics every <seconds> (0 stops; default 2)",
+    },
+    CommandInfo {
+        usage: "hint <vm>",
+        summary: "ask a VM's guest to hint its free pages, which go back to the pool",
     },
     CommandInfo {
         usage: "console <vm>",
@@ -94,6 +111,7 @@ pub enum ParseError<'a> {
     Unknown(&'a str),
     Usage(&'static str),
     BadSize(&'a str),
+    BadSeconds(&'a str),
 }
 
 impl core::fmt::Display for ParseError<'_> {
@@ -109,6 +127,10 @@ impl core::fmt::Display for ParseError<'_> {
             ParseError::BadSize(text) => write!(
                 f,
                 "'{text}' is not a size: write bytes, or a number with K, M or G (e.g. 128M)"
+            ),
+            ParseError::BadSeconds(text) => write!(
+                f,
+                "'{text}' is not a number of seconds: write a whole number (e.g. 2), or 0 to stop polling"
             ),
         }
     }
@@ -143,6 +165,14 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             }
             _ => Err(ParseError::Usage("balloon <vm> <size>")),
         },
+        "balloon-stats" => match (rest, words.next(), words.next()) {
+            (Some(vm), Some(secs), None) => {
+                let seconds = parse_seconds(secs).ok_or(ParseError::BadSeconds(secs))?;
+                Ok(Some(Command::BalloonStats { vm, seconds }))
+            }
+            _ => Err(ParseError::Usage("balloon-stats <vm> <seconds>")),
+        },
+        "hint" => one_vm("hint <vm>", rest, words.next()).map(|vm| Some(Command::Hint { vm })),
         "info" => match (rest, words.next(), words.next()) {
             (Some("balloon"), vm, None) => Ok(Some(Command::InfoBalloon { vm })),
             _ => Err(ParseError::Usage("info balloon [vm]")),
@@ -168,6 +198,14 @@ fn one_vm<'a>(
     }
 }
 
+/// Whole seconds: decimal digits only, at most `u32::MAX`.
+pub fn parse_seconds(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// A size: decimal bytes, or with a K, M or G suffix (powers of 1024).
 pub fn parse_size(text: &str) -> Option<u64> {
     let (digits, shift) = match text.as_bytes().last()? {
@@ -185,8 +223,9 @@ pub fn parse_size(text: &str) -> Option<u64> {
 /// The `help` text.
 pub fn write_help(out: &mut impl core::fmt::Write) -> core::fmt::Result {
     writeln!(out, "Commands:")?;
+    let width = COMMANDS.iter().map(|c| c.usage.len()).max().unwrap_or(0);
     for c in COMMANDS {
-        writeln!(out, "  {:<14} {}", c.usage, c.summary)?;
+        writeln!(out, "  {:<width$} {}", c.usage, c.summary)?;
     }
     writeln!(out, "QEMU: Ctrl-A X quits, Ctrl-A C opens QEMU's monitor.")
 }
@@ -203,12 +242,60 @@ mod tests {
                 .usage
                 .replace("<vm>", "alpha")
                 .replace("<size>", "64M")
+                .replace("<seconds>", "5")
                 .replace("[vm]", "beta");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
         assert_eq!(parse("  mem  "), Ok(Some(Command::Mem)));
         assert_eq!(parse(""), Ok(None));
         assert_eq!(parse("debug panic"), Ok(Some(Command::DebugPanic)));
+        assert_eq!(
+            parse("balloon-stats linux 0"),
+            Ok(Some(Command::BalloonStats {
+                vm: "linux",
+                seconds: 0
+            }))
+        );
+        assert_eq!(
+            parse("balloon-stats linux 10"),
+            Ok(Some(Command::BalloonStats {
+                vm: "linux",
+                seconds: 10
+            }))
+        );
+        assert_eq!(parse("hint linux"), Ok(Some(Command::Hint { vm: "linux" })));
+    }
+
+    #[test]
+    fn balloon_stats_and_hint_errors_say_what_to_type() {
+        for bad in ["2s", "-1", "1.5", "", "4294967296", "two"] {
+            let line = format!("balloon-stats linux {bad}");
+            let e = parse(&line).unwrap_err();
+            if bad.is_empty() {
+                assert_eq!(e, ParseError::Usage("balloon-stats <vm> <seconds>"));
+            } else {
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "'{bad}' is not a number of seconds: write a whole number (e.g. 2), or 0 to stop polling"
+                    )
+                );
+            }
+        }
+        assert_eq!(
+            parse("balloon-stats linux").unwrap_err().to_string(),
+            "usage: balloon-stats <vm> <seconds>"
+        );
+        assert_eq!(
+            parse("balloon-stats linux 2 3").unwrap_err().to_string(),
+            "usage: balloon-stats <vm> <seconds>"
+        );
+        assert_eq!(parse("hint").unwrap_err().to_string(), "usage: hint <vm>");
+        assert_eq!(
+            parse("hint linux now").unwrap_err().to_string(),
+            "usage: hint <vm>"
+        );
+        assert_eq!(parse_seconds("4294967295"), Some(u32::MAX));
     }
 
     #[test]
@@ -232,5 +319,8 @@ mod tests {
         for c in COMMANDS {
             assert!(s.contains(c.usage));
         }
+        // Summaries line up after the longest usage.
+        assert!(s.contains("  balloon-stats <vm> <seconds> ask a VM's guest"));
+        assert!(s.contains("  hint <vm>                    ask a VM's guest to hint"));
     }
 }

@@ -567,7 +567,43 @@ impl<D: VirtioDevice> MmioTransport<D> {
     where
         D: VirtioDeviceIo<E>,
     {
-        match self.device.notify(index, &mut self.queues, env) {
+        let result = self.device.notify(index, &mut self.queues, env);
+        self.finish_work(result, env)
+    }
+
+    /// Let the device use its queues outside a notification: on a timer or
+    /// a host command (the balloon returning its statistics buffer). Does
+    /// nothing unless the driver is live (DRIVER_OK, not stopped). Used
+    /// buffers raise the used-buffer interrupt, a device config change the
+    /// config-change interrupt, an error sets NEEDS_RESET, as after a
+    /// notification.
+    pub fn device_work<E, F>(&mut self, env: &mut E, work: F) -> TransportEvent
+    where
+        E: GuestMemory + ?Sized,
+        D: VirtioDeviceIo<E>,
+        F: FnOnce(&mut D, &mut [Virtqueue], &mut E) -> Result<(), DeviceError>,
+    {
+        if self.status & STATUS_DRIVER_OK == 0 || self.stopped() {
+            return TransportEvent::None;
+        }
+        let result = work(&mut self.device, &mut self.queues, env);
+        self.finish_work(result, env)
+    }
+
+    /// After the device worked on its queues: interrupts for what it
+    /// returned or changed, or NEEDS_RESET for its error.
+    fn finish_work<E: GuestMemory + ?Sized>(
+        &mut self,
+        result: Result<(), DeviceError>,
+        env: &mut E,
+    ) -> TransportEvent
+    where
+        D: VirtioDeviceIo<E>,
+    {
+        if self.device.take_config_change() {
+            self.config_changed();
+        }
+        match result {
             Ok(()) => {
                 if self.collect_used() {
                     TransportEvent::Interrupt
@@ -870,6 +906,48 @@ mod tests {
             DriverQueue::new(16, BASE + 0x2000, BASE + 0x2800, BASE + 0x3000),
         ];
         (t, mem, qs)
+    }
+
+    #[test]
+    fn device_work_only_while_live() {
+        let (mut t, mut mem, qs) = rig();
+        let mut calls = 0;
+        let mut work = |_: &mut Sink, _: &mut [Virtqueue], _: &mut VecMemory| {
+            calls += 1;
+            Ok(())
+        };
+        assert_eq!(t.device_work(&mut mem, &mut work), TransportEvent::None);
+        handshake(&mut t, &mut mem, 1 | VIRTIO_F_VERSION_1, &qs);
+        assert_eq!(t.device_work(&mut mem, &mut work), TransportEvent::None);
+        driver_ok(&mut t, &mut mem);
+        assert_eq!(t.device_work(&mut mem, &mut work), TransportEvent::None);
+        assert_eq!(calls, 1, "not before DRIVER_OK");
+        // A buffer returned from outside a notification raises the interrupt.
+        let mut dq = qs[1].clone();
+        dq.add(&mut mem, &[(BASE + 0x8000, 4, false)]);
+        let ev = t.device_work(&mut mem, |_, queues, mem| {
+            let c = queues[1].pop(mem).unwrap().unwrap();
+            queues[1].push_used(mem, c.head(), 0).unwrap();
+            Ok(())
+        });
+        assert_eq!(ev, TransportEvent::Interrupt);
+        assert_eq!(t.interrupt_status(), INT_USED_BUFFER);
+        // An error stops the device like one found on a notification.
+        let ev = t.device_work(&mut mem, |_, _, _| {
+            Err(DeviceError::from_queue(
+                0,
+                "rxq",
+                QueueError::NothingInFlight,
+            ))
+        });
+        assert!(matches!(ev, TransportEvent::NeedsReset { .. }));
+        assert!(t.needs_reset());
+        let mut called = false;
+        t.device_work(&mut mem, |_, _, _| {
+            called = true;
+            Ok(())
+        });
+        assert!(!called, "stopped");
     }
 
     #[test]

@@ -135,6 +135,13 @@ pub trait VirtioDevice {
     fn config_write(&mut self, offset: u64, data: &[u8]);
     /// The driver set DRIVER_OK having negotiated `features`.
     fn activate(&mut self, features: u64);
+    /// Whether the device changed its own config while processing a queue
+    /// (e.g. the balloon ending a free page hint run) and the driver must be
+    /// told; reading it clears it. The transport checks it after every
+    /// [`VirtioDeviceIo::notify`] and raises the config-change interrupt.
+    fn take_config_change(&mut self) -> bool {
+        false
+    }
 }
 
 /// What a device does to the VM, through `E`: the device's view of the VM,
@@ -228,6 +235,8 @@ pub enum DeviceErrorKind {
     BadLength { len: u32, multiple_of: u32 },
     /// The buffer is longer than the device accepts in one request.
     TooLong { len: u32, max: u32 },
+    /// The buffer must be exactly `expected` bytes long.
+    WrongLength { len: u32, expected: u32 },
     /// The driver set DRIVER_OK although FEATURES_OK was not accepted.
     DriverOkWithoutFeaturesOk { status: u32 },
 }
@@ -249,6 +258,9 @@ impl fmt::Display for DeviceErrorKind {
             }
             DeviceErrorKind::TooLong { len, max } => {
                 write!(f, "buffer of {len} bytes is longer than the {max} bytes accepted per request")
+            }
+            DeviceErrorKind::WrongLength { len, expected } => {
+                write!(f, "buffer of {len} bytes, but this queue takes buffers of exactly {expected} bytes")
             }
             DeviceErrorKind::DriverOkWithoutFeaturesOk { status } => write!(
                 f,
