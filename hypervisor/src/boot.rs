@@ -464,11 +464,13 @@ fn run(cmd: Command, board: &BoardInfo) {
                 Some(Some(())) => println!("{name}: balloon statistics every {seconds} s"),
             }
         }
-        // Starting a run raises the balloon's config interrupt, which only
-        // the run loop (vm::run) can deliver; it is wired there next.
-        Command::Hint { vm: name } => {
-            println!("{name}: free page hinting is not connected to the run loop in this build")
-        }
+        Command::Hint { vm: name } => match vm::with_vm(name, vm::start_hint) {
+            None => no_such_vm(name),
+            Some(Err(e)) => println!("{name}: cannot start free page hinting: {e}"),
+            Some(Ok(id)) => println!(
+                "{name}: free page hinting run {id} started; the driver hints its free blocks (info balloon {name} shows the run)"
+            ),
+        },
         Command::Stop { vm: name } => stop_vm(name),
         Command::Console { vm: name } => {
             if vm::focus(name) {

@@ -57,10 +57,23 @@ mod uart_console {
 
     /// Show live output of VM `id` (named `name`) at the bottom of the
     /// terminal: a prompt appears without waiting for its newline.
-    pub fn guest_live_output(id: usize, name: &str, output: LiveOutput<'_>) {
+    /// `still_live` is asked under the console lock: a VM that lost the
+    /// keyboard meanwhile ([`end_live_output`]) gets complete lines only.
+    pub fn guest_live_output(
+        id: usize,
+        name: &str,
+        output: LiveOutput<'_>,
+        still_live: impl FnOnce() -> bool,
+    ) {
         let mut guard = CONSOLE.lock();
         let Some(uart) = guard.as_mut() else { return };
         let mut open = OPEN_LINE.lock();
+        if !still_live() {
+            if let LiveOutput::Line { text, .. } = output {
+                let _ = writeln!(uart, "[{name}] {text}");
+            }
+            return;
+        }
         let (text, shown, complete) = match output {
             LiveOutput::Nothing => return,
             LiveOutput::Erase => {
@@ -97,6 +110,9 @@ mod uart_console {
 
     /// The live console loses the keyboard: its unfinished line stays on
     /// the terminal as it is and later output starts below it.
+    ///
+    /// Call it after the keyboard's owner changed, so that output racing
+    /// with the change sees the new owner (see [`guest_live_output`]).
     pub fn end_live_output() {
         let mut guard = CONSOLE.lock();
         let Some(uart) = guard.as_mut() else { return };

@@ -74,6 +74,9 @@ pub struct GuestRam {
     pub size: u64,
     stage2: Stage2,
     pub stats: RamStats,
+    /// What a page backed again on a fault is filled with (32-bit, little
+    /// endian, repeated): 0, or the balloon's poison_val.
+    page_fill: u32,
 }
 
 impl GuestRam {
@@ -92,6 +95,7 @@ impl GuestRam {
             size,
             stage2,
             stats: RamStats::default(),
+            page_fill: 0,
         })
     }
 
@@ -169,6 +173,13 @@ impl GuestRam {
         }
         let page = ipa & !(PAGE_SIZE - 1);
         let pa = self.map_new(mem, page)?;
+        if self.page_fill != 0 {
+            // Frames come zeroed; a poisoning guest expects its poison.
+            let chunk: [u8; 256] = core::array::from_fn(|i| self.page_fill.to_le_bytes()[i % 4]);
+            for off in (0..PAGE_SIZE).step_by(chunk.len()) {
+                mem.write(pa + off, &chunk);
+            }
+        }
         self.stats.faults_backed += 1;
         Ok(pa | (ipa & (PAGE_SIZE - 1)))
     }
@@ -202,6 +213,29 @@ impl GuestRam {
         }
         self.stats.pages_released += released;
         released
+    }
+
+    /// [`Self::release`] for every page of these PFN ranges.
+    pub fn release_blocks(
+        &mut self,
+        mem: &mut impl HostMemory,
+        blocks: &[core::ops::Range<u64>],
+    ) -> u64 {
+        let mut pfns: heapless::Vec<u64, 256> = heapless::Vec::new();
+        let mut released = 0;
+        for pfn in blocks.iter().flat_map(|b| b.clone()) {
+            if pfns.push(pfn).is_err() {
+                released += self.release(mem, &pfns);
+                pfns.clear();
+                let _ = pfns.push(pfn);
+            }
+        }
+        released + self.release(mem, &pfns)
+    }
+
+    /// Fill pages backed again on a fault with `value` (see `page_fill`).
+    pub fn set_page_fill(&mut self, value: u32) {
+        self.page_fill = value;
     }
 
     /// Copy guest memory at `ipa` into `buf` (backing pages as needed).
@@ -452,6 +486,33 @@ mod tests {
         assert_eq!(host.frames.guest_pages(1), 0);
         assert_eq!(host.frames.pages(FrameUse::PageTables), 0);
         assert_eq!(host.frames.free_pages(), 256);
+        host.frames.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn released_blocks_come_back_with_the_page_fill() {
+        let mut host = FakeHost::new(1200);
+        let mut ram = GuestRam::new(&mut host, 1, 1, BASE, 600 * PAGE_SIZE).unwrap();
+        ram.populate(&mut host).unwrap();
+        ram.write(&mut host, BASE, b"kept").unwrap();
+        let first = BASE / PAGE_SIZE;
+        let free_before = host.frames.free_pages();
+        // Two blocks, 300 + 200 pages: more than one 256-page batch.
+        let blocks = [first + 10..first + 310, first + 400..first + 600];
+        assert_eq!(ram.release_blocks(&mut host, &blocks), 500);
+        assert_eq!(host.frames.free_pages(), free_before + 500);
+        // Again: already given back, nothing to do.
+        assert_eq!(ram.release_blocks(&mut host, &blocks), 0);
+        ram.set_page_fill(0xaaaa_5555);
+        let mut buf = [0u8; 8];
+        ram.read(&mut host, BASE + 11 * PAGE_SIZE + 4088, &mut buf)
+            .unwrap();
+        assert_eq!(buf, [0x55, 0x55, 0xaa, 0xaa, 0x55, 0x55, 0xaa, 0xaa]);
+        // Pages never given back keep their contents.
+        ram.read(&mut host, BASE, &mut buf[..4]).unwrap();
+        assert_eq!(&buf[..4], b"kept");
+        ram.check(&mut host).unwrap();
+        ram.destroy(&mut host);
         host.frames.check_invariants().unwrap();
     }
 

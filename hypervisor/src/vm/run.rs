@@ -21,7 +21,7 @@ use super::memory::{GuestRam, HostMemory, RamError};
 use crate::arch::aarch64::gic;
 use crate::arch::aarch64::vcpu::{self, El1Regs, GuestContext};
 use crate::arch::aarch64::{self, pmu, MAX_CPUS};
-use crate::balloon::Balloon;
+use crate::balloon::{Balloon, HintError, HintRun};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
 use crate::pl011::Pl011;
@@ -293,7 +293,17 @@ impl crate::balloon::BalloonBackend for DeviceView<'_> {
         self.ram.release(&mut HostMem, pfns);
     }
     fn deflate(&mut self, _pfns: &[u64]) {
-        // Nothing to do now: each page is backed again, zeroed, on its next access.
+        // Nothing to do now: each page is backed again (zeroed or poisoned)
+        // on its next access.
+    }
+    fn now_us(&self) -> Option<u64> {
+        Some(aarch64::uptime_us())
+    }
+    fn report(&mut self, blocks: &[core::ops::Range<u64>]) {
+        self.ram.release_blocks(&mut HostMem, blocks);
+    }
+    fn hint(&mut self, blocks: &[core::ops::Range<u64>]) {
+        self.ram.release_blocks(&mut HostMem, blocks);
     }
 }
 
@@ -645,6 +655,9 @@ fn run_vcpu(id: usize, vcpu: usize) {
             }
         }
         finish_change(vm);
+        if vcpu == 0 {
+            poll_balloon(vm);
+        }
         match outcome {
             Outcome::Continue => {}
             Outcome::Idle => {
@@ -749,11 +762,17 @@ fn handle_exit(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext, exit: VcpuExit)
             vm.exits.faults += 1;
             let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
             if in_ram && fault == FaultKind::Translation {
-                // A page given back (balloon, never touched): back it again.
+                // A page given back (balloon, reported, hinted): back it
+                // again, zeroed or with the guest's poison value.
+                let fill = vm.balloon.as_ref().map_or(0, |b| b.device().page_fill());
                 let ram = vm.ram.as_mut().expect("checked above");
+                ram.set_page_fill(fill);
                 if let Err(RamError::OutOfMemory { .. }) = ram.translate_or_back(&mut HostMem, ipa)
                 {
                     return stop_for(vm, ctx, ipa, "no free memory left to back its RAM");
+                }
+                if let Some(balloon) = vm.balloon.as_mut() {
+                    balloon.device_mut().page_refaulted(ipa / PAGE_SIZE);
                 }
             } else if instruction {
                 return stop_for(vm, ctx, ipa, "instruction fetch outside its RAM");
@@ -1021,7 +1040,10 @@ fn mmio_write(
             // The console with the keyboard is shown live (prompts, echo).
             if FOCUS.load(Ordering::Relaxed) == vm.id {
                 let output = vm.console.push_live(byte);
-                crate::console::guest_live_output(vm.id, &vm.name, output);
+                let id = vm.id;
+                crate::console::guest_live_output(id, &vm.name, output, || {
+                    FOCUS.load(Ordering::Relaxed) == id
+                });
             } else if let Some(line) = vm.console.push(byte) {
                 println!("[{}] {line}", vm.name);
             }
@@ -1037,6 +1059,7 @@ fn mmio_write(
         };
         let mut view = DeviceView { ram };
         let before = *balloon.device().stats();
+        let hint_before = balloon.device().hint_run().copied();
         match balloon.write(off, width, value as u32, &mut view) {
             Ok(event) => {
                 if let Some(msg) = event.message() {
@@ -1046,6 +1069,7 @@ fn mmio_write(
             Err(_) => return Err("bad virtio-mmio register access"),
         }
         report_rejections(&vm.name, &before, balloon.device().stats());
+        report_hint_end(&vm.name, hint_before, balloon.device().hint_run());
         update_virtio_irq(vm);
         return Ok(());
     }
@@ -1054,6 +1078,74 @@ fn mmio_write(
 
 fn offset_in(ipa: u64, base: u64, size: u64) -> Option<u64> {
     (ipa >= base && ipa - base < size).then(|| ipa - base)
+}
+
+/// Time-driven balloon work (statistics requests), from vCPU 0's exits:
+/// a guest exits at least every 10 ms (its WFI sleep is bounded).
+fn poll_balloon(vm: &mut Vm) {
+    let now = aarch64::uptime_us();
+    let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
+        return;
+    };
+    if !balloon
+        .device()
+        .next_stats_poll_us()
+        .is_some_and(|t| t <= now)
+    {
+        return;
+    }
+    let event = balloon.poll_balloon(&mut DeviceView { ram }, now);
+    if let Some(msg) = event.message() {
+        println!("[{}] balloon: {msg}", vm.name);
+    }
+    update_virtio_irq(vm);
+}
+
+/// Why `hint <vm>` did not start a run.
+pub enum HintStartError {
+    NotRunning,
+    NoBalloon,
+    Device(HintError),
+}
+
+impl core::fmt::Display for HintStartError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            HintStartError::NotRunning => {
+                f.write_str("it is not running (type 'start <vm>' first)")
+            }
+            HintStartError::NoBalloon => f.write_str("it has no balloon device"),
+            HintStartError::Device(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
+pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
+    if vm.state != VmState::Running {
+        return Err(HintStartError::NotRunning);
+    }
+    let Some(balloon) = vm.balloon.as_mut() else {
+        return Err(HintStartError::NoBalloon);
+    };
+    let id = balloon
+        .start_free_page_hint(aarch64::uptime_us())
+        .map_err(HintStartError::Device)?;
+    update_virtio_irq(vm);
+    Ok(id)
+}
+
+/// Say so when a hinting run ends (the driver's STOP made it DONE).
+fn report_hint_end(name: &str, before: Option<HintRun>, after: Option<&HintRun>) {
+    let Some(run) = after else { return };
+    let was_running = before.is_some_and(|b| b.id == run.id && b.ended_us.is_none());
+    if let (true, Some(ended)) = (was_running, run.ended_us) {
+        println!(
+            "[{name}] balloon: free page hint {run}; {} ({} ms)",
+            crate::report::Size(run.pages_hinted * PAGE_SIZE),
+            ended.saturating_sub(run.started_us) / 1000
+        );
+    }
 }
 
 /// Set the balloon target of a VM, in 4 KiB pages, and tell the driver.
@@ -1112,6 +1204,7 @@ pub fn print_balloon(vm: &mut Vm) {
         crate::balloon::feature_names(balloon.negotiated_features())
     );
     println!("  {}", dev.stats());
+    print!("{}", dev.info_lines(aarch64::uptime_us()));
     if let Some(e) = balloon.last_error() {
         println!("  last device error: {e}");
     }
