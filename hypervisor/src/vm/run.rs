@@ -1087,10 +1087,10 @@ fn poll_balloon(vm: &mut Vm) {
     let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
         return;
     };
-    if !balloon
+    if balloon
         .device()
         .next_stats_poll_us()
-        .is_some_and(|t| t <= now)
+        .is_none_or(|t| t > now)
     {
         return;
     }
