@@ -351,10 +351,10 @@ fn shell_loop(board: &BoardInfo) -> ! {
     print!("tidal> ");
     loop {
         let Some(byte) = crate::console::try_read_byte() else {
-            // Sleep until the timer's event stream (about every 1 ms) rather
-            // than spin: an idle shell must not steal cycles (or, under QEMU,
-            // instruction counts) from the CPUs running guests.
-            aarch64::wait_for_event();
+            // Sleep about 1 ms rather than spin: an idle shell must not
+            // steal cycles (or, under QEMU, instruction counts) from the
+            // CPUs running guests.
+            aarch64::idle_wait(1000);
             continue;
         };
         // Ctrl-] gives the keyboard back to the shell.

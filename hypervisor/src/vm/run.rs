@@ -456,8 +456,7 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
     vm.state = VmState::Running;
     vm.starts += 1;
     CPU_VM[vm.cpus[0]].store(encode(vm.id, 0), Ordering::Release);
-    // SAFETY: SEV only wakes CPUs waiting in WFE.
-    unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+    wake_cpu(vm.cpus[0]);
     Ok(())
 }
 
@@ -560,15 +559,25 @@ pub fn request_stop(vm: &mut Vm) -> Result<(), &'static str> {
     }
 }
 
+/// Wake an idle CPU that was just given a vCPU (see `aarch64::idle_wait`).
+fn wake_cpu(cpu: usize) {
+    // SAFETY: SEV only wakes CPUs waiting in WFE (hosts without our GIC).
+    unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+    gic::kick(cpu);
+}
+
 /// The loop of a CPU that runs vCPUs: wait for one, run it until it stops.
 pub fn cpu_loop(cpu: usize) -> ! {
     loop {
         let slot = CPU_VM[cpu].load(Ordering::Acquire);
         if slot == NO_VM {
-            aarch64::wait_for_event();
+            // A start or CPU_ON kicks this CPU; 10 ms bounds a missed kick.
+            aarch64::idle_wait(10_000);
             continue;
         }
         run_vcpu(slot / MAX_VCPUS, slot % MAX_VCPUS);
+        // The guest's virtual timer must not keep waking an idle CPU.
+        vcpu::disable_virtual_timer();
         // The vCPU left: this CPU is free unless it was handed a new one.
         let _ = CPU_VM[cpu].compare_exchange(slot, NO_VM, Ordering::AcqRel, Ordering::Acquire);
     }
@@ -910,8 +919,7 @@ fn psci(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext) -> Outcome {
                 };
                 let cpu = vm.cpus[t];
                 CPU_VM[cpu].store(encode(vm.id, t), Ordering::Release);
-                // SAFETY: SEV only wakes CPUs waiting in WFE.
-                unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+                wake_cpu(cpu);
                 0
             }
         },
@@ -1472,7 +1480,7 @@ pub fn input_to_focus(byte: u8) -> bool {
         if aarch64::counter().0 - start > freq {
             return true; // The guest is not reading: drop it, as a UART would.
         }
-        aarch64::wait_for_event();
+        aarch64::idle_wait(200);
     }
 }
 

@@ -68,7 +68,29 @@ pub fn clean_dcache_range(addr: usize, len: usize) {
     unsafe { asm!("dsb sy", options(nostack)) };
 }
 
-/// Wait for an event: the idle loop of a CPU with nothing to do.
+/// The idle wait of a CPU with nothing to do: until an interrupt (a kick)
+/// or about `micros` pass. WFI, not WFE: QEMU's TCG treats WFE as a mere
+/// yield, so a CPU idling in WFE spins its host thread at 100%, while WFI
+/// halts it. Whatever woke the CPU is acknowledged and ended here (the CPU
+/// runs no guest that could own it). Without a GIC we drive, WFE on the
+/// event stream.
+pub fn idle_wait(micros: u64) {
+    if !gic::present() {
+        wait_for_event();
+        return;
+    }
+    wait_for_interrupt_or(micros);
+    for _ in 0..8 {
+        let (intid, iar) = gic::acknowledge();
+        if intid >= 1020 {
+            break;
+        }
+        gic::end_of_interrupt(iar);
+        gic::deactivate(iar);
+    }
+}
+
+/// Wait for an event (WFE).
 pub fn wait_for_event() {
     // SAFETY: WFE only waits.
     unsafe { asm!("wfe", options(nomem, nostack)) };

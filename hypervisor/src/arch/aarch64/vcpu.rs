@@ -365,3 +365,11 @@ impl El1Regs {
         }
     }
 }
+
+/// Turn the EL1 virtual timer off (a guest left this CPU): its interrupt
+/// would otherwise keep waking the idle CPU.
+pub fn disable_virtual_timer() {
+    // SAFETY: the virtual timer belongs to whichever guest runs here; none
+    // does now, and the next one loads its own timer state.
+    unsafe { asm!("msr CNTV_CTL_EL0, xzr", "isb", options(nomem, nostack)) };
+}
