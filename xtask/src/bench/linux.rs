@@ -12,15 +12,18 @@
 //!   console;
 //! - inflate/deflate: from sending the request (Tidal's shell `balloon linux
 //!   256M` / `balloon linux 0`, QEMU's monitor `balloon 256` / `balloon 512`,
-//!   whose argument is the RAM left to the guest) until the agent's answer to
-//!   `grep ^balloon_ /proc/vmstat` shows `balloon_inflate` (`_deflate`) grown
-//!   by all 65536 pages; polled back to back, so the resolution is one agent
-//!   round trip, also reported.
+//!   whose argument is the RAM left to the guest) until a watcher in the
+//!   guest, started through the agent beforehand, reports that
+//!   `balloon_inflate` (`_deflate`) in /proc/vmstat has grown by all 65536
+//!   pages;
+//! - the agent's round trip on the idle guest (`grep ^balloon_ /proc/vmstat`),
+//!   which is why the watcher runs in the guest rather than being polled
+//!   from here.
 //!
 //! Besides, each side's device view: the hypervisor's own `balloon: reached`
 //! report (its counter, from setting the target to the driver reporting it
 //! reached) and the first QEMU `info balloon` showing the target (polled
-//! after each vmstat poll).
+//! every 5 ms during the move).
 //!
 //! Results: a table on stdout and target/bench/linux.json.
 
@@ -28,6 +31,7 @@ use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
@@ -52,6 +56,8 @@ const COMMAND: Duration = Duration::from_secs(30);
 /// Whole-session limit: QEMU is killed after this whatever happens.
 const SESSION: Duration = Duration::from_secs(900);
 
+/// How long the in-guest watcher sleeps between reads of /proc/vmstat.
+const WATCH_INTERVAL_US: u32 = 10_000;
 /// Agent requests timed on the idle guest before the first move.
 const IDLE_POLLS: usize = 3;
 const VMSTAT: &str = "grep ^balloon_ /proc/vmstat";
@@ -93,9 +99,6 @@ struct Move {
     /// Tidal: the hypervisor's reported time; QEMU: the first `info balloon`
     /// showing the target, measured from the request.
     device_s: f64,
-    polls: u32,
-    /// Median time from sending an agent request to its `done` line.
-    poll_median_s: f64,
 }
 
 /// One boot of one side.
@@ -132,34 +135,40 @@ impl Monitor {
             stream,
             path: path.to_path_buf(),
         };
-        monitor.read_reply()?;
+        read_reply(&mut monitor.stream)?;
         Ok(monitor)
     }
 
-    /// Runs `command`; its output without the echo and terminal escapes.
     fn command(&mut self, command: &str) -> Result<String, String> {
-        self.stream
-            .write_all(format!("{command}\n").as_bytes())
-            .map_err(|e| format!("QEMU monitor `{command}`: {e}"))?;
-        let reply = self.read_reply()?;
-        Ok(reply.lines().skip(1).collect::<Vec<_>>().join("\n"))
+        hmp(&mut self.stream, command)
     }
+}
 
-    /// Reads up to the next `(qemu) ` prompt (bounded by the read timeout).
-    fn read_reply(&mut self) -> Result<String, String> {
-        let mut data = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !data.ends_with(b"(qemu) ") {
-            match self.stream.read(&mut buf) {
-                Ok(0) => return Err("QEMU monitor closed".into()),
-                Ok(n) => data.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == IoErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("QEMU monitor: {e}")),
-            }
+/// Runs `command` on QEMU's human monitor; its output without the echo and
+/// terminal escapes.
+fn hmp(stream: &mut UnixStream, command: &str) -> Result<String, String> {
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .map_err(|e| format!("QEMU monitor `{command}`: {e}"))?;
+    let reply = read_reply(stream)?;
+    Ok(reply.lines().skip(1).collect::<Vec<_>>().join("\n"))
+}
+
+/// Reads up to the monitor's next `(qemu) ` prompt (bounded by the
+/// stream's read timeout).
+fn read_reply(stream: &mut UnixStream) -> Result<String, String> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !data.ends_with(b"(qemu) ") {
+        match stream.read(&mut buf) {
+            Ok(0) => return Err("QEMU monitor closed".into()),
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == IoErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("QEMU monitor: {e}")),
         }
-        let text = strip_escapes(&String::from_utf8_lossy(&data)).replace('\r', "");
-        Ok(text.trim_end_matches("(qemu) ").to_string())
     }
+    let text = strip_escapes(&String::from_utf8_lossy(&data)).replace('\r', "");
+    Ok(text.trim_end_matches("(qemu) ").to_string())
 }
 
 impl Drop for Monitor {
@@ -305,24 +314,30 @@ impl Guest {
         Ok(())
     }
 
-    /// Runs `command` through the agent (the console must be the guest's):
-    /// its output lines, and when the request was sent and the `done` line
-    /// arrived.
-    fn agent(&mut self, command: &str) -> Result<(Vec<String>, Instant, Instant), String> {
+    /// Sends `command` to the agent (the console must be the guest's) and
+    /// waits for the tty's echo of it; returns the request's id and when it
+    /// was sent.
+    fn send_request(&mut self, command: &str) -> Result<(u32, Instant), String> {
         let id = self.next_id;
         self.next_id += 1;
         let request = crate::linux::agent_request(id, command)?;
-        let prefix = self.prefix();
         let sent = Instant::now();
         self.session.send_line(&request).map_err(harness)?;
-        let done = format!(
-            r"(?s){prefix}run {id} [^\n]*\n(.*?){prefix}tidal-guest: done {id} rc=(-?\d+)\s"
-        );
-        let c = self.session.expect(&done, STEP).map_err(harness)?;
+        let echo = format!(r"{}run {id} [^\n]*\n", self.prefix());
+        self.session.expect(&echo, COMMAND).map_err(harness)?;
+        Ok((id, sent))
+    }
+
+    /// Waits for request `id`'s `done` line: the output lines before it
+    /// (the prefix taken off), and when the line arrived.
+    fn await_done(&mut self, id: u32, timeout: Duration) -> Result<(Vec<String>, Instant), String> {
+        let prefix = self.prefix();
+        let done = format!(r"(?s)(.*?){prefix}tidal-guest: done {id} rc=(-?\d+)\s");
+        let c = self.session.expect(&done, timeout).map_err(harness)?;
         let arrived = self.session.matched_at().expect("just matched");
         if c[2] != "0" {
             return Err(format!(
-                "{}: `{command}` in the guest failed (rc={}):\n{}",
+                "{}: agent request {id} failed (rc={}):\n{}",
                 self.side.name(),
                 c[2],
                 c[1]
@@ -334,6 +349,15 @@ impl Guest {
             .map(|l| l.trim_end_matches('\r'))
             .map(|l| l.strip_prefix(plain.as_str()).unwrap_or(l).to_string())
             .collect();
+        Ok((lines, arrived))
+    }
+
+    /// Runs `command` through the agent (the console must be the guest's):
+    /// its output lines, and when the request was sent and the `done` line
+    /// arrived.
+    fn agent(&mut self, command: &str) -> Result<(Vec<String>, Instant, Instant), String> {
+        let (id, sent) = self.send_request(command)?;
+        let (lines, arrived) = self.await_done(id, STEP)?;
         Ok((lines, sent, arrived))
     }
 
@@ -341,17 +365,8 @@ impl Guest {
     /// when the answer arrived and how long it took.
     fn vmstat(&mut self) -> Result<(Counters, Instant, Duration), String> {
         let (lines, sent, arrived) = self.agent(VMSTAT)?;
-        let value = |key: &str| {
-            lines
-                .iter()
-                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
-                .ok_or_else(|| format!("{}: no {key} in {lines:?}", self.side.name()))
-        };
         Ok((
-            Counters {
-                inflate: value("balloon_inflate")?,
-                deflate: value("balloon_deflate")?,
-            },
+            parse_counters(self.side.name(), &lines)?,
             arrived,
             arrived - sent,
         ))
@@ -379,7 +394,6 @@ impl Guest {
                     return Err(format!("Tidal: `balloon {VM} {balloon_mib}M`: {}", c[1]));
                 }
                 self.session.expect(r"tidal> ", COMMAND).map_err(harness)?;
-                self.enter_console()?;
                 Ok(sent)
             }
             Side::Qemu => {
@@ -396,6 +410,13 @@ impl Guest {
 
     /// Moves the balloon to `balloon_mib` and measures it; `before` is the
     /// guest's counters before, returned updated.
+    ///
+    /// A watcher in the guest, started through the agent before the
+    /// request, polls /proc/vmstat until the counter has grown by every page
+    /// and then ends its request: the time is from sending the request to the
+    /// arrival of that `done` line. (Polling through the agent from here
+    /// would add a console round trip per poll, which under Tidal is
+    /// seconds; see the `agent round trip` row.)
     fn balloon(
         &mut self,
         direction: Direction,
@@ -403,41 +424,52 @@ impl Guest {
         before: Counters,
     ) -> Result<(Move, Counters), String> {
         let side = self.side.name();
-        let sent = self.request(balloon_mib)?;
-        let mut polls = 0u32;
-        let mut round_trips = Vec::new();
-        let mut device_s = None;
-        let (done, now) = loop {
-            let (now, arrived, took) = self.vmstat()?;
-            polls += 1;
-            round_trips.push(took.as_secs_f64());
-            if device_s.is_none() {
-                if let Some(monitor) = self.monitor.as_mut() {
-                    let info = monitor.command("info balloon")?;
-                    if info.contains(&format!("actual={}", GUEST_MIB - balloon_mib)) {
-                        device_s = Some(sent.elapsed().as_secs_f64());
-                    }
-                }
-            }
-            let moved = now.get(direction) - before.get(direction);
-            if moved >= PAGES {
-                if moved != PAGES {
-                    return Err(format!(
-                        "{side}: {} grew by {moved} pages, not {PAGES}",
-                        direction.counter()
-                    ));
-                }
-                break (arrived - sent, now);
-            }
-            if sent.elapsed() > STEP {
-                return Err(format!(
-                    "{side}: {} grew by {moved} of {PAGES} pages in {:.0} s",
-                    direction.counter(),
-                    STEP.as_secs_f64()
-                ));
-            }
-        };
+        let counter = direction.counter();
+        let target = before.get(direction) + PAGES;
+        let watcher = format!(
+            "echo watching; while :; do set -- $(grep '^{counter} ' /proc/vmstat); \
+             [ \"$2\" -ge {target} ] && break; usleep {WATCH_INTERVAL_US}; done; \
+             grep ^balloon_ /proc/vmstat"
+        );
+        self.enter_console()?;
+        let (id, _) = self.send_request(&watcher)?;
+        let watching = format!(r"(?m)^{}watching\r?$", self.prefix());
+        self.session.expect(&watching, COMMAND).map_err(harness)?;
         self.leave_console()?;
+
+        let sent = self.request(balloon_mib)?;
+        let stop = AtomicBool::new(false);
+        let (done, device_s) = std::thread::scope(|scope| {
+            // QEMU's view of the move: `info balloon` polled meanwhile.
+            let poller = self
+                .monitor
+                .as_ref()
+                .map(|m| m.stream.try_clone())
+                .transpose()
+                .map_err(|e| format!("QEMU monitor: {e}"))?
+                .map(|stream| {
+                    let stop = &stop;
+                    let actual = format!("actual={}", GUEST_MIB - balloon_mib);
+                    scope.spawn(move || watch_actual(stream, &actual, sent, stop))
+                });
+            let done = self.await_done(id, STEP);
+            stop.store(true, Ordering::Relaxed);
+            let device_s = match poller {
+                Some(p) => p
+                    .join()
+                    .map_err(|_| "info balloon poller panicked".to_string())??,
+                None => None,
+            };
+            Ok::<_, String>((done?, device_s))
+        })?;
+        let (lines, arrived) = done;
+        let now = parse_counters(side, &lines)?;
+        let moved = now.get(direction) - before.get(direction);
+        if moved != PAGES {
+            return Err(format!(
+                "{side}: {counter} grew by {moved} pages, not {PAGES}"
+            ));
+        }
         let device_s = match self.side {
             Side::Tidal => self.reported_move(direction)?,
             Side::Qemu => device_s.ok_or_else(|| {
@@ -446,10 +478,8 @@ impl Guest {
         };
         Ok((
             Move {
-                guest_s: done.as_secs_f64(),
+                guest_s: (arrived - sent).as_secs_f64(),
                 device_s,
-                polls,
-                poll_median_s: median(&round_trips),
             },
             now,
         ))
@@ -481,6 +511,37 @@ impl Guest {
             .map(|us| us as f64 / 1e6)
             .map_err(|e| format!("bad time '{micros}': {e}"))
     }
+}
+
+/// The balloon counters in /proc/vmstat lines.
+fn parse_counters(side: &str, lines: &[String]) -> Result<Counters, String> {
+    let value = |key: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+            .ok_or_else(|| format!("{side}: no {key} in {lines:?}"))
+    };
+    Ok(Counters {
+        inflate: value("balloon_inflate")?,
+        deflate: value("balloon_deflate")?,
+    })
+}
+
+/// Polls QEMU's `info balloon` until it shows `actual` (e.g. `actual=256`)
+/// or `stop` is set: the time from `sent` when it first did.
+fn watch_actual(
+    mut stream: UnixStream,
+    actual: &str,
+    sent: Instant,
+    stop: &AtomicBool,
+) -> Result<Option<f64>, String> {
+    while !stop.load(Ordering::Relaxed) && sent.elapsed() < STEP {
+        if hmp(&mut stream, "info balloon")?.contains(actual) {
+            return Ok(Some(sent.elapsed().as_secs_f64()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(None)
 }
 
 #[derive(Clone, Copy)]
@@ -632,7 +693,7 @@ struct Metric {
     decimals: usize,
 }
 
-const METRICS: [Metric; 8] = [
+const METRICS: [Metric; 6] = [
     Metric {
         label: "boot to `tidal-guest: ready` (s)",
         key: "ready_s",
@@ -658,34 +719,20 @@ const METRICS: [Metric; 8] = [
         label: "inflate, device's view (s) [1]",
         key: "inflate_device_s",
         value: |r| r.inflate.device_s,
-        ratio: false,
+        ratio: true,
         decimals: 2,
     },
     Metric {
         label: "deflate, device's view (s) [1]",
         key: "deflate_device_s",
         value: |r| r.deflate.device_s,
-        ratio: false,
+        ratio: true,
         decimals: 2,
     },
     Metric {
         label: "agent round trip, idle (ms)",
         key: "agent_idle_ms",
         value: |r| 1000.0 * r.idle_poll_s,
-        ratio: true,
-        decimals: 0,
-    },
-    Metric {
-        label: "agent round trip, inflating (ms)",
-        key: "agent_inflating_ms",
-        value: |r| 1000.0 * r.inflate.poll_median_s,
-        ratio: true,
-        decimals: 0,
-    },
-    Metric {
-        label: "agent round trip, deflating (ms)",
-        key: "agent_deflating_ms",
-        value: |r| 1000.0 * r.deflate.poll_median_s,
         ratio: true,
         decimals: 0,
     },
@@ -744,14 +791,19 @@ fn report(
             }
         ));
     }
-    println!("Tidal: hypervisor on QEMU virt (GICv2, 4 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2;");
-    println!("QEMU: the same kernel and initramfs on `-M virt -smp {VCPUS} -m {GUEST_MIB}M` with virtio-balloon-device.");
-    println!("Timed from the request (Tidal shell `balloon linux 256M`/`0`; QEMU monitor `balloon 256`/`512`)");
-    println!("to the agent's vmstat answer showing all {PAGES} pages; the resolution is one poll round trip.");
-    println!("Tidal's time includes switching the console to the guest (`console linux`) after the request.");
-    println!("[1] Not like for like, so no ratio: Tidal's is the hypervisor's own report (target set to driver");
-    println!("    reporting it reached); QEMU's is when `info balloon`, asked after each vmstat poll, first");
-    println!("    showed the target.");
+    for line in [
+        "Tidal: the hypervisor on QEMU virt (GICv2, 4 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2.",
+        "QEMU: the same kernel and initramfs on `-M virt -cpu cortex-a72 -smp 2 -m 512M`, virtio-balloon-device.",
+        "Boot: from spawning QEMU to `tidal-guest: ready` on the console. Inflate/deflate: from sending the",
+        "request (Tidal shell `balloon linux 256M`/`0`, QEMU monitor `balloon 256`/`512`) to the end of a",
+        "guest watcher, started through the agent before, that reads /proc/vmstat every 10 ms until",
+        "balloon_inflate/_deflate has grown by all 65536 pages. Agent round trip: `grep ^balloon_ /proc/vmstat`",
+        "through the agent on the idle guest, from typing the request to its `done` line.",
+        "[1] Tidal: the hypervisor's own report (its counter, from setting the target to the driver reporting",
+        "    it reached); QEMU: from the request until `info balloon`, polled every 5 ms, shows the target.",
+    ] {
+        println!("{line}");
+    }
 
     let json_runs: Vec<String> = runs
         .iter()
@@ -790,8 +842,8 @@ fn spread_json(s: &Spread) -> String {
 
 fn move_json(m: &Move) -> String {
     format!(
-        "{{\"guest_s\": {:.4}, \"device_s\": {:.4}, \"polls\": {}, \"poll_median_s\": {:.4}}}",
-        m.guest_s, m.device_s, m.polls, m.poll_median_s
+        "{{\"guest_s\": {:.4}, \"device_s\": {:.4}}}",
+        m.guest_s, m.device_s
     )
 }
 
