@@ -16,7 +16,7 @@
 //!   guest, started through the agent beforehand, reports that
 //!   `balloon_inflate` (`_deflate`) in /proc/vmstat has grown by all 65536
 //!   pages;
-//! - the agent's round trip on the idle guest (`grep ^balloon_ /proc/vmstat`),
+//! - the agent's round trip on the idle guest (`grep ^ball /proc/vmstat`),
 //!   which is why the watcher runs in the guest rather than being polled
 //!   from here.
 //!
@@ -56,11 +56,19 @@ const COMMAND: Duration = Duration::from_secs(30);
 /// Whole-session limit: QEMU is killed after this whatever happens.
 const SESSION: Duration = Duration::from_secs(900);
 
-/// How long the in-guest watcher sleeps between reads of /proc/vmstat.
-const WATCH_INTERVAL_US: u32 = 10_000;
 /// Agent requests timed on the idle guest before the first move.
 const IDLE_POLLS: usize = 3;
-const VMSTAT: &str = "grep ^balloon_ /proc/vmstat";
+const VMSTAT: &str = "grep ^ball /proc/vmstat";
+/// The longest line (with its `\r`) typed to the agent. Tidal's PL011
+/// receive FIFO holds 32 bytes and a byte typed while it is full is dropped
+/// if the guest does not read within a second, which happens on a busy host;
+/// a line that fits is never cut, as the previous one was read (echoed).
+const MAX_INPUT_LINE: usize = 32;
+/// The watcher, written to [`WATCHER_PATH`] in the guest at boot; run as
+/// `sh /w inflate|deflate <count>`, it returns once that /proc/vmstat
+/// counter reads `<count>`, polling every 10 ms.
+const WATCHER: &str = "echo watching;until grep -q \"_$1 $2$\" /proc/vmstat;do usleep 10000;done;grep ^ball /proc/vmstat";
+const WATCHER_PATH: &str = "/w";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
@@ -94,7 +102,7 @@ impl Direction {
 
 /// One balloon move, as seen from the host.
 struct Move {
-    /// From the request until the vmstat answer that showed every page.
+    /// From the request until the guest's watcher saw every page moved.
     guest_s: f64,
     /// Tidal: the hypervisor's reported time; QEMU: the first `info balloon`
     /// showing the target, measured from the request.
@@ -321,10 +329,17 @@ impl Guest {
         let id = self.next_id;
         self.next_id += 1;
         let request = crate::linux::agent_request(id, command)?;
+        let request = request.trim_end();
+        if request.len() + 1 > MAX_INPUT_LINE {
+            return Err(format!(
+                "agent request {request:?} is longer than {MAX_INPUT_LINE} bytes"
+            ));
+        }
         let sent = Instant::now();
-        self.session.send_line(&request).map_err(harness)?;
+        self.session.send_line(request).map_err(harness)?;
         let echo = format!(r"{}run {id} [^\n]*\n", self.prefix());
-        self.session.expect(&echo, COMMAND).map_err(harness)?;
+        // STEP: under Tidal the echo of a long line can take seconds.
+        self.session.expect(&echo, STEP).map_err(harness)?;
         Ok((id, sent))
     }
 
@@ -372,8 +387,34 @@ impl Guest {
         ))
     }
 
+    /// Writes `content` to `path` in the guest through the agent, in pieces
+    /// short enough for [`MAX_INPUT_LINE`], and checks it (console: guest's).
+    fn write_file(&mut self, path: &str, content: &str) -> Result<(), String> {
+        if content.contains(['\'', '\n', '\r']) {
+            return Err(format!("cannot type {content:?}"));
+        }
+        let mut rest = content;
+        let mut redirect = ">";
+        while !rest.is_empty() {
+            let overhead = format!("run {} echo -n ''>>{path}\r", self.next_id).len();
+            let room = MAX_INPUT_LINE.saturating_sub(overhead).max(1);
+            let (piece, tail) = rest.split_at(room.min(rest.len()));
+            self.agent(&format!("echo -n '{piece}'{redirect}{path}"))?;
+            redirect = ">>";
+            rest = tail;
+        }
+        let (lines, _, _) = self.agent(&format!("cat {path}"))?;
+        if lines.concat() != content {
+            return Err(format!(
+                "{}: {path} in the guest reads {lines:?}, not {content:?}",
+                self.side.name()
+            ));
+        }
+        Ok(())
+    }
+
     /// Sets the balloon to `balloon_mib` (0: empty); returns when the
-    /// request was sent. Tidal's console is left with the guest.
+    /// request was sent. Tidal: from the shell, left there.
     fn request(&mut self, balloon_mib: u64) -> Result<Instant, String> {
         match self.side {
             Side::Tidal => {
@@ -426,15 +467,11 @@ impl Guest {
         let side = self.side.name();
         let counter = direction.counter();
         let target = before.get(direction) + PAGES;
-        let watcher = format!(
-            "echo watching; while :; do set -- $(grep '^{counter} ' /proc/vmstat); \
-             [ \"$2\" -ge {target} ] && break; usleep {WATCH_INTERVAL_US}; done; \
-             grep ^balloon_ /proc/vmstat"
-        );
+        let word = counter.trim_start_matches("balloon_");
         self.enter_console()?;
-        let (id, _) = self.send_request(&watcher)?;
+        let (id, _) = self.send_request(&format!("sh {WATCHER_PATH} {word} {target}"))?;
         let watching = format!(r"(?m)^{}watching\r?$", self.prefix());
-        self.session.expect(&watching, COMMAND).map_err(harness)?;
+        self.session.expect(&watching, STEP).map_err(harness)?;
         self.leave_console()?;
 
         let sent = self.request(balloon_mib)?;
@@ -464,7 +501,7 @@ impl Guest {
         })?;
         let (lines, arrived) = done;
         let now = parse_counters(side, &lines)?;
-        let moved = now.get(direction) - before.get(direction);
+        let moved = now.get(direction).saturating_sub(before.get(direction));
         if moved != PAGES {
             return Err(format!(
                 "{side}: {counter} grew by {moved} pages, not {PAGES}"
@@ -492,7 +529,7 @@ impl Guest {
             Direction::Deflate => (0, "deflated"),
         };
         let line = format!("[{VM}] balloon: reached {to} pages: {PAGES} pages {verb} in ");
-        // It may have come in the middle of a poll's output already.
+        // It may have come before the watcher's `done` line, already matched.
         let output = self.session.output();
         let micros = match output.find(&line) {
             Some(at) => output[at + line.len()..]
@@ -571,6 +608,7 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
         start = Some(counters);
     }
     let start = start.expect("IDLE_POLLS > 0");
+    guest.write_file(WATCHER_PATH, WATCHER)?;
     guest.leave_console()?;
     let (inflate, after) = guest.balloon(Direction::Inflate, BALLOON_MIB, start)?;
     let (deflate, _) = guest.balloon(Direction::Deflate, 0, after)?;
@@ -702,14 +740,14 @@ const METRICS: [Metric; 6] = [
         decimals: 2,
     },
     Metric {
-        label: "inflate 256 MiB, guest vmstat (s)",
+        label: "inflate 256 MiB, guest watcher (s)",
         key: "inflate_s",
         value: |r| r.inflate.guest_s,
         ratio: true,
         decimals: 2,
     },
     Metric {
-        label: "deflate 256 MiB, guest vmstat (s)",
+        label: "deflate 256 MiB, guest watcher (s)",
         key: "deflate_s",
         value: |r| r.deflate.guest_s,
         ratio: true,
@@ -797,7 +835,7 @@ fn report(
         "Boot: from spawning QEMU to `tidal-guest: ready` on the console. Inflate/deflate: from sending the",
         "request (Tidal shell `balloon linux 256M`/`0`, QEMU monitor `balloon 256`/`512`) to the end of a",
         "guest watcher, started through the agent before, that reads /proc/vmstat every 10 ms until",
-        "balloon_inflate/_deflate has grown by all 65536 pages. Agent round trip: `grep ^balloon_ /proc/vmstat`",
+        "balloon_inflate/_deflate has grown by all 65536 pages. Agent round trip: `grep ^ball /proc/vmstat`",
         "through the agent on the idle guest, from typing the request to its `done` line.",
         "[1] Tidal: the hypervisor's own report (its counter, from setting the target to the driver reporting",
         "    it reached); QEMU: from the request until `info balloon`, polled every 5 ms, shows the target.",
