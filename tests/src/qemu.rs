@@ -227,6 +227,15 @@ pub fn qemu_command_line(board: Board, artifacts: &Artifacts, opts: &QemuOptions
         .join(" ")
 }
 
+/// Any command rendered for a shell, as [`qemu_command_line`] does.
+pub(crate) fn render_command(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| shell_quote(&a.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn shell_quote(arg: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_=,.:/+@%".contains(c);
     if !arg.is_empty() && arg.chars().all(plain) {

@@ -6,7 +6,7 @@ use std::fmt;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use regex::bytes::Regex;
 
 use crate::console::{crash_image_offset, PROMPT};
-use crate::qemu::{log_dir, qemu_command, qemu_command_line, Artifacts, Board, QemuOptions, QEMU};
+use crate::qemu::{
+    log_dir, qemu_command, qemu_command_line, render_command, Artifacts, Board, QemuOptions,
+};
 use crate::symbols::symbolize;
 
 /// QEMU is killed this long after it started unless [`Session::set_deadline`]
@@ -85,7 +87,17 @@ impl std::error::Error for HarnessError {}
 #[derive(Default)]
 struct Captured {
     bytes: Vec<u8>,
+    /// For each chunk read or noted: the length of `bytes` after it, and
+    /// when it arrived (for [`Session::matched_at`]).
+    arrivals: Vec<(usize, Instant)>,
     open_streams: usize,
+}
+
+impl Captured {
+    fn append(&mut self, chunk: &[u8]) {
+        append_as_terminal(&mut self.bytes, chunk);
+        self.arrivals.push((self.bytes.len(), Instant::now()));
+    }
 }
 
 struct Shared {
@@ -106,7 +118,7 @@ impl Shared {
     /// Appends a harness note to the buffer and the log.
     fn note(&self, text: &str) {
         let line = format!("\n[harness] {text}\n");
-        self.captured().bytes.extend_from_slice(line.as_bytes());
+        self.captured().append(line.as_bytes());
         let _ = self.log.lock().map(|mut f| f.write_all(line.as_bytes()));
         self.grew.notify_all();
     }
@@ -152,6 +164,33 @@ impl Session {
             }
         }
 
+        let command_line = qemu_command_line(board, artifacts, opts);
+        Self::spawn(
+            name,
+            qemu_command(board, artifacts, opts),
+            &command_line,
+            &artifacts.elf,
+        )
+    }
+
+    /// Starts `command` (any QEMU command line, e.g. a guest run directly
+    /// under QEMU without the hypervisor) as a session like [`Session::start`]
+    /// does; its stdio is set here. `elf` symbolizes hypervisor crash dumps.
+    pub fn start_command(
+        name: &str,
+        command: Command,
+        elf: &Path,
+    ) -> Result<Session, HarnessError> {
+        let command_line = render_command(&command);
+        Self::spawn(name, command, &command_line, elf)
+    }
+
+    fn spawn(
+        name: &str,
+        mut command: Command,
+        command_line: &str,
+        elf: &Path,
+    ) -> Result<Session, HarnessError> {
         let log_path = log_dir().join(format!("{name}.log"));
         let mut log = File::create(&log_path).map_err(|e| {
             HarnessError::new(
@@ -159,9 +198,11 @@ impl Session {
                 format!("cannot create {}: {e}", log_path.display()),
             )
         })?;
-        let _ = writeln!(log, "$ {}", qemu_command_line(board, artifacts, opts));
+        let _ = writeln!(log, "$ {command_line}");
 
-        let mut child = qemu_command(board, artifacts, opts)
+        let program = command.get_program().to_string_lossy().into_owned();
+        let started = Instant::now();
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -172,7 +213,10 @@ impl Session {
                 } else {
                     ""
                 };
-                HarnessError::new(ErrorKind::Setup, format!("cannot start {QEMU}: {e}{hint}"))
+                HarnessError::new(
+                    ErrorKind::Setup,
+                    format!("cannot start {program}: {e}{hint}"),
+                )
             })?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped stdout");
@@ -181,12 +225,13 @@ impl Session {
         let shared = Arc::new(Shared {
             captured: Mutex::new(Captured {
                 bytes: Vec::new(),
+                arrivals: Vec::new(),
                 open_streams: 2,
             }),
             grew: Condvar::new(),
             child: Mutex::new(child),
-            started: Instant::now(),
-            deadline: Mutex::new(Instant::now() + DEFAULT_DEADLINE),
+            started,
+            deadline: Mutex::new(started + DEFAULT_DEADLINE),
             log: Mutex::new(log),
             dropped: Mutex::new(false),
         });
@@ -197,13 +242,32 @@ impl Session {
         ];
         Ok(Session {
             name: name.to_string(),
-            elf: artifacts.elf.clone(),
+            elf: elf.to_path_buf(),
             log_path,
             shared,
             stdin,
             cursor: 0,
             threads,
         })
+    }
+
+    /// When QEMU was started (just before the process was spawned).
+    pub fn started(&self) -> Instant {
+        self.shared.started
+    }
+
+    /// When the output that completed the latest match arrived from QEMU:
+    /// unlike the time `expect` returns, this does not include the wait for
+    /// the console to settle or the matching itself. `None` before any match.
+    pub fn matched_at(&self) -> Option<Instant> {
+        if self.cursor == 0 {
+            return None;
+        }
+        let captured = self.shared.captured();
+        let i = captured
+            .arrivals
+            .partition_point(|&(end, _)| end < self.cursor);
+        captured.arrivals.get(i).map(|&(_, at)| at)
     }
 
     pub fn name(&self) -> &str {
@@ -433,7 +497,7 @@ fn spawn_reader(mut pipe: impl Read + Send + 'static, shared: Arc<Shared>) -> Jo
             match pipe.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    append_as_terminal(&mut shared.captured().bytes, &buf[..n]);
+                    shared.captured().append(&buf[..n]);
                     let _ = shared.log.lock().map(|mut f| f.write_all(&buf[..n]));
                     shared.grew.notify_all();
                 }

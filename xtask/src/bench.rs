@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: balloon throughput and cost, measured by the
 //! hypervisor itself under QEMU with `-icount shift=0` (guest time follows
-//! the instruction count, so figures repeat run to run).
+//! the instruction count, so figures repeat run to run); then [`linux`]: a
+//! Linux guest ballooned under Tidal and directly under QEMU, side by side.
 //!
 //! One bare-metal test guest (guests/tests/bench.toml, 256 MiB) is ballooned
 //! by 128 MiB and back, three rounds. For each move the hypervisor prints the
@@ -15,6 +16,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness::{target_dir, Artifacts, Board, QemuOptions, Session};
+
+mod linux;
 
 const ROUNDS: usize = 3;
 const SIZE_MIB: u64 = 128;
@@ -31,7 +34,13 @@ struct Move {
     wall: Duration,
 }
 
+/// The bare-metal bench, then the Linux comparison.
 pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    bare_metal(root, artifacts)?;
+    linux::run(root, artifacts)
+}
+
+fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     let board = Board::VirtGicv2;
     let mut opts = QemuOptions::for_board(board, artifacts);
     opts.initrd = Some(target_dir().join("bundles").join("bench.img"));

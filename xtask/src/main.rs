@@ -52,7 +52,9 @@ fn print_help() {
   run [--board B]    build, then boot in QEMU with the console on this terminal
                      (B: virt-gicv2 (default), virt-gicv3, raspi4b; Ctrl-A X quits QEMU)
   test               run every test, host and QEMU; ends with 'N passed, M failed'
-  bench              balloon benchmark under QEMU -icount: table, and target/bench/balloon.json"
+  bench              balloon benchmarks: a bare-metal guest under QEMU -icount (table, and
+                     target/bench/balloon.json), then Linux under Tidal vs. directly under
+                     QEMU, side by side (table, and target/bench/linux.json)"
     );
 }
 

@@ -1,0 +1,916 @@
+//! The Linux half of `cargo xtask bench`: one unmodified Debian arm64 guest
+//! (the fixture kernel and busybox initramfs, 512 MiB, 2 vCPUs) ballooned by
+//! 256 MiB and back under Tidal, and the same kernel and initramfs directly
+//! under QEMU with QEMU's own virtio-balloon-device, for comparison.
+//!
+//! Both sides are wall time (no -icount: Linux under icount is very slow) on
+//! a shared machine, so each round boots Tidal then QEMU (alternating, so
+//! load changes hit both), and the table gives median, min and max per side
+//! and the ratio of medians. Every figure is measured the same way on both
+//! sides through the harness's [`Session`]:
+//! - boot: from spawning QEMU until `tidal-guest: ready` arrives on the
+//!   console;
+//! - inflate/deflate: from sending the request (Tidal's shell `balloon linux
+//!   256M` / `balloon linux 0`, QEMU's monitor `balloon 256` / `balloon 512`,
+//!   whose argument is the RAM left to the guest) until a watcher in the
+//!   guest, started through the agent beforehand, reports that
+//!   `balloon_inflate` (`_deflate`) in /proc/vmstat has grown by all 65536
+//!   pages;
+//! - the agent's round trip on the idle guest (`grep ^ball /proc/vmstat`),
+//!   which is why the watcher runs in the guest rather than being polled
+//!   from here.
+//!
+//! Besides, each side's device view: the hypervisor's own `balloon: reached`
+//! report (its counter, from setting the target to the driver reporting it
+//! reached) and the first QEMU `info balloon` showing the target (polled
+//! every 5 ms during the move).
+//!
+//! Results: a table on stdout and target/bench/linux.json.
+
+use std::io::{ErrorKind as IoErrorKind, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+
+use crate::linux::{build_initramfs, memtool_path, CMDLINE, READY};
+
+const ROUNDS: usize = 3;
+const GUEST_MIB: u64 = 512;
+const VCPUS: u32 = 2;
+const BALLOON_MIB: u64 = 256;
+const PAGE_SIZE: u64 = 4096;
+const PAGES: u64 = (BALLOON_MIB << 20) / PAGE_SIZE;
+/// The bundle the Tidal side boots, and the configuration it was built from
+/// (checked against the constants above so the two sides stay alike).
+const BUNDLE: &str = "linux.img";
+const CONFIG: &str = "guests/tests/linux.toml";
+const VM: &str = "linux";
+
+const BOOT: Duration = Duration::from_secs(240);
+const STEP: Duration = Duration::from_secs(120);
+const COMMAND: Duration = Duration::from_secs(30);
+/// Whole-session limit: QEMU is killed after this whatever happens.
+const SESSION: Duration = Duration::from_secs(900);
+
+/// Agent requests timed on the idle guest before the first move.
+const IDLE_POLLS: usize = 3;
+const VMSTAT: &str = "grep ^ball /proc/vmstat";
+/// The longest line (with its `\r`) typed to the agent. Tidal's PL011
+/// receive FIFO holds 32 bytes and a byte typed while it is full is dropped
+/// if the guest does not read within a second, which happens on a busy host;
+/// a line that fits is never cut, as the previous one was read (echoed).
+const MAX_INPUT_LINE: usize = 32;
+/// The watcher, written to [`WATCHER_PATH`] in the guest at boot; run as
+/// `sh /w inflate|deflate <count>`, it returns once that /proc/vmstat
+/// counter reads `<count>`, polling every 10 ms.
+const WATCHER: &str = "echo watching;until grep -q \"_$1 $2$\" /proc/vmstat;do usleep 10000;done;grep ^ball /proc/vmstat";
+const WATCHER_PATH: &str = "/w";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Tidal,
+    Qemu,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Tidal => "Tidal",
+            Side::Qemu => "QEMU",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Inflate,
+    Deflate,
+}
+
+impl Direction {
+    fn counter(self) -> &'static str {
+        match self {
+            Direction::Inflate => "balloon_inflate",
+            Direction::Deflate => "balloon_deflate",
+        }
+    }
+}
+
+/// One balloon move, as seen from the host.
+struct Move {
+    /// From the request until the guest's watcher saw every page moved.
+    guest_s: f64,
+    /// Tidal: the hypervisor's reported time; QEMU: the first `info balloon`
+    /// showing the target, measured from the request.
+    device_s: f64,
+}
+
+/// One boot of one side.
+struct Run {
+    ready_s: f64,
+    /// Median agent round trip of the vmstat polls before the first move.
+    idle_poll_s: f64,
+    inflate: Move,
+    deflate: Move,
+}
+
+/// QEMU's human monitor on a unix socket (plain QEMU side only).
+struct Monitor {
+    stream: UnixStream,
+    path: PathBuf,
+}
+
+impl Monitor {
+    fn connect(path: &Path, timeout: Duration) -> Result<Monitor, String> {
+        let until = Instant::now() + timeout;
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(stream) => break stream,
+                Err(e) if Instant::now() >= until => {
+                    return Err(format!("QEMU monitor {}: {e}", path.display()))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        stream
+            .set_read_timeout(Some(COMMAND))
+            .map_err(|e| format!("QEMU monitor: {e}"))?;
+        let mut monitor = Monitor {
+            stream,
+            path: path.to_path_buf(),
+        };
+        read_reply(&mut monitor.stream)?;
+        Ok(monitor)
+    }
+
+    fn command(&mut self, command: &str) -> Result<String, String> {
+        hmp(&mut self.stream, command)
+    }
+}
+
+/// Runs `command` on QEMU's human monitor; its output without the echo and
+/// terminal escapes.
+fn hmp(stream: &mut UnixStream, command: &str) -> Result<String, String> {
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .map_err(|e| format!("QEMU monitor `{command}`: {e}"))?;
+    let reply = read_reply(stream)?;
+    Ok(reply.lines().skip(1).collect::<Vec<_>>().join("\n"))
+}
+
+/// Reads up to the monitor's next `(qemu) ` prompt (bounded by the
+/// stream's read timeout).
+fn read_reply(stream: &mut UnixStream) -> Result<String, String> {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !data.ends_with(b"(qemu) ") {
+        match stream.read(&mut buf) {
+            Ok(0) => return Err("QEMU monitor closed".into()),
+            Ok(n) => data.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == IoErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("QEMU monitor: {e}")),
+        }
+    }
+    let text = strip_escapes(&String::from_utf8_lossy(&data)).replace('\r', "");
+    Ok(text.trim_end_matches("(qemu) ").to_string())
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// `text` without ANSI CSI sequences (HMP's line editor echoes with them).
+fn strip_escapes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A booted Linux guest on one side, with its agent listening.
+struct Guest {
+    side: Side,
+    session: Session,
+    monitor: Option<Monitor>,
+    next_id: u32,
+}
+
+fn harness(e: HarnessError) -> String {
+    e.to_string()
+}
+
+impl Guest {
+    fn boot_tidal(artifacts: &Artifacts, round: usize) -> Result<Guest, String> {
+        let board = Board::VirtGicv2;
+        let mut opts = QemuOptions::for_board(board, artifacts);
+        opts.initrd = Some(target_dir().join("bundles").join(BUNDLE));
+        let session = Session::start(
+            &format!("bench-linux-tidal-{round}"),
+            board,
+            artifacts,
+            &opts,
+        )
+        .map_err(harness)?;
+        session.set_deadline(SESSION);
+        Ok(Guest {
+            side: Side::Tidal,
+            session,
+            monitor: None,
+            next_id: 1,
+        })
+    }
+
+    fn boot_qemu(
+        kernel: &Path,
+        initramfs: &Path,
+        elf: &Path,
+        round: usize,
+    ) -> Result<Guest, String> {
+        let socket =
+            std::env::temp_dir().join(format!("tidal-bench-{}-{round}.mon", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        let mut cmd = Command::new(harness::QEMU);
+        cmd.args(["-M", "virt,gic-version=2", "-cpu", "cortex-a72"])
+            .args(["-smp", &VCPUS.to_string(), "-m", &format!("{GUEST_MIB}M")])
+            .arg("-kernel")
+            .arg(kernel)
+            .arg("-initrd")
+            .arg(initramfs)
+            .args(["-append", CMDLINE])
+            // Default features: like Tidal's device it offers no
+            // deflate-on-oom, free page hinting or reporting (QEMU always
+            // adds the stats queue, which stays idle unless polled).
+            .args(["-device", "virtio-balloon-device"])
+            .arg("-monitor")
+            .arg(format!("unix:{},server=on,wait=off", socket.display()))
+            .args(["-serial", "stdio", "-display", "none", "-no-reboot"]);
+        let session = Session::start_command(&format!("bench-linux-qemu-{round}"), cmd, elf)
+            .map_err(harness)?;
+        session.set_deadline(SESSION);
+        let monitor = Monitor::connect(&socket, COMMAND)?;
+        Ok(Guest {
+            side: Side::Qemu,
+            session,
+            monitor: Some(monitor),
+            next_id: 1,
+        })
+    }
+
+    /// How the guest's console lines start on this side's console.
+    fn prefix(&self) -> &'static str {
+        match self.side {
+            Side::Tidal => r"\[linux\] ",
+            Side::Qemu => "",
+        }
+    }
+
+    /// Waits for `tidal-guest: ready` and then for the agent; returns the
+    /// time from QEMU's start to `ready`.
+    fn wait_ready(&mut self) -> Result<Duration, String> {
+        let prefix = self.prefix();
+        // `\s`: the match ends inside the line end, so it is taken at once.
+        self.session
+            .expect(&format!(r"{prefix}{READY}\s"), BOOT)
+            .map_err(harness)?;
+        let ready = self.session.matched_at().expect("just matched") - self.session.started();
+        // Input typed before the agent opens the console is dropped.
+        self.session
+            .expect(&format!(r"{prefix}tidal-guest: agent listening\s"), BOOT)
+            .map_err(harness)?;
+        Ok(ready)
+    }
+
+    /// Tidal: hands the keyboard to the guest's console.
+    fn enter_console(&mut self) -> Result<(), String> {
+        if self.side == Side::Tidal {
+            self.session
+                .send_line(&format!("console {VM}"))
+                .map_err(harness)?;
+            self.session
+                .expect(&format!(r"Connected to {VM}'s console"), COMMAND)
+                .map_err(harness)?;
+        }
+        Ok(())
+    }
+
+    /// Tidal: Ctrl-] back to the shell, up to its prompt.
+    fn leave_console(&mut self) -> Result<(), String> {
+        if self.side == Side::Tidal {
+            self.session.send(&[0x1d]).map_err(harness)?;
+            self.session
+                .expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND)
+                .map_err(harness)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `command` to the agent (the console must be the guest's) and
+    /// waits for the tty's echo of it; returns the request's id and when it
+    /// was sent.
+    fn send_request(&mut self, command: &str) -> Result<(u32, Instant), String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let request = crate::linux::agent_request(id, command)?;
+        let request = request.trim_end();
+        if request.len() + 1 > MAX_INPUT_LINE {
+            return Err(format!(
+                "agent request {request:?} is longer than {MAX_INPUT_LINE} bytes"
+            ));
+        }
+        let sent = Instant::now();
+        self.session.send_line(request).map_err(harness)?;
+        let echo = format!(r"{}run {id} [^\n]*\n", self.prefix());
+        // STEP: under Tidal the echo of a long line can take seconds.
+        self.session.expect(&echo, STEP).map_err(harness)?;
+        Ok((id, sent))
+    }
+
+    /// Waits for request `id`'s `done` line: the output lines before it
+    /// (the prefix taken off), and when the line arrived.
+    fn await_done(&mut self, id: u32, timeout: Duration) -> Result<(Vec<String>, Instant), String> {
+        let prefix = self.prefix();
+        let done = format!(r"(?s)(.*?){prefix}tidal-guest: done {id} rc=(-?\d+)\s");
+        let c = self.session.expect(&done, timeout).map_err(harness)?;
+        let arrived = self.session.matched_at().expect("just matched");
+        if c[2] != "0" {
+            return Err(format!(
+                "{}: agent request {id} failed (rc={}):\n{}",
+                self.side.name(),
+                c[2],
+                c[1]
+            ));
+        }
+        let plain = prefix.replace('\\', "");
+        let lines = c[1]
+            .lines()
+            .map(|l| l.trim_end_matches('\r'))
+            .map(|l| l.strip_prefix(plain.as_str()).unwrap_or(l).to_string())
+            .collect();
+        Ok((lines, arrived))
+    }
+
+    /// Runs `command` through the agent (the console must be the guest's):
+    /// its output lines, and when the request was sent and the `done` line
+    /// arrived.
+    fn agent(&mut self, command: &str) -> Result<(Vec<String>, Instant, Instant), String> {
+        let (id, sent) = self.send_request(command)?;
+        let (lines, arrived) = self.await_done(id, STEP)?;
+        Ok((lines, sent, arrived))
+    }
+
+    /// The guest's balloon counters, from the agent's vmstat answer, and
+    /// when the answer arrived and how long it took.
+    fn vmstat(&mut self) -> Result<(Counters, Instant, Duration), String> {
+        let (lines, sent, arrived) = self.agent(VMSTAT)?;
+        Ok((
+            parse_counters(self.side.name(), &lines)?,
+            arrived,
+            arrived - sent,
+        ))
+    }
+
+    /// Writes `content` to `path` in the guest through the agent, in pieces
+    /// short enough for [`MAX_INPUT_LINE`], and checks it (console: guest's).
+    fn write_file(&mut self, path: &str, content: &str) -> Result<(), String> {
+        if content.contains(['\'', '\n', '\r']) {
+            return Err(format!("cannot type {content:?}"));
+        }
+        let mut rest = content;
+        let mut redirect = ">";
+        while !rest.is_empty() {
+            let overhead = format!("run {} echo -n ''>>{path}\r", self.next_id).len();
+            let room = MAX_INPUT_LINE.saturating_sub(overhead).max(1);
+            let (piece, tail) = rest.split_at(room.min(rest.len()));
+            self.agent(&format!("echo -n '{piece}'{redirect}{path}"))?;
+            redirect = ">>";
+            rest = tail;
+        }
+        let (lines, _, _) = self.agent(&format!("cat {path}"))?;
+        if lines.concat() != content {
+            return Err(format!(
+                "{}: {path} in the guest reads {lines:?}, not {content:?}",
+                self.side.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sets the balloon to `balloon_mib` (0: empty); returns when the
+    /// request was sent. Tidal: from the shell, left there.
+    fn request(&mut self, balloon_mib: u64) -> Result<Instant, String> {
+        match self.side {
+            Side::Tidal => {
+                let sent = Instant::now();
+                self.session
+                    .send_line(&format!("balloon {VM} {balloon_mib}M"))
+                    .map_err(harness)?;
+                let c = self
+                    .session
+                    .expect(
+                        &format!(
+                            r"{VM}: (balloon target (\d+) pages|cannot set the balloon: [^\r\n]*)"
+                        ),
+                        COMMAND,
+                    )
+                    .map_err(harness)?;
+                if c[2].parse::<u64>().ok() != Some((balloon_mib << 20) / PAGE_SIZE) {
+                    return Err(format!("Tidal: `balloon {VM} {balloon_mib}M`: {}", c[1]));
+                }
+                self.session.expect(r"tidal> ", COMMAND).map_err(harness)?;
+                Ok(sent)
+            }
+            Side::Qemu => {
+                let monitor = self.monitor.as_mut().expect("QEMU side has a monitor");
+                let sent = Instant::now();
+                let out = monitor.command(&format!("balloon {}", GUEST_MIB - balloon_mib))?;
+                if !out.trim().is_empty() {
+                    return Err(format!("QEMU monitor `balloon`: {out}"));
+                }
+                Ok(sent)
+            }
+        }
+    }
+
+    /// Moves the balloon to `balloon_mib` and measures it; `before` is the
+    /// guest's counters before, returned updated.
+    ///
+    /// A watcher in the guest, started through the agent before the
+    /// request, polls /proc/vmstat until the counter has grown by every page
+    /// and then ends its request: the time is from sending the request to the
+    /// arrival of that `done` line. (Polling through the agent from here
+    /// would add a console round trip per poll, which under Tidal is
+    /// seconds; see the `agent round trip` row.)
+    fn balloon(
+        &mut self,
+        direction: Direction,
+        balloon_mib: u64,
+        before: Counters,
+    ) -> Result<(Move, Counters), String> {
+        let side = self.side.name();
+        let counter = direction.counter();
+        let target = before.get(direction) + PAGES;
+        let word = counter.trim_start_matches("balloon_");
+        self.enter_console()?;
+        let (id, _) = self.send_request(&format!("sh {WATCHER_PATH} {word} {target}"))?;
+        let watching = format!(r"(?m)^{}watching\r?$", self.prefix());
+        self.session.expect(&watching, STEP).map_err(harness)?;
+        self.leave_console()?;
+
+        let sent = self.request(balloon_mib)?;
+        let stop = AtomicBool::new(false);
+        let (done, device_s) = std::thread::scope(|scope| {
+            // QEMU's view of the move: `info balloon` polled meanwhile.
+            let poller = self
+                .monitor
+                .as_ref()
+                .map(|m| m.stream.try_clone())
+                .transpose()
+                .map_err(|e| format!("QEMU monitor: {e}"))?
+                .map(|stream| {
+                    let stop = &stop;
+                    let actual = format!("actual={}", GUEST_MIB - balloon_mib);
+                    scope.spawn(move || watch_actual(stream, &actual, sent, stop))
+                });
+            let done = self.await_done(id, STEP);
+            stop.store(true, Ordering::Relaxed);
+            let device_s = match poller {
+                Some(p) => p
+                    .join()
+                    .map_err(|_| "info balloon poller panicked".to_string())??,
+                None => None,
+            };
+            Ok::<_, String>((done?, device_s))
+        })?;
+        let (lines, arrived) = done;
+        let now = parse_counters(side, &lines)?;
+        let moved = now.get(direction).saturating_sub(before.get(direction));
+        if moved != PAGES {
+            return Err(format!(
+                "{side}: {counter} grew by {moved} pages, not {PAGES}"
+            ));
+        }
+        let device_s = match self.side {
+            Side::Tidal => self.reported_move(direction)?,
+            Side::Qemu => device_s.ok_or_else(|| {
+                format!("{side}: `info balloon` never showed the target during the move")
+            })?,
+        };
+        Ok((
+            Move {
+                guest_s: (arrived - sent).as_secs_f64(),
+                device_s,
+            },
+            now,
+        ))
+    }
+
+    /// Tidal: the hypervisor's `balloon: reached` report of this move, in s.
+    fn reported_move(&mut self, direction: Direction) -> Result<f64, String> {
+        let (to, verb) = match direction {
+            Direction::Inflate => (PAGES, "inflated"),
+            Direction::Deflate => (0, "deflated"),
+        };
+        let line = format!("[{VM}] balloon: reached {to} pages: {PAGES} pages {verb} in ");
+        // It may have come before the watcher's `done` line, already matched.
+        let output = self.session.output();
+        let micros = match output.find(&line) {
+            Some(at) => output[at + line.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect(),
+            None => {
+                let pattern = format!(
+                    r"\[{VM}\] balloon: reached {to} pages: {PAGES} pages {verb} in (\d+) us"
+                );
+                self.session.expect(&pattern, STEP).map_err(harness)?[1].clone()
+            }
+        };
+        micros
+            .parse::<u64>()
+            .map(|us| us as f64 / 1e6)
+            .map_err(|e| format!("bad time '{micros}': {e}"))
+    }
+}
+
+/// The balloon counters in /proc/vmstat lines.
+fn parse_counters(side: &str, lines: &[String]) -> Result<Counters, String> {
+    let value = |key: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok())
+            .ok_or_else(|| format!("{side}: no {key} in {lines:?}"))
+    };
+    Ok(Counters {
+        inflate: value("balloon_inflate")?,
+        deflate: value("balloon_deflate")?,
+    })
+}
+
+/// Polls QEMU's `info balloon` until it shows `actual` (e.g. `actual=256`)
+/// or `stop` is set: the time from `sent` when it first did.
+fn watch_actual(
+    mut stream: UnixStream,
+    actual: &str,
+    sent: Instant,
+    stop: &AtomicBool,
+) -> Result<Option<f64>, String> {
+    while !stop.load(Ordering::Relaxed) && sent.elapsed() < STEP {
+        if hmp(&mut stream, "info balloon")?.contains(actual) {
+            return Ok(Some(sent.elapsed().as_secs_f64()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(None)
+}
+
+#[derive(Clone, Copy)]
+struct Counters {
+    inflate: u64,
+    deflate: u64,
+}
+
+impl Counters {
+    fn get(self, direction: Direction) -> u64 {
+        match direction {
+            Direction::Inflate => self.inflate,
+            Direction::Deflate => self.deflate,
+        }
+    }
+}
+
+/// Boots one side, inflates and deflates once, and stops it.
+fn run_once(mut guest: Guest) -> Result<Run, String> {
+    let ready = guest.wait_ready()?;
+    guest.enter_console()?;
+    let mut round_trips = Vec::new();
+    let mut start = None;
+    for _ in 0..IDLE_POLLS {
+        let (counters, _, took) = guest.vmstat()?;
+        round_trips.push(took.as_secs_f64());
+        start = Some(counters);
+    }
+    let start = start.expect("IDLE_POLLS > 0");
+    guest.write_file(WATCHER_PATH, WATCHER)?;
+    guest.leave_console()?;
+    let (inflate, after) = guest.balloon(Direction::Inflate, BALLOON_MIB, start)?;
+    let (deflate, _) = guest.balloon(Direction::Deflate, 0, after)?;
+    // Dropping the session kills QEMU: nothing in the guest needs saving.
+    Ok(Run {
+        ready_s: ready.as_secs_f64(),
+        idle_poll_s: median(&round_trips),
+        inflate,
+        deflate,
+    })
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Median, min and max.
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn spread(values: &[f64]) -> Spread {
+    Spread {
+        median: median(values),
+        min: values.iter().copied().fold(f64::INFINITY, f64::min),
+        max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+/// The Tidal bundle must hold the guest the QEMU side runs: same RAM, vCPU
+/// count, command line and fixture files.
+fn check_config(root: &Path, kernel: &Path, initramfs: &Path) -> Result<(), String> {
+    let path = root.join(CONFIG);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let vm = table
+        .get("vm")
+        .and_then(|v| v.as_array())
+        .and_then(|vms| vms.first())
+        .ok_or_else(|| format!("{}: no [[vm]]", path.display()))?;
+    let field = |key: &str| match vm.get(key) {
+        Some(toml::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let expected = [
+        ("name", VM.to_string()),
+        ("ram", format!("{GUEST_MIB}M")),
+        ("vcpus", VCPUS.to_string()),
+        ("cmdline", CMDLINE.to_string()),
+    ];
+    for (key, want) in expected {
+        if field(key) != want {
+            return Err(format!(
+                "{}: {key} = {} but the QEMU side runs {want}",
+                path.display(),
+                field(key)
+            ));
+        }
+    }
+    for (key, file) in [("kernel", kernel), ("initrd", initramfs)] {
+        let named = vm.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+        if root.join(named) != file {
+            return Err(format!(
+                "{}: {key} = {named:?}, not {}",
+                path.display(),
+                file.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    let fixture = build_initramfs(root, &memtool_path(root))?;
+    check_config(root, &fixture.kernel, &fixture.initramfs)?;
+    let mut runs: Vec<(Side, usize, Run)> = Vec::new();
+    for round in 1..=ROUNDS {
+        for side in [Side::Tidal, Side::Qemu] {
+            eprintln!("bench: Linux round {round}/{ROUNDS}: {} ...", side.name());
+            let guest = match side {
+                Side::Tidal => Guest::boot_tidal(artifacts, round)?,
+                Side::Qemu => {
+                    Guest::boot_qemu(&fixture.kernel, &fixture.initramfs, &artifacts.elf, round)?
+                }
+            };
+            let run = run_once(guest)
+                .map_err(|e| format!("Linux balloon bench, round {round}, {}: {e}", side.name()))?;
+            eprintln!(
+                "bench: {}: ready {:.2} s, inflate {:.2} s, deflate {:.2} s",
+                side.name(),
+                run.ready_s,
+                run.inflate.guest_s,
+                run.deflate.guest_s
+            );
+            runs.push((side, round, run));
+        }
+    }
+    report(root, &fixture, &runs)
+}
+
+/// A table row: label, JSON key, value, whether a ratio is meaningful, and
+/// the decimals shown.
+struct Metric {
+    label: &'static str,
+    key: &'static str,
+    value: fn(&Run) -> f64,
+    ratio: bool,
+    decimals: usize,
+}
+
+const METRICS: [Metric; 6] = [
+    Metric {
+        label: "boot to `tidal-guest: ready` (s)",
+        key: "ready_s",
+        value: |r| r.ready_s,
+        ratio: true,
+        decimals: 2,
+    },
+    Metric {
+        label: "inflate 256 MiB, guest watcher (s)",
+        key: "inflate_s",
+        value: |r| r.inflate.guest_s,
+        ratio: true,
+        decimals: 2,
+    },
+    Metric {
+        label: "deflate 256 MiB, guest watcher (s)",
+        key: "deflate_s",
+        value: |r| r.deflate.guest_s,
+        ratio: true,
+        decimals: 2,
+    },
+    Metric {
+        label: "inflate, device's view (s) [1]",
+        key: "inflate_device_s",
+        value: |r| r.inflate.device_s,
+        ratio: true,
+        decimals: 2,
+    },
+    Metric {
+        label: "deflate, device's view (s) [1]",
+        key: "deflate_device_s",
+        value: |r| r.deflate.device_s,
+        ratio: true,
+        decimals: 2,
+    },
+    Metric {
+        label: "agent round trip, idle (ms)",
+        key: "agent_idle_ms",
+        value: |r| 1000.0 * r.idle_poll_s,
+        ratio: true,
+        decimals: 0,
+    },
+];
+
+fn report(
+    root: &Path,
+    fixture: &crate::linux::LinuxFixture,
+    runs: &[(Side, usize, Run)],
+) -> Result<(), String> {
+    let values = |side: Side, metric: &Metric| -> Vec<f64> {
+        runs.iter()
+            .filter(|(s, _, _)| *s == side)
+            .map(|(_, _, r)| (metric.value)(r))
+            .collect()
+    };
+    let cell = |s: &Spread, d: usize| format!("{:.d$} [{:.d$}-{:.d$}]", s.median, s.min, s.max);
+
+    println!();
+    println!(
+        "Balloon, Linux {} guest, {GUEST_MIB} MiB, {VCPUS} vCPUs, {BALLOON_MIB} MiB ({PAGES} pages) in and out;",
+        fixture.kernel_release
+    );
+    println!(
+        "wall time, no -icount, {ROUNDS} rounds alternating Tidal and plain QEMU; median [min-max]"
+    );
+    println!(
+        "{:<36} {:>24} {:>24} {:>11}",
+        "metric", "Tidal", "QEMU", "Tidal/QEMU"
+    );
+    let mut summary = Vec::new();
+    for metric in &METRICS {
+        let tidal = spread(&values(Side::Tidal, metric));
+        let qemu = spread(&values(Side::Qemu, metric));
+        let ratio = tidal.median / qemu.median;
+        println!(
+            "{:<36} {:>24} {:>24} {:>11}",
+            metric.label,
+            cell(&tidal, metric.decimals),
+            cell(&qemu, metric.decimals),
+            if metric.ratio {
+                format!("{ratio:.2}")
+            } else {
+                "-".into()
+            }
+        );
+        summary.push(format!(
+            "    \"{}\": {{\"tidal\": {}, \"qemu\": {}, \"ratio_of_medians\": {}}}",
+            metric.key,
+            spread_json(&tidal),
+            spread_json(&qemu),
+            if metric.ratio {
+                format!("{ratio:.3}")
+            } else {
+                "null".into()
+            }
+        ));
+    }
+    for line in [
+        "Tidal: the hypervisor on QEMU virt (GICv2, 4 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2.",
+        "QEMU: the same kernel and initramfs on `-M virt -cpu cortex-a72 -smp 2 -m 512M`, virtio-balloon-device.",
+        "Boot: from spawning QEMU to `tidal-guest: ready` on the console. Inflate/deflate: from sending the",
+        "request (Tidal shell `balloon linux 256M`/`0`, QEMU monitor `balloon 256`/`512`) to the end of a",
+        "guest watcher, started through the agent before, that reads /proc/vmstat every 10 ms until",
+        "balloon_inflate/_deflate has grown by all 65536 pages. Agent round trip: `grep ^ball /proc/vmstat`",
+        "through the agent on the idle guest, from typing the request to its `done` line.",
+        "[1] Tidal: the hypervisor's own report (its counter, from setting the target to the driver reporting",
+        "    it reached); QEMU: from the request until `info balloon`, polled every 5 ms, shows the target.",
+    ] {
+        println!("{line}");
+    }
+
+    let json_runs: Vec<String> = runs
+        .iter()
+        .map(|(side, round, r)| {
+            format!(
+                "    {{\"side\": \"{}\", \"round\": {round}, \"ready_s\": {:.3}, \"agent_idle_s\": {:.4}, \"inflate\": {}, \"deflate\": {}}}",
+                side.name(),
+                r.ready_s,
+                r.idle_poll_s,
+                move_json(&r.inflate),
+                move_json(&r.deflate)
+            )
+        })
+        .collect();
+    let dir = root.join("target").join("bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join("linux.json");
+    let text = format!(
+        "{{\n  \"benchmark\": \"balloon-linux\",\n  \"kernel\": \"{}\",\n  \"busybox\": \"{}\",\n  \"guest_mib\": {GUEST_MIB},\n  \"vcpus\": {VCPUS},\n  \"balloon_mib\": {BALLOON_MIB},\n  \"pages\": {PAGES},\n  \"rounds\": {ROUNDS},\n  \"icount\": false,\n  \"summary\": {{\n{}\n  }},\n  \"runs\": [\n{}\n  ]\n}}\n",
+        fixture.kernel_release,
+        fixture.busybox_version,
+        summary.join(",\n"),
+        json_runs.join(",\n")
+    );
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("written to {}", path.display());
+    Ok(())
+}
+
+fn spread_json(s: &Spread) -> String {
+    format!(
+        "{{\"median\": {:.4}, \"min\": {:.4}, \"max\": {:.4}}}",
+        s.median, s.min, s.max
+    )
+}
+
+fn move_json(m: &Move) -> String {
+    format!(
+        "{{\"guest_s\": {:.4}, \"device_s\": {:.4}}}",
+        m.guest_s, m.device_s
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_spreads() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        let s = spread(&[2.0, 5.0, 1.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 5.0));
+    }
+
+    #[test]
+    fn monitor_echo_escapes_are_stripped() {
+        assert_eq!(
+            strip_escapes("info balloon\x1b[K\x1b[D\r\nballoon: actual=256"),
+            "info balloon\r\nballoon: actual=256"
+        );
+    }
+
+    #[test]
+    fn the_sides_run_the_same_guest() {
+        let root = crate::root();
+        let dir = root.join("target").join("fixtures").join("linux");
+        check_config(&root, &dir.join("Image"), &dir.join("initramfs.cpio")).unwrap();
+        let err = check_config(&root, &dir.join("Image"), Path::new("/other.cpio")).unwrap_err();
+        assert!(err.contains("initrd"), "{err}");
+    }
+}
