@@ -256,6 +256,17 @@ impl PrivateBank {
     }
 }
 
+/// The set bits of `word`, lowest first.
+fn bits(mut word: u32) -> impl Iterator<Item = u32> {
+    core::iter::from_fn(move || {
+        (word != 0).then(|| {
+            let bit = word.trailing_zeros();
+            word &= word - 1;
+            bit
+        })
+    })
+}
+
 /// Which GIC architecture the guest sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VgicVersion {
@@ -280,6 +291,12 @@ pub struct VDistributor {
     irouter: Vec<u64>,
     /// GICv3: GICR_WAKER.ProcessorSleep of each redistributor.
     asleep: Vec<bool>,
+    /// Bit n of word w: INTID 32w + n is pending (latched, line high, or an
+    /// SGI with a source), per vCPU for INTIDs 0..32 and shared for SPIs
+    /// (bit i = INTID 32 + i). Kept by `track`, so that `next_pending`, run
+    /// before every guest entry, looks only at pending interrupts.
+    private_pending: Vec<u32>,
+    spi_pending: Vec<u32>,
     counters: VgicCounters,
 }
 
@@ -309,6 +326,8 @@ impl VDistributor {
             spi: Vec::new(),
             irouter: Vec::new(),
             asleep: Vec::new(),
+            private_pending: Vec::new(),
+            spi_pending: Vec::new(),
             counters: VgicCounters::default(),
         };
         dist.reset();
@@ -333,6 +352,40 @@ impl VDistributor {
         self.irouter.resize(self.spis as usize, 0);
         self.asleep.clear();
         self.asleep.resize(self.vcpus, true);
+        self.private_pending.clear();
+        self.private_pending.resize(self.vcpus, 0);
+        self.spi_pending.clear();
+        self.spi_pending.resize(self.spis.div_ceil(32) as usize, 0);
+    }
+
+    /// Recompute the pending-bitmap bit of `intid` (banked as `bank`).
+    fn refresh_pending(&mut self, bank: usize, intid: u32) {
+        let pending = self.pending_in(bank, intid);
+        let (word, bit) = if intid < SPI_BASE {
+            (self.private_pending.get_mut(bank), intid)
+        } else {
+            let i = intid - SPI_BASE;
+            (self.spi_pending.get_mut((i / 32) as usize), i % 32)
+        };
+        if let Some(word) = word {
+            if pending {
+                *word |= 1 << bit;
+            } else {
+                *word &= !(1 << bit);
+            }
+        }
+    }
+
+    /// The INTIDs pending for `vcpu` (its SGIs and PPIs, and every SPI), in
+    /// ascending order.
+    fn pending_intids(&self, vcpu: usize) -> impl Iterator<Item = u32> + '_ {
+        let private = self.private_pending.get(vcpu).copied().unwrap_or(0);
+        let spis = self
+            .spi_pending
+            .iter()
+            .enumerate()
+            .flat_map(|(w, &word)| bits(word).map(move |b| SPI_BASE + 32 * w as u32 + b));
+        bits(private).chain(spis)
     }
 
     pub fn version(&self) -> VgicVersion {
@@ -475,6 +528,7 @@ impl VDistributor {
     fn track(&mut self, bank: usize, intid: u32, change: impl FnOnce(&mut Self)) -> u32 {
         let before = self.deliverable_mask(bank, intid);
         change(self);
+        self.refresh_pending(bank, intid);
         self.deliverable_mask(bank, intid) & !before
     }
 
@@ -860,7 +914,7 @@ impl VDistributor {
             return None;
         }
         let mut best: Option<(u8, u32)> = None;
-        for intid in 0..self.irq_end() {
+        for intid in self.pending_intids(vcpu) {
             if !self.deliverable_to(vcpu, intid) {
                 continue;
             }
@@ -895,10 +949,12 @@ impl VDistributor {
             if let Some(source) = irq.source_cpu.filter(|&s| s < 8) {
                 self.private[vcpu].sgi_sources[intid as usize] &= !(1 << source);
             }
+            self.refresh_pending(vcpu, intid);
         } else if intid < self.irq_end() {
             if let Some(state) = self.irq_mut(vcpu, intid) {
                 state.latch = false;
             }
+            self.refresh_pending(vcpu, intid);
         }
     }
 

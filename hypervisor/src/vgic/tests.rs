@@ -595,6 +595,11 @@ proptest! {
             prop_assert_eq!(after & !before & !kick, 0, "a vCPU was not kicked");
             prop_assert_eq!(kick & !((1u32 << vcpus) - 1), 0);
             for vcpu in 0..vcpus {
+                prop_assert_eq!(
+                    d.next_pending(vcpu, |_| false),
+                    super::v3_tests::scan(&d, vcpu),
+                    "the pending bitmap agrees with a full scan"
+                );
                 if let Some(irq) = d.next_pending(vcpu, |_| false) {
                     check_deliverable(&mut d, vcpu, &irq);
                     // Skipping it never offers it again.

@@ -213,12 +213,38 @@ fn bad_accesses_are_errors_not_panics() {
     assert!(v2.read_redist(0, 0, GICR_TYPER, 8).is_err());
 }
 
+/// `next_pending` the slow way: every INTID, no bitmap.
+pub(super) fn scan(d: &VDistributor, vcpu: usize) -> Option<PendingIrq> {
+    if vcpu >= d.vcpus() || d.ctlr() == 0 {
+        return None;
+    }
+    let mut best: Option<(u8, u32)> = None;
+    for intid in 0..d.irq_end() {
+        if !d.deliverable_to(vcpu, intid) {
+            continue;
+        }
+        let priority = d.irq(vcpu, intid)?.priority;
+        if best.is_none_or(|(p, _)| priority < p) {
+            best = Some((priority, intid));
+        }
+    }
+    let (priority, intid) = best?;
+    let irq = d.irq(vcpu, intid)?;
+    Some(PendingIrq {
+        intid,
+        priority,
+        source_cpu: (intid < SGI_END).then(|| d.sgi_sources(vcpu, intid).trailing_zeros() as u8),
+        is_level: !irq.edge,
+        group1: irq.group1,
+    })
+}
+
 proptest! {
     /// No guest access sequence panics or leaves the state inconsistent.
     #[test]
     fn random_accesses_never_panic(
         ops in prop::collection::vec(
-            (0u8..5, 0usize..3, 0u64..0x2_1000, prop::sample::select(vec![1u8, 2, 4, 8]), any::<u64>()),
+            (0u8..8, 0usize..3, 0u64..0x2_1000, prop::sample::select(vec![1u8, 2, 4, 8]), any::<u64>()),
             1..200,
         )
     ) {
@@ -229,10 +255,19 @@ proptest! {
                 1 => { let _ = d.write_dist_v3(who, offset & 0xffff, width, value); }
                 2 => { let _ = d.read_redist(who, who, offset, width); }
                 3 => { let _ = d.write_redist(0, who, offset, width, value); }
-                _ => { let _ = d.send_sgi_v3(who, value); }
+                4 => { let _ = d.send_sgi_v3(who, value); }
+                5 => { let _ = d.set_level(32 + (value % 70) as u32, value & 1 << 40 != 0); }
+                6 => { let _ = d.pend_ppi(who, 16 + (value % 16) as u32); }
+                _ => {
+                    if let Some(irq) = d.next_pending(who.min(1), |_| false) {
+                        d.on_listed(who.min(1), &irq);
+                    }
+                }
             }
             for v in 0..2 {
-                if let Some(irq) = d.next_pending(v, |_| false) {
+                let fast = d.next_pending(v, |_| false);
+                prop_assert_eq!(fast, scan(&d, v), "the pending bitmap agrees with a full scan");
+                if let Some(irq) = fast {
                     prop_assert!(irq.intid < d.irq_end());
                 }
             }
