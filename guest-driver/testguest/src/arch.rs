@@ -269,3 +269,36 @@ pub fn dsb() {
     // SAFETY: a barrier only.
     unsafe { asm!("dsb sy", options(nostack, preserves_flags)) };
 }
+
+/// CNTV_CTL_EL0: timer enabled; its interrupt masked.
+const CNTV_ENABLE: u64 = 1 << 0;
+const CNTV_IMASK: u64 = 1 << 1;
+
+/// Arms the virtual timer to fire when the virtual counter reaches `deadline`.
+pub fn virtual_timer_fire_at(deadline: u64) {
+    // SAFETY: the EL1 virtual timer is this guest's own; programming it only
+    // raises its (level) interrupt when the counter passes `deadline`.
+    unsafe {
+        asm!(
+            "msr cntv_cval_el0, {cval}",
+            "msr cntv_ctl_el0, {ctl}",
+            "isb",
+            cval = in(reg) deadline,
+            ctl = in(reg) CNTV_ENABLE,
+            options(nostack, nomem),
+        );
+    }
+}
+
+/// Masks the virtual timer's interrupt (its line drops) until it is armed again.
+pub fn virtual_timer_quiet() {
+    // SAFETY: as in `virtual_timer_fire_at`.
+    unsafe {
+        asm!(
+            "msr cntv_ctl_el0, {ctl}",
+            "isb",
+            ctl = in(reg) CNTV_ENABLE | CNTV_IMASK,
+            options(nostack, nomem),
+        );
+    }
+}

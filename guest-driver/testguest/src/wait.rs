@@ -1,0 +1,114 @@
+//! How the test guest waits for the balloon: sleeping in WFI until the
+//! device's interrupt or the virtual timer (when the device tree has a GIC
+//! this guest can drive), or polling as before (when it has none).
+//!
+//! Interrupts stay masked at the CPU (PSTATE.I): WFI wakes on a pending
+//! interrupt even so, and the guest then takes it by reading the GIC's
+//! acknowledge register, acknowledges the device (the balloon driver reads
+//! and clears InterruptStatus) or quiets the timer, and ends it (EOI).
+
+use crate::arch::{self, counter};
+use crate::board::{Board, Irq};
+use crate::gic::{self, Gic};
+use guest_driver::Wait;
+
+/// Interrupts taken per wake-up at most before going back to the caller.
+const TAKE_PER_WAKE: usize = 8;
+/// The architected virtual timer PPI, if the tree has no timer node.
+const VIRTUAL_TIMER: Irq = Irq {
+    intid: 27,
+    edge: false,
+};
+/// How long a polling wait sleeps between polls of the target.
+const POLL_INTERVAL_US: u64 = 10_000;
+
+/// Sleeping until interrupts.
+pub struct Interrupts {
+    gic: Gic,
+    balloon: u32,
+    timer: u32,
+}
+
+/// How this guest waits.
+pub enum Waiter {
+    Interrupts(Interrupts),
+    Polling,
+}
+
+impl Waiter {
+    /// Sets up the GIC for the balloon's interrupt and the virtual timer's, or
+    /// falls back to polling (and says why). Prints how the guest waits.
+    pub fn new(board: &Board, balloon_slot: Option<(u64, u64)>) -> Waiter {
+        let balloon = balloon_slot.and_then(|(base, _)| board.virtio_irq_of(base));
+        let Some(info) = board.gic else {
+            println!("no GIC in the device tree: polling");
+            return Waiter::Polling;
+        };
+        let Some(balloon) = balloon else {
+            println!("no interrupt for the balloon in the device tree: polling");
+            return Waiter::Polling;
+        };
+        let timer = board.virtual_timer.unwrap_or(VIRTUAL_TIMER);
+        let gic = match Gic::init(info).and_then(|gic| {
+            arch::virtual_timer_quiet();
+            gic.enable(balloon)?;
+            gic.enable(timer)?;
+            Ok(gic)
+        }) {
+            Ok(gic) => gic,
+            Err(e) => {
+                println!("GIC: {e}: polling");
+                return Waiter::Polling;
+            }
+        };
+        println!(
+            "interrupts via {} (virtio INTID {}, {}; virtual timer INTID {})",
+            gic.name(),
+            balloon.intid,
+            if balloon.edge { "edge" } else { "level" },
+            timer.intid
+        );
+        Waiter::Interrupts(Interrupts {
+            gic,
+            balloon: balloon.intid,
+            timer: timer.intid,
+        })
+    }
+
+    /// Waits for something to do, at the latest until the counter reaches
+    /// `deadline`: the balloon's interrupt (through `wait_once`, which
+    /// acknowledges it at the device) or the timer. A polling guest sleeps a
+    /// while instead.
+    pub fn sleep_until(&mut self, deadline: u64, wait_once: impl FnOnce(&mut Self)) {
+        match self {
+            Waiter::Interrupts(_) => {
+                if counter() < deadline {
+                    arch::virtual_timer_fire_at(deadline);
+                    wait_once(self);
+                }
+            }
+            Waiter::Polling => arch::delay_us(POLL_INTERVAL_US),
+        }
+    }
+}
+
+impl Wait for Waiter {
+    fn wait(&mut self, acknowledge: &mut dyn FnMut()) {
+        let Waiter::Interrupts(irq) = self else {
+            core::hint::spin_loop();
+            return;
+        };
+        gic::wait_for_interrupt();
+        for _ in 0..TAKE_PER_WAKE {
+            let Some(acked) = irq.gic.acknowledge() else {
+                break;
+            };
+            if acked.intid == irq.balloon {
+                acknowledge();
+            } else if acked.intid == irq.timer {
+                arch::virtual_timer_quiet();
+            }
+            irq.gic.end(acked);
+        }
+    }
+}
