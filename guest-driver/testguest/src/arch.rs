@@ -270,9 +270,8 @@ pub fn dsb() {
     unsafe { asm!("dsb sy", options(nostack, preserves_flags)) };
 }
 
-/// CNTV_CTL_EL0: timer enabled; its interrupt masked.
+/// CNTV_CTL_EL0.ENABLE (IMASK, bit 1, stays clear).
 const CNTV_ENABLE: u64 = 1 << 0;
-const CNTV_IMASK: u64 = 1 << 1;
 
 /// Arms the virtual timer to fire when the virtual counter reaches `deadline`.
 pub fn virtual_timer_fire_at(deadline: u64) {
@@ -290,15 +289,8 @@ pub fn virtual_timer_fire_at(deadline: u64) {
     }
 }
 
-/// Masks the virtual timer's interrupt (its line drops) until it is armed again.
-pub fn virtual_timer_quiet() {
+/// Turns the virtual timer off (its interrupt line drops) until it is armed again.
+pub fn virtual_timer_off() {
     // SAFETY: as in `virtual_timer_fire_at`.
-    unsafe {
-        asm!(
-            "msr cntv_ctl_el0, {ctl}",
-            "isb",
-            ctl = in(reg) CNTV_ENABLE | CNTV_IMASK,
-            options(nostack, nomem),
-        );
-    }
+    unsafe { asm!("msr cntv_ctl_el0, xzr", "isb", options(nostack, nomem)) };
 }

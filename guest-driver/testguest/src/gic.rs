@@ -20,8 +20,8 @@ const GICD_IPRIORITYR: u64 = 0x400;
 const GICD_ITARGETSR: u64 = 0x800;
 const GICD_ICFGR: u64 = 0xc00;
 const GICD_IROUTER: u64 = 0x6000;
-/// GICv3 GICD_CTLR / GICR_CTLR: register write pending.
-const CTLR_RWP: u32 = 1 << 31;
+/// GICv3 GICD_CTLR: register write pending (CTLR and ICENABLER changes).
+const GICD_CTLR_RWP: u32 = 1 << 31;
 /// GICv3 GICD_CTLR: ARE (ARE_NS in the non-secure view) at bit 4, and the
 /// two group enables (EnableGrp0/EnableGrp1, or EnableGrp1NS/EnableGrp1A):
 /// the value Linux writes, right in either view.
@@ -35,7 +35,6 @@ const GICC_IAR: u64 = 0x0c;
 const GICC_EOIR: u64 = 0x10;
 
 // GICv3 redistributor: RD frame, then the SGI frame 64 KiB on.
-const GICR_CTLR: u64 = 0x0000;
 const GICR_TYPER: u64 = 0x0008;
 const GICR_WAKER: u64 = 0x0014;
 const GICR_SGI_FRAME: u64 = 0x1_0000;
@@ -107,7 +106,7 @@ fn set_trigger(icfgr: u64, n: u32, edge: bool) {
 
 fn wait_rwp(ctlr: u64) -> Result<(), &'static str> {
     for _ in 0..POLL_LIMIT {
-        if read(ctlr) & CTLR_RWP == 0 {
+        if read(ctlr) & GICD_CTLR_RWP == 0 {
             return Ok(());
         }
     }
@@ -232,7 +231,7 @@ impl Gic {
     /// Enables `irq` (an SPI or a PPI) at this CPU with [`PRIORITY`], routed
     /// here, in the group the CPU interface signals, with the trigger the
     /// device tree gives (SPIs only; a PPI's is left as it is).
-    pub fn enable(&self, irq: Irq) -> Result<(), &'static str> {
+    pub fn enable(&self, irq: Irq) {
         let n = irq.intid;
         let spi = n >= 32;
         match *self {
@@ -257,17 +256,15 @@ impl Gic {
                     write(router, affinity as u32 & 0x00ff_ffff);
                     write(router + 4, (affinity >> 24) as u32);
                     set_bit(dist + GICD_ISENABLER, n);
-                    wait_rwp(dist + GICD_CTLR)?;
                 } else {
+                    // The SGI frame has the distributor's layout for INTIDs 0..32.
                     let sgi = rd + GICR_SGI_FRAME;
                     set_bit(sgi + GICD_IGROUPR, n);
                     write_byte(sgi + GICD_IPRIORITYR, n, PRIORITY);
                     set_bit(sgi + GICD_ISENABLER, n);
-                    wait_rwp(rd + GICR_CTLR)?;
                 }
             }
         }
-        Ok(())
     }
 
     /// Acknowledges the highest-priority pending interrupt, or `None` if

@@ -5,7 +5,7 @@
 //! Interrupts stay masked at the CPU (PSTATE.I): WFI wakes on a pending
 //! interrupt even so, and the guest then takes it by reading the GIC's
 //! acknowledge register, acknowledges the device (the balloon driver reads
-//! and clears InterruptStatus) or quiets the timer, and ends it (EOI).
+//! and clears InterruptStatus) or turns the timer off, and ends it (EOI).
 
 use crate::arch::{self, counter};
 use crate::board::{Board, Irq};
@@ -49,18 +49,16 @@ impl Waiter {
             return Waiter::Polling;
         };
         let timer = board.virtual_timer.unwrap_or(VIRTUAL_TIMER);
-        let gic = match Gic::init(info).and_then(|gic| {
-            arch::virtual_timer_quiet();
-            gic.enable(balloon)?;
-            gic.enable(timer)?;
-            Ok(gic)
-        }) {
+        let gic = match Gic::init(info) {
             Ok(gic) => gic,
             Err(e) => {
                 println!("GIC: {e}: polling");
                 return Waiter::Polling;
             }
         };
+        arch::virtual_timer_off();
+        gic.enable(balloon);
+        gic.enable(timer);
         println!(
             "interrupts via {} (virtio INTID {}, {}; virtual timer INTID {})",
             gic.name(),
@@ -106,7 +104,7 @@ impl Wait for Waiter {
             if acked.intid == irq.balloon {
                 acknowledge();
             } else if acked.intid == irq.timer {
-                arch::virtual_timer_quiet();
+                arch::virtual_timer_off();
             }
             irq.gic.end(acked);
         }
