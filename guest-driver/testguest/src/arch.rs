@@ -294,3 +294,12 @@ pub fn virtual_timer_off() {
     // SAFETY: as in `virtual_timer_fire_at`.
     unsafe { asm!("msr cntv_ctl_el0, xzr", "isb", options(nostack, nomem)) };
 }
+
+/// Whether the CPU implements the GICv3 system-register CPU interface
+/// (ID_AA64PFR0_EL1.GIC, bits 27:24, non-zero).
+pub fn cpu_has_gicv3_interface() -> bool {
+    let pfr0: u64;
+    // SAFETY: reading an ID register has no side effects.
+    unsafe { asm!("mrs {}, id_aa64pfr0_el1", out(reg) pfr0, options(nostack, nomem)) };
+    (pfr0 >> 24) & 0xf != 0
+}

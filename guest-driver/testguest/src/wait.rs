@@ -8,7 +8,7 @@
 //! and clears InterruptStatus) or turns the timer off, and ends it (EOI).
 
 use crate::arch::{self, counter};
-use crate::board::{Board, Irq};
+use crate::board::{Board, GicInfo, Irq};
 use crate::gic::{self, Gic};
 use guest_driver::Wait;
 
@@ -44,6 +44,25 @@ impl Waiter {
             println!("no GIC in the device tree: polling");
             return Waiter::Polling;
         };
+        // A tree that names the other GIC than the CPU's is wrong about the
+        // board (Tidal on GICv3 hosts still describes a GICv2 it does not
+        // provide; touching it stops the VM): trust neither, poll.
+        let sysregs = arch::cpu_has_gicv3_interface();
+        match info {
+            GicInfo::V2 { .. } if sysregs => {
+                println!(
+                    "GICv2 in the device tree, but the CPU has a GICv3 interface (ID_AA64PFR0_EL1.GIC): polling"
+                );
+                return Waiter::Polling;
+            }
+            GicInfo::V3 { .. } if !sysregs => {
+                println!(
+                    "GICv3 in the device tree, but the CPU has no GICv3 interface (ID_AA64PFR0_EL1.GIC): polling"
+                );
+                return Waiter::Polling;
+            }
+            _ => {}
+        }
         let Some(balloon) = balloon else {
             println!("no interrupt for the balloon in the device tree: polling");
             return Waiter::Polling;
