@@ -66,6 +66,30 @@
 //! # }
 //! ```
 //!
+//! # Waiting
+//!
+//! After each request the driver must wait until the device has used the
+//! buffer. [`Balloon::poll`] spins on the used ring; [`Balloon::poll_with`]
+//! takes a [`Wait`] instead, and [`Balloon::idle`] waits once for the device
+//! to say something (a config change: a new target). A guest that sleeps
+//! implements [`Wait::wait`] over its interrupt controller, the common
+//! bare-metal way:
+//!
+//! ```text
+//! keep PSTATE.I masked; WFI (it wakes on a pending interrupt even so);
+//! read the interrupt controller's acknowledge register (IAR);
+//! if it names the balloon's interrupt: call `acknowledge` (the driver reads
+//!     the device's InterruptStatus and writes InterruptACK until it reads 0);
+//! write the end-of-interrupt register (EOI); return.
+//! ```
+//!
+//! The driver rechecks the used ring (or the target) after every wait, so a
+//! wait may end for any reason (a timer, a spurious wake-up); a used buffer
+//! that arrived before the wait leaves its interrupt pending at the interrupt
+//! controller and ends the wait at once. Acknowledging until InterruptStatus
+//! reads 0 drops the device's line, so an edge-triggered controller sees the
+//! next event as a new edge.
+//!
 //! # Protocol details
 //!
 //! * Features: the driver accepts `VIRTIO_F_VERSION_1` and
@@ -84,7 +108,9 @@
 //!   answer within the optional [`Balloon::set_wait_limit`], is reset and the
 //!   driver refuses further work ([`Error::Broken`]). The pages of that request
 //!   are not returned to the page source (the device may already have taken
-//!   them); [`Balloon::stranded_pages`] counts them.
+//!   them); [`Balloon::stranded_pages`] counts them. The driver reads the
+//!   device status after a wait that saw a config-change interrupt (the
+//!   spec's signal for `DEVICE_NEEDS_RESET`) and every 1024 waits.
 #![cfg_attr(not(test), no_std)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -94,6 +120,7 @@ use core::marker::PhantomData;
 
 pub use virtio_drivers;
 use virtio_drivers::queue::VirtQueue;
+pub use virtio_drivers::transport::InterruptStatus;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
 pub use virtio_drivers::Hal;
 
@@ -146,6 +173,54 @@ pub trait PageSource {
     /// on deflate (its contents are whatever the host says: zero on Tidal and
     /// usually on QEMU), or a page taken but never sent to the host.
     fn return_page(&mut self, addr: u64);
+}
+
+/// How the driver waits for the device (see [Waiting](crate#waiting)).
+pub trait Wait {
+    /// Waits once, until the device's interrupt may have arrived or the guest
+    /// woke for some other reason (a timer, a spurious wake-up); the driver
+    /// rechecks what it waits for after every call.
+    ///
+    /// If the device's interrupt is what woke it, the implementation calls
+    /// `acknowledge` before it ends the interrupt at the interrupt controller:
+    /// `acknowledge` clears the device's InterruptStatus, so that its level
+    /// interrupt line is low by the end of the interrupt. An implementation
+    /// that does not use interrupts ([`Spin`]) need not call it.
+    fn wait(&mut self, acknowledge: &mut dyn FnMut());
+}
+
+/// Waiting without interrupts: every wait is one spin-loop hint, and the
+/// driver polls the used ring in between.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spin;
+
+impl Wait for Spin {
+    fn wait(&mut self, _acknowledge: &mut dyn FnMut()) {
+        spin_loop();
+    }
+}
+
+/// Most rounds of reading InterruptStatus and writing it back to
+/// InterruptACK in one acknowledgement: a device that keeps raising new bits
+/// cannot hold the driver for ever.
+const ACK_ROUNDS: usize = 16;
+
+/// Acknowledges every interrupt the device reports, until InterruptStatus
+/// reads 0 (so that its interrupt line has dropped), and returns them all.
+///
+/// Reading once and acknowledging what was read can leave a bit that the
+/// device set in between; the line then stays high and an edge-triggered
+/// interrupt controller never sees another edge.
+pub fn acknowledge_all(transport: &mut impl Transport) -> InterruptStatus {
+    let mut seen = InterruptStatus::empty();
+    for _ in 0..ACK_ROUNDS {
+        let status = transport.ack_interrupt();
+        if status.is_empty() {
+            break;
+        }
+        seen |= status;
+    }
+    seen
 }
 
 /// The virtqueues of the balloon device.
@@ -419,8 +494,9 @@ impl<H: Hal, T: Transport, S: AsMut<[u32]>> Balloon<H, T, S> {
         self.stranded
     }
 
-    /// Bounds how long (in polls of the used ring) the driver waits for the
-    /// device to use a buffer; `None` (the default) waits for ever, as Linux does.
+    /// Bounds how long the driver waits for the device to use a buffer, in
+    /// waits (with [`Spin`]: polls of the used ring; with an interrupt-driven
+    /// [`Wait`]: wake-ups); `None` (the default) waits for ever, as Linux does.
     pub fn set_wait_limit(&mut self, spins: Option<u64>) {
         self.wait_limit = spins;
     }
@@ -430,12 +506,40 @@ impl<H: Hal, T: Transport, S: AsMut<[u32]>> Balloon<H, T, S> {
         &mut self.transport
     }
 
+    /// Acknowledges the device's interrupts (until InterruptStatus reads 0)
+    /// and returns what it reported: for a guest's own interrupt handler.
+    pub fn acknowledge_interrupt(&mut self) -> InterruptStatus {
+        acknowledge_all(&mut self.transport)
+    }
+
+    /// Waits once for the device through `wait` (for a new target while the
+    /// balloon has nothing to do) and returns the interrupts the device
+    /// reported meanwhile: `DEVICE_CONFIGURATION_INTERRUPT` when the config
+    /// (the target) changed; empty if the wait ended for another reason.
+    pub fn idle(&mut self, wait: &mut impl Wait) -> InterruptStatus {
+        let transport = &mut self.transport;
+        let mut seen = InterruptStatus::empty();
+        wait.wait(&mut || seen |= acknowledge_all(transport));
+        seen
+    }
+
     /// Moves the balloon at most one request (256 pages) towards the device's
-    /// target and says what it did. Call it again until `moved()` is 0.
+    /// target and says what it did, spinning on the used ring while the device
+    /// works ([`Self::poll_with`] and [`Spin`]). Call it again until `moved()`
+    /// is 0.
     ///
     /// When the page source runs dry, or the storage is full, fewer pages (or
     /// none) move and `at_target()` stays false.
     pub fn poll(&mut self, pages: &mut impl PageSource) -> Result<Progress, Error> {
+        self.poll_with(pages, &mut Spin)
+    }
+
+    /// [`Self::poll`], waiting for the device through `wait`.
+    pub fn poll_with(
+        &mut self,
+        pages: &mut impl PageSource,
+        wait: &mut impl Wait,
+    ) -> Result<Progress, Error> {
         if self.broken {
             return Err(Error::Broken);
         }
@@ -448,14 +552,19 @@ impl<H: Hal, T: Transport, S: AsMut<[u32]>> Balloon<H, T, S> {
         };
         match plan(target, self.actual, capacity) {
             Step::Idle | Step::Full => {}
-            Step::Inflate(n) => progress.inflated = self.inflate(n as usize, pages)?,
-            Step::Deflate(n) => progress.deflated = self.deflate(n as usize, pages)?,
+            Step::Inflate(n) => progress.inflated = self.inflate(n as usize, pages, wait)?,
+            Step::Deflate(n) => progress.deflated = self.deflate(n as usize, pages, wait)?,
         }
         progress.actual = self.actual;
         Ok(progress)
     }
 
-    fn inflate(&mut self, n: usize, pages: &mut impl PageSource) -> Result<u32, Error> {
+    fn inflate(
+        &mut self,
+        n: usize,
+        pages: &mut impl PageSource,
+        wait: &mut impl Wait,
+    ) -> Result<u32, Error> {
         let mut pfns = [0u32; PFNS_PER_REQUEST];
         let mut got = 0;
         while got < n {
@@ -477,7 +586,7 @@ impl<H: Hal, T: Transport, S: AsMut<[u32]>> Balloon<H, T, S> {
         if got == 0 {
             return Ok(0);
         }
-        if let Err(e) = self.send(Queue::Inflate, &pfns[..got]) {
+        if let Err(e) = self.send(Queue::Inflate, &pfns[..got], wait) {
             self.stranded += got as u32;
             return Err(e);
         }
@@ -488,12 +597,17 @@ impl<H: Hal, T: Transport, S: AsMut<[u32]>> Balloon<H, T, S> {
         Ok(got as u32)
     }
 
-    fn deflate(&mut self, n: usize, pages: &mut impl PageSource) -> Result<u32, Error> {
+    fn deflate(
+        &mut self,
+        n: usize,
+        pages: &mut impl PageSource,
+        wait: &mut impl Wait,
+    ) -> Result<u32, Error> {
         let end = self.actual as usize;
         let mut pfns = [0u32; PFNS_PER_REQUEST];
         pfns[..n].copy_from_slice(&self.ballooned.as_mut()[end - n..end]);
         // On failure the pages are still the host's: they stay in the balloon.
-        self.send(Queue::Deflate, &pfns[..n])?;
+        self.send(Queue::Deflate, &pfns[..n], wait)?;
         // The device has used the buffer: only now may the guest reuse the pages.
         self.actual -= n as u32;
         self.write_actual()?;
@@ -504,7 +618,7 @@ impl<H: Hal, T: Transport, S: AsMut<[u32]>> Balloon<H, T, S> {
     }
 
     /// Sends one request and waits until the device has used it.
-    fn send(&mut self, queue: Queue, pfns: &[u32]) -> Result<(), Error> {
+    fn send(&mut self, queue: Queue, pfns: &[u32], wait: &mut impl Wait) -> Result<(), Error> {
         let mut buf = [0u8; PFNS_PER_REQUEST * 4];
         let len = encode_pfns(pfns, &mut buf);
         let index = queue_index(self.features, queue).expect("inflateq and deflateq exist");
@@ -512,39 +626,46 @@ impl<H: Hal, T: Transport, S: AsMut<[u32]>> Balloon<H, T, S> {
             Queue::Inflate => &mut self.inflateq,
             _ => &mut self.deflateq,
         };
+        let transport = &mut self.transport;
         let inputs = [&buf[..len]];
         // SAFETY: `buf` lives until this function returns, and it does not return
         // before `pop_used` has taken the buffer back, or the device has been
         // reset (after which it no longer reads the buffer).
         let token = unsafe { q.add(&inputs, &mut []) }?;
         if q.should_notify() {
-            self.transport.notify(index);
+            transport.notify(index);
         }
-        let mut spins: u64 = 0;
+        let mut waits: u64 = 0;
         while !q.can_pop() {
-            spins += 1;
-            if spins.is_multiple_of(1024) {
-                let status = self.transport.get_status();
-                let failure = if status.contains(DeviceStatus::DEVICE_NEEDS_RESET) {
-                    Some(Error::DeviceNeedsReset)
-                } else if self.wait_limit.is_some_and(|limit| spins >= limit) {
-                    Some(Error::Timeout)
-                } else {
-                    None
-                };
-                if let Some(e) = failure {
-                    // Reset the device so that it stops reading `buf` and the ring.
-                    self.transport.set_status(DeviceStatus::empty());
-                    self.broken = true;
-                    return Err(e);
-                }
+            let mut seen = InterruptStatus::empty();
+            wait.wait(&mut || seen |= acknowledge_all(transport));
+            waits += 1;
+            // A device that needs a reset says so with a config-change
+            // interrupt; a spinning driver looks now and then.
+            let check_status = seen.contains(InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT)
+                || waits.is_multiple_of(1024);
+            let failure = if check_status
+                && transport
+                    .get_status()
+                    .contains(DeviceStatus::DEVICE_NEEDS_RESET)
+            {
+                Some(Error::DeviceNeedsReset)
+            } else if self.wait_limit.is_some_and(|limit| waits >= limit) {
+                Some(Error::Timeout)
+            } else {
+                None
+            };
+            if let Some(e) = failure {
+                // Reset the device so that it stops reading `buf` and the ring.
+                transport.set_status(DeviceStatus::empty());
+                self.broken = true;
+                return Err(e);
             }
-            spin_loop();
         }
         // SAFETY: the same buffers as given to `add` for this token.
         let used = unsafe { q.pop_used(token, &inputs, &mut []) };
         if let Err(e) = used {
-            self.transport.set_status(DeviceStatus::empty());
+            transport.set_status(DeviceStatus::empty());
             self.broken = true;
             return Err(e.into());
         }

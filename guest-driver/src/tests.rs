@@ -149,6 +149,9 @@ enum Mode {
     NeedsReset,
     /// Never uses a buffer.
     Silent,
+    /// Uses buffers only when the test says (`deliver`), as a device working
+    /// while the guest sleeps.
+    Deferred,
 }
 
 #[derive(Default)]
@@ -165,6 +168,17 @@ struct Device {
     inflated: BTreeSet<u32>,
     requests: Vec<(u16, Vec<u32>)>,
     notifies: u32,
+    /// InterruptStatus: the device's interrupt line is high while it is not 0.
+    interrupt_status: u32,
+    /// Bits the device raises right after the driver's next read of
+    /// InterruptStatus (an event between the read and the acknowledgement).
+    raise_after_read: u32,
+    /// InterruptACK does not clear anything (a broken or hostile device).
+    stuck_interrupt: bool,
+    /// Reads of InterruptStatus.
+    status_reads: u32,
+    /// Queues notified but not yet processed (`Mode::Deferred`).
+    kicked: Vec<u16>,
     /// The guest's free pages: shared with `FakePages` to check MUST_TELL_HOST.
     guest_free: Rc<RefCell<BTreeSet<u64>>>,
     violations: Vec<String>,
@@ -233,8 +247,22 @@ impl Device {
                 ((q.used + 2) as *mut u16).write_unaligned(used_idx.wrapping_add(1));
             }
             last = last.wrapping_add(1);
+            self.interrupt_status |= InterruptStatus::QUEUE_INTERRUPT.bits();
         }
         self.queues[queue as usize].last_avail = last;
+    }
+
+    /// Processes the queues notified so far (`Mode::Deferred`).
+    fn deliver(&mut self) {
+        for queue in std::mem::take(&mut self.kicked) {
+            self.process(queue);
+        }
+    }
+
+    /// The host sets a new target: config change, with its interrupt.
+    fn set_target(&mut self, pages: u32) {
+        self.num_pages = pages;
+        self.interrupt_status |= InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits();
     }
 }
 
@@ -256,8 +284,12 @@ impl Transport for FakeTransport {
         d.notifies += 1;
         match d.mode {
             Mode::Good | Mode::RejectPartialFeatures => d.process(queue),
-            Mode::NeedsReset => d.status |= DeviceStatus::DEVICE_NEEDS_RESET.bits(),
+            Mode::NeedsReset => {
+                d.status |= DeviceStatus::DEVICE_NEEDS_RESET.bits();
+                d.interrupt_status |= InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits();
+            }
             Mode::Silent => {}
+            Mode::Deferred => d.kicked.push(queue),
         }
     }
     fn get_status(&self) -> DeviceStatus {
@@ -308,7 +340,14 @@ impl Transport for FakeTransport {
         self.0.borrow().queues[queue as usize].size != 0
     }
     fn ack_interrupt(&mut self) -> InterruptStatus {
-        InterruptStatus::empty()
+        let mut d = self.0.borrow_mut();
+        d.status_reads += 1;
+        let status = d.interrupt_status;
+        d.interrupt_status |= std::mem::take(&mut d.raise_after_read);
+        if !d.stuck_interrupt {
+            d.interrupt_status &= !status;
+        }
+        InterruptStatus::from_bits_truncate(status)
     }
     fn read_config_generation(&self) -> u32 {
         0
@@ -579,4 +618,157 @@ fn silent_device_times_out_when_asked_to() {
     assert_eq!(balloon.poll(&mut pages), Err(Error::Timeout));
     assert_eq!(dev.borrow().status, 0);
     assert_eq!(dev.borrow().notifies, 1);
+}
+
+// ---------------------------------------------------------------- interrupts
+
+/// An interrupt-driven wait over the fake device: the device does its work
+/// while the guest "sleeps"; if its line is then high, the "interrupt
+/// controller" has the interrupt, and the waiter acknowledges it as a guest's
+/// handler would (acknowledge at the device, then EOI).
+struct IrqWait {
+    dev: Rc<RefCell<Device>>,
+    waits: u32,
+    interrupts: u32,
+    /// Whether the line was still high at each EOI.
+    high_at_eoi: Vec<bool>,
+}
+
+impl IrqWait {
+    fn new(dev: &Rc<RefCell<Device>>) -> Self {
+        IrqWait {
+            dev: dev.clone(),
+            waits: 0,
+            interrupts: 0,
+            high_at_eoi: Vec::new(),
+        }
+    }
+}
+
+impl Wait for IrqWait {
+    fn wait(&mut self, acknowledge: &mut dyn FnMut()) {
+        self.waits += 1;
+        self.dev.borrow_mut().deliver();
+        if self.dev.borrow().interrupt_status != 0 {
+            self.interrupts += 1;
+            acknowledge();
+            let high = self.dev.borrow().interrupt_status != 0;
+            self.high_at_eoi.push(high);
+        }
+    }
+}
+
+#[test]
+fn interrupt_driven_requests_wait_once_each_and_leave_the_line_low() {
+    let mut pages = FakePages::new(RAM, 1024);
+    let (t, dev) = device(LOTS, Mode::Deferred, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 1024]).unwrap();
+    let mut irq = IrqWait::new(&dev);
+    dev.borrow_mut().set_target(600);
+    let mut moved = vec![];
+    loop {
+        let p = balloon.poll_with(&mut pages, &mut irq).unwrap();
+        if p.moved() == 0 {
+            assert!(p.at_target());
+            break;
+        }
+        moved.push(p.inflated);
+    }
+    assert_eq!(moved, [256, 256, 88]);
+    // One sleep per request: the device answered each with one interrupt.
+    assert_eq!((irq.waits, irq.interrupts), (3, 3));
+    assert_eq!(irq.high_at_eoi, [false; 3], "line low before every EOI");
+    assert_eq!(dev.borrow().interrupt_status, 0);
+
+    dev.borrow_mut().set_target(0);
+    while balloon.poll_with(&mut pages, &mut irq).unwrap().moved() > 0 {}
+    assert_eq!(balloon.actual_pages(), 0);
+    assert_eq!(pages.len(), 1024);
+    assert_eq!(irq.waits, 6);
+    assert!(dev.borrow().violations.is_empty());
+}
+
+#[test]
+fn idle_reports_a_new_target_and_nothing_else() {
+    let mut pages = FakePages::new(RAM, 64);
+    let (t, dev) = device(LOTS, Mode::Deferred, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 64]).unwrap();
+    let mut irq = IrqWait::new(&dev);
+    // Woken by something else (a timer): nothing from the device.
+    assert_eq!(balloon.idle(&mut irq).bits(), 0);
+    assert_eq!(irq.interrupts, 0);
+    dev.borrow_mut().set_target(10);
+    assert_eq!(
+        balloon.idle(&mut irq).bits(),
+        InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits()
+    );
+    assert_eq!(dev.borrow().interrupt_status, 0);
+    assert_eq!(
+        balloon.poll_with(&mut pages, &mut irq).unwrap().inflated,
+        10
+    );
+}
+
+#[test]
+fn acknowledging_drains_bits_raised_meanwhile() {
+    let pages = FakePages::new(RAM, 1);
+    let (mut t, dev) = device(LOTS, Mode::Good, &pages);
+    {
+        let mut d = dev.borrow_mut();
+        d.interrupt_status = InterruptStatus::QUEUE_INTERRUPT.bits();
+        d.raise_after_read = InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits();
+    }
+    // One read-and-acknowledge would leave the config bit (and the line) up.
+    assert_eq!(
+        acknowledge_all(&mut t).bits(),
+        (InterruptStatus::QUEUE_INTERRUPT | InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT).bits()
+    );
+    let d = dev.borrow();
+    assert_eq!(d.interrupt_status, 0);
+    assert_eq!(d.status_reads, 3, "read, read again, read 0");
+}
+
+#[test]
+fn acknowledging_a_stuck_device_gives_up() {
+    let pages = FakePages::new(RAM, 1);
+    let (mut t, dev) = device(LOTS, Mode::Good, &pages);
+    {
+        let mut d = dev.borrow_mut();
+        d.interrupt_status = InterruptStatus::QUEUE_INTERRUPT.bits();
+        d.stuck_interrupt = true;
+    }
+    assert_eq!(
+        acknowledge_all(&mut t).bits(),
+        InterruptStatus::QUEUE_INTERRUPT.bits()
+    );
+    assert_eq!(dev.borrow().status_reads, ACK_ROUNDS as u32);
+}
+
+#[test]
+fn needs_reset_is_seen_at_the_first_config_interrupt() {
+    let mut pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::NeedsReset, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 16]).unwrap();
+    let mut irq = IrqWait::new(&dev);
+    dev.borrow_mut().num_pages = 4;
+    assert_eq!(
+        balloon.poll_with(&mut pages, &mut irq),
+        Err(Error::DeviceNeedsReset)
+    );
+    assert_eq!(irq.waits, 1, "no need to wait 1024 times");
+    assert_eq!(dev.borrow().status, 0, "device reset");
+    assert_eq!(balloon.stranded_pages(), 4);
+}
+
+#[test]
+fn wait_limit_counts_wake_ups() {
+    let mut pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Silent, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 16]).unwrap();
+    let mut irq = IrqWait::new(&dev);
+    balloon.set_wait_limit(Some(3));
+    dev.borrow_mut().num_pages = 4;
+    assert_eq!(balloon.poll_with(&mut pages, &mut irq), Err(Error::Timeout));
+    assert_eq!(irq.waits, 3);
+    assert_eq!(dev.borrow().status, 0);
 }

@@ -2,13 +2,16 @@
 """Boot the test guest under plain QEMU virt (EL1, no hypervisor) with QEMU's
 own virtio-balloon, and move the balloon through the given sizes.
 
-    qemu-balloon.py [--legacy|--modern] [--ram MiB] [--device-opts OPTS]
-                    [--image PATH] [--bootargs ARGS] SIZE_MIB...
+    qemu-balloon.py [--legacy|--modern] [--gic 2|3] [--ram MiB]
+                    [--device-opts OPTS] [--image PATH] [--bootargs ARGS] SIZE_MIB...
 
 Each SIZE is what QEMU's monitor command `balloon SIZE` takes: the memory the
 guest should be left with, in MiB (so `balloon 128` on a 256 MiB guest inflates
 128 MiB = 32768 pages). After each one the script waits for the guest's
 `balloon target=...` line (or `balloon stalled`) and the pattern check.
+
+With --gic N the machine is `virt,gic-version=N` and the guest must say that
+it waits through interrupts of that GIC (`interrupts via GICvN`).
 
 Exits 1 if the guest reports a mismatch, a non-zero deflated page, an
 exception or a panic, or a step times out. The guest's console goes to stdout.
@@ -35,6 +38,7 @@ def main():
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--modern", action="store_true", help="virtio-mmio version 2 (force-legacy=false)")
     mode.add_argument("--legacy", action="store_true", help="virtio-mmio version 1 (QEMU's default)")
+    ap.add_argument("--gic", type=int, choices=[2, 3], help="virt,gic-version=N; expect interrupts via GICvN")
     ap.add_argument("--device-opts", default="", help="e.g. deflate-on-oom=on,free-page-reporting=on")
     ap.add_argument("--image", default=IMAGE)
     ap.add_argument("--bootargs", default="pattern")
@@ -43,7 +47,8 @@ def main():
 
     sock = os.path.join(tempfile.mkdtemp(), "mon.sock")
     device = "virtio-balloon-device" + ("," + args.device_opts if args.device_opts else "")
-    cmd = ["qemu-system-aarch64", "-M", "virt", "-cpu", "cortex-a72", "-m", f"{args.ram}M",
+    machine = f"virt,gic-version={args.gic}" if args.gic else "virt"
+    cmd = ["qemu-system-aarch64", "-M", machine, "-cpu", "cortex-a72", "-m", f"{args.ram}M",
            "-display", "none", "-serial", "stdio", "-kernel", args.image,
            "-device", device, "-append", args.bootargs,
            "-monitor", f"unix:{sock},server,nowait"]
@@ -102,6 +107,8 @@ def main():
 
     status = 0
     try:
+        if args.gic:
+            wait_for(rf"testguest: interrupts via GICv{args.gic} ", 0)
         at = wait_for(r"testguest: (balloon at|no usable balloon|hostile: done)", 0)
         for size in args.sizes:
             monitor(f"balloon {size}")

@@ -269,3 +269,37 @@ pub fn dsb() {
     // SAFETY: a barrier only.
     unsafe { asm!("dsb sy", options(nostack, preserves_flags)) };
 }
+
+/// CNTV_CTL_EL0.ENABLE (IMASK, bit 1, stays clear).
+const CNTV_ENABLE: u64 = 1 << 0;
+
+/// Arms the virtual timer to fire when the virtual counter reaches `deadline`.
+pub fn virtual_timer_fire_at(deadline: u64) {
+    // SAFETY: the EL1 virtual timer is this guest's own; programming it only
+    // raises its (level) interrupt when the counter passes `deadline`.
+    unsafe {
+        asm!(
+            "msr cntv_cval_el0, {cval}",
+            "msr cntv_ctl_el0, {ctl}",
+            "isb",
+            cval = in(reg) deadline,
+            ctl = in(reg) CNTV_ENABLE,
+            options(nostack, nomem),
+        );
+    }
+}
+
+/// Turns the virtual timer off (its interrupt line drops) until it is armed again.
+pub fn virtual_timer_off() {
+    // SAFETY: as in `virtual_timer_fire_at`.
+    unsafe { asm!("msr cntv_ctl_el0, xzr", "isb", options(nostack, nomem)) };
+}
+
+/// Whether the CPU implements the GICv3 system-register CPU interface
+/// (ID_AA64PFR0_EL1.GIC, bits 27:24, non-zero).
+pub fn cpu_has_gicv3_interface() -> bool {
+    let pfr0: u64;
+    // SAFETY: reading an ID register has no side effects.
+    unsafe { asm!("mrs {}, id_aa64pfr0_el1", out(reg) pfr0, options(nostack, nomem)) };
+    (pfr0 >> 24) & 0xf != 0
+}

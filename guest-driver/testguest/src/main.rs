@@ -17,6 +17,8 @@ mod arch;
 #[cfg(target_os = "none")]
 mod board;
 #[cfg(target_os = "none")]
+mod gic;
+#[cfg(target_os = "none")]
 mod hal;
 #[cfg(target_os = "none")]
 mod hostile;
@@ -24,6 +26,8 @@ mod hostile;
 mod pool;
 #[cfg(target_os = "none")]
 mod run;
+#[cfg(target_os = "none")]
+mod wait;
 
 #[cfg(not(target_os = "none"))]
 fn main() {}

@@ -4,6 +4,7 @@ use crate::arch::{self, counter, counter_hz};
 use crate::board::Board;
 use crate::hal::GuestHal;
 use crate::pool::{Pool, Verdict};
+use crate::wait::Waiter;
 use core::ptr::NonNull;
 use guest_driver::virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
 use guest_driver::{Balloon, Error, Progress};
@@ -73,6 +74,12 @@ extern "C" fn rust_main(dtb: u64) -> ! {
     );
 
     let balloon_slot = find_balloon(&board);
+    // Hostile mode programs the device itself, polling with time-outs.
+    let mut waiter = if mode == Mode::Pattern {
+        Waiter::new(&board, balloon_slot)
+    } else {
+        Waiter::Polling
+    };
     match mode {
         Mode::Hostile => match balloon_slot {
             Some(slot) => crate::hostile::run(slot, &board, &mut pool),
@@ -130,10 +137,10 @@ extern "C" fn rust_main(dtb: u64) -> ! {
             }
         }
         let Some(b) = balloon.as_mut() else {
-            arch::delay_us(10_000);
+            waiter.sleep_until(next_beat, |w| guest_driver::Wait::wait(w, &mut || {}));
             continue;
         };
-        match b.poll(&mut pool) {
+        match b.poll_with(&mut pool, &mut waiter) {
             Ok(p) if p.moved() > 0 => {
                 stalled_at = None;
                 if p.at_target() {
@@ -150,7 +157,11 @@ extern "C" fn rust_main(dtb: u64) -> ! {
                     );
                     stalled_at = Some((p.target, p.actual));
                 }
-                arch::delay_us(10_000);
+                // Nothing to do until the target changes (config-change
+                // interrupt) or the next heartbeat.
+                waiter.sleep_until(next_beat, |w| {
+                    b.idle(w);
+                });
             }
             Err(e) => {
                 println!("balloon error: {e}");
