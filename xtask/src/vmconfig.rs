@@ -822,6 +822,24 @@ kernel = "testguest"
                         p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
                     )]
                 ),
+                (
+                    "linux-multi".into(),
+                    vec![
+                        (
+                            "linux2".into(),
+                            512,
+                            6,
+                            p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
+                        ),
+                        (
+                            "linux1".into(),
+                            384,
+                            8,
+                            p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
+                        ),
+                        ("beta".into(), 128, 16, p("pattern"))
+                    ]
+                ),
                 ("pair".into(), pair),
                 (
                     "wild".into(),
