@@ -29,33 +29,31 @@ pub struct AgentReply {
 /// output from `since` (a [`Session::mark`] taken before the VMs started;
 /// lines the session has matched past since then count too). Input typed
 /// before the agent opens the console is dropped by the guest's start-up,
-/// hence the wait for `agent listening`.
+/// hence the wait for `agent listening`. A VM that stops on the way fails
+/// the wait at once, unless the guest reset it (it starts again).
 pub fn wait_for_agents(
     s: &mut Session,
     vms: &[&str],
     since: usize,
     timeout: Duration,
 ) -> Result<(), HarnessError> {
-    // Per VM still waited for: where its `ready` ended, once seen.
-    let mut waiting: Vec<(&str, Option<usize>)> = vms.iter().map(|vm| (*vm, None)).collect();
-    for (vm, ready_at) in &mut waiting {
+    for vm in vms {
         let vm_re = regex::escape(vm);
         let mut at = since;
-        s.expect_since(
-            &mut at,
-            &format!(r"\[{vm_re}\] tidal-guest: ready"),
-            timeout,
-        )?;
-        *ready_at = Some(at);
-    }
-    for (vm, ready_at) in waiting {
-        let vm_re = regex::escape(vm);
-        let mut at = ready_at.expect("set above");
-        s.expect_since(
-            &mut at,
-            &format!(r"\[{vm_re}\] tidal-guest: agent listening"),
-            timeout,
-        )?;
+        for line in ["tidal-guest: ready", "tidal-guest: agent listening"] {
+            let either = format!(r"\[{vm_re}\] ({line}|VM stopped: [^\r\n]*)");
+            loop {
+                let found = s.expect_since(&mut at, &either, timeout)?;
+                if found[1] == line {
+                    break;
+                }
+                if !found[1].starts_with("VM stopped: reset by the guest") {
+                    return Err(
+                        s.unexpected(format!("[{vm}] {} while waiting for `{line}`", found[1]))
+                    );
+                }
+            }
+        }
     }
     Ok(())
 }

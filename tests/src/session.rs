@@ -35,6 +35,8 @@ pub enum ErrorKind {
     Exited,
     /// A bad regex or another misuse of the harness.
     Usage,
+    /// The output rules out what was waited for (e.g. the VM stopped).
+    Unexpected,
 }
 
 /// A failure, with the evidence: the end of the console and, if the
@@ -253,6 +255,12 @@ impl Session {
         *since = self.cursor;
         self.cursor = self.cursor.max(saved);
         result.map(|(groups, _)| groups)
+    }
+
+    /// An [`ErrorKind::Unexpected`] error with the console's tail, for a
+    /// caller that saw output ruling out what it waited for.
+    pub fn unexpected(&self, message: String) -> HarnessError {
+        self.error(ErrorKind::Unexpected, format!("{}: {message}", self.name))
     }
 
     /// Sends `command`, waits for the next prompt and returns what was printed
