@@ -85,8 +85,13 @@ const PIECE: usize = 30;
 
 /// `request` cut into the lines typed for it: every line but the last ends
 /// in the agent's continuation backslash, and each with its line end fits
-/// in [`PIECE`] bytes.
+/// in [`PIECE`] bytes. The request must be ASCII (one byte a character)
+/// and must not end in a backslash (the agent would wait for more).
 fn request_pieces(request: &str) -> Vec<String> {
+    assert!(
+        request.is_ascii() && !request.ends_with('\\'),
+        "cannot type {request:?} to the agent"
+    );
     let chars: Vec<char> = request.chars().collect();
     if chars.len() < PIECE {
         return vec![request.to_string()];
@@ -208,6 +213,12 @@ mod tests {
         let exact = "y".repeat(2 * (PIECE - 2));
         assert_eq!(request_pieces(&exact).len(), 2);
         assert!(!request_pieces(&exact)[1].ends_with('\\'));
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot type")]
+    fn a_request_ending_in_a_backslash_is_refused() {
+        request_pieces("run 1 echo \\");
     }
 
     #[test]
