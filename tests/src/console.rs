@@ -18,6 +18,16 @@ pub struct MemReport {
     pub total: u64,
 }
 
+impl MemReport {
+    /// The bytes in accounting category `name` (e.g. "free", "guest RAM").
+    pub fn category(&self, name: &str) -> Option<u64> {
+        self.categories
+            .iter()
+            .find(|(label, _)| label == name)
+            .map(|(_, bytes)| *bytes)
+    }
+}
+
 /// Parses the output of `mem`.
 pub fn parse_mem(text: &str) -> Result<MemReport, String> {
     let ram_re = Regex::new(r"^\s*RAM:\s+(\d+) bytes\b").unwrap();
@@ -132,6 +142,8 @@ mod tests {
                 ("free pool".to_string(), 2146422784),
             ]
         );
+        assert_eq!(r.category("page tables"), Some(8192));
+        assert_eq!(r.category("free"), None, "whole labels only");
     }
 
     #[test]

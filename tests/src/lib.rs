@@ -5,6 +5,8 @@
 //! - [`session`]: a running QEMU whose console is captured, matched against
 //!   and typed into, and which always ends (deadline, kill on drop);
 //! - [`console`]: parsers for the hypervisor's console output;
+//! - [`linux`]: Linux guests' agent (run a command in a named VM) and the
+//!   progress lines of their background loops;
 //! - [`symbols`]: crash-address symbolization and defmt trace decoding from
 //!   the hypervisor ELF.
 //!
@@ -24,6 +26,7 @@
 //! - Trace: a defmt (rzCOBS) stream on the second UART.
 
 pub mod console;
+pub mod linux;
 pub mod qemu;
 pub mod session;
 pub mod symbols;

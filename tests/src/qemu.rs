@@ -128,6 +128,9 @@ pub struct QemuOptions {
     pub dtb: Option<PathBuf>,
     /// `-m`; `None`: no `-m` (raspi4b has a fixed 2 GiB).
     pub memory: Option<String>,
+    /// `-smp`: how many CPUs; `None`: no `-smp` (raspi4b has a fixed 4).
+    /// The hypervisor uses at most `platform::MAX_CPUS` (8).
+    pub smp: Option<u32>,
     /// Appended to the command line as is.
     pub extra: Vec<String>,
     /// Console on `mon:stdio` (Ctrl-A X quits, Ctrl-A C is the monitor)
@@ -136,8 +139,8 @@ pub struct QemuOptions {
 }
 
 impl QemuOptions {
-    /// The standard run of `board`: the guest bundle as initrd, 2 GiB on virt,
-    /// the Pi 4 tree on raspi4b, no trace UART, not interactive.
+    /// The standard run of `board`: the guest bundle as initrd, 2 GiB and 4
+    /// CPUs on virt, the Pi 4 tree on raspi4b, no trace UART, not interactive.
     pub fn for_board(board: Board, artifacts: &Artifacts) -> QemuOptions {
         let raspi = board == Board::Raspi4b;
         QemuOptions {
@@ -145,6 +148,7 @@ impl QemuOptions {
             initrd: Some(artifacts.bundle.clone()),
             dtb: raspi.then(|| artifacts.pi4_dtb.clone()),
             memory: (!raspi).then(|| "2G".to_string()),
+            smp: (!raspi).then_some(4),
             extra: Vec::new(),
             interactive: false,
         }
@@ -161,9 +165,12 @@ pub fn qemu_args(board: Board, artifacts: &Artifacts, opts: &QemuOptions) -> Vec
         Board::VirtGicv2 | Board::VirtGicv3 => {
             let gic = if board == Board::VirtGicv2 { 2 } else { 3 };
             let machine = format!("virt,virtualization=on,gic-version={gic}");
-            push(&[&"-M", &machine, &"-cpu", &"cortex-a72", &"-smp", &"4"]);
+            push(&[&"-M", &machine, &"-cpu", &"cortex-a72"]);
         }
         Board::Raspi4b => push(&[&"-M", &"raspi4b"]),
+    }
+    if let Some(smp) = opts.smp {
+        push(&[&"-smp", &smp.to_string()]);
     }
     if let Some(memory) = &opts.memory {
         push(&[&"-m", memory]);
@@ -302,11 +309,12 @@ mod tests {
             line(Board::VirtGicv2, |o| {
                 o.initrd = None;
                 o.memory = Some("32M".into());
+                o.smp = Some(8);
                 o.dtb = Some("x.dtb".into());
                 o.extra = vec!["-d".into(), "int guest".into()];
             }),
             "qemu-system-aarch64 -M virt,virtualization=on,gic-version=2 -cpu cortex-a72 \
-             -smp 4 -m 32M -kernel IMAGE -dtb x.dtb -no-reboot -display none \
+             -smp 8 -m 32M -kernel IMAGE -dtb x.dtb -no-reboot -display none \
              -serial stdio -monitor none -d 'int guest'"
         );
     }

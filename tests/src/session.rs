@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use regex::bytes::Regex;
 
-use crate::console::{crash_image_offset, PROMPT};
+use crate::console::{crash_image_offset, MemReport, PROMPT};
 use crate::qemu::{
     log_dir, qemu_command, qemu_command_line, render_command, Artifacts, Board, QemuOptions,
 };
@@ -37,6 +37,8 @@ pub enum ErrorKind {
     Exited,
     /// A bad regex or another misuse of the harness.
     Usage,
+    /// The output rules out what was waited for (e.g. the VM stopped).
+    Unexpected,
 }
 
 /// A failure, with the evidence: the end of the console and, if the
@@ -294,6 +296,37 @@ impl Session {
         self.expect_span(pattern, timeout).map(|(groups, _)| groups)
     }
 
+    /// Where the output not yet consumed by a match starts; for
+    /// [`Session::expect_since`].
+    pub fn mark(&self) -> usize {
+        self.cursor
+    }
+
+    /// Like [`Session::expect`], but looks from `*since` (an earlier
+    /// [`Session::mark`]), so it also finds output that later matches have
+    /// already passed over (a VM that came up while the test talked to
+    /// another). Moves `*since` past the match; the session's own position
+    /// moves past it too unless it is already further.
+    pub fn expect_since(
+        &mut self,
+        since: &mut usize,
+        pattern: &str,
+        timeout: Duration,
+    ) -> Result<Vec<String>, HarnessError> {
+        let saved = self.cursor;
+        self.cursor = *since;
+        let result = self.expect_span(pattern, timeout);
+        *since = self.cursor;
+        self.cursor = self.cursor.max(saved);
+        result.map(|(groups, _)| groups)
+    }
+
+    /// An [`ErrorKind::Unexpected`] error with the console's tail, for a
+    /// caller that saw output ruling out what it waited for.
+    pub fn unexpected(&self, message: String) -> HarnessError {
+        self.error(ErrorKind::Unexpected, format!("{}: {message}", self.name))
+    }
+
     /// Sends `command`, waits for the next prompt and returns what was printed
     /// in between, without `\r` and without the echoed command line.
     pub fn run(&mut self, command: &str, timeout: Duration) -> Result<String, HarnessError> {
@@ -380,6 +413,15 @@ impl Session {
     /// (e.g. "free", "guest RAM"), after checking that the categories sum
     /// to the RAM size and that the frame table's invariant check passed.
     pub fn mem_category(&mut self, category: &str, timeout: Duration) -> Result<u64, String> {
+        let report = self.mem_report(timeout)?;
+        report
+            .category(category)
+            .ok_or_else(|| format!("no '{category}' in the accounting: {:?}", report.categories))
+    }
+
+    /// Runs `mem` and parses it, after checking that the categories sum to
+    /// the RAM size and that the frame table's invariant check passed.
+    pub fn mem_report(&mut self, timeout: Duration) -> Result<MemReport, String> {
         let out = self.run("mem", timeout).map_err(|e| e.to_string())?;
         let report = crate::parse_mem(&out).map_err(|e| format!("{e}:\n{out}"))?;
         if report.total != report.ram_bytes {
@@ -388,12 +430,7 @@ impl Session {
         if !out.contains("frame table invariants: ok") {
             return Err(format!("the frame table check did not pass:\n{out}"));
         }
-        report
-            .categories
-            .iter()
-            .find(|(name, _)| name == category)
-            .map(|(_, bytes)| *bytes)
-            .ok_or_else(|| format!("no '{category}' in:\n{out}"))
+        Ok(report)
     }
 
     /// Writes `line` and a carriage return to the console.

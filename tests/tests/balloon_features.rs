@@ -12,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
 use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
 use regex::Regex;
 
@@ -35,48 +36,36 @@ fn boot(board: Board, bundle: &str) -> Session {
         &opts,
     ));
     s.set_deadline(Duration::from_secs(600));
-    ok(s.expect(r"\[linux\] tidal-guest: agent listening", BOOT));
+    ok(wait_for_agents(&mut s, &["linux"], 0, BOOT));
     s
 }
 
 /// Run `cmd` in the guest through its agent; its output lines.
 fn agent(s: &mut Session, id: u32, cmd: &str) -> Vec<String> {
-    ok(s.send_line("console linux"));
-    ok(s.expect(r"Connected to linux's console", COMMAND));
-    ok(s.send_line(&format!("run {id} {cmd}")));
-    let done =
-        format!(r"(?s)\[linux\] run {id} [^\n]*\n(.*?)\[linux\] tidal-guest: done {id} rc=(\d+)");
-    let c = ok(s.expect(&done, STEP));
-    assert_eq!(c[2], "0", "`{cmd}` failed:\n{}", c[1]);
-    ok(s.send(&[0x1d]));
-    ok(s.expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND));
-    c[1].lines()
-        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("[linux] "))
-        .map(str::to_string)
-        .collect()
+    let reply = ok(agent_run(s, "linux", id, cmd, STEP));
+    assert_eq!(reply.rc, 0, "`{cmd}` failed:\n{:?}", reply.lines);
+    reply.lines
 }
 
 fn info(s: &mut Session) -> String {
     ok(s.run("info balloon linux", COMMAND))
 }
 
-/// The first capture group of `pattern` in `text`, as a number.
+/// The first capture group of `pattern` in `text`, as a number (a
+/// fraction is cut off).
 fn number(text: &str, pattern: &str) -> Option<u64> {
-    Regex::new(pattern)
-        .unwrap()
-        .captures(text)?
-        .get(1)?
-        .as_str()
-        .parse()
-        .ok()
+    let group = Regex::new(pattern).unwrap().captures(text)?.get(1)?;
+    let whole = group.as_str().split('.').next()?;
+    whole.parse().ok()
 }
 
-/// `info balloon` until `pattern` matches (the first group as a number).
-fn wait_info(s: &mut Session, pattern: &str, within: Duration) -> u64 {
+/// `info balloon` until `pattern` matches with a first group of at least
+/// `min`; that number.
+fn wait_info(s: &mut Session, pattern: &str, min: u64, within: Duration) -> u64 {
     let until = Instant::now() + within;
     loop {
         let out = info(s);
-        if let Some(n) = number(&out, pattern) {
+        if let Some(n) = number(&out, pattern).filter(|&n| n >= min) {
             return n;
         }
         assert!(
@@ -119,7 +108,7 @@ fn stats_alone(board: Board) {
     let mut s = boot(board, "linux-stats");
     assert_negotiated(&mut s, &["STATS_VQ"]);
     // The driver primes one buffer; the device asks again every 2 s.
-    let free = wait_info(&mut s, r"free_memory\s+([\d.]+) MiB", STEP);
+    let free = wait_info(&mut s, r"free_memory\s+([\d.]+) MiB", 1, STEP);
     assert!(free > 100, "free_memory {free} MiB");
     let out = info(&mut s);
     for tag in [
@@ -211,6 +200,7 @@ fn reporting_alone(board: Board) {
     let pages = wait_info(
         &mut s,
         r"free page reporting: \d+ reports, \d+ blocks, (\d+) pages",
+        1,
         Duration::from_secs(30),
     );
     assert!(pages > 0);
@@ -234,20 +224,19 @@ fn all_features(board: Board) {
             "PAGE_REPORTING",
         ],
     );
-    wait_info(&mut s, r"free_memory\s+([\d.]+) MiB", STEP);
+    wait_info(&mut s, r"free_memory\s+([\d.]+) MiB", 1, STEP);
     // Let the first reports of the idle guest settle.
     wait_info(
         &mut s,
         r"free page reporting: \d+ reports, \d+ blocks, (\d+) pages",
+        1,
         Duration::from_secs(30),
     );
     // Hold 256 MiB for a few seconds, then free it.
-    ok(s.send_line("console linux"));
-    ok(s.expect(r"Connected to linux's console", COMMAND));
+    ok(enter_console(&mut s, "linux"));
     ok(s.send_line("run 1 tidal-mem hog 256 6"));
     ok(s.expect(r"\[linux\] hog: touched 256 MiB", STEP));
-    ok(s.send(&[0x1d]));
-    ok(s.expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND));
+    ok(leave_console(&mut s));
     let held = pool_free(&mut s);
     ok(s.expect(r"\[linux\] hog: released 256 MiB", STEP));
     let freed = Instant::now();

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
 use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -29,29 +30,15 @@ fn boot(board: Board, scenario: &str) -> Session {
         &opts,
     ));
     s.set_deadline(Duration::from_secs(600));
-    ok(s.expect(r"\[linux\] tidal-guest: ready", BOOT));
-    // Input typed before the agent opens the console is dropped by the
-    // driver's start-up: wait until it listens.
-    ok(s.expect(r"\[linux\] tidal-guest: agent listening", BOOT));
+    ok(wait_for_agents(&mut s, &["linux"], 0, BOOT));
     s
 }
 
 /// Run `cmd` in the guest through its console; its output lines.
 fn agent(s: &mut Session, id: u32, cmd: &str) -> Vec<String> {
-    ok(s.send_line("console linux"));
-    ok(s.expect(r"Connected to linux's console", COMMAND));
-    ok(s.send_line(&format!("run {id} {cmd}")));
-    let done =
-        format!(r"(?s)\[linux\] run {id} [^\n]*\n(.*?)\[linux\] tidal-guest: done {id} rc=(\d+)");
-    let c = ok(s.expect(&done, STEP));
-    assert_eq!(c[2], "0", "`{cmd}` failed:\n{}", c[1]);
-    ok(s.send(&[0x1d]));
-    // Consume the prompt after it too, so the next `run` waits for a new one.
-    ok(s.expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND));
-    c[1].lines()
-        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("[linux] "))
-        .map(str::to_string)
-        .collect()
+    let reply = ok(agent_run(s, "linux", id, cmd, STEP));
+    assert_eq!(reply.rc, 0, "`{cmd}` failed:\n{:?}", reply.lines);
+    reply.lines
 }
 
 /// A `key value` line's value, from /proc/meminfo or /proc/vmstat output.
@@ -126,8 +113,7 @@ fn upstream_balloon_driver(board: Board) {
 /// stops it (SYSTEM_OFF) and every page goes back to the pool.
 fn reboot_and_poweroff(board: Board) {
     let mut s = boot(board, "linux_reboot_and_poweroff");
-    ok(s.send_line("console linux"));
-    ok(s.expect(r"Connected to linux's console", COMMAND));
+    ok(enter_console(&mut s, "linux"));
     ok(s.send_line("run 1 reboot -f"));
     ok(s.expect(
         r"\[linux\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); 131072 pages returned",
@@ -136,8 +122,7 @@ fn reboot_and_poweroff(board: Board) {
     ok(s.expect(r"\[linux\] tidal-guest: agent listening", BOOT));
     ok(s.send_line("run 2 poweroff -f"));
     ok(s.expect(r"\[linux\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); 131072 pages returned", STEP));
-    ok(s.send(&[0x1d]));
-    ok(s.expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND));
+    ok(leave_console(&mut s));
     let guest = s
         .mem_category("guest RAM", COMMAND)
         .unwrap_or_else(|e| panic!("{e}"));

@@ -786,6 +786,15 @@ kernel = "testguest"
         }
         seen.sort();
         let p = |s: &str| Some(s.to_string());
+        let quiet = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet";
+        let poisoned = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet page_poison=1";
+        // The balloon feature bundles: one Linux guest on CPUs 1 and 2.
+        let linux_alone = |bundle: &str, cmdline: &str| {
+            (
+                bundle.to_string(),
+                vec![("linux".to_string(), 512, 6, p(cmdline))],
+            )
+        };
         let pair = vec![
             ("alpha".to_string(), 256, 2, p("pattern")),
             ("beta".to_string(), 128, 4, p("pattern")),
@@ -822,6 +831,30 @@ kernel = "testguest"
                         p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
                     )]
                 ),
+                linux_alone("linux-full", poisoned),
+                linux_alone("linux-hint", quiet),
+                (
+                    "linux-multi".into(),
+                    vec![
+                        (
+                            "linux2".into(),
+                            512,
+                            6,
+                            p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
+                        ),
+                        (
+                            "linux1".into(),
+                            384,
+                            8,
+                            p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
+                        ),
+                        ("beta".into(), 128, 16, p("pattern"))
+                    ]
+                ),
+                linux_alone("linux-oom", quiet),
+                linux_alone("linux-poison", poisoned),
+                linux_alone("linux-reporting", quiet),
+                linux_alone("linux-stats", quiet),
                 ("pair".into(), pair),
                 (
                     "wild".into(),

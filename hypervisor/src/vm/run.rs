@@ -1460,29 +1460,50 @@ pub fn unfocus() {
 }
 
 /// Pass a byte to the focused VM; false when no VM has the keyboard. When
-/// the VM's receive FIFO is full the byte waits (up to a second) for the
-/// guest to drain it: pasted text is not cut short.
+/// the VM's receive FIFO is full the byte waits for the guest to drain it,
+/// however slowly (a vCPU on a loaded host may read a byte a second):
+/// pasted text is not cut short. Only a guest that reads nothing at all for
+/// five seconds loses the byte, as a UART would, and later bytes are
+/// dropped at once until it reads again, so the shell cannot hang on it
+/// (Ctrl-] still gets through).
 pub fn input_to_focus(byte: u8) -> bool {
     let id = FOCUS.load(Ordering::Relaxed);
     let Some(slot) = VMS.get(id) else {
         return false;
     };
-    let (start, freq) = aarch64::counter();
+    let (mut progress_at, freq) = aarch64::counter();
+    let patience = if INPUT_STALLED.load(Ordering::Relaxed) == id {
+        0
+    } else {
+        5 * freq
+    };
+    let mut waiting = usize::MAX;
     loop {
         match slot.lock().as_mut() {
             Some(vm) if vm.state == VmState::Running => {
                 if console_input(vm, byte) {
+                    INPUT_STALLED.store(NO_VM, Ordering::Relaxed);
                     return true;
+                }
+                let queued = vm.uart.rx_len();
+                if queued < waiting {
+                    waiting = queued;
+                    progress_at = aarch64::counter().0;
                 }
             }
             _ => return true,
         }
-        if aarch64::counter().0 - start > freq {
-            return true; // The guest is not reading: drop it, as a UART would.
+        if aarch64::counter().0 - progress_at >= patience {
+            // The guest is not reading: drop it, as a UART would.
+            INPUT_STALLED.store(id, Ordering::Relaxed);
+            return true;
         }
         aarch64::idle_wait(200);
     }
 }
+
+/// The focused VM whose console read nothing for five seconds (NO_VM: none).
+static INPUT_STALLED: AtomicUsize = AtomicUsize::new(NO_VM);
 
 /// Whether a list register holds an interrupt the guest has not taken yet
 /// (it may have executed WFI with interrupts masked: it must not sleep).
