@@ -234,11 +234,14 @@ fn all_features(board: Board) {
     );
     // Hold 256 MiB for a few seconds, then free it.
     ok(enter_console(&mut s, "linux"));
+    // `mem` below consumes output up to its prompt: look for the hog's
+    // later lines from here.
+    let start = s.mark();
     ok(s.send_line("run 1 tidal-mem hog 256 6"));
     ok(s.expect(r"\[linux\] hog: touched 256 MiB", STEP));
     ok(leave_console(&mut s));
     let held = pool_free(&mut s);
-    ok(s.expect(r"\[linux\] hog: released 256 MiB", STEP));
+    ok(s.expect_since(&mut start.clone(), r"\[linux\] hog: released 256 MiB", STEP));
     let freed = Instant::now();
     let back = loop {
         let now = pool_free(&mut s);
@@ -257,7 +260,11 @@ fn all_features(board: Board) {
         back / MIB,
         freed.elapsed().as_secs_f64()
     );
-    ok(s.expect(r"\[linux\] tidal-guest: done 1 rc=0", STEP));
+    ok(s.expect_since(
+        &mut start.clone(),
+        r"\[linux\] tidal-guest: done 1 rc=0",
+        STEP,
+    ));
     // Use it again: every page comes back through a stage-2 fault, filled
     // with the poison the kernel checks on allocation.
     let out = agent(&mut s, 2, "tidal-mem hog 256");
