@@ -291,6 +291,74 @@ fn all_features(board: Board) {
     assert!(!s.output().contains("stopping the VM"), "{}", s.output());
 }
 
+/// A `key value` line's value (e.g. /proc/meminfo in kB, /proc/vmstat).
+fn value(lines: &[String], key: &str) -> u64 {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
+}
+
+/// Scenario 1: while the guest reads a 96 MiB disk image (in tmpfs, through
+/// /dev/loop0, so the reads fill the page cache) over and over, the balloon
+/// inflates to a target that leaves the cache about 48 MiB. It reaches the
+/// target without the guest deflating (no shrinker deflates under mere
+/// cache pressure). Then a hog that needs more than is left: with
+/// DEFLATE_ON_OOM offered the guest deflates from its OOM path and the hog
+/// gets its memory; without it the hog is OOM-killed and the balloon holds.
+fn oom_under_cache_pressure(board: Board, offered: bool) {
+    let mut s = boot(board, if offered { "linux-oom" } else { "linux" });
+    agent(
+        &mut s,
+        1,
+        "dd if=/dev/zero of=/tmp/disk bs=1M count=96 2>/dev/null && losetup /dev/loop0 /tmp/disk",
+    );
+    agent(
+        &mut s,
+        2,
+        "sh -c 'while :; do dd if=/dev/loop0 of=/dev/null bs=1M 2>/dev/null; done' </dev/null >/dev/null 2>&1 &",
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let meminfo = agent(&mut s, 3, "cat /proc/meminfo");
+    let cached = value(&meminfo, "Cached:") * 1024;
+    assert!(
+        cached >= 150 * MIB,
+        "the image and its page cache: {cached}"
+    );
+    let available = value(&meminfo, "MemAvailable:") * 1024;
+    let target = (available - 48 * MIB) / MIB;
+    let pages = target * 256;
+    ok(s.send_line(&format!("balloon linux {target}M")));
+    ok(s.expect(
+        &format!(r"\[linux\] balloon: reached {pages} pages: {pages} pages inflated"),
+        STEP,
+    ));
+    let vmstat = agent(&mut s, 4, "grep ^balloon_ /proc/vmstat");
+    let deflated = value(&vmstat, "balloon_deflate");
+    assert!(
+        deflated * 100 <= pages,
+        "{deflated} pages deflated while inflating {pages} under cache pressure"
+    );
+    // More than is left: the 48 MiB of cache room and then some.
+    let reply = ok(agent_run(&mut s, "linux", 5, "tidal-mem hog 160", STEP));
+    let out = info(&mut s);
+    let on_oom = number(&out, r"deflated on OOM: (\d+) pages").expect(&out);
+    let ballooned = number(&out, r"ballooned (\d+) pages").expect(&out);
+    if offered {
+        assert_eq!(reply.rc, 0, "the hog failed: {:?}", reply.lines);
+        assert!(on_oom > 0, "{out}");
+        assert_eq!(ballooned + on_oom, pages, "{out}");
+        let vmstat = agent(&mut s, 6, "grep ^balloon_ /proc/vmstat");
+        assert!(value(&vmstat, "balloon_deflate") >= on_oom, "{vmstat:?}");
+    } else {
+        assert_ne!(reply.rc, 0, "the hog survived: {:?}", reply.lines);
+        assert_eq!(on_oom, 0, "{out}");
+        assert_eq!(ballooned, pages, "the balloon holds:\n{out}");
+        let dmesg = agent(&mut s, 6, "dmesg | grep -i 'killed process'");
+        assert!(dmesg.iter().any(|l| l.contains("tidal-mem")), "{dmesg:?}");
+    }
+}
+
 macro_rules! matrix {
     ($($board:ident => $b:expr;)*) => {$(
         mod $board {
@@ -312,6 +380,12 @@ macro_rules! matrix {
             #[test]
             #[ignore = "boots QEMU: run cargo xtask test"]
             fn all_features() { super::all_features($b) }
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn oom_deflates_with_deflate_on_oom() { super::oom_under_cache_pressure($b, true) }
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn oom_kills_without_deflate_on_oom() { super::oom_under_cache_pressure($b, false) }
         }
     )*};
 }

@@ -30,8 +30,10 @@ pub const CMDLINE: &str = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init
 #[allow(dead_code)] // For the QEMU harness.
 pub const READY: &str = "tidal-guest: ready";
 
-/// The modules the fixture loads, before their dependencies are added.
-pub const MODULES: &[&str] = &["virtio_mmio", "virtio_balloon"];
+/// The modules the fixture loads, before their dependencies are added:
+/// the balloon on virtio-mmio, and loop devices (a file in tmpfs read
+/// through /dev/loop0 fills the page cache in the balloon tests).
+pub const MODULES: &[&str] = &["virtio_mmio", "virtio_balloon", "loop"];
 
 const BUSYBOX_PACKAGE: &str = "busybox-static";
 const INIT: &str = include_str!("../../guests/linux/init");
