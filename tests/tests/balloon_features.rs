@@ -299,9 +299,10 @@ fn value(lines: &[String], key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
 }
 
-/// Scenario 1: while the guest reads a 96 MiB disk image (in tmpfs, through
-/// /dev/loop0, so the reads fill the page cache) over and over, the balloon
-/// inflates to a target that leaves the cache about 48 MiB. It reaches the
+/// Scenario 1: while the guest reads an 80 MiB file over and over (on an
+/// ext2 file system in a tmpfs image behind /dev/loop0, so the reads go
+/// through the page cache), the balloon inflates to a target that leaves
+/// about 48 MiB of available memory, cache included. It reaches the
 /// target without the guest deflating (no shrinker deflates under mere
 /// cache pressure). Then a hog that needs more than is left: with
 /// DEFLATE_ON_OOM offered the guest deflates from its OOM path and the hog
@@ -311,19 +312,21 @@ fn oom_under_cache_pressure(board: Board, offered: bool) {
     agent(
         &mut s,
         1,
-        "dd if=/dev/zero of=/tmp/disk bs=1M count=96 2>/dev/null && losetup /dev/loop0 /tmp/disk",
+        "dd if=/dev/zero of=/tmp/disk bs=1M count=100 2>/dev/null && losetup /dev/loop0 /tmp/disk \
+         && mke2fs -q /dev/loop0 && mkdir -p /mnt && mount /dev/loop0 /mnt \
+         && dd if=/dev/urandom of=/mnt/f bs=1M count=80 2>/dev/null && sync",
     );
     agent(
         &mut s,
         2,
-        "sh -c 'while :; do dd if=/dev/loop0 of=/dev/null bs=1M 2>/dev/null; done' </dev/null >/dev/null 2>&1 &",
+        "sh -c 'while :; do cat /mnt/f >/dev/null; done' </dev/null >/dev/null 2>&1 &",
     );
     std::thread::sleep(Duration::from_secs(3));
     let meminfo = agent(&mut s, 3, "cat /proc/meminfo");
-    let cached = value(&meminfo, "Cached:") * 1024;
+    let file_cache = (value(&meminfo, "Cached:") - value(&meminfo, "Shmem:")) * 1024;
     assert!(
-        cached >= 150 * MIB,
-        "the image and its page cache: {cached}"
+        file_cache >= 64 * MIB,
+        "the file in the page cache: {meminfo:?}"
     );
     let available = value(&meminfo, "MemAvailable:") * 1024;
     let target = (available - 48 * MIB) / MIB;
@@ -342,18 +345,28 @@ fn oom_under_cache_pressure(board: Board, offered: bool) {
     // More than is left: the 48 MiB of cache room and then some.
     let reply = ok(agent_run(&mut s, "linux", 5, "tidal-mem hog 160", STEP));
     let out = info(&mut s);
-    let on_oom = number(&out, r"deflated on OOM: (\d+) pages").expect(&out);
+    // The line is there only when DEFLATE_ON_OOM was negotiated.
+    let on_oom = number(&out, r"deflated on OOM: (\d+) pages").unwrap_or(0);
     let ballooned = number(&out, r"ballooned (\d+) pages").expect(&out);
     if offered {
         assert_eq!(reply.rc, 0, "the hog failed: {:?}", reply.lines);
         assert!(on_oom > 0, "{out}");
-        assert_eq!(ballooned + on_oom, pages, "{out}");
+        // Every page the balloon lost went through the OOM path (page
+        // migration moves a few more in and out: hence not an equality).
+        assert!(ballooned < pages && ballooned + on_oom >= pages, "{out}");
         let vmstat = agent(&mut s, 6, "grep ^balloon_ /proc/vmstat");
-        assert!(value(&vmstat, "balloon_deflate") >= on_oom, "{vmstat:?}");
+        // The guest's count agrees up to balloon page migrations.
+        let deflated = value(&vmstat, "balloon_deflate");
+        let migrated = value(&vmstat, "balloon_migrate");
+        assert!(deflated + migrated >= on_oom && deflated > 0, "{vmstat:?}");
     } else {
         assert_ne!(reply.rc, 0, "the hog survived: {:?}", reply.lines);
         assert_eq!(on_oom, 0, "{out}");
-        assert_eq!(ballooned, pages, "the balloon holds:\n{out}");
+        // The driver's own count (the device's may be one page ahead while
+        // the guest migrates a balloon page).
+        let actual = number(&out, r"actual (\d+) pages").expect(&out);
+        assert_eq!(actual, pages, "the balloon holds:\n{out}");
+        assert!(ballooned.abs_diff(pages) <= 1, "{out}");
         let dmesg = agent(&mut s, 6, "dmesg | grep -i 'killed process'");
         assert!(dmesg.iter().any(|l| l.contains("tidal-mem")), "{dmesg:?}");
     }

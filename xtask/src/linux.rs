@@ -31,9 +31,17 @@ pub const CMDLINE: &str = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init
 pub const READY: &str = "tidal-guest: ready";
 
 /// The modules the fixture loads, before their dependencies are added:
-/// the balloon on virtio-mmio, and loop devices (a file in tmpfs read
-/// through /dev/loop0 fills the page cache in the balloon tests).
-pub const MODULES: &[&str] = &["virtio_mmio", "virtio_balloon", "loop"];
+/// the balloon on virtio-mmio, and what an ext2 file system on a loop
+/// device needs (the balloon tests read a file on one to fill the page
+/// cache; ext4 asks the crypto API for crc32c, which is no module
+/// dependency).
+pub const MODULES: &[&str] = &[
+    "virtio_mmio",
+    "virtio_balloon",
+    "loop",
+    "crc32c_generic",
+    "ext4",
+];
 
 const BUSYBOX_PACKAGE: &str = "busybox-static";
 const INIT: &str = include_str!("../../guests/linux/init");

@@ -1194,10 +1194,15 @@ impl Balloon {
             self.ballooned_count -= n;
             self.stats.pages_deflated += n;
             // The pages that took the balloon below the target: the guest
-            // took them back on its own (DEFLATE_ON_OOM).
-            let target = u64::from(self.target);
-            self.stats.pages_deflated_on_oom +=
-                target.saturating_sub(self.ballooned_count) - target.saturating_sub(before);
+            // took them back on its own (DEFLATE_ON_OOM). Without the
+            // feature such a deflate is a balloon page migration (Linux
+            // gives back the old page around inflating the new one): not
+            // an OOM deflate.
+            if self.negotiated & F_DEFLATE_ON_OOM != 0 {
+                let target = u64::from(self.target);
+                self.stats.pages_deflated_on_oom +=
+                    target.saturating_sub(self.ballooned_count) - target.saturating_sub(before);
+            }
         }
         Ok(())
     }

@@ -346,6 +346,21 @@ fn deflates_below_the_target_count_as_oom() {
     assert!(format!("{}", r.balloon().stats()).contains("(+0 on reset, 15 on OOM)"));
 }
 
+#[test]
+fn without_deflate_on_oom_a_deflate_below_the_target_is_a_migration() {
+    // Linux migrating a balloon page gives the old one back around taking
+    // the new one: below the target for a moment, but not the OOM path.
+    let mut r = Rig::live(F_MUST_TELL_HOST, F_MUST_TELL_HOST);
+    r.t.set_balloon_target(100);
+    r.send(0, &pfns(RAM_START..RAM_START + 100));
+    r.send(1, &pfns(RAM_START..RAM_START + 1));
+    r.send(0, &pfns(RAM_START + 100..RAM_START + 101));
+    assert_eq!(r.balloon().ballooned_pages(), 100);
+    assert_eq!(r.balloon().stats().pages_deflated_on_oom, 0);
+    assert!(!r.info().contains("deflated on OOM"));
+    r.check();
+}
+
 // ---- Free page reporting --------------------------------------------------
 
 #[test]
