@@ -464,6 +464,7 @@ fn run(cmd: Command, board: &BoardInfo) {
                 Some(Some(())) => println!("{name}: balloon statistics every {seconds} s"),
             }
         }
+        Command::StatsNow { vm: name } => stats_now(name),
         Command::Hint { vm: name } => match vm::with_vm(name, vm::start_hint) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot start free page hinting: {e}"),
@@ -565,6 +566,26 @@ fn stop_vm(name: &str) {
         core::hint::spin_loop();
     }
     println!("{name}: stop requested; it stops at its next exit (it has not trapped for 1 s)");
+}
+
+/// `balloon-stats <vm> now`: ask the guest for a fresh statistics sample,
+/// wait for it (up to 2 s), show it.
+fn stats_now(name: &str) {
+    let asked = aarch64::uptime_us();
+    match vm::with_vm(name, vm::request_stats) {
+        None => return no_such_vm(name),
+        Some(Err(e)) => return println!("{name}: cannot ask for statistics: {e}"),
+        Some(Ok(())) => {}
+    }
+    let fresh = |vm: &mut vm::Vm| vm::stats_arrived_us(vm).is_some_and(|t| t >= asked);
+    while aarch64::uptime_us() - asked < 2_000_000 {
+        if vm::with_vm(name, fresh) == Some(true) {
+            let _ = vm::with_vm(name, vm::print_balloon);
+            return;
+        }
+        aarch64::idle_wait(10_000);
+    }
+    println!("{name}: no statistics from the guest within 2 s (is its balloon driver running?)");
 }
 
 /// Drive the GIC's virtualization interface when the host has one we

@@ -131,6 +131,16 @@ fn stats_alone(board: Board) {
             .unwrap_or_else(|| panic!("no 1 s statistics in:\n{out}"));
         assert!(age < 2.5, "sample {age} s old:\n{out}");
     }
+    // Polling off; a sample on demand is fresh.
+    ok(s.run("balloon-stats linux 0", COMMAND));
+    std::thread::sleep(Duration::from_secs(3));
+    let out = ok(s.run("balloon-stats linux now", COMMAND));
+    let age = Regex::new(r"guest statistics, ([\d.]+) s old \(polling off\)")
+        .unwrap()
+        .captures(&out)
+        .and_then(|c| c[1].parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no statistics on demand in:\n{out}"));
+    assert!(age < 1.0, "sample {age} s old:\n{out}");
 }
 
 fn deflate_on_oom_alone(board: Board) {

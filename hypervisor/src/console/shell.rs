@@ -22,6 +22,10 @@ pub enum Command<'a> {
         vm: &'a str,
         seconds: u32,
     },
+    /// Ask a VM's guest for fresh balloon statistics now.
+    StatsNow {
+        vm: &'a str,
+    },
     /// Start a free page hinting run on a VM.
     Hint {
         vm: &'a str,
@@ -72,8 +76,8 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "balloon target, actual, features, counters, guest statistics, hinting and exits",
     },
     CommandInfo {
-        usage: "balloon-stats <vm> <seconds>",
-        summary: "ask a VM's guest for memory statistics every <seconds> (0 stops; default 2)",
+        usage: "balloon-stats <vm> <seconds|now>",
+        summary: "ask a VM's guest for memory statistics every <seconds> (0 stops; default 2), or once now",
     },
     CommandInfo {
         usage: "hint <vm>",
@@ -130,7 +134,7 @@ impl core::fmt::Display for ParseError<'_> {
             ),
             ParseError::BadSeconds(text) => write!(
                 f,
-                "'{text}' is not a number of seconds: write a whole number (e.g. 2), or 0 to stop polling"
+                "'{text}' is not a number of seconds: write a whole number (e.g. 2), 0 to stop polling, or now"
             ),
         }
     }
@@ -166,11 +170,12 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             _ => Err(ParseError::Usage("balloon <vm> <size>")),
         },
         "balloon-stats" => match (rest, words.next(), words.next()) {
+            (Some(vm), Some("now"), None) => Ok(Some(Command::StatsNow { vm })),
             (Some(vm), Some(secs), None) => {
                 let seconds = parse_seconds(secs).ok_or(ParseError::BadSeconds(secs))?;
                 Ok(Some(Command::BalloonStats { vm, seconds }))
             }
-            _ => Err(ParseError::Usage("balloon-stats <vm> <seconds>")),
+            _ => Err(ParseError::Usage("balloon-stats <vm> <seconds|now>")),
         },
         "hint" => one_vm("hint <vm>", rest, words.next()).map(|vm| Some(Command::Hint { vm })),
         "info" => match (rest, words.next(), words.next()) {
@@ -243,10 +248,15 @@ mod tests {
                 .replace("<vm>", "alpha")
                 .replace("<size>", "64M")
                 .replace("<seconds>", "5")
+                .replace("<seconds|now>", "now")
                 .replace("[vm]", "beta");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
         assert_eq!(parse("  mem  "), Ok(Some(Command::Mem)));
+        assert_eq!(
+            parse("balloon-stats linux now"),
+            Ok(Some(Command::StatsNow { vm: "linux" }))
+        );
         assert_eq!(parse(""), Ok(None));
         assert_eq!(parse("debug panic"), Ok(Some(Command::DebugPanic)));
         assert_eq!(
@@ -272,23 +282,23 @@ mod tests {
             let line = format!("balloon-stats linux {bad}");
             let e = parse(&line).unwrap_err();
             if bad.is_empty() {
-                assert_eq!(e, ParseError::Usage("balloon-stats <vm> <seconds>"));
+                assert_eq!(e, ParseError::Usage("balloon-stats <vm> <seconds|now>"));
             } else {
                 assert_eq!(
                     e.to_string(),
                     format!(
-                        "'{bad}' is not a number of seconds: write a whole number (e.g. 2), or 0 to stop polling"
+                        "'{bad}' is not a number of seconds: write a whole number (e.g. 2), 0 to stop polling, or now"
                     )
                 );
             }
         }
         assert_eq!(
             parse("balloon-stats linux").unwrap_err().to_string(),
-            "usage: balloon-stats <vm> <seconds>"
+            "usage: balloon-stats <vm> <seconds|now>"
         );
         assert_eq!(
             parse("balloon-stats linux 2 3").unwrap_err().to_string(),
-            "usage: balloon-stats <vm> <seconds>"
+            "usage: balloon-stats <vm> <seconds|now>"
         );
         assert_eq!(parse("hint").unwrap_err().to_string(), "usage: hint <vm>");
         assert_eq!(
@@ -320,7 +330,7 @@ mod tests {
             assert!(s.contains(c.usage));
         }
         // Summaries line up after the longest usage.
-        assert!(s.contains("  balloon-stats <vm> <seconds> ask a VM's guest"));
-        assert!(s.contains("  hint <vm>                    ask a VM's guest to hint"));
+        assert!(s.contains("  balloon-stats <vm> <seconds|now> ask a VM's guest"));
+        assert!(s.contains("  hint <vm>                        ask a VM's guest to hint"));
     }
 }

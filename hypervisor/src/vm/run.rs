@@ -1128,6 +1128,30 @@ impl core::fmt::Display for HintStartError {
     }
 }
 
+/// Ask VM `vm`'s guest for fresh statistics now (`balloon-stats <vm> now`);
+/// the sample arrives a moment later ([`stats_arrived_us`]).
+pub fn request_stats(vm: &mut Vm) -> Result<(), &'static str> {
+    if vm.state != VmState::Running {
+        return Err("it is not running (type 'start <vm>' first)");
+    }
+    let Some(balloon) = vm.balloon.as_mut() else {
+        return Err("it has no balloon device");
+    };
+    if balloon.negotiated_features() & crate::balloon::F_STATS_VQ == 0 {
+        return Err("its guest did not accept STATS_VQ (is it offered in the VM's configuration?)");
+    }
+    balloon.device_mut().request_stats();
+    poll_balloon(vm);
+    // vCPU 0 may sleep in WFI: make it look at its interrupts.
+    apply_effect(vm, crate::vgic::VgicEffect { kick: 1 });
+    Ok(())
+}
+
+/// When the guest's latest statistics sample arrived (uptime, us).
+pub fn stats_arrived_us(vm: &mut Vm) -> Option<u64> {
+    Some(vm.balloon.as_ref()?.device().stats_sample()?.arrived_us)
+}
+
 /// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
 pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
     if vm.state != VmState::Running {
