@@ -1171,10 +1171,11 @@ pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
 fn report_hint_end(name: &str, before: Option<HintRun>, after: Option<&HintRun>) {
     let Some(run) = after else { return };
     let was_running = before.is_some_and(|b| b.id == run.id && b.ended_us.is_none());
-    if was_running && run.ended_us.is_some() {
+    if let (true, Some(ended)) = (was_running, run.ended_us) {
         println!(
-            "[{name}] balloon: free page hint {run}; {} given back",
-            crate::report::Size(run.pages_hinted * PAGE_SIZE)
+            "[{name}] balloon: free page hint {run}; {} ({} ms)",
+            crate::report::Size(run.pages_hinted * PAGE_SIZE),
+            ended.saturating_sub(run.started_us) / 1000
         );
     }
 }
