@@ -77,11 +77,27 @@ fn queue_numbering_skips_absent_queues() {
 fn negotiation_keeps_only_what_the_driver_implements() {
     let offered = u64::MAX;
     assert_eq!(
-        negotiate(offered),
+        negotiate(offered, features::BASIC),
         features::VERSION_1 | features::MUST_TELL_HOST
     );
-    assert_eq!(negotiate(features::STATS_VQ | 1 << 28 | 1 << 29), 0);
-    assert_eq!(negotiate(features::VERSION_1), features::VERSION_1);
+    assert_eq!(
+        negotiate(features::STATS_VQ | 1 << 28 | 1 << 29, features::BASIC),
+        0
+    );
+    assert_eq!(
+        negotiate(features::VERSION_1, features::BASIC),
+        features::VERSION_1
+    );
+    // Everything wanted: only the six balloon features and VERSION_1 are taken.
+    assert_eq!(negotiate(offered, u64::MAX), features::SUPPORTED);
+    // Wanted but not offered: not taken; VERSION_1 taken even if not asked for.
+    assert_eq!(
+        negotiate(
+            features::VERSION_1 | features::STATS_VQ,
+            features::PAGE_REPORTING
+        ),
+        features::VERSION_1
+    );
 }
 
 #[test]
@@ -182,6 +198,24 @@ struct Device {
     /// The guest's free pages: shared with `FakePages` to check MUST_TELL_HOST.
     guest_free: Rc<RefCell<BTreeSet<u64>>>,
     violations: Vec<String>,
+    /// Every statistics buffer received, decoded.
+    stats: Vec<Vec<(u16, u64)>>,
+    /// The head of the statistics buffer the device holds.
+    held_stats: Option<u16>,
+    /// `free_page_hint_cmd_id` as shown in config.
+    hint_cmd_id: u32,
+    /// Command ids the driver sent on free_page_vq.
+    hint_ids: Vec<u32>,
+    /// Hinted blocks `(addr, len)` with the id shown when each arrived.
+    hinted: Vec<(u64, u32, u32)>,
+    /// Show STOP after this many hinted blocks (the host stops the run).
+    stop_hint_after: Option<usize>,
+    /// Each report's blocks `(addr, len)`.
+    reports: Vec<Vec<(u64, u32)>>,
+    /// `poison_val` and whether DRIVER_OK was set when it was written.
+    poison: Option<(u32, bool)>,
+    /// Mark the next used element with a head the driver never gave.
+    bogus_used_head: bool,
 }
 
 #[derive(Clone)]
@@ -198,6 +232,40 @@ unsafe fn rd<T: Copy>(addr: u64) -> T {
     unsafe { (addr as *const T).read_unaligned() }
 }
 
+/// One descriptor of a chain, as the device sees it.
+#[derive(Clone, Copy, Debug)]
+struct Desc {
+    addr: u64,
+    len: u32,
+    writable: bool,
+}
+
+/// Follows the chain from `head` (NEXT = 1, WRITE = 2).
+fn read_chain(q: &FakeQueue, head: u16) -> Vec<Desc> {
+    let mut chain = vec![];
+    let mut i = head;
+    loop {
+        assert!(
+            u32::from(i) < q.size && chain.len() < q.size as usize,
+            "broken chain"
+        );
+        let d = q.desc + 16 * u64::from(i);
+        // SAFETY: within the descriptor table virtio-drivers allocated.
+        let (addr, len, flags, next): (u64, u32, u16, u16) =
+            unsafe { (rd(d), rd(d + 8), rd(d + 12), rd(d + 14)) };
+        assert_eq!(flags & !3, 0, "no indirect descriptors");
+        chain.push(Desc {
+            addr,
+            len,
+            writable: flags & 2 != 0,
+        });
+        if flags & 1 == 0 {
+            return chain;
+        }
+        i = next;
+    }
+}
+
 impl Device {
     fn process(&mut self, queue: u16) {
         let q = self.queues[queue as usize];
@@ -210,10 +278,76 @@ impl Device {
             let slot = u64::from(last % q.size as u16);
             // SAFETY: as above, within the avail ring.
             let head: u16 = unsafe { rd(q.avail + 4 + 2 * slot) };
-            let d = q.desc + 16 * u64::from(head);
-            // SAFETY: as above, within the descriptor table.
-            let (addr, len, flags): (u64, u32, u16) = unsafe { (rd(d), rd(d + 8), rd(d + 12)) };
-            assert_eq!(flags, 0, "one device-readable descriptor per request");
+            let chain = read_chain(&q, head);
+            let kind = self.kind_of(queue);
+            let hold = match kind {
+                Queue::Inflate | Queue::Deflate => {
+                    self.balloon_request(queue, kind, &chain);
+                    false
+                }
+                Queue::Stats => self.stats_buffer(&chain),
+                Queue::FreePageHint => {
+                    self.hint_buffer(&chain);
+                    false
+                }
+                Queue::Reporting => {
+                    self.report_buffer(&chain);
+                    false
+                }
+            };
+            last = last.wrapping_add(1);
+            if hold {
+                self.held_stats = Some(head);
+                continue;
+            }
+            self.push_used(queue, head);
+        }
+        self.queues[queue as usize].last_avail = last;
+    }
+
+    /// Puts `head` in the used ring of `queue` and raises the queue interrupt.
+    fn push_used(&mut self, queue: u16, head: u16) {
+        let q = self.queues[queue as usize];
+        let head = if std::mem::take(&mut self.bogus_used_head) {
+            head.wrapping_add(7) % q.size as u16
+        } else {
+            head
+        };
+        // SAFETY: within the used ring, set up like the other rings.
+        let used_idx: u16 = unsafe { rd(q.used + 2) };
+        let elem = q.used + 4 + 8 * u64::from(used_idx % q.size as u16);
+        // SAFETY: within the used ring, which the device owns.
+        unsafe {
+            (elem as *mut u32).write_unaligned(u32::from(head));
+            ((elem + 4) as *mut u32).write_unaligned(0);
+            ((q.used + 2) as *mut u16).write_unaligned(used_idx.wrapping_add(1));
+        }
+        self.interrupt_status |= InterruptStatus::QUEUE_INTERRUPT.bits();
+    }
+
+    /// Which queue `index` is, given the negotiated features.
+    fn kind_of(&self, index: u16) -> Queue {
+        [
+            Queue::Inflate,
+            Queue::Deflate,
+            Queue::Stats,
+            Queue::FreePageHint,
+            Queue::Reporting,
+        ]
+        .into_iter()
+        .find(|&k| queue_index(self.driver_features, k) == Some(index))
+        .expect("notify on a queue that does not exist")
+    }
+
+    fn balloon_request(&mut self, queue: u16, kind: Queue, chain: &[Desc]) {
+        {
+            assert_eq!(chain.len(), 1, "one descriptor per request");
+            let Desc {
+                addr,
+                len,
+                writable,
+            } = chain[0];
+            assert!(!writable, "inflate/deflate buffers are device-readable");
             assert!(len % 4 == 0 && len as usize <= PFNS_PER_REQUEST * 4);
             let pfns: Vec<u32> = (0..u64::from(len / 4))
                 // SAFETY: the buffer the driver shared, `len` bytes long.
@@ -226,10 +360,9 @@ impl Device {
                         "queue {queue}: page {page:#x} still free in the guest"
                     ));
                 }
-                let fresh = match queue {
-                    0 => self.inflated.insert(pfn),
-                    1 => self.inflated.remove(&pfn),
-                    _ => unreachable!(),
+                let fresh = match kind {
+                    Queue::Inflate => self.inflated.insert(pfn),
+                    _ => self.inflated.remove(&pfn),
                 };
                 if !fresh {
                     self.violations
@@ -237,19 +370,89 @@ impl Device {
                 }
             }
             self.requests.push((queue, pfns));
-            // SAFETY: within the used ring, set up like the other rings.
-            let used_idx: u16 = unsafe { rd(q.used + 2) };
-            let elem = q.used + 4 + 8 * u64::from(used_idx % q.size as u16);
-            // SAFETY: within the used ring, which the device owns.
-            unsafe {
-                (elem as *mut u32).write_unaligned(u32::from(head));
-                ((elem + 4) as *mut u32).write_unaligned(0);
-                ((q.used + 2) as *mut u16).write_unaligned(used_idx.wrapping_add(1));
-            }
-            last = last.wrapping_add(1);
-            self.interrupt_status |= InterruptStatus::QUEUE_INTERRUPT.bits();
         }
-        self.queues[queue as usize].last_avail = last;
+    }
+
+    /// A statistics buffer: decoded and held (returns true).
+    fn stats_buffer(&mut self, chain: &[Desc]) -> bool {
+        let mut bytes = vec![];
+        for d in chain {
+            assert!(!d.writable, "statistics are device-readable");
+            // SAFETY: the buffer the driver shared, `len` bytes long.
+            bytes.extend((0..u64::from(d.len)).map(|i| unsafe { rd::<u8>(d.addr + i) }));
+        }
+        assert_eq!(bytes.len() % 10, 0, "10-byte entries, packed");
+        let entries = bytes
+            .chunks_exact(10)
+            .map(|e| {
+                (
+                    u16::from_le_bytes(e[..2].try_into().unwrap()),
+                    u64::from_le_bytes(e[2..].try_into().unwrap()),
+                )
+            })
+            .collect();
+        self.stats.push(entries);
+        if self.held_stats.is_some() {
+            self.violations.push("a second statistics buffer".into());
+        }
+        true
+    }
+
+    /// The host asks for fresh statistics: returns the held buffer.
+    fn return_stats(&mut self) {
+        let head = self.held_stats.take().expect("no statistics buffer held");
+        let index = queue_index(self.driver_features, Queue::Stats).unwrap();
+        self.push_used(index, head);
+    }
+
+    /// A free page hinting buffer: an id, or one device-writable block.
+    fn hint_buffer(&mut self, chain: &[Desc]) {
+        assert_eq!(chain.len(), 1, "an id or one block per buffer");
+        let Desc {
+            addr,
+            len,
+            writable,
+        } = chain[0];
+        if writable {
+            self.hinted.push((addr, len, self.hint_cmd_id));
+            if self.hint_cmd_id < 2 {
+                self.violations
+                    .push(format!("block {addr:#x} hinted outside a run"));
+            }
+            if self.stop_hint_after == Some(self.hinted.len()) {
+                self.hint_cmd_id = 0;
+                self.interrupt_status |= InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits();
+            }
+            return;
+        }
+        assert_eq!(len, 4, "command ids are 4 bytes");
+        // SAFETY: the buffer the driver shared, 4 bytes long.
+        let id = u32::from_le(unsafe { rd(addr) });
+        self.hint_ids.push(id);
+        if id == 0 {
+            // The driver's STOP: the run is done.
+            self.hint_cmd_id = 1;
+            self.interrupt_status |= InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits();
+        }
+    }
+
+    /// The host starts a free page hinting run.
+    fn start_hint(&mut self, id: u32) {
+        self.hint_cmd_id = id;
+        self.interrupt_status |= InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits();
+    }
+
+    /// A free page report: device-writable blocks only.
+    fn report_buffer(&mut self, chain: &[Desc]) {
+        let mut blocks = vec![];
+        for d in chain {
+            if !d.writable {
+                self.violations
+                    .push(format!("report block {:#x} is device-readable", d.addr));
+            }
+            blocks.push((d.addr, d.len));
+        }
+        self.reports.push(blocks);
     }
 
     /// Processes the queues notified so far (`Mode::Deferred`).
@@ -357,9 +560,12 @@ impl Transport for FakeTransport {
         offset: usize,
     ) -> virtio_drivers::Result<T> {
         let d = self.0.borrow();
-        let mut config = [0u8; 8];
+        let mut config = [0u8; 16];
         config[..4].copy_from_slice(&d.num_pages.to_le_bytes());
-        config[4..].copy_from_slice(&d.actual.to_le_bytes());
+        config[4..8].copy_from_slice(&d.actual.to_le_bytes());
+        config[8..12].copy_from_slice(&d.hint_cmd_id.to_le_bytes());
+        let poison = d.poison.map_or(0, |p| p.0);
+        config[12..].copy_from_slice(&poison.to_le_bytes());
         let bytes = config
             .get(offset..offset + size_of::<T>())
             .ok_or(virtio_drivers::Error::ConfigSpaceTooSmall)?;
@@ -370,9 +576,16 @@ impl Transport for FakeTransport {
         offset: usize,
         value: T,
     ) -> virtio_drivers::Result<()> {
-        assert_eq!(offset, 4, "the driver writes only `actual`");
-        let bytes = value.as_bytes();
-        self.0.borrow_mut().actual = u32::from_le_bytes(bytes.try_into().unwrap());
+        let value = u32::from_le_bytes(value.as_bytes().try_into().unwrap());
+        let mut d = self.0.borrow_mut();
+        match offset {
+            4 => d.actual = value,
+            12 => {
+                let late = d.status & DeviceStatus::DRIVER_OK.bits() != 0;
+                d.poison = Some((value, late));
+            }
+            _ => panic!("the driver writes only `actual` and `poison_val`"),
+        }
         Ok(())
     }
 }
