@@ -985,3 +985,486 @@ fn wait_limit_counts_wake_ups() {
     assert_eq!(irq.waits, 3);
     assert_eq!(dev.borrow().status, 0);
 }
+
+// ---------------------------------------------------------------- features
+
+/// Real memory for free blocks (the driver hands them to the device as
+/// buffers): `pages` pages aligned to their total size.
+struct Arena {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Arena {
+    fn new(pages: usize) -> Arena {
+        let layout = Layout::from_size_align(pages * 4096, pages * 4096).unwrap();
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Arena { ptr, layout }
+    }
+    fn base(&self) -> u64 {
+        self.ptr as u64
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// A bitmap allocator over `arena`, every page free.
+fn frames(arena: &Arena, pages: u64) -> BitmapFrames<Vec<u64>> {
+    let mut f = BitmapFrames::new(arena.base(), pages, vec![0; pages.div_ceil(64) as usize]);
+    for i in 0..pages {
+        f.free_page(arena.base() + i * 4096);
+    }
+    f
+}
+
+fn blocks_of(f: &mut impl FrameAllocator, min_order: u32) -> Vec<(u64, u32)> {
+    let mut v = vec![];
+    f.free_blocks(min_order, &mut |a, o| {
+        v.push((a, o));
+        true
+    });
+    v
+}
+
+fn all_features(poison_val: u32) -> Options {
+    Options {
+        features: features::SUPPORTED,
+        poison_val,
+    }
+}
+
+#[test]
+fn bitmap_frames_allocate_low_and_list_aligned_free_blocks() {
+    let arena = Arena::new(64);
+    let b = arena.base();
+    let mut f = frames(&arena, 64);
+    assert_eq!((f.free_pages(), f.total_pages()), (64, 64));
+    assert_eq!(blocks_of(&mut f, 0), [(b, 6)]);
+    assert_eq!(f.alloc_page(), Some(b));
+    assert_eq!(f.alloc_page(), Some(b + 4096));
+    assert_eq!(f.alloc_page(), Some(b + 2 * 4096));
+    // Pages 3.. free: 3 (order 0), 4-7 (2), 8-15 (3), 16-31 (4), 32-63 (5).
+    assert_eq!(
+        blocks_of(&mut f, 0),
+        [
+            (b + 3 * 4096, 0),
+            (b + 4 * 4096, 2),
+            (b + 8 * 4096, 3),
+            (b + 16 * 4096, 4),
+            (b + 32 * 4096, 5)
+        ]
+    );
+    assert_eq!(
+        blocks_of(&mut f, 4),
+        [(b + 16 * 4096, 4), (b + 32 * 4096, 5)]
+    );
+    f.free_page(b + 4096);
+    assert_eq!(f.alloc_page(), Some(b + 4096), "lowest free page first");
+    // A visitor that stops after the first block.
+    let mut seen = 0;
+    f.free_blocks(0, &mut |_, _| {
+        seen += 1;
+        false
+    });
+    assert_eq!(seen, 1);
+    for _ in 0..61 {
+        assert!(f.alloc_page().is_some());
+    }
+    assert_eq!(f.alloc_page(), None);
+    assert_eq!(f.free_pages(), 0);
+    assert!(blocks_of(&mut f, 0).is_empty());
+}
+
+#[test]
+#[should_panic(expected = "freed twice")]
+fn bitmap_frames_refuse_a_double_free() {
+    let arena = Arena::new(8);
+    let mut f = frames(&arena, 8);
+    f.free_page(arena.base());
+}
+
+#[test]
+fn all_six_features_are_negotiated_and_every_queue_set_up() {
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0xdead_beef))
+            .unwrap();
+    let d = dev.borrow();
+    assert_eq!(d.driver_features, features::SUPPORTED);
+    assert_eq!(d.queues_set, BTreeSet::from([0, 1, 2, 3, 4]));
+    assert_eq!(
+        d.poison,
+        Some((0xdead_beef, false)),
+        "written before DRIVER_OK"
+    );
+    assert_eq!(balloon.poison_val(), 0xdead_beef);
+    assert!(balloon.has(features::DEFLATE_ON_OOM));
+}
+
+#[test]
+fn only_offered_features_are_used_and_queues_shift_down() {
+    let pages = FakePages::new(RAM, 16);
+    let offered = features::VERSION_1 | features::PAGE_REPORTING | features::STATS_VQ;
+    let (t, dev) = device(offered, Mode::Good, &pages);
+    let balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(7)).unwrap();
+    let d = dev.borrow();
+    assert_eq!(d.driver_features, offered);
+    assert_eq!(d.queues_set, BTreeSet::from([0, 1, 2, 3]));
+    assert_eq!(d.poison, None, "no poison_val without PAGE_POISON");
+    assert_eq!(balloon.poison_val(), 0);
+}
+
+#[test]
+fn statistics_are_primed_then_resent_only_when_the_device_returns_them() {
+    let arena = Arena::new(64);
+    let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 9);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    assert!(balloon.answer_stats(&mut frames).unwrap());
+    assert!(
+        !balloon.answer_stats(&mut frames).unwrap(),
+        "held by the device"
+    );
+    for _ in 0..5 {
+        frames.alloc_page().unwrap();
+    }
+    dev.borrow_mut().return_stats();
+    assert!(balloon.answer_stats(&mut frames).unwrap());
+    let d = dev.borrow();
+    assert_eq!(d.stats.len(), 2);
+    let expect = |free: u64| {
+        vec![
+            (stat::FREE_MEMORY, free * 4096),
+            (stat::TOTAL_MEMORY, 64 * 4096),
+            (stat::AVAILABLE_MEMORY, free * 4096),
+        ]
+    };
+    assert_eq!(d.stats[0], expect(64));
+    assert_eq!(d.stats[1], expect(59), "fresh figures");
+    assert!(d.held_stats.is_some());
+    assert!(d.violations.is_empty(), "{:?}", d.violations);
+}
+
+#[test]
+fn statistics_without_the_feature_send_nothing() {
+    let arena = Arena::new(8);
+    let mut frames = Reporting::<_, 8>::new(frames(&arena, 8), 0);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 16]).unwrap();
+    assert!(!balloon.answer_stats(&mut frames).unwrap());
+    assert!(dev.borrow().stats.is_empty());
+}
+
+#[test]
+fn statistics_source_with_too_many_tags_is_capped() {
+    let mut s = MemoryStats::default();
+    for tag in 0..20 {
+        assert_eq!(s.set(tag, 1), usize::from(tag) < MAX_STATS);
+    }
+    assert!(s.set(3, 42), "replacing a tag needs no room");
+    assert_eq!(s.entries().len(), MAX_STATS);
+    assert_eq!(s.entries()[3], (3, 42));
+    let mut out = [0u8; MAX_STATS * STAT_ENTRY_BYTES];
+    assert_eq!(s.encode(&mut out), 160);
+    assert_eq!(&out[30..40], &[3, 0, 42, 0, 0, 0, 0, 0, 0, 0]);
+}
+
+#[test]
+fn device_returning_a_foreign_statistics_head_breaks_the_driver() {
+    let arena = Arena::new(8);
+    let mut frames = Reporting::<_, 8>::new(frames(&arena, 8), 0);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    assert!(balloon.answer_stats(&mut frames).unwrap());
+    {
+        let mut d = dev.borrow_mut();
+        d.bogus_used_head = true;
+        d.return_stats();
+    }
+    assert!(matches!(
+        balloon.answer_stats(&mut frames),
+        Err(Error::Virtio(_))
+    ));
+    assert_eq!(dev.borrow().status, 0, "device reset");
+    assert_eq!(balloon.answer_stats(&mut frames), Err(Error::Broken));
+}
+
+#[test]
+fn free_blocks_are_reported_once_and_forgotten_when_allocated() {
+    let arena = Arena::new(64);
+    let b = arena.base();
+    let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 3);
+    for _ in 0..3 {
+        frames.alloc_page().unwrap();
+    }
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let r = balloon.report_free(&mut frames, &mut Spin).unwrap();
+    // Order >= 3 of pages 3..64: 8-15, 16-31, 32-63.
+    assert_eq!((r.reports, r.blocks, r.pages), (1, 3, 56));
+    assert_eq!(
+        dev.borrow().reports,
+        [vec![
+            (b + 8 * 4096, 8 * 4096),
+            (b + 16 * 4096, 16 * 4096),
+            (b + 32 * 4096, 32 * 4096)
+        ]]
+    );
+    assert!(frames.is_reported(b + 40 * 4096));
+    assert!(!frames.is_reported(b + 4 * 4096));
+    // Nothing new: nothing sent.
+    assert_eq!(
+        balloon.report_free(&mut frames, &mut Spin).unwrap(),
+        Reported::default()
+    );
+    assert_eq!(dev.borrow().reports.len(), 1);
+    // Allocating pages 3..=8 takes one page of the block at 8: it is forgotten,
+    // and its free rest (9 (0), 10-11 (1), 12-15 (2)) is too small to report.
+    for _ in 0..6 {
+        frames.alloc_page().unwrap();
+    }
+    assert!(!frames.is_reported(b + 12 * 4096));
+    assert_eq!(frames.reported().len(), 2);
+    assert_eq!(
+        balloon.report_free(&mut frames, &mut Spin).unwrap(),
+        Reported::default()
+    );
+    // Freeing page 8 again makes 8-15 whole: reported anew.
+    frames.free_page(b + 8 * 4096);
+    let r = balloon.report_free(&mut frames, &mut Spin).unwrap();
+    assert_eq!((r.blocks, r.pages), (1, 8));
+    assert_eq!(dev.borrow().reports[1], [(b + 8 * 4096, 8 * 4096)]);
+    assert!(dev.borrow().violations.is_empty());
+}
+
+#[test]
+fn merged_blocks_replace_what_they_contain_and_memory_bounds_reports() {
+    let arena = Arena::new(64);
+    let b = arena.base();
+    let mut f = frames(&arena, 64);
+    // Hold pages 0-15 and page 32: free blocks 16-31 (4) and 33.. small ones.
+    let held: Vec<u64> = (0..33).map(|_| f.alloc_page().unwrap()).collect();
+    for &p in &held[16..32] {
+        f.free_page(p);
+    }
+    let mut frames = Reporting::<_, 2>::new(f, 2);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    // 16-31 (4), 36-39 (2), 40-47 (3), 48-63 (4): room for 2 only.
+    let r = balloon.report_free(&mut frames, &mut Spin).unwrap();
+    assert_eq!(r.blocks, 2);
+    assert_eq!(frames.reported(), [(b + 16 * 4096, 4), (b + 36 * 4096, 2)]);
+    assert_eq!(
+        balloon.report_free(&mut frames, &mut Spin).unwrap().blocks,
+        0,
+        "no room to remember more"
+    );
+    // Freeing 0-15 merges with 16-31 into 0-31 (5): the new block replaces
+    // the one it contains.
+    for &p in &held[..16] {
+        frames.free_page(p);
+    }
+    let mut reported = frames.reported().to_vec();
+    reported.sort();
+    assert_eq!(reported, [(b + 16 * 4096, 4), (b + 36 * 4096, 2)]);
+    frames.remember(&[(b, 5)]);
+    let mut reported = frames.reported().to_vec();
+    reported.sort();
+    assert_eq!(reported, [(b, 5), (b + 36 * 4096, 2)]);
+    assert_eq!(dev.borrow().reports.len(), 1);
+}
+
+#[test]
+fn reporting_without_the_feature_sends_nothing() {
+    let arena = Arena::new(64);
+    let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 0);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(features::VERSION_1, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    assert_eq!(
+        balloon.report_free(&mut frames, &mut Spin).unwrap(),
+        Reported::default()
+    );
+    assert!(dev.borrow().reports.is_empty());
+    assert!(frames.reported().is_empty());
+}
+
+#[test]
+fn reporting_to_a_device_that_needs_reset_fails_and_remembers_nothing() {
+    let arena = Arena::new(64);
+    let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 0);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::NeedsReset, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    assert_eq!(
+        balloon.report_free(&mut frames, &mut Spin),
+        Err(Error::DeviceNeedsReset)
+    );
+    assert!(frames.reported().is_empty());
+    assert_eq!(dev.borrow().status, 0);
+}
+
+#[test]
+fn a_hint_run_is_answered_with_free_blocks_then_stop() {
+    let arena = Arena::new(64);
+    let b = arena.base();
+    let mut frames = frames(&arena, 64);
+    for _ in 0..16 {
+        frames.alloc_page().unwrap();
+    }
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    // No run yet (config STOP).
+    assert_eq!(
+        balloon.answer_hint(&mut frames, 0, &mut Spin).unwrap(),
+        None
+    );
+    dev.borrow_mut().start_hint(5);
+    let a = balloon
+        .answer_hint(&mut frames, 0, &mut Spin)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        a,
+        HintAnswer {
+            id: 5,
+            blocks: 2,
+            pages: 48,
+            stopped_by_host: false
+        }
+    );
+    {
+        let d = dev.borrow();
+        assert_eq!(d.hint_ids, [5, 0]);
+        assert_eq!(
+            d.hinted,
+            [(b + 16 * 4096, 16 * 4096, 5), (b + 32 * 4096, 32 * 4096, 5)]
+        );
+        assert_eq!(d.hint_cmd_id, 1, "DONE after the driver's STOP");
+        assert!(d.violations.is_empty(), "{:?}", d.violations);
+    }
+    // DONE, and the same id again: nothing to answer.
+    assert_eq!(
+        balloon.answer_hint(&mut frames, 0, &mut Spin).unwrap(),
+        None
+    );
+    dev.borrow_mut().start_hint(5);
+    assert_eq!(
+        balloon.answer_hint(&mut frames, 0, &mut Spin).unwrap(),
+        None
+    );
+    // A new run with a minimum order leaves out smaller blocks.
+    dev.borrow_mut().start_hint(6);
+    let a = balloon
+        .answer_hint(&mut frames, 5, &mut Spin)
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.id, a.blocks, a.pages), (6, 1, 32));
+    assert_eq!(frames.free_pages(), 48, "hinting allocates nothing");
+}
+
+#[test]
+fn the_host_can_stop_a_hint_run_midway() {
+    let arena = Arena::new(64);
+    let mut frames = frames(&arena, 64);
+    for _ in 0..3 {
+        frames.alloc_page().unwrap();
+    }
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    {
+        let mut d = dev.borrow_mut();
+        d.stop_hint_after = Some(2);
+        d.start_hint(9);
+    }
+    let a = balloon
+        .answer_hint(&mut frames, 0, &mut Spin)
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.id, a.blocks, a.stopped_by_host), (9, 2, true));
+    let d = dev.borrow();
+    assert_eq!(d.hint_ids, [9, 0], "the driver still sends its STOP");
+    assert_eq!(d.hinted.len(), 2);
+}
+
+#[test]
+fn hinting_without_the_feature_ignores_the_config() {
+    let arena = Arena::new(8);
+    let mut frames = frames(&arena, 8);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon = Balloon::<TestHal, _, _>::new(t, vec![0u32; 16]).unwrap();
+    dev.borrow_mut().start_hint(5);
+    assert_eq!(
+        balloon.answer_hint(&mut frames, 0, &mut Spin).unwrap(),
+        None
+    );
+    assert!(dev.borrow().hint_ids.is_empty());
+}
+
+#[test]
+fn out_of_memory_deflates_below_target_and_holds_off_inflating() {
+    let mut pages = FakePages::new(RAM, 1024);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 1024], all_features(0)).unwrap();
+    dev.borrow_mut().num_pages = 300;
+    while balloon.poll(&mut pages).unwrap().moved() > 0 {}
+    assert_eq!(pages.len(), 724);
+    assert_eq!(balloon.deflate_on_oom(&mut pages, 100, &mut Spin), Ok(100));
+    assert_eq!(pages.len(), 824);
+    assert_eq!(balloon.actual_pages(), 200);
+    assert_eq!(dev.borrow().actual, 200);
+    assert_eq!(dev.borrow().inflated.len(), 200);
+    assert_eq!(balloon.oom_deflated_pages(), 100);
+    // The target did not change: no re-inflating into the same shortage.
+    let p = balloon.poll(&mut pages).unwrap();
+    assert_eq!((p.moved(), p.actual, p.target), (0, 200, 300));
+    // At most 256 at a time.
+    assert_eq!(balloon.deflate_on_oom(&mut pages, 1000, &mut Spin), Ok(200));
+    assert_eq!(balloon.deflate_on_oom(&mut pages, 1000, &mut Spin), Ok(0));
+    // A new target: inflating resumes.
+    dev.borrow_mut().num_pages = 50;
+    assert_eq!(balloon.poll(&mut pages).unwrap().inflated, 50);
+    assert!(dev.borrow().violations.is_empty());
+}
+
+#[test]
+fn out_of_memory_without_the_feature_deflates_nothing() {
+    let mut pages = FakePages::new(RAM, 64);
+    let (t, dev) = device(
+        features::VERSION_1 | features::MUST_TELL_HOST,
+        Mode::Good,
+        &pages,
+    );
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 64], all_features(0)).unwrap();
+    dev.borrow_mut().num_pages = 10;
+    balloon.poll(&mut pages).unwrap();
+    assert_eq!(balloon.deflate_on_oom(&mut pages, 5, &mut Spin), Ok(0));
+    assert_eq!(balloon.actual_pages(), 10);
+}
