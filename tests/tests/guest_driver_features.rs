@@ -131,7 +131,7 @@ fn scenarios(board: Board) {
     // (e) Statistics: the allocator's figures, refreshed every 2 s.
     let sent = ok(s.expect_since(
         &mut since,
-        r"\[gdf\] testguest: stats sent: free (\d+) KiB of (\d+) KiB",
+        r"\[gdf\] testguest: stats sent: free (\d+) KiB of (\d+) KiB \(#(\d+)\)",
         STEP,
     ));
     let total_kib: u64 = sent[2].parse().unwrap();
@@ -143,7 +143,13 @@ fn scenarios(board: Board) {
         assert!(out.contains(tag), "{tag} missing:\n{out}");
     }
     // A second sample arrives when the device asks again.
-    ok(s.expect(r"\[gdf\] testguest: stats sent: .* \(#2\)", STEP));
+    let next = sent[3].parse::<u64>().unwrap() + 1;
+    let mut since_stats = since;
+    ok(s.expect_since(
+        &mut since_stats,
+        &format!(r"\[gdf\] testguest: stats sent: .* \(#{next}\)"),
+        STEP,
+    ));
 
     // (a) Reporting: most of the idle heap goes back to the hypervisor.
     let reported = ok(s.expect_since(
