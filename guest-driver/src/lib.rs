@@ -8,15 +8,16 @@
 //!
 //! The driver sits on [`virtio-drivers`](virtio_drivers) 0.13: any
 //! [`Transport`] (in a guest of the Tidal virtual board, an
-//! [`MmioTransport`](virtio_drivers::transport::mmio::MmioTransport)) and two
-//! split [`VirtQueue`]s. It needs no heap (virtio-drivers is used without its
+//! [`MmioTransport`](virtio_drivers::transport::mmio::MmioTransport)) and up
+//! to five split [`VirtQueue`]s (one per negotiated queue). It needs no heap (virtio-drivers is used without its
 //! `alloc` feature), no interrupts (the guest calls [`Balloon::poll`] now and
 //! then) and no timer.
 //!
 //! # What the guest provides
 //!
-//! * a [`Hal`] that gives out zeroed, page-aligned DMA memory for the two
-//!   queues (four pages at most) and turns a buffer address into a
+//! * a [`Hal`] that gives out zeroed, page-aligned DMA memory for the
+//!   queues and the statistics buffer (four pages for the two basic queues, at
+//!   most eleven with all five queues) and turns a buffer address into a
 //!   guest-physical address (the identity in an identity-mapped guest);
 //! * a [`PageSource`]: its page allocator, from which the driver takes pages to
 //!   inflate and to which it returns them on deflate;
@@ -92,13 +93,27 @@
 //!
 //! # Protocol details
 //!
-//! * Features: the driver accepts `VIRTIO_F_VERSION_1` and
-//!   `VIRTIO_BALLOON_F_MUST_TELL_HOST` when offered and nothing else, whatever
-//!   else the device offers; it checks that the device keeps `FEATURES_OK`.
+//! * Features: [`Balloon::new`] accepts `VIRTIO_F_VERSION_1` and
+//!   `VIRTIO_BALLOON_F_MUST_TELL_HOST` when offered and nothing else;
+//!   [`Balloon::with_options`] accepts what the caller wants of the six
+//!   balloon features, when offered ([`negotiate`]). The driver checks that
+//!   the device keeps `FEATURES_OK`.
 //! * Queues: inflateq is queue 0 and deflateq queue 1; statsq,
-//!   free_page_vq and reporting_vq would follow, each present only if its
-//!   feature was negotiated ([`queue_index`]). This driver sets up only the first
-//!   two.
+//!   free_page_vq and reporting_vq follow, each present only if its feature
+//!   was negotiated ([`queue_index`]); every present queue is set up.
+//! * PAGE_POISON: `poison_val` is written before `DRIVER_OK`.
+//! * STATS_VQ: one statistics buffer (a DMA page), primed by the first
+//!   [`Balloon::answer_stats`] and resent each time the device returns it.
+//! * PAGE_REPORTING: [`Balloon::report_free`] sends the free blocks a
+//!   [`Reporting`] frame-allocator wrapper has not reported yet, as chains of
+//!   device-writable descriptors, and the wrapper remembers them until a page
+//!   of them is allocated.
+//! * FREE_PAGE_HINT: [`Balloon::answer_hint`] answers a new command id with
+//!   the id, the allocator's free blocks (device-writable, one per buffer) and
+//!   STOP.
+//! * DEFLATE_ON_OOM: [`Balloon::deflate_on_oom`] deflates below the target
+//!   when the guest's allocator is out, then holds off inflating until the
+//!   target changes.
 //! * Each request carries at most [`PFNS_PER_REQUEST`] (256) little-endian `u32`
 //!   frame numbers in 4 KiB units, in one device-readable buffer. The driver
 //!   waits for the device to use it before it touches the pages again: after
