@@ -82,17 +82,34 @@ fn assert_clean(s: &Session) {
     }
 }
 
-fn scenarios(board: Board) {
+fn boot(board: Board, bundle: &str) -> Session {
     let artifacts = Artifacts::locate();
     let mut opts = QemuOptions::for_board(board, &artifacts);
-    opts.initrd = Some(target_dir().join("bundles").join("gd-features.img"));
-    let mut s = ok(Session::start(
-        &format!("{}-gd-features", board.name()),
+    opts.initrd = Some(target_dir().join("bundles").join(format!("{bundle}.img")));
+    let s = ok(Session::start(
+        &format!("{}-{bundle}", board.name()),
         board,
         &artifacts,
         &opts,
     ));
     s.set_deadline(Duration::from_secs(480));
+    s
+}
+
+/// The features `info balloon` says were negotiated, sorted.
+fn negotiated(s: &mut Session) -> Vec<String> {
+    let out = info(s);
+    let line = out
+        .lines()
+        .find_map(|l| l.split_once("negotiated: ").map(|(_, n)| n.to_string()))
+        .unwrap_or_else(|| panic!("no negotiated features:\n{out}"));
+    let mut got: Vec<String> = line.split_whitespace().map(String::from).collect();
+    got.sort_unstable();
+    got
+}
+
+fn scenarios(board: Board) {
+    let mut s = boot(board, "gd-features");
     let heap = ok(s.expect(
         r"\[gdf\] testguest: features: heap 0x[0-9a-f]+\.\.0x[0-9a-f]+ \((\d+) pages\)",
         STEP,
@@ -102,15 +119,8 @@ fn scenarios(board: Board) {
     ok(s.expect(r"\[gdf\] testguest: balloon at ", STEP));
     // (c) The guest told its poison value before DRIVER_OK.
     ok(s.expect(&format!(r"\[gdf\] testguest: page poison {POISON}"), STEP));
-    let out = info(&mut s);
-    let negotiated = out
-        .lines()
-        .find_map(|l| l.split_once("negotiated: ").map(|(_, n)| n.to_string()))
-        .unwrap_or_else(|| panic!("no negotiated features:\n{out}"));
-    let mut got: Vec<&str> = negotiated.split_whitespace().collect();
-    got.sort_unstable();
     assert_eq!(
-        got,
+        negotiated(&mut s),
         [
             "DEFLATE_ON_OOM",
             "FREE_PAGE_HINT",
@@ -119,9 +129,9 @@ fn scenarios(board: Board) {
             "PAGE_REPORTING",
             "STATS_VQ",
             "VERSION_1"
-        ],
-        "{out}"
+        ]
     );
+    let out = info(&mut s);
     assert!(
         out.contains(&format!("page poison: {POISON}; pages backed again")),
         "{out}"
@@ -245,12 +255,75 @@ fn scenarios(board: Board) {
     assert_clean(&s);
 }
 
+/// (a)-(c) without PAGE_POISON (guests/tests/gd-features-nopoison.toml):
+/// nothing is written to poison_val, and reported and hinted pages the guest
+/// reuses read zero.
+fn given_back_pages_read_zero_without_poison(board: Board) {
+    let mut s = boot(board, "gd-features-nopoison");
+    ok(s.expect(r"\[gdf\] testguest: balloon at ", STEP));
+    ok(s.expect(
+        r"\[gdf\] testguest: page poison off: given-back pages must read 0",
+        STEP,
+    ));
+    assert_eq!(
+        negotiated(&mut s),
+        [
+            "DEFLATE_ON_OOM",
+            "FREE_PAGE_HINT",
+            "MUST_TELL_HOST",
+            "PAGE_REPORTING",
+            "STATS_VQ",
+            "VERSION_1"
+        ]
+    );
+    let out = info(&mut s);
+    assert!(!out.contains("page poison:"), "{out}");
+    let mut since = s.mark();
+    let reported = ok(s.expect_since(
+        &mut since,
+        r"\[gdf\] testguest: reported \d+ blocks \((\d+) pages\)",
+        STEP,
+    ));
+    let pages: u64 = reported[1].parse().unwrap();
+    wait_info(
+        &mut s,
+        r"free page reporting: \d+ reports, \d+ blocks, (\d+) pages",
+        pages,
+        STEP,
+    );
+    ok(s.expect_since(
+        &mut since,
+        r"\[gdf\] testguest: reused \d+ given-back pages, all read 0x0\b",
+        STEP,
+    ));
+    let started = ok(s.run("hint gdf", COMMAND));
+    let id = number(&started, r"hinting run (\d+) started").expect(&started);
+    let mut since = s.mark();
+    ok(s.expect_since(
+        &mut since,
+        &format!(r"\[gdf\] testguest: hint run {id} answered with [1-9]\d* blocks"),
+        STEP,
+    ));
+    ok(s.expect_since(
+        &mut since,
+        r"\[gdf\] testguest: reused \d+ given-back pages, all read 0x0\b",
+        STEP,
+    ));
+    ok(s.expect_since(&mut since, r"\[gdf\] testguest: alive \d+s", STEP));
+    assert_clean(&s);
+}
+
 macro_rules! boards {
     ($($board:ident => $b:expr;)*) => {$(
         mod $board {
             #[test]
             #[ignore = "boots QEMU: run cargo xtask test"]
             fn all_scenarios() { super::scenarios($b) }
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn given_back_pages_read_zero_without_poison() {
+                super::given_back_pages_read_zero_without_poison($b)
+            }
         }
     )*};
 }
