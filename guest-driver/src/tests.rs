@@ -216,6 +216,11 @@ struct Device {
     poison: Option<(u32, bool)>,
     /// Mark the next used element with a head the driver never gave.
     bogus_used_head: bool,
+    /// The config window's length when shorter than the full 16 bytes
+    /// (accesses beyond it fail).
+    short_config: Option<usize>,
+    /// Show this new run id instead of STOP when `stop_hint_after` fires.
+    next_hint_id: Option<u32>,
 }
 
 #[derive(Clone)]
@@ -420,7 +425,7 @@ impl Device {
                     .push(format!("block {addr:#x} hinted outside a run"));
             }
             if self.stop_hint_after == Some(self.hinted.len()) {
-                self.hint_cmd_id = 0;
+                self.hint_cmd_id = self.next_hint_id.unwrap_or(0);
                 self.interrupt_status |= InterruptStatus::DEVICE_CONFIGURATION_INTERRUPT.bits();
             }
             return;
@@ -566,6 +571,7 @@ impl Transport for FakeTransport {
         config[8..12].copy_from_slice(&d.hint_cmd_id.to_le_bytes());
         let poison = d.poison.map_or(0, |p| p.0);
         config[12..].copy_from_slice(&poison.to_le_bytes());
+        let config = &config[..d.short_config.unwrap_or(16)];
         let bytes = config
             .get(offset..offset + size_of::<T>())
             .ok_or(virtio_drivers::Error::ConfigSpaceTooSmall)?;
@@ -578,6 +584,9 @@ impl Transport for FakeTransport {
     ) -> virtio_drivers::Result<()> {
         let value = u32::from_le_bytes(value.as_bytes().try_into().unwrap());
         let mut d = self.0.borrow_mut();
+        if offset + 4 > d.short_config.unwrap_or(16) {
+            return Err(virtio_drivers::Error::ConfigSpaceTooSmall);
+        }
         match offset {
             4 => d.actual = value,
             12 => {
@@ -1467,4 +1476,94 @@ fn out_of_memory_without_the_feature_deflates_nothing() {
     balloon.poll(&mut pages).unwrap();
     assert_eq!(balloon.deflate_on_oom(&mut pages, 5, &mut Spin), Ok(0));
     assert_eq!(balloon.actual_pages(), 10);
+}
+
+#[test]
+fn a_config_window_too_small_for_poison_val_fails_set_up() {
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    dev.borrow_mut().short_config = Some(8);
+    let err = Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(1))
+        .err()
+        .unwrap();
+    assert_eq!(
+        err,
+        Error::Virtio(virtio_drivers::Error::ConfigSpaceTooSmall)
+    );
+    let d = dev.borrow();
+    assert_ne!(d.status & DeviceStatus::FAILED.bits(), 0);
+    assert_eq!(d.status & DeviceStatus::DRIVER_OK.bits(), 0);
+}
+
+#[test]
+fn a_short_config_window_makes_hint_answers_fail() {
+    // Without PAGE_POISON an 8-byte window is fine for the basic balloon,
+    // but a device offering FREE_PAGE_HINT must show the command id.
+    let arena = Arena::new(8);
+    let mut frames = frames(&arena, 8);
+    let pages = FakePages::new(RAM, 16);
+    let offered = features::VERSION_1 | features::FREE_PAGE_HINT;
+    let (t, dev) = device(offered, Mode::Good, &pages);
+    dev.borrow_mut().short_config = Some(8);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    assert_eq!(
+        balloon.answer_hint(&mut frames, 0, &mut Spin),
+        Err(Error::Virtio(virtio_drivers::Error::ConfigSpaceTooSmall))
+    );
+    assert!(dev.borrow().hint_ids.is_empty());
+}
+
+#[test]
+fn a_new_run_id_mid_run_ends_the_old_run_and_is_answered_next() {
+    let arena = Arena::new(64);
+    let mut frames = frames(&arena, 64);
+    for _ in 0..3 {
+        frames.alloc_page().unwrap();
+    }
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Good, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    {
+        let mut d = dev.borrow_mut();
+        d.stop_hint_after = Some(1);
+        d.next_hint_id = Some(3);
+        d.start_hint(2);
+    }
+    let a = balloon
+        .answer_hint(&mut frames, 0, &mut Spin)
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.id, a.blocks, a.stopped_by_host), (2, 1, true));
+    dev.borrow_mut().stop_hint_after = None;
+    // The driver's STOP made the fake show DONE; the host starts run 3 again.
+    dev.borrow_mut().start_hint(3);
+    let a = balloon
+        .answer_hint(&mut frames, 0, &mut Spin)
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.id, a.stopped_by_host), (3, false));
+    assert_eq!(dev.borrow().hint_ids, [2, 0, 3, 0]);
+}
+
+#[test]
+fn a_silent_device_times_out_a_report_and_nothing_is_remembered() {
+    let arena = Arena::new(64);
+    let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 0);
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(LOTS, Mode::Silent, &pages);
+    let mut balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    balloon.set_wait_limit(Some(100));
+    assert_eq!(
+        balloon.report_free(&mut frames, &mut Spin),
+        Err(Error::Timeout)
+    );
+    assert!(frames.reported().is_empty());
+    assert_eq!(dev.borrow().status, 0, "reset so it drops the blocks");
+    assert_eq!(
+        balloon.report_free(&mut frames, &mut Spin),
+        Err(Error::Broken)
+    );
 }
