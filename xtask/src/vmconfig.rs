@@ -816,6 +816,14 @@ kernel = "testguest"
                     ]
                 ),
                 (
+                    "gd-features".into(),
+                    vec![("gdf".into(), 128, 2, p("features"))]
+                ),
+                (
+                    "gd-features-nopoison".into(),
+                    vec![("gdf".into(), 128, 2, p("features"))]
+                ),
+                (
                     "hostile".into(),
                     vec![
                         ("hostile".into(), 128, 2, p("hostile")),

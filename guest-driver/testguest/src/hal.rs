@@ -6,8 +6,9 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use guest_driver::virtio_drivers::{BufferDirection, Hal, PhysAddr, PAGE_SIZE};
 
-/// Pages of DMA memory: the balloon's two queues need at most four (two with
-/// the modern layout); the hostile mode needs a few more for its own rings.
+/// Pages of DMA memory: the balloon's two basic queues need at most four;
+/// with every feature (five queues and the statistics buffer) eleven; the
+/// hostile mode needs a few more for its own rings.
 const ARENA_PAGES: usize = 16;
 
 #[repr(C, align(4096))]

@@ -177,7 +177,7 @@ fn init(dev: &Dev, mem: &Memory, layout: Layout) -> [Ring; 2] {
     dev.write(DEVICE_FEATURES_SEL, 1);
     let high = dev.read(DEVICE_FEATURES);
     let offered = u64::from(high) << 32 | u64::from(low);
-    let accepted = guest_driver::negotiate(offered);
+    let accepted = guest_driver::negotiate(offered, guest_driver::features::BASIC);
     dev.write(DRIVER_FEATURES_SEL, 0);
     dev.write(DRIVER_FEATURES, accepted as u32);
     dev.write(DRIVER_FEATURES_SEL, 1);

@@ -26,6 +26,7 @@ enum Mode {
     Wild,
     Hostile,
     Fault,
+    Features,
 }
 
 #[no_mangle]
@@ -52,6 +53,7 @@ extern "C" fn rust_main(dtb: u64) -> ! {
         "hostile" => Mode::Hostile,
         "fault" => Mode::Fault,
         "pattern" => Mode::Pattern,
+        "features" => Mode::Features,
         other => {
             println!("unknown bootargs \"{other}\": running \"pattern\"");
             Mode::Pattern
@@ -75,7 +77,7 @@ extern "C" fn rust_main(dtb: u64) -> ! {
 
     let balloon_slot = find_balloon(&board);
     // Hostile mode programs the device itself, polling with time-outs.
-    let mut waiter = if mode == Mode::Pattern {
+    let mut waiter = if matches!(mode, Mode::Pattern | Mode::Features) {
         Waiter::new(&board, balloon_slot)
     } else {
         Waiter::Polling
@@ -87,6 +89,7 @@ extern "C" fn rust_main(dtb: u64) -> ! {
         },
         Mode::Wild => wild(),
         Mode::Fault => fault(),
+        Mode::Features => crate::features::run(pool, carved, balloon_slot, waiter, boot),
         Mode::Pattern => {}
     }
     if mode == Mode::Hostile {
