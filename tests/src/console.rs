@@ -185,3 +185,35 @@ mod tests {
         assert_eq!(crash_image_offset("no crash"), None);
     }
 }
+
+/// The first capture group of `pattern` in `text` as a whole number (a
+/// fraction is cut off): a figure from a report line.
+pub fn first_number(text: &str, pattern: &str) -> Option<u64> {
+    let group = regex::Regex::new(pattern).ok()?.captures(text)?.get(1)?;
+    group.as_str().split('.').next()?.parse().ok()
+}
+
+/// The number after `key` on the line that starts with it (`MemTotal:`,
+/// `balloon_inflate`: /proc/meminfo and /proc/vmstat lines).
+pub fn key_value(lines: &[String], key: &str) -> Option<u64> {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+}
+
+#[cfg(test)]
+mod number_tests {
+    #[test]
+    fn figures_from_report_lines() {
+        let info = "  free_memory          447.9 MiB\n  free page reporting: 7 reports";
+        assert_eq!(
+            super::first_number(info, r"free_memory\s+([\d.]+)"),
+            Some(447)
+        );
+        assert_eq!(super::first_number(info, r"(\d+) reports"), Some(7));
+        assert_eq!(super::first_number(info, r"(\d+) hinted"), None);
+        let lines = vec!["MemTotal:  508 kB".to_string(), "balloon_inflate 3".into()];
+        assert_eq!(super::key_value(&lines, "balloon_inflate"), Some(3));
+        assert_eq!(super::key_value(&lines, "MemFree:"), None);
+    }
+}

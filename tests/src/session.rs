@@ -298,6 +298,54 @@ impl Session {
 
     /// Where the output not yet consumed by a match starts; for
     /// [`Session::expect_since`].
+    /// Runs `command` (a shell command) until `pattern`'s first group in
+    /// its output is a number of at least `min` (see
+    /// [`crate::console::first_number`]); that number. An error names the
+    /// last output if `within` passes first.
+    pub fn poll_command(
+        &mut self,
+        command: &str,
+        pattern: &str,
+        min: u64,
+        within: Duration,
+    ) -> Result<u64, HarnessError> {
+        let until = Instant::now() + within;
+        loop {
+            let out = self.run(command, within)?;
+            match crate::console::first_number(&out, pattern) {
+                Some(n) if n >= min => return Ok(n),
+                _ if Instant::now() >= until => return Err(self.error(
+                    ErrorKind::Timeout,
+                    format!(
+                        "{}: `{command}` did not show /{pattern}/ >= {min} within {:.1}s:\n{out}",
+                        self.name,
+                        within.as_secs_f64()
+                    ),
+                )),
+                _ => thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+
+    /// Starts QEMU on `board` with the bundle `target/bundles/<bundle>.img`
+    /// (built by `cargo xtask build` from guests/tests/<bundle>.toml); the
+    /// log is `<board>-<name>.log`.
+    pub fn start_bundle(board: Board, bundle: &str, name: &str) -> Result<Session, HarnessError> {
+        let artifacts = Artifacts::locate();
+        let mut opts = QemuOptions::for_board(board, &artifacts);
+        opts.initrd = Some(
+            crate::target_dir()
+                .join("bundles")
+                .join(format!("{bundle}.img")),
+        );
+        Session::start(
+            &format!("{}-{name}", board.name()),
+            board,
+            &artifacts,
+            &opts,
+        )
+    }
+
     pub fn mark(&self) -> usize {
         self.cursor
     }

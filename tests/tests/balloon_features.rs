@@ -12,8 +12,9 @@
 
 use std::time::{Duration, Instant};
 
+use harness::console::{first_number, key_value};
 use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
-use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+use harness::{Board, HarnessError, Session};
 use regex::Regex;
 
 const BOOT: Duration = Duration::from_secs(180);
@@ -26,15 +27,7 @@ fn ok<T>(result: Result<T, HarnessError>) -> T {
 }
 
 fn boot(board: Board, bundle: &str) -> Session {
-    let artifacts = Artifacts::locate();
-    let mut opts = QemuOptions::for_board(board, &artifacts);
-    opts.initrd = Some(target_dir().join("bundles").join(format!("{bundle}.img")));
-    let mut s = ok(Session::start(
-        &format!("{}-{bundle}", board.name()),
-        board,
-        &artifacts,
-        &opts,
-    ));
+    let mut s = ok(Session::start_bundle(board, bundle, bundle));
     s.set_deadline(Duration::from_secs(600));
     ok(wait_for_agents(&mut s, &["linux"], 0, BOOT));
     s
@@ -51,29 +44,14 @@ fn info(s: &mut Session) -> String {
     ok(s.run("info balloon linux", COMMAND))
 }
 
-/// The first capture group of `pattern` in `text`, as a number (a
-/// fraction is cut off).
 fn number(text: &str, pattern: &str) -> Option<u64> {
-    let group = Regex::new(pattern).unwrap().captures(text)?.get(1)?;
-    let whole = group.as_str().split('.').next()?;
-    whole.parse().ok()
+    first_number(text, pattern)
 }
 
 /// `info balloon` until `pattern` matches with a first group of at least
 /// `min`; that number.
 fn wait_info(s: &mut Session, pattern: &str, min: u64, within: Duration) -> u64 {
-    let until = Instant::now() + within;
-    loop {
-        let out = info(s);
-        if let Some(n) = number(&out, pattern).filter(|&n| n >= min) {
-            return n;
-        }
-        assert!(
-            Instant::now() < until,
-            "no /{pattern}/ within {within:?}:\n{out}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    ok(s.poll_command("info balloon linux", pattern, min, within))
 }
 
 fn pool_free(s: &mut Session) -> u64 {
@@ -303,10 +281,7 @@ fn all_features(board: Board) {
 
 /// A `key value` line's value (e.g. /proc/meminfo in kB, /proc/vmstat).
 fn value(lines: &[String], key: &str) -> u64 {
-    lines
-        .iter()
-        .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
+    key_value(lines, key).unwrap_or_else(|| panic!("no {key} in {lines:?}"))
 }
 
 /// Scenario 1: while the guest reads an 80 MiB file over and over (on an

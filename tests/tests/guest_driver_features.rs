@@ -20,10 +20,9 @@
 //! Throughout: the pattern and working-set checks pass and no page the
 //! guest reuses reads anything but the poison value.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
-use regex::Regex;
+use harness::{Board, HarnessError, Session};
 
 const STEP: Duration = Duration::from_secs(90);
 const COMMAND: Duration = Duration::from_secs(20);
@@ -36,10 +35,8 @@ fn ok<T>(result: Result<T, HarnessError>) -> T {
     result.unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The first capture group of `pattern` in `text`, as a whole number.
 fn number(text: &str, pattern: &str) -> Option<u64> {
-    let group = Regex::new(pattern).unwrap().captures(text)?.get(1)?;
-    group.as_str().split('.').next()?.parse().ok()
+    harness::console::first_number(text, pattern)
 }
 
 fn info(s: &mut Session) -> String {
@@ -48,18 +45,7 @@ fn info(s: &mut Session) -> String {
 
 /// `info balloon` until `pattern`'s first group is at least `min`; that number.
 fn wait_info(s: &mut Session, pattern: &str, min: u64, within: Duration) -> u64 {
-    let until = Instant::now() + within;
-    loop {
-        let out = info(s);
-        if let Some(n) = number(&out, pattern).filter(|&n| n >= min) {
-            return n;
-        }
-        assert!(
-            Instant::now() < until,
-            "no /{pattern}/ >= {min} within {within:?}:\n{out}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    ok(s.poll_command("info balloon gdf", pattern, min, within))
 }
 
 fn mem(s: &mut Session, category: &str) -> u64 {
@@ -83,15 +69,7 @@ fn assert_clean(s: &Session) {
 }
 
 fn boot(board: Board, bundle: &str) -> Session {
-    let artifacts = Artifacts::locate();
-    let mut opts = QemuOptions::for_board(board, &artifacts);
-    opts.initrd = Some(target_dir().join("bundles").join(format!("{bundle}.img")));
-    let s = ok(Session::start(
-        &format!("{}-{bundle}", board.name()),
-        board,
-        &artifacts,
-        &opts,
-    ));
+    let s = ok(Session::start_bundle(board, bundle, bundle));
     s.set_deadline(Duration::from_secs(480));
     s
 }

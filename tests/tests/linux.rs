@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
-use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+use harness::{Board, HarnessError, Session};
 
 const BOOT: Duration = Duration::from_secs(180);
 const STEP: Duration = Duration::from_secs(60);
@@ -20,15 +20,7 @@ fn ok<T>(result: Result<T, HarnessError>) -> T {
 }
 
 fn boot(board: Board, scenario: &str) -> Session {
-    let artifacts = Artifacts::locate();
-    let mut opts = QemuOptions::for_board(board, &artifacts);
-    opts.initrd = Some(target_dir().join("bundles").join("linux.img"));
-    let mut s = ok(Session::start(
-        &format!("{}-{scenario}", board.name()),
-        board,
-        &artifacts,
-        &opts,
-    ));
+    let mut s = ok(Session::start_bundle(board, "linux", scenario));
     s.set_deadline(Duration::from_secs(600));
     ok(wait_for_agents(&mut s, &["linux"], 0, BOOT));
     s
@@ -43,10 +35,7 @@ fn agent(s: &mut Session, id: u32, cmd: &str) -> Vec<String> {
 
 /// A `key value` line's value, from /proc/meminfo or /proc/vmstat output.
 fn value(lines: &[String], key: &str) -> u64 {
-    lines
-        .iter()
-        .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
+    harness::console::key_value(lines, key).unwrap_or_else(|| panic!("no {key} in {lines:?}"))
 }
 
 /// The guest's MemTotal in kB (agent request `id`).
