@@ -1,0 +1,516 @@
+//! The balloon features' part of `cargo xtask bench`: what free page
+//! reporting costs and gives, and how fast a free page hinting run goes,
+//! with the fixture Linux guest (512 MiB, 2 vCPUs) under Tidal.
+//!
+//! Wall time (no -icount: Linux under icount is very slow) on a shared
+//! machine, so each round boots every configuration once, the reporting
+//! off/on pair in alternating order, and the table gives median [min-max]:
+//! 1. page faults: `tidal-mem pagefault 64 10` (like will-it-scale's
+//!    page_fault1: map 64 MiB, write a byte per page, unmap, for 10 s),
+//!    with reporting off (guests/tests/linux.toml) and on
+//!    (linux-reporting.toml), each after the same settling time and a 2 s
+//!    warm-up; the overhead is the drop in pages/s with reporting on, as a
+//!    share of the pages/s without it (the upstream series measured
+//!    0.8-1.7% on real hardware);
+//! 2. free to pool (reporting on, same boot): the guest holds 256 MiB
+//!    (`tidal-mem hog 256 <hold>`), the pool is read (`mem`), the guest
+//!    frees it; from the console line saying so until `mem` (polled) shows
+//!    at least 90% of it back in the hypervisor's pool;
+//! 3. hinting (linux-hint.toml, idle guest after settling): from sending
+//!    `hint linux` until the hypervisor's `hint run <id> done` line, the
+//!    pages hinted, and pages/s; besides, the run's time by the
+//!    hypervisor's own counter.
+//!
+//! Results: a table on stdout and target/bench/features.json.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
+use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+
+use super::linux::{spread, Spread};
+
+const ROUNDS: usize = 3;
+const VM: &str = "linux";
+const PAGE_SIZE: u64 = 4096;
+const MIB: u64 = 1 << 20;
+
+const BOOT: Duration = Duration::from_secs(240);
+const STEP: Duration = Duration::from_secs(120);
+const COMMAND: Duration = Duration::from_secs(30);
+/// Whole-session limit: QEMU is killed after this whatever happens.
+const SESSION: Duration = Duration::from_secs(900);
+
+/// Idle time after the agent is up, before anything is measured: the
+/// guest's boot-time work (and, with reporting, its first reports of all
+/// its free memory, which Linux sends 2 s after pages are freed) is over.
+const SETTLE: Duration = Duration::from_secs(15);
+
+const FAULT_MIB: u64 = 64;
+const FAULT_SECONDS: u64 = 10;
+const WARMUP_SECONDS: u64 = 2;
+
+const HOG_MIB: u64 = 256;
+/// How long the hog holds its memory: long enough for the pool to be read
+/// (one `mem`) before it frees it.
+const HOG_HOLD_S: u64 = 8;
+/// How long after the free the pool may take to get 90% back.
+const POOL_WITHIN: Duration = Duration::from_secs(60);
+const POOL_POLL: Duration = Duration::from_millis(100);
+
+/// The three bundles: reporting off, reporting on, hinting only.
+const OFF: &str = "linux.img";
+const ON: &str = "linux-reporting.img";
+const HINT: &str = "linux-hint.img";
+
+fn harness(e: HarnessError) -> String {
+    e.to_string()
+}
+
+/// A booted guest under Tidal, its agent listening.
+struct Guest {
+    session: Session,
+    next_id: u32,
+}
+
+impl Guest {
+    fn boot(artifacts: &Artifacts, bundle: &str, round: usize) -> Result<Guest, String> {
+        let board = Board::VirtGicv2;
+        let mut opts = QemuOptions::for_board(board, artifacts);
+        opts.initrd = Some(target_dir().join("bundles").join(bundle));
+        let stem = bundle.trim_end_matches(".img");
+        let mut session = Session::start(
+            &format!("bench-features-{stem}-{round}"),
+            board,
+            artifacts,
+            &opts,
+        )
+        .map_err(harness)?;
+        session.set_deadline(SESSION);
+        wait_for_agents(&mut session, &[VM], 0, BOOT).map_err(harness)?;
+        std::thread::sleep(SETTLE);
+        Ok(Guest {
+            session,
+            next_id: 1,
+        })
+    }
+
+    fn id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Runs `command` through the agent; its output lines (rc 0 required).
+    fn agent(&mut self, command: &str, timeout: Duration) -> Result<Vec<String>, String> {
+        let id = self.id();
+        let reply = agent_run(&mut self.session, VM, id, command, timeout).map_err(harness)?;
+        if reply.rc != 0 {
+            return Err(format!(
+                "`{command}` failed (rc={}):\n{}",
+                reply.rc,
+                reply.lines.join("\n")
+            ));
+        }
+        Ok(reply.lines)
+    }
+
+    /// Pages given back by free page reporting so far (`info balloon`).
+    fn reported_pages(&mut self) -> Result<u64, String> {
+        let out = self
+            .session
+            .run(&format!("info balloon {VM}"), COMMAND)
+            .map_err(harness)?;
+        reporting_pages(&out).ok_or_else(|| format!("no free page reporting line in:\n{out}"))
+    }
+}
+
+/// The pages/s of a `pagefault: <i> iterations, <p> pages in <t> ms: <r>
+/// pages/s` line.
+fn pagefault_rate(line: &str) -> Option<u64> {
+    let (_, rate) = line.strip_prefix("pagefault: ")?.rsplit_once(": ")?;
+    rate.strip_suffix(" pages/s")?.parse().ok()
+}
+
+/// The pages of `info balloon`'s `free page reporting: <n> reports, <b>
+/// blocks, <p> pages (...) given back`.
+fn reporting_pages(info: &str) -> Option<u64> {
+    let (_, rest) = info.split_once("free page reporting: ")?;
+    let words: Vec<&str> = rest.split_whitespace().take(6).collect();
+    match words.as_slice() {
+        [_, "reports,", _, "blocks,", pages, "pages"] => pages.parse().ok(),
+        _ => None,
+    }
+}
+
+/// MemFree in KiB from /proc/meminfo lines.
+fn mem_free_kib(lines: &[String]) -> Option<u64> {
+    lines.iter().find_map(|l| {
+        l.strip_prefix("MemFree:")?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// One page-fault run: pages/s, and (reporting on) the pages reported
+/// during it.
+struct Faults {
+    pages_per_s: f64,
+    reported_pages: Option<u64>,
+}
+
+/// `tidal-mem pagefault` after a warm-up; with `reporting`, the pages the
+/// guest reported meanwhile too.
+fn page_faults(guest: &mut Guest, reporting: bool) -> Result<Faults, String> {
+    guest.agent(
+        &format!("tidal-mem pagefault {FAULT_MIB} {WARMUP_SECONDS}"),
+        STEP,
+    )?;
+    let before = if reporting {
+        Some(guest.reported_pages()?)
+    } else {
+        None
+    };
+    let lines = guest.agent(
+        &format!("tidal-mem pagefault {FAULT_MIB} {FAULT_SECONDS}"),
+        STEP,
+    )?;
+    let pages_per_s = lines
+        .iter()
+        .find_map(|l| pagefault_rate(l))
+        .ok_or_else(|| format!("no pagefault result in {lines:?}"))?;
+    let reported_pages = match before {
+        Some(before) => Some(guest.reported_pages()?.saturating_sub(before)),
+        None => None,
+    };
+    Ok(Faults {
+        pages_per_s: pages_per_s as f64,
+        reported_pages,
+    })
+}
+
+/// Free to pool: seconds from the guest's free until 90% of it is back,
+/// and the MiB back then.
+fn free_to_pool(guest: &mut Guest) -> Result<(f64, u64), String> {
+    let id = guest.id();
+    let s = &mut guest.session;
+    enter_console(s, VM).map_err(harness)?;
+    // `mem` below consumes output up to its prompt: the hog's later lines
+    // are looked for from here.
+    let start = s.mark();
+    // One line, short enough for the guest's receive FIFO.
+    s.send_line(&format!("run {id} tidal-mem hog {HOG_MIB} {HOG_HOLD_S}"))
+        .map_err(harness)?;
+    s.expect(&format!(r"\[{VM}\] hog: touched {HOG_MIB} MiB"), STEP)
+        .map_err(harness)?;
+    leave_console(s).map_err(harness)?;
+    let held = s.mem_category("free", COMMAND)?;
+    let read = s.mark();
+    let mut at = start;
+    s.expect_since(
+        &mut at,
+        &format!(r"\[{VM}\] hog: released {HOG_MIB} MiB"),
+        STEP,
+    )
+    .map_err(harness)?;
+    if at <= read {
+        return Err(format!(
+            "the hog freed its memory before the pool was read: hold longer than {HOG_HOLD_S} s"
+        ));
+    }
+    // The session's position is now the released line's end.
+    let freed = s.matched_at().expect("just matched");
+    let want = HOG_MIB * MIB * 9 / 10;
+    loop {
+        let now = s.mem_category("free", COMMAND)?;
+        let back = now.saturating_sub(held);
+        if back >= want {
+            let seconds = freed.elapsed().as_secs_f64();
+            s.expect_since(
+                &mut at,
+                &format!(r"\[{VM}\] tidal-guest: done {id} rc=0"),
+                STEP,
+            )
+            .map_err(harness)?;
+            return Ok((seconds, back / MIB));
+        }
+        if freed.elapsed() > POOL_WITHIN {
+            return Err(format!(
+                "only {} MiB of {HOG_MIB} back in the pool {} s after the free",
+                back / MIB,
+                POOL_WITHIN.as_secs()
+            ));
+        }
+        std::thread::sleep(POOL_POLL);
+    }
+}
+
+/// One hinting run on the idle guest.
+struct Hint {
+    /// From sending `hint` until the `done` line arrived.
+    wall_s: f64,
+    /// The hypervisor's own time for the run.
+    device_s: f64,
+    pages: u64,
+    /// The guest's MemFree before the run, in pages.
+    guest_free_pages: u64,
+}
+
+fn hinting_run(guest: &mut Guest) -> Result<Hint, String> {
+    let meminfo = guest.agent("grep MemFree /proc/meminfo", STEP)?;
+    let free_kib = mem_free_kib(&meminfo).ok_or_else(|| format!("no MemFree in {meminfo:?}"))?;
+    let s = &mut guest.session;
+    let sent = Instant::now();
+    s.send_line(&format!("hint {VM}")).map_err(harness)?;
+    let started = s
+        .expect(r"hinting run (\d+) started[^\n]*\n", COMMAND)
+        .map_err(harness)?;
+    let after_started = s.mark();
+    let id = &started[1];
+    // `expect` keeps the position in order, so the match time is this line's
+    // even if the shell's prompt came later.
+    let done = s
+        .expect(
+            &format!(
+                r"\[{VM}\] balloon: free page hint run {id} done: (\d+) pages hinted[^\n]*\((\d+) ms\)"
+            ),
+            STEP,
+        )
+        .map_err(harness)?;
+    let arrived = s.matched_at().expect("just matched");
+    // The prompt after `hint` (before or after the done line) is consumed,
+    // so the next command waits for its own.
+    s.expect_since(&mut after_started.clone(), r"tidal> ", COMMAND)
+        .map_err(harness)?;
+    let number = |i: usize| {
+        done[i]
+            .parse::<u64>()
+            .map_err(|e| format!("bad number '{}': {e}", done[i]))
+    };
+    Ok(Hint {
+        wall_s: (arrived - sent).as_secs_f64(),
+        device_s: number(2)? as f64 / 1000.0,
+        pages: number(1)?,
+        guest_free_pages: free_kib * 1024 / PAGE_SIZE,
+    })
+}
+
+/// Everything measured in one round.
+struct Round {
+    off: Faults,
+    on: Faults,
+    free_to_pool_s: f64,
+    pool_back_mib: u64,
+    hint: Hint,
+}
+
+fn round(artifacts: &Artifacts, round: usize) -> Result<Round, String> {
+    // Odd rounds boot reporting off first, even rounds on first.
+    let order: [bool; 2] = if round % 2 == 1 {
+        [false, true]
+    } else {
+        [true, false]
+    };
+    let (mut off, mut on, mut pool) = (None, None, None);
+    for reporting in order {
+        let bundle = if reporting { ON } else { OFF };
+        eprintln!("bench: features round {round}/{ROUNDS}: {bundle} ...");
+        let mut guest = Guest::boot(artifacts, bundle, round)?;
+        let faults = page_faults(&mut guest, reporting)
+            .map_err(|e| format!("page faults, {bundle}, round {round}: {e}"))?;
+        eprintln!("bench: {bundle}: {} pages/s", faults.pages_per_s);
+        if reporting {
+            let (seconds, mib) = free_to_pool(&mut guest)
+                .map_err(|e| format!("free to pool, round {round}: {e}"))?;
+            eprintln!("bench: {mib} MiB back in the pool {seconds:.2} s after the free");
+            pool = Some((seconds, mib));
+            on = Some(faults);
+        } else {
+            off = Some(faults);
+        }
+        // Dropping the session kills QEMU: nothing in the guest needs saving.
+    }
+    eprintln!("bench: features round {round}/{ROUNDS}: {HINT} ...");
+    let mut guest = Guest::boot(artifacts, HINT, round)?;
+    let hint = hinting_run(&mut guest).map_err(|e| format!("hinting run, round {round}: {e}"))?;
+    eprintln!(
+        "bench: hinting: {} pages in {:.2} s",
+        hint.pages, hint.wall_s
+    );
+    let (free_to_pool_s, pool_back_mib) = pool.expect("the reporting side ran");
+    Ok(Round {
+        off: off.expect("the off side ran"),
+        on: on.expect("the on side ran"),
+        free_to_pool_s,
+        pool_back_mib,
+        hint,
+    })
+}
+
+pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    let load = load_average();
+    let mut rounds = Vec::new();
+    for r in 1..=ROUNDS {
+        rounds.push(round(artifacts, r)?);
+    }
+    report(root, &rounds, &load, &load_average())
+}
+
+/// /proc/loadavg's first three fields (the machine is shared).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Slowdown of `on` against `off`, in percent of `off`.
+fn overhead_percent(off: f64, on: f64) -> f64 {
+    100.0 * (off - on) / off
+}
+
+fn report(
+    root: &Path,
+    rounds: &[Round],
+    load_before: &str,
+    load_after: &str,
+) -> Result<(), String> {
+    let col =
+        |f: fn(&Round) -> f64| -> Spread { spread(&rounds.iter().map(f).collect::<Vec<_>>()) };
+    let cell = |s: &Spread, d: usize| format!("{:.d$} [{:.d$}-{:.d$}]", s.median, s.min, s.max);
+    let off = col(|r| r.off.pages_per_s);
+    let on = col(|r| r.on.pages_per_s);
+    let reported = col(|r| r.on.reported_pages.unwrap_or(0) as f64);
+    let overhead = overhead_percent(off.median, on.median);
+    let per_round = col(|r| overhead_percent(r.off.pages_per_s, r.on.pages_per_s));
+    let pool_s = col(|r| r.free_to_pool_s);
+    let pool_mib = col(|r| r.pool_back_mib as f64);
+    let hint_s = col(|r| r.hint.wall_s);
+    let hint_device_s = col(|r| r.hint.device_s);
+    let hint_pages = col(|r| r.hint.pages as f64);
+    let hint_rate = col(|r| r.hint.pages as f64 / r.hint.wall_s);
+    let hint_share = col(|r| 100.0 * r.hint.pages as f64 / r.hint.guest_free_pages as f64);
+
+    println!();
+    println!(
+        "Balloon features, Linux guest under Tidal (QEMU virt GICv2), 512 MiB, 2 vCPUs; wall time,"
+    );
+    println!("no -icount, {ROUNDS} rounds (reporting off/on booted in alternating order); median [min-max]");
+    println!("{:<48} {:>30}", "metric", "value");
+    let rows: [(&str, String); 11] = [
+        ("page faults, reporting off (pages/s)", cell(&off, 0)),
+        ("page faults, reporting on (pages/s)", cell(&on, 0)),
+        ("  pages reported during the run", cell(&reported, 0)),
+        (
+            "reporting overhead, of medians (%)",
+            format!("{overhead:.1}"),
+        ),
+        ("reporting overhead, per round (%)", cell(&per_round, 1)),
+        ("free to 90% back in the pool (s) [1]", cell(&pool_s, 2)),
+        ("  MiB back in the pool then", cell(&pool_mib, 0)),
+        ("hinting run, host's view (s) [2]", cell(&hint_s, 2)),
+        (
+            "hinting run, hypervisor's counter (s)",
+            cell(&hint_device_s, 2),
+        ),
+        ("  pages hinted", cell(&hint_pages, 0)),
+        ("  pages/s (host's view)", cell(&hint_rate, 0)),
+    ];
+    for (label, value) in &rows {
+        println!("{label:<48} {value:>30}");
+    }
+    println!(
+        "{:<48} {:>30}",
+        "  share of the guest's MemFree hinted (%)",
+        cell(&hint_share, 0)
+    );
+    for line in [
+        "Page faults: `tidal-mem pagefault 64 10` (map 64 MiB, write a byte per page, unmap; for 10 s)",
+        "after 15 s idle and a 2 s warm-up; linux.img (reporting off) vs linux-reporting.img (on).",
+        "Overhead: (off - on) / off. Upstream measured 0.8-1.7% on hardware; here every stage-2 fault",
+        "and report is emulated by TCG on a shared host, so rounds vary by a few percent either way.",
+        "[1] reporting on: `tidal-mem hog 256 8` frees 256 MiB; from its `released` line on the console",
+        "    until the hypervisor's `mem` (polled back to back, ~100 ms apart) shows >= 90% in the pool.",
+        "[2] linux-hint.img, idle guest: from sending `hint linux` to the `hint run <id> done` line.",
+    ] {
+        println!("{line}");
+    }
+    println!("load average (1/5/15 min): {load_before} before, {load_after} after");
+
+    let json_rounds: Vec<String> = rounds
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            format!(
+                "    {{\"round\": {}, \"pagefault_off_pages_per_s\": {:.0}, \"pagefault_on_pages_per_s\": {:.0}, \"pages_reported_during_run\": {}, \"free_to_pool_s\": {:.3}, \"pool_back_mib\": {}, \"hint_wall_s\": {:.3}, \"hint_device_s\": {:.3}, \"hint_pages\": {}, \"guest_free_pages\": {}}}",
+                i + 1,
+                r.off.pages_per_s,
+                r.on.pages_per_s,
+                r.on.reported_pages.unwrap_or(0),
+                r.free_to_pool_s,
+                r.pool_back_mib,
+                r.hint.wall_s,
+                r.hint.device_s,
+                r.hint.pages,
+                r.hint.guest_free_pages
+            )
+        })
+        .collect();
+    let summary = [
+        ("pagefault_off_pages_per_s", &off),
+        ("pagefault_on_pages_per_s", &on),
+        ("reporting_overhead_percent_per_round", &per_round),
+        ("free_to_pool_s", &pool_s),
+        ("pool_back_mib", &pool_mib),
+        ("hint_wall_s", &hint_s),
+        ("hint_device_s", &hint_device_s),
+        ("hint_pages", &hint_pages),
+        ("hint_pages_per_s", &hint_rate),
+    ]
+    .iter()
+    .map(|(key, s)| {
+        format!(
+            "    \"{key}\": {{\"median\": {:.4}, \"min\": {:.4}, \"max\": {:.4}}}",
+            s.median, s.min, s.max
+        )
+    })
+    .collect::<Vec<_>>();
+    let dir = root.join("target").join("bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join("features.json");
+    let text = format!(
+        "{{\n  \"benchmark\": \"balloon-features-linux\",\n  \"board\": \"virt-gicv2\",\n  \"icount\": false,\n  \"rounds\": {ROUNDS},\n  \"pagefault_mib\": {FAULT_MIB},\n  \"pagefault_seconds\": {FAULT_SECONDS},\n  \"hog_mib\": {HOG_MIB},\n  \"reporting_overhead_percent_of_medians\": {overhead:.3},\n  \"load_average_before\": \"{load_before}\",\n  \"load_average_after\": \"{load_after}\",\n  \"summary\": {{\n{}\n  }},\n  \"rounds_measured\": [\n{}\n  ]\n}}\n",
+        summary.join(",\n"),
+        json_rounds.join(",\n")
+    );
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("written to {}", path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overhead_is_the_share_lost() {
+        assert!((overhead_percent(1000.0, 990.0) - 1.0).abs() < 1e-9);
+        assert!((overhead_percent(1000.0, 1010.0) + 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn numbers_are_parsed() {
+        let line = "pagefault: 12 iterations, 196608 pages in 10004 ms: 19652 pages/s";
+        assert_eq!(pagefault_rate(line), Some(19652));
+        assert_eq!(pagefault_rate("hog: touched 64 MiB"), None);
+        let info = "  free page reporting: 2 reports, 4 blocks, 49 pages (196 KiB) given back\n";
+        assert_eq!(reporting_pages(info), Some(49));
+        assert_eq!(reporting_pages("free page reporting: off"), None);
+        let meminfo = ["MemFree:          401234 kB".to_string()];
+        assert_eq!(mem_free_kib(&meminfo), Some(401234));
+        assert_eq!(mem_free_kib(&["MemTotal: 1 kB".to_string()]), None);
+    }
+}
