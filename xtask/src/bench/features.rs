@@ -11,7 +11,10 @@
 //!    (linux-reporting.toml), each after the same settling time and a 2 s
 //!    warm-up; the overhead is the drop in pages/s with reporting on, as a
 //!    share of the pages/s without it (the upstream series measured
-//!    0.8-1.7% on real hardware);
+//!    0.8-1.7% on real hardware); and, as boots differ with the host's
+//!    load, also within the reporting boot: pairs of shorter runs with the
+//!    guest's page_reporting_order set so that nothing is reported, and
+//!    back;
 //! 2. free to pool (reporting on, same boot): the guest holds 256 MiB
 //!    (`tidal-mem hog 256 <hold>`), the pool is read (`mem`), the guest
 //!    frees it; from the console line saying so until `mem` (polled) shows
@@ -50,6 +53,17 @@ const SETTLE: Duration = Duration::from_secs(15);
 const FAULT_MIB: u64 = 64;
 const FAULT_SECONDS: u64 = 10;
 const WARMUP_SECONDS: u64 = 2;
+
+/// The same-boot comparison: pairs of runs of this many seconds with
+/// reporting switched off and on through the kernel's page_reporting_order
+/// (linked to [`ORDER_LINK`] in the guest, as its path is too long to type
+/// in one piece): no order reaches [`ORDER_OFF`] (MAX_ORDER in Linux 6.1),
+/// so nothing is reported while it is set.
+const PAIRS: usize = 3;
+const PAIR_SECONDS: u64 = 5;
+const ORDER_PARAM: &str = "/sys/module/page_reporting/parameters/page_reporting_order";
+const ORDER_LINK: &str = "/o";
+const ORDER_OFF: u32 = 11;
 
 const HOG_MIB: u64 = 256;
 /// How long the hog holds its memory: long enough for the pool to be read
@@ -193,6 +207,56 @@ fn page_faults(guest: &mut Guest, reporting: bool) -> Result<Faults, String> {
     })
 }
 
+/// Reporting switched off and on in the same boot, [`PAIRS`] times (the
+/// order within a pair alternating): the overhead of each pair, in %, and
+/// the pages/s off and on, and the pages reported during the off runs
+/// (none, unless a report was under way when the order changed).
+fn toggled_pairs(guest: &mut Guest) -> Result<(Vec<(f64, f64)>, u64), String> {
+    guest.agent(&format!("ln -sf {ORDER_PARAM} {ORDER_LINK}"), STEP)?;
+    let order = guest.agent(&format!("cat {ORDER_LINK}"), STEP)?;
+    let on_order: u32 = order
+        .iter()
+        .find_map(|l| l.trim().parse().ok())
+        .ok_or_else(|| format!("no page_reporting_order in {order:?}"))?;
+    if on_order >= ORDER_OFF {
+        return Err(format!(
+            "page_reporting_order is {on_order}: reporting is off"
+        ));
+    }
+    let mut pairs = Vec::new();
+    let mut reported_off = 0;
+    for pair in 0..PAIRS {
+        let mut rate = |order: u32| -> Result<f64, String> {
+            let before = guest.reported_pages()?;
+            let lines = guest.agent(
+                &format!(
+                    "echo {order} >{ORDER_LINK};tidal-mem pagefault {FAULT_MIB} {PAIR_SECONDS}"
+                ),
+                STEP,
+            )?;
+            if order == ORDER_OFF {
+                reported_off += guest.reported_pages()?.saturating_sub(before);
+            }
+            lines
+                .iter()
+                .find_map(|l| pagefault_rate(l))
+                .map(|r| r as f64)
+                .ok_or_else(|| format!("no pagefault result in {lines:?}"))
+        };
+        let (off, on) = if pair % 2 == 0 {
+            let off = rate(ORDER_OFF)?;
+            (off, rate(on_order)?)
+        } else {
+            let on = rate(on_order)?;
+            (rate(ORDER_OFF)?, on)
+        };
+        pairs.push((off, on));
+    }
+    // Leave reporting on for what follows.
+    guest.agent(&format!("echo {on_order} >{ORDER_LINK}"), STEP)?;
+    Ok((pairs, reported_off))
+}
+
 /// Free to pool: seconds from the guest's free until 90% of it is back,
 /// and the MiB back then.
 fn free_to_pool(guest: &mut Guest) -> Result<(f64, u64), String> {
@@ -303,6 +367,10 @@ fn hinting_run(guest: &mut Guest) -> Result<Hint, String> {
 struct Round {
     off: Faults,
     on: Faults,
+    /// Same boot, reporting toggled: (off, on) pages/s per pair.
+    toggled: Vec<(f64, f64)>,
+    /// Pages reported during the toggled pairs' off runs.
+    toggled_reported_off: u64,
     free_to_pool_s: f64,
     pool_back_mib: u64,
     hint: Hint,
@@ -316,6 +384,8 @@ fn round(artifacts: &Artifacts, round: usize) -> Result<Round, String> {
         [true, false]
     };
     let (mut off, mut on, mut pool) = (None, None, None);
+    let mut toggled = Vec::new();
+    let mut toggled_reported_off = 0;
     for reporting in order {
         let bundle = if reporting { ON } else { OFF };
         eprintln!("bench: features round {round}/{ROUNDS}: {bundle} ...");
@@ -328,6 +398,11 @@ fn round(artifacts: &Artifacts, round: usize) -> Result<Round, String> {
                 .map_err(|e| format!("free to pool, round {round}: {e}"))?;
             eprintln!("bench: {mib} MiB back in the pool {seconds:.2} s after the free");
             pool = Some((seconds, mib));
+            let (pairs, reported_off) = toggled_pairs(&mut guest)
+                .map_err(|e| format!("reporting toggled, round {round}: {e}"))?;
+            eprintln!("bench: reporting toggled, pages/s (off, on): {pairs:?}");
+            toggled = pairs;
+            toggled_reported_off = reported_off;
             on = Some(faults);
         } else {
             off = Some(faults);
@@ -345,6 +420,8 @@ fn round(artifacts: &Artifacts, round: usize) -> Result<Round, String> {
     Ok(Round {
         off: off.expect("the off side ran"),
         on: on.expect("the on side ran"),
+        toggled,
+        toggled_reported_off,
         free_to_pool_s,
         pool_back_mib,
         hint,
@@ -392,6 +469,12 @@ fn report(
     let hint_device_s = col(|r| r.hint.device_s);
     let hint_pages = col(|r| r.hint.pages as f64);
     let hint_rate = col(|r| r.hint.pages as f64 / r.hint.wall_s);
+    let all_pairs: Vec<(f64, f64)> = rounds.iter().flat_map(|r| r.toggled.clone()).collect();
+    let pairs_of = |f: fn(&(f64, f64)) -> f64| spread(&all_pairs.iter().map(f).collect::<Vec<_>>());
+    let toggled_off = pairs_of(|p| p.0);
+    let toggled_on = pairs_of(|p| p.1);
+    let toggled_overhead = pairs_of(|p| overhead_percent(p.0, p.1));
+    let toggled_reported_off = col(|r| r.toggled_reported_off as f64);
     let hint_share = col(|r| 100.0 * r.hint.pages as f64 / r.hint.guest_free_pages as f64);
 
     println!();
@@ -400,41 +483,61 @@ fn report(
     );
     println!("no -icount, {ROUNDS} rounds (reporting off/on booted in alternating order); median [min-max]");
     println!("{:<48} {:>30}", "metric", "value");
-    let rows: [(&str, String); 11] = [
-        ("page faults, reporting off (pages/s)", cell(&off, 0)),
-        ("page faults, reporting on (pages/s)", cell(&on, 0)),
+    let rows: [(&str, String); 16] = [
+        (
+            "page faults, linux.img: reporting off (pages/s)",
+            cell(&off, 0),
+        ),
+        (
+            "page faults, linux-reporting.img: on (pages/s)",
+            cell(&on, 0),
+        ),
         ("  pages reported during the run", cell(&reported, 0)),
         (
             "reporting overhead, of medians (%)",
             format!("{overhead:.1}"),
         ),
         ("reporting overhead, per round (%)", cell(&per_round, 1)),
-        ("free to 90% back in the pool (s) [1]", cell(&pool_s, 2)),
+        (
+            "same boot, toggled: off (pages/s) [1]",
+            cell(&toggled_off, 0),
+        ),
+        ("same boot, toggled: on (pages/s) [1]", cell(&toggled_on, 0)),
+        (
+            "same boot, toggled: overhead per pair (%)",
+            cell(&toggled_overhead, 1),
+        ),
+        (
+            "  pages reported in the off runs (per boot)",
+            cell(&toggled_reported_off, 0),
+        ),
+        ("free to 90% back in the pool (s) [2]", cell(&pool_s, 2)),
         ("  MiB back in the pool then", cell(&pool_mib, 0)),
-        ("hinting run, host's view (s) [2]", cell(&hint_s, 2)),
+        ("hinting run, host's view (s) [3]", cell(&hint_s, 2)),
         (
             "hinting run, hypervisor's counter (s)",
             cell(&hint_device_s, 2),
         ),
         ("  pages hinted", cell(&hint_pages, 0)),
         ("  pages/s (host's view)", cell(&hint_rate, 0)),
+        (
+            "  share of the guest's MemFree hinted (%)",
+            cell(&hint_share, 0),
+        ),
     ];
     for (label, value) in &rows {
         println!("{label:<48} {value:>30}");
     }
-    println!(
-        "{:<48} {:>30}",
-        "  share of the guest's MemFree hinted (%)",
-        cell(&hint_share, 0)
-    );
     for line in [
         "Page faults: `tidal-mem pagefault 64 10` (map 64 MiB, write a byte per page, unmap; for 10 s)",
-        "after 15 s idle and a 2 s warm-up; linux.img (reporting off) vs linux-reporting.img (on).",
-        "Overhead: (off - on) / off. Upstream measured 0.8-1.7% on hardware; here every stage-2 fault",
-        "and report is emulated by TCG on a shared host, so rounds vary by a few percent either way.",
-        "[1] reporting on: `tidal-mem hog 256 8` frees 256 MiB; from its `released` line on the console",
+        "after 15 s idle and a 2 s warm-up, one run per boot. Overhead: (off - on) / off; upstream",
+        "measured 0.8-1.7% on hardware. Here every guest exit is emulated by TCG on a shared host, so",
+        "each figure moves with the host's load; the same-boot pairs [1] take out boot-to-boot differences.",
+        "[1] in the linux-reporting.img boot: 3 pairs of `tidal-mem pagefault 64 5` with the guest's",
+        "    page_reporting_order set to 11 (nothing reported) and back to its own, order alternating.",
+        "[2] reporting on: `tidal-mem hog 256 8` frees 256 MiB; from its `released` line on the console",
         "    until the hypervisor's `mem` (polled back to back, ~100 ms apart) shows >= 90% in the pool.",
-        "[2] linux-hint.img, idle guest: from sending `hint linux` to the `hint run <id> done` line.",
+        "[3] linux-hint.img, idle guest: from sending `hint linux` to the `hint run <id> done` line.",
     ] {
         println!("{line}");
     }
@@ -445,7 +548,7 @@ fn report(
         .enumerate()
         .map(|(i, r)| {
             format!(
-                "    {{\"round\": {}, \"pagefault_off_pages_per_s\": {:.0}, \"pagefault_on_pages_per_s\": {:.0}, \"pages_reported_during_run\": {}, \"free_to_pool_s\": {:.3}, \"pool_back_mib\": {}, \"hint_wall_s\": {:.3}, \"hint_device_s\": {:.3}, \"hint_pages\": {}, \"guest_free_pages\": {}}}",
+                "    {{\"round\": {}, \"pagefault_off_pages_per_s\": {:.0}, \"pagefault_on_pages_per_s\": {:.0}, \"pages_reported_during_run\": {}, \"free_to_pool_s\": {:.3}, \"pool_back_mib\": {}, \"hint_wall_s\": {:.3}, \"hint_device_s\": {:.3}, \"hint_pages\": {}, \"guest_free_pages\": {}, \"toggled_off_on_pages_per_s\": [{}], \"toggled_pages_reported_off\": {}}}",
                 i + 1,
                 r.off.pages_per_s,
                 r.on.pages_per_s,
@@ -455,7 +558,13 @@ fn report(
                 r.hint.wall_s,
                 r.hint.device_s,
                 r.hint.pages,
-                r.hint.guest_free_pages
+                r.hint.guest_free_pages,
+                r.toggled
+                    .iter()
+                    .map(|(off, on)| format!("[{off:.0}, {on:.0}]"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                r.toggled_reported_off
             )
         })
         .collect();
@@ -469,6 +578,9 @@ fn report(
         ("hint_device_s", &hint_device_s),
         ("hint_pages", &hint_pages),
         ("hint_pages_per_s", &hint_rate),
+        ("toggled_off_pages_per_s", &toggled_off),
+        ("toggled_on_pages_per_s", &toggled_on),
+        ("toggled_overhead_percent_per_pair", &toggled_overhead),
     ]
     .iter()
     .map(|(key, s)| {
