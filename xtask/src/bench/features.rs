@@ -664,7 +664,7 @@ fn report(
         "linux-reporting.img (on). Overhead: (off - on) / off; upstream measured 0.8-1.7% on hardware.",
         "Every guest exit here is emulated by TCG on a shared host, so wall figures move with the host's",
         "load; per QEMU CPU-s divides the pages by the CPU time of all QEMU's threads during the run",
-        "(both vCPUs: the guest's reporting work and the hypervisor's count), which the load moves less.",
+        "(both vCPUs: the guest's reporting work and the hypervisor's count; other processes' not).",
         "[1] in the linux-reporting.img boot: 4 pairs of `tidal-mem pagefault 64 5` with the guest's",
         "    page_reporting_order set to 11 (nothing reported) and back to its own, order alternating.",
         "[2] reporting on: `tidal-mem hog 256 8` frees 256 MiB; from its `released` line on the console",
