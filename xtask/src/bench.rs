@@ -1,7 +1,9 @@
 //! `cargo xtask bench`: balloon throughput and cost, measured by the
 //! hypervisor itself under QEMU with `-icount shift=0` (guest time follows
 //! the instruction count, so figures repeat run to run); then [`linux`]: a
-//! Linux guest ballooned under Tidal and directly under QEMU, side by side.
+//! Linux guest ballooned under Tidal and directly under QEMU, side by side;
+//! then [`features`]: free page reporting's cost and return and free page
+//! hinting's speed with the Linux guest under Tidal (wall time).
 //!
 //! One bare-metal test guest (guests/tests/bench.toml, 256 MiB) is ballooned
 //! by 128 MiB and back, three rounds. For each move the hypervisor prints the
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use harness::{target_dir, Artifacts, Board, QemuOptions, Session};
 
+mod features;
 mod linux;
 
 const ROUNDS: usize = 3;
@@ -34,10 +37,11 @@ struct Move {
     wall: Duration,
 }
 
-/// The bare-metal bench, then the Linux comparison.
+/// The bare-metal bench, the Linux comparison, then the balloon features.
 pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     bare_metal(root, artifacts)?;
-    linux::run(root, artifacts)
+    linux::run(root, artifacts)?;
+    features::run(root, artifacts)
 }
 
 fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {

@@ -633,13 +633,13 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// Median, min and max.
-struct Spread {
-    median: f64,
-    min: f64,
-    max: f64,
+pub(super) struct Spread {
+    pub(super) median: f64,
+    pub(super) min: f64,
+    pub(super) max: f64,
 }
 
-fn spread(values: &[f64]) -> Spread {
+pub(super) fn spread(values: &[f64]) -> Spread {
     Spread {
         median: median(values),
         min: values.iter().copied().fold(f64::INFINITY, f64::min),
