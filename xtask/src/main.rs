@@ -54,7 +54,9 @@ fn print_help() {
   test               run every test, host and QEMU; ends with 'N passed, M failed'
   bench              balloon benchmarks: a bare-metal guest under QEMU -icount (table, and
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
-                     QEMU, side by side (table, and target/bench/linux.json)"
+                     QEMU, side by side (table, and target/bench/linux.json), then the
+                     balloon features with Linux: page faults with free page reporting off
+                     and on, free to back in the pool, a hinting run (target/bench/features.json)"
     );
 }
 
