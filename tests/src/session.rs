@@ -314,14 +314,16 @@ impl Session {
             let out = self.run(command, within)?;
             match crate::console::first_number(&out, pattern) {
                 Some(n) if n >= min => return Ok(n),
-                _ if Instant::now() >= until => return Err(self.error(
-                    ErrorKind::Timeout,
-                    format!(
+                _ if Instant::now() >= until => {
+                    return Err(self.error(
+                        ErrorKind::Timeout,
+                        format!(
                         "{}: `{command}` did not show /{pattern}/ >= {min} within {:.1}s:\n{out}",
                         self.name,
                         within.as_secs_f64()
                     ),
-                )),
+                    ))
+                }
                 _ => thread::sleep(Duration::from_millis(500)),
             }
         }
