@@ -1042,6 +1042,22 @@ fn blocks_of(f: &mut impl FrameAllocator, min_order: u32) -> Vec<(u64, u32)> {
     v
 }
 
+/// A driver wanting every feature (poison 0) on a fake device that offers
+/// `offered` and behaves as `mode`.
+fn featured(
+    offered: u64,
+    mode: Mode,
+) -> (
+    Balloon<TestHal, FakeTransport, Vec<u32>>,
+    Rc<RefCell<Device>>,
+) {
+    let pages = FakePages::new(RAM, 16);
+    let (t, dev) = device(offered, mode, &pages);
+    let balloon =
+        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    (balloon, dev)
+}
+
 fn all_features(poison_val: u32) -> Options {
     Options {
         features: features::SUPPORTED,
@@ -1136,10 +1152,7 @@ fn only_offered_features_are_used_and_queues_shift_down() {
 fn statistics_are_primed_then_resent_only_when_the_device_returns_them() {
     let arena = Arena::new(64);
     let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 9);
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(LOTS, Mode::Good, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(LOTS, Mode::Good);
     assert!(balloon.answer_stats(&mut frames).unwrap());
     assert!(
         !balloon.answer_stats(&mut frames).unwrap(),
@@ -1194,10 +1207,7 @@ fn statistics_source_with_too_many_tags_is_capped() {
 fn device_returning_a_foreign_statistics_head_breaks_the_driver() {
     let arena = Arena::new(8);
     let mut frames = Reporting::<_, 8>::new(frames(&arena, 8), 0);
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(LOTS, Mode::Good, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(LOTS, Mode::Good);
     assert!(balloon.answer_stats(&mut frames).unwrap());
     {
         let mut d = dev.borrow_mut();
@@ -1273,10 +1283,7 @@ fn merged_blocks_replace_what_they_contain_and_memory_bounds_reports() {
         f.free_page(p);
     }
     let mut frames = Reporting::<_, 2>::new(f, 2);
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(LOTS, Mode::Good, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(LOTS, Mode::Good);
     // 16-31 (4), 36-39 (2), 40-47 (3), 48-63 (4): room for 2 only.
     let r = balloon.report_free(&mut frames, &mut Spin).unwrap();
     assert_eq!(r.blocks, 2);
@@ -1305,10 +1312,7 @@ fn merged_blocks_replace_what_they_contain_and_memory_bounds_reports() {
 fn reporting_without_the_feature_sends_nothing() {
     let arena = Arena::new(64);
     let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 0);
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(features::VERSION_1, Mode::Good, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(features::VERSION_1, Mode::Good);
     assert_eq!(
         balloon.report_free(&mut frames, &mut Spin).unwrap(),
         Reported::default()
@@ -1321,10 +1325,7 @@ fn reporting_without_the_feature_sends_nothing() {
 fn reporting_to_a_device_that_needs_reset_fails_and_remembers_nothing() {
     let arena = Arena::new(64);
     let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 0);
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(LOTS, Mode::NeedsReset, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(LOTS, Mode::NeedsReset);
     assert_eq!(
         balloon.report_free(&mut frames, &mut Spin),
         Err(Error::DeviceNeedsReset)
@@ -1401,10 +1402,7 @@ fn the_host_can_stop_a_hint_run_midway() {
     for _ in 0..3 {
         frames.alloc_page().unwrap();
     }
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(LOTS, Mode::Good, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(LOTS, Mode::Good);
     {
         let mut d = dev.borrow_mut();
         d.stop_hint_after = Some(2);
@@ -1521,10 +1519,7 @@ fn a_new_run_id_mid_run_ends_the_old_run_and_is_answered_next() {
     for _ in 0..3 {
         frames.alloc_page().unwrap();
     }
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(LOTS, Mode::Good, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(LOTS, Mode::Good);
     {
         let mut d = dev.borrow_mut();
         d.stop_hint_after = Some(1);
@@ -1551,10 +1546,7 @@ fn a_new_run_id_mid_run_ends_the_old_run_and_is_answered_next() {
 fn a_silent_device_times_out_a_report_and_nothing_is_remembered() {
     let arena = Arena::new(64);
     let mut frames = Reporting::<_, 8>::new(frames(&arena, 64), 0);
-    let pages = FakePages::new(RAM, 16);
-    let (t, dev) = device(LOTS, Mode::Silent, &pages);
-    let mut balloon =
-        Balloon::<TestHal, _, _>::with_options(t, vec![0u32; 16], all_features(0)).unwrap();
+    let (mut balloon, dev) = featured(LOTS, Mode::Silent);
     balloon.set_wait_limit(Some(100));
     assert_eq!(
         balloon.report_free(&mut frames, &mut Spin),

@@ -20,7 +20,8 @@
 
 use crate::arch::{counter, counter_hz};
 use crate::hal::GuestHal;
-use crate::pool::{Carved, Pool, Verdict};
+use crate::pool::{Carved, Pool};
+use crate::run::check_pattern;
 use crate::wait::Waiter;
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
@@ -420,20 +421,4 @@ fn check_work(work: &[u64], turn: u64) -> bool {
         }
     }
     true
-}
-
-fn check_pattern(pool: &mut Pool) {
-    match pool.verify() {
-        Verdict::Ok { pages } => println!("pattern ok ({pages} pages)"),
-        Verdict::Mismatch {
-            addr,
-            expected,
-            found,
-        } => {
-            println!("PATTERN MISMATCH at 0x{addr:x} (expected 0x{expected:x}, found 0x{found:x})")
-        }
-        Verdict::ChecksumMismatch { expected, found } => {
-            println!("PATTERN MISMATCH at 0x0 (checksum 0x{found:x}, expected 0x{expected:x})")
-        }
-    }
 }

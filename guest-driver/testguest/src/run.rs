@@ -176,10 +176,9 @@ extern "C" fn rust_main(dtb: u64) -> ! {
     }
 }
 
-/// After the balloon reached its target: the summary, the pattern check, and
-/// the check of deflated pages.
-fn report(p: &Progress, pool: &mut Pool) {
-    println!("balloon target={} actual={} pages", p.target, p.actual);
+/// Check the pool's pattern and say how it went (the line the tests look
+/// for: `pattern ok` or `PATTERN MISMATCH`).
+pub(crate) fn check_pattern(pool: &mut Pool) {
     match pool.verify() {
         Verdict::Ok { pages } => println!("pattern ok ({pages} pages)"),
         Verdict::Mismatch {
@@ -193,6 +192,13 @@ fn report(p: &Progress, pool: &mut Pool) {
             println!("PATTERN MISMATCH at 0x0 (checksum 0x{found:x}, expected 0x{expected:x})")
         }
     }
+}
+
+/// After the balloon reached its target: the summary, the pattern check, and
+/// the check of deflated pages.
+fn report(p: &Progress, pool: &mut Pool) {
+    println!("balloon target={} actual={} pages", p.target, p.actual);
+    check_pattern(pool);
     let (deflated, nonzero) = pool.take_deflate_report();
     if deflated > 0 {
         match nonzero {
