@@ -412,6 +412,10 @@ fn run(cmd: Command, board: &BoardInfo) {
                 Err(e) => println!("frame table invariants: VIOLATED: {e}"),
             }
         }
+        Command::Check => {
+            let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
+            vm::check_system(ram, &mut Console);
+        }
         Command::Cpus => {
             let rows = (0..MAX_CPUS).filter_map(|i| {
                 let mpidr = smp::cpu_mpidr(i)?;
@@ -491,6 +495,13 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::DebugFault => debug_fault(),
         Command::DebugPanic => panic!("deliberate panic from the shell's 'debug panic'"),
+        Command::DebugFail { vm: name } => match vm::with_vm(name, vm::inject_failure) {
+            None => no_such_vm(name),
+            Some(Err(e)) => println!("{name}: cannot inject a failure: {e}"),
+            Some(Ok(())) => println!(
+                "{name}: a hypervisor failure is injected at its next exit, with its lock and the frame table held"
+            ),
+        },
     }
 }
 

@@ -1,6 +1,12 @@
 //! Crash reports: an unexpected exception or a panic prints what happened,
 //! where, and the registers, on the console (even if another CPU holds the
 //! console lock), then parks the CPU. The test harness looks for these lines.
+//!
+//! On a CPU running a vCPU (a recovery point armed, see
+//! `arch::aarch64::recovery`), the failure is contained instead: one
+//! `tidal: [vm] hypervisor failure in this VM's path: …` line, the locks
+//! that CPU held are released, and only that VM is stopped
+//! (`vm::run::contain_failure`).
 
 use core::fmt;
 
@@ -43,6 +49,15 @@ impl fmt::Display for Offset {
 
 pub fn exception(frame: &ExceptionFrame, kind: VectorKind) -> ! {
     let cpu = cpu_index();
+    // On a CPU running a vCPU, this ends that VM only (returns otherwise).
+    crate::vm::run::contain_failure(format_args!(
+        "{kind} exception, ESR_EL2 {:#010x} ({}), FAR_EL2 {:#x}, at ELR_EL2 {:#x}{}",
+        frame.esr,
+        exception_class_name(frame.esr),
+        frame.far,
+        frame.elr,
+        Offset(frame.elr)
+    ));
     crash_print!("\n*** EXCEPTION on CPU {cpu}: {kind}\n");
     crash_print!(
         "ESR_EL2 {:#010x} ({}), FAR_EL2 {:#x}\n",
@@ -73,6 +88,16 @@ pub fn exception(frame: &ExceptionFrame, kind: VectorKind) -> ! {
 
 pub fn panic(info: &core::panic::PanicInfo) -> ! {
     let cpu = cpu_index();
+    // On a CPU running a vCPU, this ends that VM only (returns otherwise).
+    match info.location() {
+        Some(l) => crate::vm::run::contain_failure(format_args!(
+            "{} at {}:{}",
+            info.message(),
+            l.file(),
+            l.line()
+        )),
+        None => crate::vm::run::contain_failure(format_args!("{}", info.message())),
+    }
     match info.location() {
         Some(l) => crash_print!(
             "\n*** PANIC on CPU {cpu} at {}:{}:{}: {}\n",

@@ -20,6 +20,8 @@ mod boot;
 pub mod crash;
 #[cfg(target_os = "none")]
 mod heap;
+#[cfg(target_os = "none")]
+pub mod held;
 pub mod trace;
 pub mod vgic;
 pub mod virtio;

@@ -483,6 +483,30 @@ impl Session {
         Ok(report)
     }
 
+    /// Runs `check` (the frame table's invariants, every VM's stage-2
+    /// tables mapping only its own frames, stopped VMs owning nothing, the
+    /// accounting summing to RAM) and returns its `check: ok (…)` line; an
+    /// error with the whole output if it printed anything else. Every QEMU
+    /// test ends with it while the board is up.
+    pub fn check(&mut self, timeout: Duration) -> Result<String, String> {
+        let out = self.run("check", timeout).map_err(|e| e.to_string())?;
+        let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+        match lines.iter().find(|l| l.starts_with("check: ")) {
+            Some(line) if line.starts_with("check: ok (") && !out.contains("check: FAILED") => {
+                Ok(line.to_string())
+            }
+            _ => Err(format!("{}: check did not pass:\n{out}", self.name)),
+        }
+    }
+
+    /// [`Self::check`] for a test: panics with the console output (the
+    /// test fails) unless it passes within 30 s.
+    pub fn assert_check(&mut self) {
+        if let Err(e) = self.check(Duration::from_secs(30)) {
+            panic!("{e}");
+        }
+    }
+
     /// Writes `line` and a carriage return to the console.
     pub fn send_line(&mut self, line: &str) -> Result<(), HarnessError> {
         self.send(format!("{line}\r").as_bytes())

@@ -119,6 +119,7 @@ fn stats_alone(board: Board) {
         .and_then(|c| c[1].parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no statistics on demand in:\n{out}"));
     assert!(age < 1.0, "sample {age} s old:\n{out}");
+    s.assert_check();
 }
 
 fn deflate_on_oom_alone(board: Board) {
@@ -136,6 +137,7 @@ fn deflate_on_oom_alone(board: Board) {
     ));
     let out = info(&mut s);
     assert!(out.contains("deflated on OOM: 0 pages"), "{out}");
+    s.assert_check();
 }
 
 /// Scenario 3: an idle 512 MiB guest answers a hinting run; at least 80% of
@@ -173,6 +175,7 @@ fn hint_alone(board: Board) {
         &format!(r"\[linux\] balloon: free page hint run {id2} done: \d+ pages hinted"),
         STEP,
     ));
+    s.assert_check();
 }
 
 fn poison_alone(board: Board) {
@@ -180,6 +183,7 @@ fn poison_alone(board: Board) {
     assert_negotiated(&mut s, &["PAGE_POISON"]);
     let out = info(&mut s);
     assert!(out.contains("page poison: 0xaaaaaaaa"), "{out}");
+    s.assert_check();
 }
 
 fn reporting_alone(board: Board) {
@@ -192,6 +196,7 @@ fn reporting_alone(board: Board) {
         Duration::from_secs(30),
     );
     assert!(pages > 0);
+    s.assert_check();
 }
 
 /// Every feature at once, and scenarios 2 and 4: the guest allocates and
@@ -277,6 +282,7 @@ fn all_features(board: Board) {
     let out = info(&mut s);
     assert!(out.contains("guest statistics"), "{out}");
     assert!(!s.output().contains("stopping the VM"), "{}", s.output());
+    s.assert_check();
 }
 
 /// A `key value` line's value (e.g. /proc/meminfo in kB, /proc/vmstat).
@@ -355,6 +361,7 @@ fn oom_under_cache_pressure(board: Board, offered: bool) {
         let dmesg = agent(&mut s, 6, "dmesg | grep -i 'killed process'");
         assert!(dmesg.iter().any(|l| l.contains("tidal-mem")), "{dmesg:?}");
     }
+    s.assert_check();
 }
 
 macro_rules! matrix {

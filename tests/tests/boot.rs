@@ -76,7 +76,8 @@ fn boot(t: Target, scenario: &str) -> Session {
 }
 
 fn boots_to_shell(t: Target) {
-    boot(t, "boots_to_shell");
+    let mut s = boot(t, "boots_to_shell");
+    s.assert_check();
 }
 
 fn mem_accounting_adds_up(t: Target) {
@@ -102,6 +103,7 @@ fn mem_accounting_adds_up(t: Target) {
         // QEMU raspi4b's tree declares 960 MiB below the peripherals.
         None => assert!(report.ram_bytes >= 512 << 20, "RAM size:\n{out}"),
     }
+    s.assert_check();
 }
 
 fn cpus_all_online(t: Target) {
@@ -113,12 +115,13 @@ fn cpus_all_online(t: Target) {
         assert_eq!(cpu.index, i, "`cpus` output:\n{out}");
         assert!(cpu.online, "CPU {i} is {}:\n{out}", cpu.state);
     }
+    s.assert_check();
 }
 
 fn help_and_unknown_command(t: Target) {
     let mut s = boot(t, "help_and_unknown_command");
     let help = ok(s.run("help", COMMAND));
-    for command in ["mem", "cpus", "poweroff"] {
+    for command in ["mem", "cpus", "check", "poweroff"] {
         let word = Regex::new(&format!(r"\b{command}\b")).unwrap();
         assert!(
             word.is_match(&help),
@@ -131,10 +134,12 @@ fn help_and_unknown_command(t: Target) {
             .any(|l| l.contains("unknown command") && l.contains("help")),
         "no `unknown command ... help` line:\n{out}"
     );
+    s.assert_check();
 }
 
 fn poweroff_exits_cleanly(t: Target) {
     let mut s = boot(t, "poweroff_exits_cleanly");
+    s.assert_check();
     ok(s.send_line("poweroff"));
     let status = ok(s.wait_exit(POWEROFF));
     assert!(status.success(), "QEMU exit status {status}");
@@ -142,6 +147,8 @@ fn poweroff_exits_cleanly(t: Target) {
 
 fn debug_fault_dumps_and_symbolizes(t: Target) {
     let mut s = boot(t, "debug_fault_dumps_and_symbolizes");
+    // The shell's CPU is parked afterwards: check while it still answers.
+    s.assert_check();
     ok(s.send_line("debug fault"));
     let dump = ok(s.expect(r"(?s)\*\*\* EXCEPTION on CPU 0:.*?CPU 0 parked\.", COMMAND));
     let dump = &dump[0];
@@ -172,6 +179,7 @@ fn debug_fault_dumps_and_symbolizes(t: Target) {
 
 fn debug_panic_reports_location(t: Target) {
     let mut s = boot(t, "debug_panic_reports_location");
+    s.assert_check();
     ok(s.send_line("debug panic"));
     ok(s.expect(
         r"(?m)^\*\*\* PANIC on CPU 0 at hypervisor/src/[^:\s]+:\d+:\d+: ",
@@ -317,6 +325,7 @@ fn virt_gicv2_trace_reports_cpus() {
     let mut s = boot_with(VIRT_GICV2, "trace_reports_cpus", |o| {
         o.trace = Some(trace.clone())
     });
+    s.assert_check();
     ok(s.send_line("poweroff"));
     assert!(ok(s.wait_exit(POWEROFF)).success());
     let bytes = std::fs::read(&trace).unwrap_or_else(|e| panic!("{}: {e}", trace.display()));

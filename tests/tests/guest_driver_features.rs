@@ -231,6 +231,7 @@ fn scenarios(board: Board) {
     let out = info(&mut s);
     assert!(out.contains("ballooned 0 pages"), "{out}");
     assert_clean(&s);
+    s.assert_check();
 }
 
 /// (a)-(c) without PAGE_POISON (guests/tests/gd-features-nopoison.toml):
@@ -289,6 +290,7 @@ fn given_back_pages_read_zero_without_poison(board: Board) {
     ));
     ok(s.expect_since(&mut since, r"\[gdf\] testguest: alive \d+s", STEP));
     assert_clean(&s);
+    s.assert_check();
 }
 
 macro_rules! boards {

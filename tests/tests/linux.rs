@@ -96,6 +96,7 @@ fn upstream_balloon_driver(board: Board) {
     assert_eq!(total2, total0, "MemTotal back");
     let out = s.output();
     assert!(!out.contains("VM stopped"), "{out}");
+    s.assert_check();
 }
 
 /// `reboot -f` restarts only that VM (PSCI SYSTEM_RESET); `poweroff -f`
@@ -123,6 +124,7 @@ fn reboot_and_poweroff(board: Board) {
             && l.trim_end().ends_with('2')),
         "{vms}"
     );
+    s.assert_check();
 }
 
 mod virt_gicv2 {

@@ -231,6 +231,7 @@ fn poweroff_and_reboot_one_of_three(board: Board) {
     for bad in ["*** ", "MISMATCH", "NOT ZERO", "[beta] VM stopped"] {
         assert!(!out.contains(bad), "'{bad}' in the console");
     }
+    s.assert_check();
 }
 
 /// How one guest's progress lines cover a stretch of the console output.
@@ -410,6 +411,7 @@ fn memory_loop_and_balloon_do_not_stall(board: Board) {
     for bad in ["*** ", "VM stopped"] {
         assert!(!out.contains(bad), "'{bad}' in the console");
     }
+    s.assert_check();
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //! other keeps running, patterns stay intact, the pool moves by exactly the
 //! ballooned pages; stop and start return every page; a guest that touches
 //! memory outside its RAM is stopped; a hostile guest's attacks on the
-//! balloon are refused and reported. The bundles come from guests/ and
-//! guests/tests/ (built by `cargo xtask`).
+//! balloon are refused and reported; a hypervisor failure in one VM's path
+//! ends only that VM. Every test ends with `check`. The bundles come from
+//! guests/ and guests/tests/ (built by `cargo xtask`).
 
 use std::time::Duration;
 
@@ -92,6 +93,7 @@ fn balloon_half_and_back(board: Board) {
     for bad in ["MISMATCH", "NOT ZERO", "EXCEPTION", "VM stopped"] {
         assert!(!out.contains(bad), "'{bad}' in the console:\n{out}");
     }
+    s.assert_check();
 }
 
 fn stop_and_start(board: Board) {
@@ -128,6 +130,7 @@ fn stop_and_start(board: Board) {
         out.contains("no VM called 'gamma'; the VMs are: alpha, beta"),
         "{out}"
     );
+    s.assert_check();
 }
 
 fn wild_guest_is_stopped(board: Board) {
@@ -146,6 +149,7 @@ fn wild_guest_is_stopped(board: Board) {
         128 * MIB,
         "only beta's RAM is still in use"
     );
+    s.assert_check();
 }
 
 fn hostile_guest_is_contained(board: Board) {
@@ -198,6 +202,60 @@ fn hostile_guest_is_contained(board: Board) {
     assert_eq!(mem_category(&mut s, "guest RAM"), 64 * MIB);
     let out = s.output();
     assert!(!out.contains("*** "), "the hypervisor crashed:\n{out}");
+    s.assert_check();
+}
+
+/// A hypervisor failure in one VM's path (`debug fail`: a panic with the
+/// VM's lock and the frame table held) ends that VM only: it is reported,
+/// its pages go back to the pool, the other VM keeps beating, the shell
+/// answers, `check` passes, and the VM starts again.
+fn failure_in_one_vm_ends_only_it(board: Board) {
+    let mut s = boot(
+        board,
+        "failure_in_one_vm_ends_only_it",
+        None,
+        &["alpha", "beta"],
+    );
+    let guest0 = mem_category(&mut s, "guest RAM");
+    let free0 = mem_category(&mut s, "free");
+    let out = ok(s.run("debug fail alpha", COMMAND));
+    assert!(out.contains("a hypervisor failure is injected"), "{out}");
+    ok(s.expect(
+        r"tidal: \[alpha\] hypervisor failure in this VM's path: injected failure \('debug fail alpha'\) at hypervisor/src/vm/run\.rs:\d+; the VM is stopped",
+        STEP,
+    ));
+    ok(s.expect(
+        r"\[alpha\] VM stopped: a hypervisor failure in this VM's path; 65536 pages returned to the pool",
+        STEP,
+    ));
+    // beta beats on (two beats after the failure: not stale output).
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(
+        vms.lines()
+            .any(|l| l.starts_with("alpha") && l.contains("stopped")),
+        "{vms}"
+    );
+    assert_eq!(mem_category(&mut s, "guest RAM"), guest0 - 256 * MIB);
+    assert!(
+        mem_category(&mut s, "free") >= free0 + 256 * MIB,
+        "alpha's RAM and tables are back in the pool"
+    );
+    s.assert_check();
+    ok(s.run("start alpha", COMMAND));
+    ok(s.expect(r"\[alpha\] testguest: balloon at ", STEP));
+    assert_eq!(mem_category(&mut s, "guest RAM"), guest0);
+    // The new alpha works: its balloon moves and its memory is intact.
+    ok(s.run("balloon alpha 64M", COMMAND));
+    ok(s.expect(
+        r"\[alpha\] testguest: balloon target=16384 actual=16384 pages",
+        STEP,
+    ));
+    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    let out = s.output();
+    assert!(!out.contains("*** "), "the hypervisor crashed:\n{out}");
+    s.assert_check();
 }
 
 macro_rules! vm_tests {
@@ -227,6 +285,12 @@ macro_rules! vm_tests {
             #[ignore = "boots QEMU: run cargo xtask test"]
             fn hostile_guest_is_contained() {
                 super::hostile_guest_is_contained($board);
+            }
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn failure_in_one_vm_ends_only_it() {
+                super::failure_in_one_vm_ends_only_it($board);
             }
         }
     )*};

@@ -11,10 +11,38 @@ mod uart_console {
 
     use crate::vm::console::LiveOutput;
 
+    use crate::held::{self, Tracked};
     use platform::uart::ConsoleUart;
-    use spin::Mutex;
+    use spin::{Mutex, MutexGuard};
 
     static CONSOLE: Mutex<Option<ConsoleUart>> = Mutex::new(None);
+
+    /// The console UART, locked and marked held by this CPU (`crate::held`).
+    fn console() -> Tracked<MutexGuard<'static, Option<ConsoleUart>>> {
+        Tracked::new(CONSOLE.lock(), held::CONSOLE)
+    }
+
+    /// The open live line; take it only under [`console`].
+    fn open_line() -> Tracked<MutexGuard<'static, OpenLine>> {
+        Tracked::new(OPEN_LINE.lock(), held::OPEN_LINE)
+    }
+
+    /// Release the console locks in `held` (the calling CPU's, per
+    /// `crate::held`) after a failure abandoned their guards.
+    ///
+    /// # Safety
+    ///
+    /// Only for locks this CPU holds and whose guards will never be used.
+    pub unsafe fn release_held(held: u32) {
+        if held & held::OPEN_LINE != 0 {
+            // SAFETY: this CPU holds it (the caller's contract).
+            unsafe { OPEN_LINE.force_unlock() };
+        }
+        if held & held::CONSOLE != 0 {
+            // SAFETY: as above.
+            unsafe { CONSOLE.force_unlock() };
+        }
+    }
     /// The unfinished line of the VM whose console is shown live, as it
     /// stands on the terminal (prefix included). Other output erases it,
     /// prints, and draws it again below, so it stays the last line.
@@ -65,9 +93,9 @@ mod uart_console {
         output: LiveOutput<'_>,
         still_live: impl FnOnce() -> bool,
     ) {
-        let mut guard = CONSOLE.lock();
+        let mut guard = console();
         let Some(uart) = guard.as_mut() else { return };
-        let mut open = OPEN_LINE.lock();
+        let mut open = open_line();
         if !still_live() {
             if let LiveOutput::Line { text, .. } = output {
                 let _ = writeln!(uart, "[{name}] {text}");
@@ -114,9 +142,9 @@ mod uart_console {
     /// Call it after the keyboard's owner changed, so that output racing
     /// with the change sees the new owner (see [`guest_live_output`]).
     pub fn end_live_output() {
-        let mut guard = CONSOLE.lock();
+        let mut guard = console();
         let Some(uart) = guard.as_mut() else { return };
-        let mut open = OPEN_LINE.lock();
+        let mut open = open_line();
         if open.owner.is_some() {
             let _ = uart.write_str("\n");
         }
@@ -126,16 +154,16 @@ mod uart_console {
     /// Install the console UART; until then output is dropped.
     pub fn init(mut uart: ConsoleUart) {
         uart.init();
-        *CONSOLE.lock() = Some(uart);
+        *console() = Some(uart);
     }
 
     pub fn is_ready() -> bool {
-        CONSOLE.lock().is_some()
+        console().is_some()
     }
 
     pub fn write_fmt(args: fmt::Arguments) {
-        if let Some(uart) = CONSOLE.lock().as_mut() {
-            let open = OPEN_LINE.lock();
+        if let Some(uart) = console().as_mut() {
+            let open = open_line();
             if open.owner.is_some() {
                 let _ = uart.write_str(ERASE_LINE);
             }
@@ -173,7 +201,7 @@ mod uart_console {
     }
 
     pub fn try_read_byte() -> Option<u8> {
-        CONSOLE.lock().as_mut().and_then(|u| u.try_get_byte())
+        console().as_mut().and_then(|u| u.try_get_byte())
     }
 }
 

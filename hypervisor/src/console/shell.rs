@@ -7,6 +7,8 @@
 pub enum Command<'a> {
     Help,
     Mem,
+    /// Check the memory invariants over the frame table and every VM.
+    Check,
     Cpus,
     Vms,
     /// Set the balloon of a VM to this many bytes (rounded down to pages).
@@ -43,6 +45,10 @@ pub enum Command<'a> {
     PowerOff,
     DebugFault,
     DebugPanic,
+    /// Inject a hypervisor failure in a VM's path at its next exit.
+    DebugFail {
+        vm: &'a str,
+    },
 }
 
 pub struct CommandInfo {
@@ -58,6 +64,10 @@ pub const COMMANDS: &[CommandInfo] = &[
     CommandInfo {
         usage: "mem",
         summary: "RAM banks, and where every byte of RAM is accounted",
+    },
+    CommandInfo {
+        usage: "check",
+        summary: "check the frame table, every VM's stage-2 mappings and the accounting (one line)",
     },
     CommandInfo {
         usage: "cpus",
@@ -107,6 +117,10 @@ pub const COMMANDS: &[CommandInfo] = &[
         usage: "debug panic",
         summary: "panic on purpose (shows the panic report)",
     },
+    CommandInfo {
+        usage: "debug fail <vm>",
+        summary: "panic in a VM's path at its next exit, locks held: only that VM stops",
+    },
 ];
 
 /// Why a line is not a command, worded for the operator.
@@ -154,6 +168,7 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
     match first {
         "help" | "?" => no_args(Command::Help, "help"),
         "mem" => no_args(Command::Mem, "mem"),
+        "check" => no_args(Command::Check, "check"),
         "cpus" => no_args(Command::Cpus, "cpus"),
         "poweroff" => no_args(Command::PowerOff, "poweroff"),
         "vms" => no_args(Command::Vms, "vms"),
@@ -182,14 +197,17 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             (Some("balloon"), vm, None) => Ok(Some(Command::InfoBalloon { vm })),
             _ => Err(ParseError::Usage("info balloon [vm]")),
         },
-        "debug" => match (rest, words.next()) {
-            (Some("fault"), None) => Ok(Some(Command::DebugFault)),
-            (Some("panic"), None) => Ok(Some(Command::DebugPanic)),
-            _ => Err(ParseError::Usage("debug fault | debug panic")),
+        "debug" => match (rest, words.next(), words.next()) {
+            (Some("fault"), None, _) => Ok(Some(Command::DebugFault)),
+            (Some("panic"), None, _) => Ok(Some(Command::DebugPanic)),
+            (Some("fail"), Some(vm), None) => Ok(Some(Command::DebugFail { vm })),
+            _ => Err(ParseError::Usage(DEBUG_USAGE)),
         },
         other => Err(ParseError::Unknown(other)),
     }
 }
+
+const DEBUG_USAGE: &str = "debug fault | debug panic | debug fail <vm>";
 
 /// The single VM name a command takes.
 fn one_vm<'a>(
@@ -253,12 +271,22 @@ mod tests {
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
         assert_eq!(parse("  mem  "), Ok(Some(Command::Mem)));
+        assert_eq!(parse("check"), Ok(Some(Command::Check)));
+        assert_eq!(parse("check all").unwrap_err().to_string(), "usage: check");
         assert_eq!(
             parse("balloon-stats linux now"),
             Ok(Some(Command::StatsNow { vm: "linux" }))
         );
         assert_eq!(parse(""), Ok(None));
         assert_eq!(parse("debug panic"), Ok(Some(Command::DebugPanic)));
+        assert_eq!(
+            parse("debug fail beta"),
+            Ok(Some(Command::DebugFail { vm: "beta" }))
+        );
+        assert_eq!(
+            parse("debug fail").unwrap_err(),
+            ParseError::Usage(DEBUG_USAGE)
+        );
         assert_eq!(
             parse("balloon-stats linux 0"),
             Ok(Some(Command::BalloonStats {
@@ -317,8 +345,8 @@ mod tests {
         );
         assert_eq!(parse("mem all").unwrap_err().to_string(), "usage: mem");
         assert_eq!(
-            parse("debug").unwrap_err(),
-            ParseError::Usage("debug fault | debug panic")
+            parse("debug").unwrap_err().to_string(),
+            "usage: debug fault | debug panic | debug fail <vm>"
         );
     }
 

@@ -8,6 +8,8 @@
 //! This module changes descriptors only; the caller invalidates the TLB for
 //! the VM's VMID once per batch of unmaps (see `arch::aarch64::stage2`).
 
+use crate::mm::frames::FrameError;
+
 /// IPA bits covered (T0SZ = 64 - 39).
 pub const IPA_BITS: u32 = 39;
 pub const IPA_LIMIT: u64 = 1 << IPA_BITS;
@@ -47,7 +49,9 @@ pub const fn ram_page(pa: u64) -> u64 {
 pub trait TableMemory {
     /// A zeroed 4 KiB table; its physical address.
     fn alloc_table(&mut self) -> Option<u64>;
-    fn free_table(&mut self, pa: u64);
+    /// Give a table back; an error (a hypervisor bug: the frame table does
+    /// not know it as a table) leaves the frame where it was.
+    fn free_table(&mut self, pa: u64) -> Result<(), FrameError>;
     /// The table at `pa` (returned by `alloc_table`).
     fn table(&mut self, pa: u64) -> &mut [u64; 512];
 }
@@ -214,8 +218,13 @@ impl Stage2 {
         (entry & VALID != 0 && is_ram(entry)).then_some((entry & ADDR_MASK) | (ipa & (PAGE - 1)))
     }
 
-    /// Call `f(ipa, pa)` for every mapped page, in IPA order.
-    pub fn for_each_mapped(&self, mem: &mut impl TableMemory, mut f: impl FnMut(u64, u64)) {
+    /// Call `f(mem, ipa, pa)` for every mapped page, in IPA order (`mem`
+    /// is lent to `f` between table reads, e.g. to ask who owns `pa`).
+    pub fn for_each_mapped<M: TableMemory>(
+        &self,
+        mem: &mut M,
+        mut f: impl FnMut(&mut M, u64, u64),
+    ) {
         for i1 in 0..512u64 {
             let e1 = mem.table(self.root)[i1 as usize];
             if e1 & VALID == 0 {
@@ -229,16 +238,63 @@ impl Stage2 {
                 for i3 in 0..512u64 {
                     let e3 = mem.table(e2 & ADDR_MASK)[i3 as usize];
                     if e3 & VALID != 0 && is_ram(e3) {
-                        f((i1 << 30) | (i2 << 21) | (i3 << 12), e3 & ADDR_MASK);
+                        f(mem, (i1 << 30) | (i2 << 21) | (i3 << 12), e3 & ADDR_MASK);
                     }
                 }
             }
         }
     }
 
-    /// Unmap everything, give every table back, and call `frame(pa)` for each
-    /// frame that was mapped (the caller frees them after a TLB flush).
-    pub fn destroy(self, mem: &mut impl TableMemory, mut frame: impl FnMut(u64)) {
+    /// Unmap RAM pages at or above `*cursor`, in IPA order, pushing their
+    /// frames to `out` until it is full; `*cursor` moves past the last page
+    /// looked at ([`IPA_LIMIT`] when the walk is done). Lets a caller free a
+    /// whole VM in fixed-size batches: no memory in proportion to its size.
+    /// The caller invalidates the TLB before the frames are reused.
+    pub fn unmap_some<const N: usize>(
+        &mut self,
+        mem: &mut impl TableMemory,
+        cursor: &mut u64,
+        out: &mut heapless::Vec<u64, N>,
+    ) {
+        const L1_SPAN: u64 = 1 << 30;
+        const L2_SPAN: u64 = 1 << 21;
+        let next = |ipa: u64, span: u64| (ipa & !(span - 1)) + span;
+        while *cursor < IPA_LIMIT && !out.is_full() {
+            let ipa = *cursor & !(PAGE - 1);
+            let e1 = mem.table(self.root)[index(ipa, 1)];
+            if e1 & VALID == 0 {
+                *cursor = next(ipa, L1_SPAN);
+                continue;
+            }
+            let e2 = mem.table(e1 & ADDR_MASK)[index(ipa, 2)];
+            if e2 & VALID == 0 {
+                *cursor = next(ipa, L2_SPAN);
+                continue;
+            }
+            let slot = &mut mem.table(e2 & ADDR_MASK)[index(ipa, 3)];
+            if *slot & VALID != 0 && is_ram(*slot) {
+                let pa = *slot & ADDR_MASK;
+                *slot = 0;
+                self.mapped -= 1;
+                // Cannot fail: the loop runs only while `out` has room.
+                let _ = out.push(pa);
+            }
+            *cursor = ipa + PAGE;
+        }
+    }
+
+    /// Give every table back (call [`Self::unmap_some`] until the walk is
+    /// done first: RAM pages still mapped are counted, not freed). Returns
+    /// the RAM pages that were still mapped, or the first table the frame
+    /// table refused (the walk goes on: a refused table stays accounted).
+    pub fn destroy<M: TableMemory>(self, mem: &mut M) -> Result<u64, FrameError> {
+        let mut first_error = None;
+        let mut still_mapped = 0;
+        let mut free = |mem: &mut M, pa| {
+            if let Err(e) = TableMemory::free_table(mem, pa) {
+                first_error.get_or_insert(e);
+            }
+        };
         for i1 in 0..512 {
             let e1 = mem.table(self.root)[i1];
             if e1 & VALID == 0 {
@@ -249,17 +305,20 @@ impl Stage2 {
                 if e2 & VALID == 0 {
                     continue;
                 }
-                for i3 in 0..512 {
-                    let e3 = mem.table(e2 & ADDR_MASK)[i3];
-                    if e3 & VALID != 0 && is_ram(e3) {
-                        frame(e3 & ADDR_MASK);
-                    }
-                }
-                mem.free_table(e2 & ADDR_MASK);
+                let leaf = mem.table(e2 & ADDR_MASK);
+                still_mapped += leaf
+                    .iter()
+                    .filter(|&&e3| e3 & VALID != 0 && is_ram(e3))
+                    .count() as u64;
+                free(mem, e2 & ADDR_MASK);
             }
-            mem.free_table(e1 & ADDR_MASK);
+            free(mem, e1 & ADDR_MASK);
         }
-        mem.free_table(self.root);
+        free(mem, self.root);
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(still_mapped),
+        }
     }
 }
 
@@ -286,11 +345,12 @@ pub mod tests {
             self.tables.insert(pa, Box::new([0; 512]));
             Some(pa)
         }
-        fn free_table(&mut self, pa: u64) {
+        fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
             assert!(
                 self.tables.remove(&pa).is_some(),
                 "double free of table {pa:#x}"
             );
+            Ok(())
         }
         fn table(&mut self, pa: u64) -> &mut [u64; 512] {
             self.tables.get_mut(&pa).expect("not a table")
@@ -324,12 +384,28 @@ pub mod tests {
         assert_eq!(s2.lookup(&mut mem, ram + 5 * PAGE), None);
         assert_eq!(s2.lookup(&mut mem, 0x0900_0000), None);
         let mut seen = Vec::new();
-        s2.for_each_mapped(&mut mem, |ipa, pa| seen.push((ipa, pa)));
+        s2.for_each_mapped(&mut mem, |_, ipa, pa| seen.push((ipa, pa)));
         assert_eq!(seen.len(), 1023);
         assert!(seen.iter().all(|&(ipa, pa)| pa - 0x8000_0000 == ipa - ram));
-        let mut frames = 0;
-        s2.destroy(&mut mem, |_| frames += 1);
-        assert_eq!(frames, 1023);
+        // Unmapped in batches of 100, in IPA order, the same frames.
+        let (mut cursor, mut batches) = (0, Vec::new());
+        loop {
+            let mut batch: heapless::Vec<u64, 100> = heapless::Vec::new();
+            s2.unmap_some(&mut mem, &mut cursor, &mut batch);
+            if batch.is_empty() {
+                break;
+            }
+            batches.push(batch.len());
+            for pa in batch {
+                let (ipa, want) = seen.remove(0);
+                assert_eq!(pa, want, "IPA {ipa:#x}");
+            }
+        }
+        assert_eq!(cursor, IPA_LIMIT);
+        assert_eq!(batches.len(), 11);
+        assert!(seen.is_empty());
+        assert_eq!(s2.mapped_pages(), 0);
+        assert_eq!(s2.destroy(&mut mem), Ok(0));
         assert!(mem.tables.is_empty(), "every table returned");
     }
 
@@ -371,11 +447,12 @@ pub mod tests {
         );
         assert!(s2.map(&mut mem, 0x0801_0000, 0x1000).is_err());
         let mut seen = Vec::new();
-        s2.for_each_mapped(&mut mem, |ipa, _| seen.push(ipa));
+        s2.for_each_mapped(&mut mem, |_, ipa, _| seen.push(ipa));
         assert_eq!(seen, [0x4000_0000]);
-        let mut frames = Vec::new();
-        s2.destroy(&mut mem, |pa| frames.push(pa));
-        assert_eq!(frames, [0x9000_0000]);
+        let mut frames: heapless::Vec<u64, 4> = heapless::Vec::new();
+        s2.unmap_some(&mut mem, &mut 0, &mut frames);
+        assert_eq!(frames, [0x9000_0000], "the device page is not RAM");
+        assert_eq!(s2.destroy(&mut mem), Ok(0));
         let d = device_page(0x0804_0000);
         assert_ne!(d & XN, 0);
         assert_eq!((d >> 2) & 0xf, 0b0001);

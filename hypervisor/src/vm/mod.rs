@@ -1,5 +1,6 @@
 //! Virtual machines: what each guest is given and how it is described to it.
 //!
+//! - [`check`]: the `check` command's system-wide memory invariants.
 //! - [`exit`]: why a vCPU left its guest, decoded from the exception syndrome.
 //! - [`fdt`]: the device tree of the virtual board every guest sees
 //!   (`docs/GUEST-BOARD.md`).
@@ -7,6 +8,7 @@
 //!
 //! Plain Rust over plain data, tested on the host.
 
+pub mod check;
 pub mod console;
 pub mod exit;
 pub mod fdt;

@@ -8,6 +8,7 @@ pub mod gic_v3;
 pub mod mmu;
 pub mod pmu;
 pub mod psci;
+pub mod recovery;
 pub mod smp;
 pub mod vcpu;
 
@@ -54,18 +55,41 @@ pub fn uptime_us() -> u64 {
     (count as u128 * 1_000_000 / freq as u128) as u64
 }
 
+/// The smallest data cache line of this CPU, in bytes (CTR_EL0.DminLine):
+/// cache maintenance by VA must step by it or it skips lines.
+fn dcache_line() -> usize {
+    let ctr: u64;
+    // SAFETY: reading CTR_EL0 has no side effects.
+    unsafe { asm!("mrs {}, CTR_EL0", out(reg) ctr, options(nomem, nostack)) };
+    4 << ((ctr >> 16) & 0xf)
+}
+
 /// Clean the data cache lines covering `[addr, addr + len)` to the point of
-/// coherency, so that a CPU with its caches off reads what we wrote.
+/// coherency, so that a CPU with its caches off reads what we wrote. The
+/// point of coherency is beyond the point of unification, so this also
+/// does what DC CVAU would for instruction fetches (see
+/// [`invalidate_icache_all`]).
 pub fn clean_dcache_range(addr: usize, len: usize) {
-    const LINE: usize = 64;
-    let mut line = addr & !(LINE - 1);
+    let line_size = dcache_line();
+    let mut line = addr & !(line_size - 1);
     while line < addr + len {
         // SAFETY: DC CVAC on a mapped address only writes back cache contents.
         unsafe { asm!("dc cvac, {}", in(reg) line, options(nostack)) };
-        line += LINE;
+        line += line_size;
     }
     // SAFETY: a barrier has no memory-safety effect.
     unsafe { asm!("dsb sy", options(nostack)) };
+}
+
+/// Invalidate every instruction cache to the point of unification on every
+/// CPU of the inner shareable domain, then make this CPU fetch afresh. Call
+/// it after code was written through the data side and cleaned
+/// ([`clean_dcache_range`]), before it runs; and after frames leave a VM,
+/// so that no stale instruction lines of one VM's frame reach the next.
+pub fn invalidate_icache_all() {
+    // SAFETY: invalidating instruction caches only drops cached copies;
+    // the barriers order it after the cleaning and before later fetches.
+    unsafe { asm!("dsb ish", "ic ialluis", "dsb ish", "isb", options(nostack)) };
 }
 
 /// The idle wait of a CPU with nothing to do: until an interrupt (a kick)
