@@ -43,6 +43,11 @@ pub enum Command<'a> {
     PowerOff,
     DebugFault,
     DebugPanic,
+    /// Take this many bytes (None: all) from the pool on purpose.
+    DebugHog {
+        bytes: Option<u64>,
+    },
+    DebugUnhog,
 }
 
 pub struct CommandInfo {
@@ -107,7 +112,17 @@ pub const COMMANDS: &[CommandInfo] = &[
         usage: "debug panic",
         summary: "panic on purpose (shows the panic report)",
     },
+    CommandInfo {
+        usage: "debug hog <size|all>",
+        summary: "take memory from the pool on purpose (a guest's next fault-in finds none)",
+    },
+    CommandInfo {
+        usage: "debug unhog",
+        summary: "give what 'debug hog' took back to the pool",
+    },
 ];
+
+const DEBUG_USAGE: &str = "debug fault | debug panic | debug hog <size|all> | debug unhog";
 
 /// Why a line is not a command, worded for the operator.
 #[derive(Debug, PartialEq, Eq)]
@@ -182,10 +197,16 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             (Some("balloon"), vm, None) => Ok(Some(Command::InfoBalloon { vm })),
             _ => Err(ParseError::Usage("info balloon [vm]")),
         },
-        "debug" => match (rest, words.next()) {
-            (Some("fault"), None) => Ok(Some(Command::DebugFault)),
-            (Some("panic"), None) => Ok(Some(Command::DebugPanic)),
-            _ => Err(ParseError::Usage("debug fault | debug panic")),
+        "debug" => match (rest, words.next(), words.next()) {
+            (Some("fault"), None, _) => Ok(Some(Command::DebugFault)),
+            (Some("panic"), None, _) => Ok(Some(Command::DebugPanic)),
+            (Some("hog"), Some("all"), None) => Ok(Some(Command::DebugHog { bytes: None })),
+            (Some("hog"), Some(size), None) => {
+                let bytes = parse_size(size).ok_or(ParseError::BadSize(size))?;
+                Ok(Some(Command::DebugHog { bytes: Some(bytes) }))
+            }
+            (Some("unhog"), None, _) => Ok(Some(Command::DebugUnhog)),
+            _ => Err(ParseError::Usage(DEBUG_USAGE)),
         },
         other => Err(ParseError::Unknown(other)),
     }
@@ -249,6 +270,7 @@ mod tests {
                 .replace("<size>", "64M")
                 .replace("<seconds>", "5")
                 .replace("<seconds|now>", "now")
+                .replace("<size|all>", "all")
                 .replace("[vm]", "beta");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
@@ -259,6 +281,21 @@ mod tests {
         );
         assert_eq!(parse(""), Ok(None));
         assert_eq!(parse("debug panic"), Ok(Some(Command::DebugPanic)));
+        assert_eq!(
+            parse("debug hog 64M"),
+            Ok(Some(Command::DebugHog {
+                bytes: Some(64 << 20)
+            }))
+        );
+        assert_eq!(
+            parse("debug hog all"),
+            Ok(Some(Command::DebugHog { bytes: None }))
+        );
+        assert_eq!(parse("debug unhog"), Ok(Some(Command::DebugUnhog)));
+        assert_eq!(
+            parse("debug hog lots").unwrap_err(),
+            ParseError::BadSize("lots")
+        );
         assert_eq!(
             parse("balloon-stats linux 0"),
             Ok(Some(Command::BalloonStats {
@@ -316,10 +353,7 @@ mod tests {
             "unknown command 'frobnicate'; type 'help' for the list of commands"
         );
         assert_eq!(parse("mem all").unwrap_err().to_string(), "usage: mem");
-        assert_eq!(
-            parse("debug").unwrap_err(),
-            ParseError::Usage("debug fault | debug panic")
-        );
+        assert_eq!(parse("debug").unwrap_err(), ParseError::Usage(DEBUG_USAGE));
     }
 
     #[test]

@@ -10,6 +10,8 @@
 pub mod console;
 pub mod exit;
 pub mod fdt;
+#[cfg(target_os = "none")]
+pub mod hog;
 pub mod memory;
 #[cfg(target_os = "none")]
 pub mod run;

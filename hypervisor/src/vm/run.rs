@@ -196,7 +196,7 @@ static FRAMES: spin::Once<&'static Mutex<FrameTable<'static>>> = spin::Once::new
 /// through the EL2 identity map.
 struct HostMem;
 
-fn frames() -> MutexGuard<'static, FrameTable<'static>> {
+pub(super) fn frames() -> MutexGuard<'static, FrameTable<'static>> {
     FRAMES
         .get()
         .expect("VMs are set up after the frame table")
