@@ -502,6 +502,18 @@ fn run(cmd: Command, board: &BoardInfo) {
                 "{name}: a hypervisor failure is injected at its next exit, with its lock and the frame table held"
             ),
         },
+        Command::DebugHog { bytes } => {
+            let taken = crate::vm::hog::hog(bytes.map(|b| b / PAGE_SIZE));
+            println!(
+                "debug hog: took {taken} pages ({} KiB) from the pool; {} pages held; 'debug unhog' gives them back",
+                taken * 4,
+                crate::vm::hog::held()
+            );
+        }
+        Command::DebugUnhog => {
+            let freed = crate::vm::hog::unhog();
+            println!("debug unhog: {freed} pages back in the pool");
+        }
     }
 }
 

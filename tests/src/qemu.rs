@@ -182,7 +182,10 @@ pub fn qemu_args(board: Board, artifacts: &Artifacts, opts: &QemuOptions) -> Vec
     if let Some(initrd) = &opts.initrd {
         push(&[&"-initrd", initrd]);
     }
-    push(&[&"-no-reboot", &"-display", &"none"]);
+    // No default network card: on virt QEMU would add a virtio-net-pci
+    // whose option ROM (efi-virtio.rom) comes from ipxe-qemu, a package
+    // `cargo xtask setup` does not install (apt's --no-install-recommends).
+    push(&[&"-nic", &"none", &"-no-reboot", &"-display", &"none"]);
 
     let console = if opts.interactive {
         "mon:stdio"
@@ -272,7 +275,7 @@ mod tests {
     }
 
     const VIRT: &str = "qemu-system-aarch64 -M virt,virtualization=on,gic-version=2 \
-        -cpu cortex-a72 -smp 4 -m 2G -kernel IMAGE -initrd BUNDLE -no-reboot -display none";
+        -cpu cortex-a72 -smp 4 -m 2G -kernel IMAGE -initrd BUNDLE -nic none -no-reboot -display none";
 
     #[test]
     fn board_names_round_trip() {
@@ -314,7 +317,7 @@ mod tests {
                 o.extra = vec!["-d".into(), "int guest".into()];
             }),
             "qemu-system-aarch64 -M virt,virtualization=on,gic-version=2 -cpu cortex-a72 \
-             -smp 8 -m 32M -kernel IMAGE -dtb x.dtb -no-reboot -display none \
+             -smp 8 -m 32M -kernel IMAGE -dtb x.dtb -nic none -no-reboot -display none \
              -serial stdio -monitor none -d 'int guest'"
         );
     }
@@ -322,7 +325,7 @@ mod tests {
     #[test]
     fn raspi4b_command_lines() {
         const PI: &str = "qemu-system-aarch64 -M raspi4b -kernel IMAGE -dtb PI4_DTB \
-            -initrd BUNDLE -no-reboot -display none";
+            -initrd BUNDLE -nic none -no-reboot -display none";
         assert_eq!(
             line(Board::Raspi4b, |_| {}),
             format!("{PI} -serial null -serial stdio -monitor none")
@@ -341,7 +344,7 @@ mod tests {
         let opts = QemuOptions::for_board(Board::VirtGicv2, &artifacts());
         let cmd = qemu_command(Board::VirtGicv2, &artifacts(), &opts);
         assert_eq!(cmd.get_program(), QEMU);
-        assert_eq!(cmd.get_args().count(), 19);
+        assert_eq!(cmd.get_args().count(), 21);
     }
 
     #[test]

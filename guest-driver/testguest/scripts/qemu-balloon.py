@@ -49,7 +49,7 @@ def main():
     device = "virtio-balloon-device" + ("," + args.device_opts if args.device_opts else "")
     machine = f"virt,gic-version={args.gic}" if args.gic else "virt"
     cmd = ["qemu-system-aarch64", "-M", machine, "-cpu", "cortex-a72", "-m", f"{args.ram}M",
-           "-display", "none", "-serial", "stdio", "-kernel", args.image,
+           "-display", "none", "-nic", "none", "-serial", "stdio", "-kernel", args.image,
            "-device", device, "-append", args.bootargs,
            "-monitor", f"unix:{sock},server,nowait"]
     if args.modern:

@@ -156,6 +156,7 @@ pub fn run(
     slot: Option<(u64, u64)>,
     mut waiter: Waiter,
     boot: u64,
+    hold_stats: bool,
 ) -> ! {
     let statics = take_statics();
     let heap_pages = (pool.len() / 2).min(MAX_HEAP_PAGES);
@@ -277,7 +278,8 @@ pub fn run(
                     }
                 );
             }
-            if balloon.answer_stats(&mut frames)? {
+            // Held: after the first buffer, the device never gets one back.
+            if !(hold_stats && stats_sent > 0) && balloon.answer_stats(&mut frames)? {
                 stats_sent += 1;
                 println!(
                     "stats sent: free {} KiB of {} KiB (#{stats_sent})",

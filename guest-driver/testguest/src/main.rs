@@ -17,6 +17,8 @@ mod arch;
 #[cfg(target_os = "none")]
 mod board;
 #[cfg(target_os = "none")]
+mod faults;
+#[cfg(target_os = "none")]
 mod features;
 #[cfg(target_os = "none")]
 mod gic;

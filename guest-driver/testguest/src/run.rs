@@ -27,6 +27,8 @@ enum Mode {
     Hostile,
     Fault,
     Features,
+    Spin,
+    Flood,
 }
 
 #[no_mangle]
@@ -54,6 +56,8 @@ extern "C" fn rust_main(dtb: u64) -> ! {
         "fault" => Mode::Fault,
         "pattern" => Mode::Pattern,
         "features" => Mode::Features,
+        "spin" => Mode::Spin,
+        "flood" => Mode::Flood,
         other => {
             println!("unknown bootargs \"{other}\": running \"pattern\"");
             Mode::Pattern
@@ -68,6 +72,11 @@ extern "C" fn rust_main(dtb: u64) -> ! {
         counter_hz()
     );
 
+    match mode {
+        Mode::Spin => crate::faults::spin(),
+        Mode::Flood => crate::faults::flood(),
+        _ => {}
+    }
     let (mut pool, carved) = Pool::new(&board, mode != Mode::Hostile);
     println!(
         "up, RAM {} MiB, {} pages in the pool",
@@ -89,8 +98,13 @@ extern "C" fn rust_main(dtb: u64) -> ! {
         },
         Mode::Wild => wild(),
         Mode::Fault => fault(),
-        Mode::Features => crate::features::run(pool, carved, balloon_slot, waiter, boot),
-        Mode::Pattern => {}
+        Mode::Features => {
+            // `features hold-stats`: the statistics buffer the device
+            // returns is never given back to it.
+            let hold_stats = bootargs.split_whitespace().any(|w| w == "hold-stats");
+            crate::features::run(pool, carved, balloon_slot, waiter, boot, hold_stats)
+        }
+        Mode::Pattern | Mode::Spin | Mode::Flood => {}
     }
     if mode == Mode::Hostile {
         println!("hostile: done");

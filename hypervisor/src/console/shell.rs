@@ -49,6 +49,11 @@ pub enum Command<'a> {
     DebugFail {
         vm: &'a str,
     },
+    /// Take this many bytes (None: all) from the pool on purpose.
+    DebugHog {
+        bytes: Option<u64>,
+    },
+    DebugUnhog,
 }
 
 pub struct CommandInfo {
@@ -121,7 +126,18 @@ pub const COMMANDS: &[CommandInfo] = &[
         usage: "debug fail <vm>",
         summary: "panic in a VM's path at its next exit, locks held: only that VM stops",
     },
+    CommandInfo {
+        usage: "debug hog <size|all>",
+        summary: "take memory from the pool on purpose (a guest's next fault-in finds none)",
+    },
+    CommandInfo {
+        usage: "debug unhog",
+        summary: "give what 'debug hog' took back to the pool",
+    },
 ];
+
+const DEBUG_USAGE: &str =
+    "debug fault | debug panic | debug fail <vm> | debug hog <size|all> | debug unhog";
 
 /// Why a line is not a command, worded for the operator.
 #[derive(Debug, PartialEq, Eq)]
@@ -201,13 +217,17 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             (Some("fault"), None, _) => Ok(Some(Command::DebugFault)),
             (Some("panic"), None, _) => Ok(Some(Command::DebugPanic)),
             (Some("fail"), Some(vm), None) => Ok(Some(Command::DebugFail { vm })),
+            (Some("hog"), Some("all"), None) => Ok(Some(Command::DebugHog { bytes: None })),
+            (Some("hog"), Some(size), None) => {
+                let bytes = parse_size(size).ok_or(ParseError::BadSize(size))?;
+                Ok(Some(Command::DebugHog { bytes: Some(bytes) }))
+            }
+            (Some("unhog"), None, _) => Ok(Some(Command::DebugUnhog)),
             _ => Err(ParseError::Usage(DEBUG_USAGE)),
         },
         other => Err(ParseError::Unknown(other)),
     }
 }
-
-const DEBUG_USAGE: &str = "debug fault | debug panic | debug fail <vm>";
 
 /// The single VM name a command takes.
 fn one_vm<'a>(
@@ -267,6 +287,7 @@ mod tests {
                 .replace("<size>", "64M")
                 .replace("<seconds>", "5")
                 .replace("<seconds|now>", "now")
+                .replace("<size|all>", "all")
                 .replace("[vm]", "beta");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
@@ -286,6 +307,21 @@ mod tests {
         assert_eq!(
             parse("debug fail").unwrap_err(),
             ParseError::Usage(DEBUG_USAGE)
+        );
+        assert_eq!(
+            parse("debug hog 64M"),
+            Ok(Some(Command::DebugHog {
+                bytes: Some(64 << 20)
+            }))
+        );
+        assert_eq!(
+            parse("debug hog all"),
+            Ok(Some(Command::DebugHog { bytes: None }))
+        );
+        assert_eq!(parse("debug unhog"), Ok(Some(Command::DebugUnhog)));
+        assert_eq!(
+            parse("debug hog lots").unwrap_err(),
+            ParseError::BadSize("lots")
         );
         assert_eq!(
             parse("balloon-stats linux 0"),
@@ -344,10 +380,7 @@ mod tests {
             "unknown command 'frobnicate'; type 'help' for the list of commands"
         );
         assert_eq!(parse("mem all").unwrap_err().to_string(), "usage: mem");
-        assert_eq!(
-            parse("debug").unwrap_err().to_string(),
-            "usage: debug fault | debug panic | debug fail <vm>"
-        );
+        assert_eq!(parse("debug").unwrap_err(), ParseError::Usage(DEBUG_USAGE));
     }
 
     #[test]

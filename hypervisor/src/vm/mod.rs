@@ -12,6 +12,8 @@ pub mod check;
 pub mod console;
 pub mod exit;
 pub mod fdt;
+#[cfg(target_os = "none")]
+pub mod hog;
 pub mod memory;
 #[cfg(target_os = "none")]
 pub mod run;

@@ -215,7 +215,7 @@ static FRAMES: spin::Once<&'static Mutex<FrameTable<'static>>> = spin::Once::new
 /// through the EL2 identity map.
 struct HostMem;
 
-fn frames() -> Tracked<MutexGuard<'static, FrameTable<'static>>> {
+pub(super) fn frames() -> Tracked<MutexGuard<'static, FrameTable<'static>>> {
     let table = FRAMES.get().expect("VMs are set up after the frame table");
     Tracked::new(table.lock(), held::FRAMES)
 }

@@ -304,7 +304,7 @@ fn raspberry_pi_4_under_qemu() {
         .arg(&dtb)
         .args(["-kernel", "/dev/null", "-initrd"])
         .arg(&initrd)
-        .args(["-append", "hv.test=1", "-display", "none"])
+        .args(["-append", "hv.test=1", "-display", "none", "-nic", "none"])
         .stderr(std::process::Stdio::null())
         .status()
         .expect("qemu-system-aarch64 must be installed");

@@ -261,7 +261,9 @@ impl Guest {
             .args(["-device", "virtio-balloon-device"])
             .arg("-monitor")
             .arg(format!("unix:{},server=on,wait=off", socket.display()))
-            .args(["-serial", "stdio", "-display", "none", "-no-reboot"]);
+            .args(["-serial", "stdio", "-display", "none", "-no-reboot"])
+            // No default NIC: its ROM needs ipxe-qemu, which setup does not install.
+            .args(["-nic", "none"]);
         let session = Session::start_command(&format!("bench-linux-qemu-{round}"), cmd, elf)
             .map_err(harness)?;
         session.set_deadline(SESSION);
