@@ -44,7 +44,8 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     features::run(root, artifacts)
 }
 
-fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+/// The bare-metal part alone (`cargo xtask bench bare-metal`).
+pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     let board = Board::VirtGicv2;
     let mut opts = QemuOptions::for_board(board, artifacts);
     opts.initrd = Some(target_dir().join("bundles").join("bench.img"));

@@ -26,7 +26,13 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("bench") => setup::run().and_then(|_| {
             let root = root();
-            bench::run(&root, &build(&root)?)
+            match args.get(1).map(String::as_str) {
+                None => bench::run(&root, &build(&root)?),
+                Some("bare-metal") => bench::bare_metal(&root, &build(&root)?),
+                Some(other) => Err(format!(
+                    "unknown bench '{other}'; `cargo xtask bench` runs them all, `cargo xtask bench bare-metal` the -icount part only"
+                )),
+            }
         }),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
@@ -56,7 +62,8 @@ fn print_help() {
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
                      QEMU, side by side (table, and target/bench/linux.json), then the
                      balloon features with Linux: page faults with free page reporting off
-                     and on, free to back in the pool, a hinting run (target/bench/features.json)"
+                     and on, free to back in the pool, a hinting run (target/bench/features.json)
+  bench bare-metal   only the first part: the bare-metal guest under QEMU -icount"
     );
 }
 

@@ -216,10 +216,11 @@ impl GuestRam {
         let mut released = 0;
         for chunk in pfns.chunks(256) {
             for &pfn in chunk {
-                let ipa = pfn.wrapping_mul(PAGE_SIZE);
-                if !self.contains(ipa) {
+                // A PFN whose address does not fit 64 bits is not RAM (a
+                // wrapped product could alias a real page).
+                let Some(ipa) = pfn.checked_mul(PAGE_SIZE).filter(|&a| self.contains(a)) else {
                     continue;
-                }
+                };
                 if let Some(pa) = self.stage2.unmap(mem, ipa) {
                     // Cannot overflow: at most 256 per chunk.
                     let _ = frames.push(pa);
@@ -562,6 +563,10 @@ pub mod tests {
             0,
             "outside RAM: ignored"
         );
+        // 2^52 + a RAM PFN: the product wraps to a RAM address; not RAM.
+        let mapped = ram.mapped_pages();
+        assert_eq!(ram.release(&mut host, &[(1 << 52) + BASE / PAGE_SIZE]), 0);
+        assert_eq!(ram.mapped_pages(), mapped, "nothing released");
         ram.destroy(&mut host);
         assert_eq!(host.frames.guest_pages(1), 0);
         assert_eq!(host.frames.pages(FrameUse::PageTables), 0);

@@ -536,11 +536,16 @@ fn load_images(ram: &mut GuestRam, spec: &guest_bundle::VmEntry<'_>) -> Result<(
         } else {
             0
         };
+        // image_size comes from the bundle's kernel header: checked.
         let footprint = image_size.max(kernel.len() as u64);
-        let start = (kernel_ipa + footprint).next_multiple_of(2 << 20);
-        ram.write(&mut mem, start, initrd)
-            .map_err(|_| "its initrd does not fit in its RAM")?;
-        board.initrd = Some((start, start + initrd.len() as u64));
+        let too_big = "its initrd does not fit in its RAM";
+        let start = kernel_ipa
+            .checked_add(footprint)
+            .and_then(|end| end.checked_next_multiple_of(2 << 20))
+            .ok_or(too_big)?;
+        ram.write(&mut mem, start, initrd).map_err(|_| too_big)?;
+        let end = start.checked_add(initrd.len() as u64).ok_or(too_big)?;
+        board.initrd = Some((start, end));
     }
     let dtb = fdt::build(&board).map_err(|_| "its device tree cannot be built")?;
     if dtb.len() as u64 > KERNEL_OFFSET {
