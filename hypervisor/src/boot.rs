@@ -495,7 +495,9 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::DebugFault => debug_fault(),
         Command::DebugPanic => panic!("deliberate panic from the shell's 'debug panic'"),
-        Command::DebugFail { vm: name } => match vm::with_vm(name, vm::inject_failure) {
+        Command::DebugFail { vm: name, abort } => match vm::with_vm(name, |vm| {
+            vm::inject_failure(vm, abort)
+        }) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot inject a failure: {e}"),
             Some(Ok(())) => println!(

@@ -208,7 +208,8 @@ fn hostile_guest_is_contained(board: Board) {
 /// A hypervisor failure in one VM's path (`debug fail`: a panic with the
 /// VM's lock and the frame table held) ends that VM only: it is reported,
 /// its pages go back to the pool, the other VM keeps beating, the shell
-/// answers, `check` passes, and the VM starts again.
+/// answers, `check` passes, and the VM starts again. Then the same for a
+/// data abort at EL2 (`debug fail beta abort`).
 fn failure_in_one_vm_ends_only_it(board: Board) {
     let mut s = boot(
         board,
@@ -253,6 +254,21 @@ fn failure_in_one_vm_ends_only_it(board: Board) {
         STEP,
     ));
     ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    s.assert_check();
+    // An EL2 exception (a data abort in the hypervisor) in beta's path is
+    // contained the same way.
+    ok(s.run("debug fail beta abort", COMMAND));
+    ok(s.expect(
+        r"tidal: \[beta\] hypervisor failure in this VM's path: synchronous from EL2 with SP_EL2 exception, ESR_EL2 0x[0-9a-f]+ \(data abort, same EL\), FAR_EL2 0x[0-9a-f]+, at ELR_EL2 0x[0-9a-f]+ \(image offset 0x[0-9a-f]+\); the VM is stopped",
+        STEP,
+    ));
+    ok(s.expect(
+        r"\[beta\] VM stopped: a hypervisor failure in this VM's path; 32768 pages returned to the pool",
+        STEP,
+    ));
+    ok(s.expect(r"\[alpha\] testguest: alive \d+s", STEP));
+    ok(s.expect(r"\[alpha\] testguest: alive \d+s", STEP));
+    assert_eq!(mem_category(&mut s, "guest RAM"), 256 * MIB);
     let out = s.output();
     assert!(!out.contains("*** "), "the hypervisor crashed:\n{out}");
     s.assert_check();

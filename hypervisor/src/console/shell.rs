@@ -48,6 +48,8 @@ pub enum Command<'a> {
     /// Inject a hypervisor failure in a VM's path at its next exit.
     DebugFail {
         vm: &'a str,
+        /// A data abort at EL2 instead of a panic.
+        abort: bool,
     },
     /// Take this many bytes (None: all) from the pool on purpose.
     DebugHog {
@@ -123,8 +125,8 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "panic on purpose (shows the panic report)",
     },
     CommandInfo {
-        usage: "debug fail <vm>",
-        summary: "panic in a VM's path at its next exit, locks held: only that VM stops",
+        usage: "debug fail <vm> [abort]",
+        summary: "panic (or take a data abort) in a VM's path at its next exit, locks held: only that VM stops",
     },
     CommandInfo {
         usage: "debug hog <size|all>",
@@ -137,7 +139,7 @@ pub const COMMANDS: &[CommandInfo] = &[
 ];
 
 const DEBUG_USAGE: &str =
-    "debug fault | debug panic | debug fail <vm> | debug hog <size|all> | debug unhog";
+    "debug fault | debug panic | debug fail <vm> [abort] | debug hog <size|all> | debug unhog";
 
 /// Why a line is not a command, worded for the operator.
 #[derive(Debug, PartialEq, Eq)]
@@ -216,7 +218,10 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
         "debug" => match (rest, words.next(), words.next()) {
             (Some("fault"), None, _) => Ok(Some(Command::DebugFault)),
             (Some("panic"), None, _) => Ok(Some(Command::DebugPanic)),
-            (Some("fail"), Some(vm), None) => Ok(Some(Command::DebugFail { vm })),
+            (Some("fail"), Some(vm), None) => Ok(Some(Command::DebugFail { vm, abort: false })),
+            (Some("fail"), Some(vm), Some("abort")) if words.next().is_none() => {
+                Ok(Some(Command::DebugFail { vm, abort: true }))
+            }
             (Some("hog"), Some("all"), None) => Ok(Some(Command::DebugHog { bytes: None })),
             (Some("hog"), Some(size), None) => {
                 let bytes = parse_size(size).ok_or(ParseError::BadSize(size))?;
@@ -288,6 +293,7 @@ mod tests {
                 .replace("<seconds>", "5")
                 .replace("<seconds|now>", "now")
                 .replace("<size|all>", "all")
+                .replace("[abort]", "abort")
                 .replace("[vm]", "beta");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
@@ -302,7 +308,21 @@ mod tests {
         assert_eq!(parse("debug panic"), Ok(Some(Command::DebugPanic)));
         assert_eq!(
             parse("debug fail beta"),
-            Ok(Some(Command::DebugFail { vm: "beta" }))
+            Ok(Some(Command::DebugFail {
+                vm: "beta",
+                abort: false
+            }))
+        );
+        assert_eq!(
+            parse("debug fail beta abort"),
+            Ok(Some(Command::DebugFail {
+                vm: "beta",
+                abort: true
+            }))
+        );
+        assert_eq!(
+            parse("debug fail beta abort now").unwrap_err(),
+            ParseError::Usage(DEBUG_USAGE)
         );
         assert_eq!(
             parse("debug fail").unwrap_err(),

@@ -199,8 +199,9 @@ pub struct Vm {
     /// The balloon's counters when the VM last stopped.
     pub last_balloon_stats: Option<crate::balloon::BalloonStats>,
     pub starts: u64,
-    /// `debug fail <vm>`: fail in this VM's path at its next exit.
-    pub inject_failure: bool,
+    /// `debug fail <vm> [abort]`: fail in this VM's path at its next exit,
+    /// by a panic (false) or a data abort at EL2 (true).
+    pub inject_failure: Option<bool>,
 }
 
 /// Ticket locks: a vCPU exiting in a tight loop must not starve the shell.
@@ -369,7 +370,7 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
             change: None,
             last_change: None,
             starts: 0,
-            inject_failure: false,
+            inject_failure: None,
         });
     }
     if bundle.vm_count() > MAX_GUESTS {
@@ -618,13 +619,14 @@ fn finish_stop(vm: &mut Vm) {
     }
 }
 
-/// `debug fail <vm>`: make vCPU 0's next exit fail (a panic with the VM's
-/// lock and the frame table held), to show that only this VM ends.
-pub fn inject_failure(vm: &mut Vm) -> Result<(), &'static str> {
+/// `debug fail <vm> [abort]`: make the VM's next exit fail (a panic, or a
+/// data abort at EL2, with the VM's lock and the frame table held), to show
+/// that only this VM ends.
+pub fn inject_failure(vm: &mut Vm, abort: bool) -> Result<(), &'static str> {
     if vm.state != VmState::Running {
         return Err("it is not running");
     }
-    vm.inject_failure = true;
+    vm.inject_failure = Some(abort);
     // An exit soon, even from a guest asleep in WFI.
     gic::kick(vm.cpus[0]);
     Ok(())
@@ -842,10 +844,17 @@ fn run_vcpu(id: usize, vcpu: usize) {
             leave(vm, vcpu, true);
             return;
         }
-        if core::mem::take(&mut vm.inject_failure) {
+        if let Some(abort) = vm.inject_failure.take() {
             // `debug fail`: a failure with the VM lock and the frame table
             // held, as a bug in a frame-table path would have them.
             let _frames = frames();
+            if abort {
+                let bad = crate::mm::pagetable::VA_LIMIT as usize + 0x1234_5678;
+                // SAFETY: deliberately faults (no map covers `bad`): the
+                // exception handler contains it and never returns here.
+                let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
+                println!("unexpectedly read {v:#x}");
+            }
             panic!("injected failure ('debug fail {}')", vm.name);
         }
         let counted = vm.change.is_some() && balloon_work(vm, &exit);
