@@ -817,6 +817,14 @@ kernel = "testguest"
                     ]
                 ),
                 (
+                    "faults".into(),
+                    vec![
+                        ("spinner".into(), 64, 2, p("spin")),
+                        ("flooder".into(), 64, 4, p("flood")),
+                        ("holder".into(), 128, 8, p("features hold-stats"))
+                    ]
+                ),
+                (
                     "gd-features".into(),
                     vec![("gdf".into(), 128, 2, p("features"))]
                 ),
@@ -863,6 +871,13 @@ kernel = "testguest"
                 linux_alone("linux-oom", quiet),
                 linux_alone("linux-poison", poisoned),
                 linux_alone("linux-reporting", quiet),
+                (
+                    "linux-resets".into(),
+                    vec![
+                        ("linux".into(), 512, 6, p(quiet)),
+                        ("beta".into(), 128, 8, p("pattern"))
+                    ]
+                ),
                 linux_alone("linux-stats", quiet),
                 ("pair".into(), pair),
                 (
