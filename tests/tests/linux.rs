@@ -62,7 +62,7 @@ fn upstream_balloon_driver(board: Board) {
 
     ok(s.send_line("balloon linux 128M"));
     ok(s.expect(
-        r"\[linux\] balloon: reached 32768 pages: 32768 pages inflated",
+        r"tidal: \[linux\] balloon: reached 32768 pages: 32768 pages inflated",
         STEP,
     ));
     let vmstat = agent(&mut s, 4, "grep ^balloon_ /proc/vmstat");
@@ -87,7 +87,7 @@ fn upstream_balloon_driver(board: Board) {
 
     ok(s.send_line("balloon linux 0"));
     ok(s.expect(
-        r"\[linux\] balloon: reached 0 pages: 32768 pages deflated",
+        r"tidal: \[linux\] balloon: reached 0 pages: 32768 pages deflated",
         STEP,
     ));
     let vmstat = agent(&mut s, 6, "grep ^balloon_ /proc/vmstat");
@@ -105,12 +105,12 @@ fn reboot_and_poweroff(board: Board) {
     ok(enter_console(&mut s, "linux"));
     ok(s.send_line("run 1 reboot -f"));
     ok(s.expect(
-        r"\[linux\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); 131072 pages returned",
+        r"tidal: \[linux\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); 131072 pages returned",
         STEP,
     ));
     ok(s.expect(r"\[linux\] tidal-guest: agent listening", BOOT));
     ok(s.send_line("run 2 poweroff -f"));
-    ok(s.expect(r"\[linux\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); 131072 pages returned", STEP));
+    ok(s.expect(r"tidal: \[linux\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); 131072 pages returned", STEP));
     ok(leave_console(&mut s));
     let guest = s
         .mem_category("guest RAM", COMMAND)

@@ -895,6 +895,7 @@ kernel = "testguest"
                     "wild".into(),
                     vec![
                         ("wild".into(), 64, 2, p("wild")),
+                        ("strict".into(), 64, 8, p("wild")),
                         ("beta".into(), 128, 4, p("pattern"))
                     ]
                 ),

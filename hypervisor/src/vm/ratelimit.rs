@@ -1,7 +1,9 @@
 //! A token bucket for console lines a guest can trigger: a burst of
 //! [`BURST`] lines, then about one per [`REFILL_US`]; what it holds back is
 //! counted, and the next line that gets through says how many were
-//! suppressed. Plain data, tested on the host.
+//! suppressed. A VM has one bucket per kind of line ([`GuestLines`]), so a
+//! flood of one kind does not hide the first lines of another. Plain data,
+//! tested on the host.
 
 /// Lines that may come at once.
 pub const BURST: u32 = 10;
@@ -68,11 +70,79 @@ impl RateLimit {
     pub fn pending_suppressed(&self) -> u64 {
         self.suppressed
     }
+
+    /// Take the count of lines held back (to report it now).
+    pub fn take_suppressed(&mut self) -> u64 {
+        core::mem::take(&mut self.suppressed)
+    }
+}
+
+/// The kinds of hypervisor line a guest can trigger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineKind {
+    /// An exception injected for a bad access.
+    Abort,
+    /// A device error: NEEDS_RESET and its reason, rejected PFNs.
+    DeviceError,
+    /// A device event: reset by the driver, driver ready.
+    DeviceEvent,
+}
+
+/// One VM's buckets, one per [`LineKind`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GuestLines {
+    buckets: [RateLimit; 3],
+}
+
+impl GuestLines {
+    pub const fn new() -> Self {
+        Self {
+            buckets: [RateLimit::new(); 3],
+        }
+    }
+
+    /// Whether a line of `kind` may be printed at `now_us`.
+    pub fn check(&mut self, kind: LineKind, now_us: u64) -> Permit {
+        let slot = match kind {
+            LineKind::Abort => 0,
+            LineKind::DeviceError => 1,
+            LineKind::DeviceEvent => 2,
+        };
+        self.buckets[slot].check(now_us)
+    }
+
+    /// Lines held back in every bucket and not reported yet, taken (a VM
+    /// that stops says how many it never got to show).
+    pub fn take_suppressed(&mut self) -> u64 {
+        self.buckets
+            .iter_mut()
+            .map(RateLimit::take_suppressed)
+            .sum()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_have_their_own_buckets() {
+        let mut lines = GuestLines::new();
+        for _ in 0..BURST + 5 {
+            lines.check(LineKind::DeviceEvent, 0);
+        }
+        assert_eq!(lines.check(LineKind::DeviceEvent, 0), Permit::Suppress);
+        assert_eq!(
+            lines.check(LineKind::DeviceError, 0),
+            Permit::Print { suppressed: 0 }
+        );
+        assert_eq!(
+            lines.check(LineKind::Abort, 0),
+            Permit::Print { suppressed: 0 }
+        );
+        assert_eq!(lines.take_suppressed(), 6);
+        assert_eq!(lines.take_suppressed(), 0);
+    }
 
     #[test]
     fn burst_then_one_per_second_with_a_count() {

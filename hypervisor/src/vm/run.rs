@@ -27,7 +27,7 @@ use super::exit::{decode, il32, load_result, FaultKind, VcpuExit};
 use super::fault::{BadAccessKind, BadAccessStats, Device, OnBadAccess};
 use super::fdt::{self, layout, GicVersion, GuestBoard};
 use super::memory::{GuestRam, HostMemory, RamError};
-use super::ratelimit::{Permit, RateLimit};
+use super::ratelimit::{GuestLines, LineKind, Permit};
 use crate::arch::aarch64::gic;
 use crate::arch::aarch64::vcpu::{self, El1Regs, GuestContext};
 use crate::arch::aarch64::{self, pmu, MAX_CPUS};
@@ -196,8 +196,8 @@ pub struct Vm {
     pub on_bad_access: OnBadAccess,
     /// Exceptions injected for bad accesses, per kind.
     pub bad_access: BadAccessStats,
-    /// The rate limit of the console lines the guest can trigger.
-    pub lines: RateLimit,
+    /// The rate limits of the console lines the guest can trigger.
+    pub lines: GuestLines,
 }
 
 /// Ticket locks: a vCPU exiting in a tight loop must not starve the shell.
@@ -364,7 +364,7 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
             starts: 0,
             on_bad_access: OnBadAccess::from_code(spec.on_bad_access()).unwrap_or_default(),
             bad_access: BadAccessStats::default(),
-            lines: RateLimit::new(),
+            lines: GuestLines::new(),
         });
     }
     if bundle.vm_count() > MAX_GUESTS {
@@ -546,6 +546,13 @@ fn begin_stop(vm: &mut Vm, why: &'static str, restart: bool) {
 fn finish_stop(vm: &mut Vm) {
     if let Some(line) = vm.console.flush() {
         println!("[{}] {line}", vm.name);
+    }
+    let suppressed = vm.lines.take_suppressed();
+    if suppressed > 0 {
+        println!(
+            "tidal: [{}] {suppressed} similar messages suppressed",
+            vm.name
+        );
     }
     let why = vm.last_stop;
     if let Some(ram) = vm.ram.take() {
@@ -1022,6 +1029,7 @@ fn bad_access(vm: &mut Vm, ctx: &mut GuestContext, refused: Refused, access: Acc
     vm.bad_access.count(refused.kind);
     say(
         &mut vm.lines,
+        LineKind::Abort,
         &vm.name,
         format_args!("{} injected: {refused}: {place}", exception.label()),
     );
@@ -1045,8 +1053,8 @@ fn bad_access_reason(kind: BadAccessKind) -> &'static str {
 /// Print `tidal: [name] <args>`, a line the guest can trigger, within the
 /// VM's rate limit; the first line after a quiet spell says how many were
 /// held back.
-fn say(lines: &mut RateLimit, name: &str, args: core::fmt::Arguments<'_>) {
-    match lines.check(aarch64::uptime_us()) {
+fn say(lines: &mut GuestLines, kind: LineKind, name: &str, args: core::fmt::Arguments<'_>) {
+    match lines.check(kind, aarch64::uptime_us()) {
         Permit::Suppress => {}
         Permit::Print { suppressed } => {
             if suppressed > 0 {
@@ -1298,7 +1306,13 @@ fn mmio_write(vm: &mut Vm, vcpu: usize, ipa: u64, width: u8, value: u64) -> Resu
             .write(off, width, value as u32, &mut view)
             .map_err(bad_virtio)?;
         if let Some(msg) = event.message() {
-            say(&mut vm.lines, &vm.name, format_args!("balloon: {msg}"));
+            let kind = event_kind(msg);
+            say(
+                &mut vm.lines,
+                kind,
+                &vm.name,
+                format_args!("balloon: {msg}"),
+            );
         }
         report_rejections(&mut vm.lines, &vm.name, &before, balloon.device().stats());
         report_hint_end(&vm.name, hint_before, balloon.device().hint_run());
@@ -1328,7 +1342,13 @@ fn poll_balloon(vm: &mut Vm) {
     }
     let event = balloon.poll_balloon(&mut DeviceView { ram }, now);
     if let Some(msg) = event.message() {
-        say(&mut vm.lines, &vm.name, format_args!("balloon: {msg}"));
+        let kind = event_kind(msg);
+        say(
+            &mut vm.lines,
+            kind,
+            &vm.name,
+            format_args!("balloon: {msg}"),
+        );
     }
     update_virtio_irq(vm);
 }
@@ -1485,9 +1505,17 @@ pub fn print_balloon(vm: &mut Vm) {
     }
 }
 
+/// Which rate limit a virtio transport event's line goes through.
+fn event_kind(event: &crate::virtio::mmio::TransportEvent) -> LineKind {
+    match event {
+        crate::virtio::mmio::TransportEvent::NeedsReset { .. } => LineKind::DeviceError,
+        _ => LineKind::DeviceEvent,
+    }
+}
+
 /// Say on the console which PFNs a balloon request had rejected, and why.
 fn report_rejections(
-    lines: &mut RateLimit,
+    lines: &mut GuestLines,
     name: &str,
     before: &crate::balloon::BalloonStats,
     after: &crate::balloon::BalloonStats,
@@ -1499,6 +1527,7 @@ fn report_rejections(
     if range + dup + already + not > 0 {
         say(
             lines,
+            LineKind::DeviceError,
             name,
             format_args!(
                 "balloon: rejected PFNs: {range} outside guest RAM, {dup} duplicated, \
