@@ -3,7 +3,8 @@
 //! under the hypervisor on every board: it boots to its agent, the
 //! upstream virtio_balloon driver inflates 128 MiB and deflates it, and the
 //! guest's /proc/vmstat and MemTotal, and the hypervisor's accounting, agree
-//! to the page. The agent protocol is guests/linux/README.md's: `run <id>
+//! to the page; a read of an address that is neither RAM nor a device is a
+//! SIGBUS for the process, not a VM stop. The agent protocol is guests/linux/README.md's: `run <id>
 //! <command>` answered by the output and `tidal-guest: done <id> rc=<rc>`.
 
 use std::time::Duration;
@@ -125,7 +126,35 @@ fn reboot_and_poweroff(board: Board) {
     );
 }
 
+/// A read of an address that is neither RAM nor a device (busybox
+/// `devmem`, through /dev/mem) gets the synchronous external abort a board
+/// would raise: Linux sends the process SIGBUS and carries on.
+fn bad_access_is_a_sigbus(board: Board) {
+    let mut s = boot(board, "linux_bad_access");
+    let mut since = s.mark();
+    let reply = ok(agent_run(&mut s, "linux", 1, "devmem 0x30000000 32", STEP));
+    assert_eq!(reply.rc, 128 + 7, "killed by SIGBUS: {:?}", reply.lines);
+    ok(s.expect_since(
+        &mut since,
+        r"tidal: \[linux\] data abort injected: an access to an address that is neither its RAM nor a device: 4-byte read at IPA 0x30000000, PC 0x",
+        STEP,
+    ));
+    assert_eq!(agent(&mut s, 2, "echo still here"), ["still here"]);
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(
+        vms.contains("linux: exceptions injected: 1 (1 not RAM or device)"),
+        "{vms}"
+    );
+    assert!(!s.output().contains("VM stopped"), "{}", s.output());
+}
+
 mod virt_gicv2 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn bad_access_is_a_sigbus() {
+        super::bad_access_is_a_sigbus(harness::Board::VirtGicv2);
+    }
+
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {
@@ -142,12 +171,24 @@ mod virt_gicv2 {
 mod raspi4b {
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
+    fn bad_access_is_a_sigbus() {
+        super::bad_access_is_a_sigbus(harness::Board::Raspi4b);
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {
         super::upstream_balloon_driver(harness::Board::Raspi4b);
     }
 }
 
 mod virt_gicv3 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn bad_access_is_a_sigbus() {
+        super::bad_access_is_a_sigbus(harness::Board::VirtGicv3);
+    }
+
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {
