@@ -61,6 +61,19 @@ pub const MAX_VMS: usize = 256;
 /// Header flags defined so far (none): any other bit is rejected.
 pub const KNOWN_FLAGS: u32 = 0;
 
+/// Codes of [`VmEntry::on_bad_access`]: what a VM gets for an access the
+/// hypervisor refuses (a malformed device access, an address that is
+/// neither RAM nor a device, an unemulated system register).
+pub mod bad_access {
+    /// An exception injected into the guest, as hardware raises it (the
+    /// default, and what every bundle written before the field existed says).
+    pub const ABORT: u32 = 0;
+    /// The whole VM is stopped.
+    pub const STOP: u32 = 1;
+    /// Every code defined so far; any other is rejected.
+    pub const LAST: u32 = STOP;
+}
+
 /// Bits of [`VmEntry::devices`].
 pub mod devices {
     /// A virtio-mmio memory balloon.
@@ -103,8 +116,9 @@ pub mod entry {
     pub const RAM_SIZE: usize = 32;
     /// `u32`, at least 1.
     pub const VCPUS: usize = 40;
-    /// `u32`, reserved, must be zero.
-    pub const RESERVED0: usize = 44;
+    /// `u32`, [`bad_access`](crate::bad_access) code (0, abort, in bundles
+    /// written before the field existed, where it was reserved).
+    pub const ON_BAD_ACCESS: usize = 44;
     /// `u64`, physical CPUs (by index) the vCPUs may run on; non-zero.
     pub const CPU_AFFINITY: usize = 48;
     /// `u64` offset and `u64` size of the kernel image (size non-zero).
@@ -240,6 +254,10 @@ pub enum VmError {
     },
     ZeroVcpus,
     ZeroAffinity,
+    /// An `on_bad_access` code this reader does not know.
+    UnknownBadAccessPolicy {
+        code: u32,
+    },
     UnknownDevices {
         bits: u64,
     },
@@ -405,6 +423,10 @@ impl fmt::Display for VmError {
             ),
             VmError::ZeroVcpus => f.write_str("vCPU count is zero"),
             VmError::ZeroAffinity => f.write_str("CPU affinity mask is empty"),
+            VmError::UnknownBadAccessPolicy { code } => write!(
+                f,
+                "on_bad_access code {code} is unknown (0 abort, 1 stop; written by a newer tool?)"
+            ),
             VmError::UnknownDevices { bits } => {
                 write!(f, "device flags {bits:#x} include unknown bits {:#x}", bits & !devices::KNOWN)
             }
@@ -601,6 +623,7 @@ fn check_scalars(
     cpu_affinity: u64,
     balloon_features: u64,
     devs: u64,
+    on_bad_access: u32,
 ) -> Result<(), VmError> {
     if ram_size == 0 {
         return Err(VmError::ZeroRam);
@@ -613,6 +636,11 @@ fn check_scalars(
     }
     if cpu_affinity == 0 {
         return Err(VmError::ZeroAffinity);
+    }
+    if on_bad_access > bad_access::LAST {
+        return Err(VmError::UnknownBadAccessPolicy {
+            code: on_bad_access,
+        });
     }
     if devs & !devices::KNOWN != 0 {
         return Err(VmError::UnknownDevices { bits: devs });
@@ -675,6 +703,7 @@ pub struct VmEntry<'a> {
     cmdline: Option<&'a str>,
     balloon_features: u64,
     devices: u64,
+    on_bad_access: u32,
 }
 
 impl<'a> VmEntry<'a> {
@@ -721,6 +750,10 @@ impl<'a> VmEntry<'a> {
     }
     pub fn has_balloon(&self) -> bool {
         self.devices & devices::BALLOON != 0
+    }
+    /// A [`bad_access`] code.
+    pub fn on_bad_access(&self) -> u32 {
+        self.on_bad_access
     }
 }
 
@@ -966,11 +999,6 @@ impl<'a> Bundle<'a> {
             .get(..name_len)
             .and_then(|n| core::str::from_utf8(n).ok())
             .unwrap_or("");
-        if read_u32(raw, entry::RESERVED0) != 0 {
-            return Err(VmError::ReservedNonZero {
-                offset: entry::RESERVED0,
-            });
-        }
         if let Some(i) = raw
             .get(entry::RESERVED..VM_ENTRY_SIZE)
             .and_then(|r| r.iter().position(|&b| b != 0))
@@ -984,7 +1012,15 @@ impl<'a> Bundle<'a> {
         let cpu_affinity = read_u64(raw, entry::CPU_AFFINITY);
         let balloon_features = read_u64(raw, entry::BALLOON_FEATURES);
         let devs = read_u64(raw, entry::DEVICES);
-        check_scalars(ram_size, vcpus, cpu_affinity, balloon_features, devs)?;
+        let on_bad_access = read_u32(raw, entry::ON_BAD_ACCESS);
+        check_scalars(
+            ram_size,
+            vcpus,
+            cpu_affinity,
+            balloon_features,
+            devs,
+            on_bad_access,
+        )?;
         let kernel = self.blob(raw, Blob::Kernel, entry::KERNEL_OFFSET)?;
         let initrd = self.blob(raw, Blob::Initrd, entry::INITRD_OFFSET)?;
         let cmdline = self.blob(raw, Blob::Cmdline, entry::CMDLINE_OFFSET)?;
@@ -1001,6 +1037,7 @@ impl<'a> Bundle<'a> {
             cmdline: (!cmdline.is_empty()).then_some(cmdline),
             balloon_features,
             devices: devs,
+            on_bad_access,
         })
     }
 }

@@ -20,6 +20,7 @@ fn spec(name: &str) -> VmSpec {
         cmdline: Some("console=ttyAMA0 earlycon".into()),
         balloon_features: 0b110,
         devices: devices::BALLOON,
+        on_bad_access: bad_access::ABORT,
     }
 }
 
@@ -68,6 +69,7 @@ fn check_round_trip(specs: &[VmSpec]) {
         assert_eq!(vm.cmdline(), s.cmdline.as_deref());
         assert_eq!(vm.balloon_features(), s.balloon_features);
         assert_eq!(vm.devices(), s.devices);
+        assert_eq!(vm.on_bad_access(), s.on_bad_access);
         assert_eq!(vm.has_balloon(), s.devices & devices::BALLOON != 0);
         // Blobs start page-aligned within the bundle.
         let base = bytes.as_ptr() as usize;
@@ -103,6 +105,21 @@ fn round_trip_empty() {
 #[test]
 fn round_trip_one() {
     check_round_trip(&[spec("linux")]);
+}
+
+#[test]
+fn round_trip_stop_policy_and_old_bundles_read_as_abort() {
+    let stop = VmSpec {
+        on_bad_access: bad_access::STOP,
+        ..spec("strict")
+    };
+    check_round_trip(&[spec("linux"), stop]);
+    // A bundle written before the field existed has zero there (it was
+    // reserved and had to be zero): it reads as the default, abort.
+    let bytes = build(&[spec("old")]);
+    assert_eq!(read_u32(&bytes, HEADER_SIZE + entry::ON_BAD_ACCESS), 0);
+    let b = parse(&bytes).unwrap();
+    assert_eq!(b.vm(0).unwrap().on_bad_access(), bad_access::ABORT);
 }
 
 #[test]
@@ -341,13 +358,12 @@ fn entry_corruptions() {
         }),
         V::DuplicateName { first: 0 }
     ));
-    // Reserved.
+    // An on_bad_access code from a newer tool; the two known ones pass.
     assert!(matches!(
-        vm_err(1, true, |b| b[E1 + entry::RESERVED0] = 1),
-        V::ReservedNonZero {
-            offset: entry::RESERVED0
-        }
+        vm_err(1, true, |b| b[E1 + entry::ON_BAD_ACCESS] = 2),
+        V::UnknownBadAccessPolicy { code: 2 }
     ));
+    // Reserved.
     assert!(matches!(
         vm_err(1, true, |b| b[E1 + VM_ENTRY_SIZE - 1] = 1),
         V::ReservedNonZero { offset: 191 }

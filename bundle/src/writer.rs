@@ -26,6 +26,9 @@ pub struct VmSpec {
     pub balloon_features: u64,
     /// [`devices`](crate::devices) bits.
     pub devices: u64,
+    /// A [`bad_access`](crate::bad_access) code: what the VM gets for an
+    /// access the hypervisor refuses.
+    pub on_bad_access: u32,
 }
 
 /// Builds a bundle: `BundleBuilder::new().add_vm(spec)?...build()`.
@@ -90,6 +93,7 @@ impl BundleBuilder {
             spec.cpu_affinity,
             spec.balloon_features,
             spec.devices,
+            spec.on_bad_access,
         )
         .map_err(err)?;
         if spec.kernel.is_empty() {
@@ -124,6 +128,7 @@ impl BundleBuilder {
             put64(&mut e, entry::CPU_AFFINITY, vm.cpu_affinity);
             put64(&mut e, entry::BALLOON_FEATURES, vm.balloon_features);
             put64(&mut e, entry::DEVICES, vm.devices);
+            put32(&mut e, entry::ON_BAD_ACCESS, vm.on_bad_access);
             let cmdline = vm.cmdline.as_deref().unwrap_or("").as_bytes();
             let blobs: [(usize, &[u8]); 3] = [
                 (entry::KERNEL_OFFSET, &vm.kernel),

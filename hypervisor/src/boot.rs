@@ -188,12 +188,12 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     }
     vm::for_each(|vm| match vm::start(vm) {
         Ok(()) => println!(
-            "[{}] VM started on CPU {} with {} of RAM",
+            "tidal: [{}] VM started on CPU {} with {} of RAM",
             vm.name,
             vm.cpu,
             report::Size(vm.ram_size)
         ),
-        Err(e) => println!("[{}] VM not started: {e}", vm.name),
+        Err(e) => println!("tidal: [{}] VM not started: {e}", vm.name),
     });
     println!("Type 'help' for the list of commands.");
     shell_loop(board)
@@ -436,6 +436,18 @@ fn run(cmd: Command, board: &BoardInfo) {
             }
         }
         Command::Vms => list_vms(),
+        Command::OnBadAccess { vm: name, policy } => {
+            match vm::with_vm(name, |vm| vm.on_bad_access = policy) {
+                None => no_such_vm(name),
+                Some(()) => println!(
+                    "{name}: a bad access now gets {}",
+                    match policy {
+                        crate::vm::fault::OnBadAccess::Abort => "an exception injected into the guest",
+                        crate::vm::fault::OnBadAccess::Stop => "the VM stopped",
+                    }
+                ),
+            }
+        }
         Command::Balloon { vm: name, bytes } => {
             let pages = bytes / PAGE_SIZE;
             match vm::with_vm(name, |vm| vm::set_balloon(vm, pages)) {
@@ -538,7 +550,9 @@ fn no_such_vm(name: &str) {
 }
 
 fn list_vms() {
-    println!("name         state     cpu  RAM         mapped    ballooned  starts");
+    println!(
+        "name         state     cpu  RAM         mapped    ballooned  bad access  aborts  starts"
+    );
     vm::for_each(|vm| {
         let mapped = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
         let ballooned = vm
@@ -546,15 +560,22 @@ fn list_vms() {
             .as_ref()
             .map_or(0, |b| b.device().ballooned_pages());
         println!(
-            "{:<12} {:<9} {:<4} {:<11} {:<9} {:<10} {}",
+            "{:<12} {:<9} {:<4} {:<11} {:<9} {:<10} {:<11} {:<7} {}",
             vm.name,
             vm.state.label(),
             vm.cpu,
             report::Size(vm.ram_size),
             mapped,
             ballooned,
+            vm.on_bad_access.label(),
+            vm.bad_access.injected,
             vm.starts
         );
+    });
+    vm::for_each(|vm| {
+        if vm.bad_access.injected > 0 {
+            println!("  {}: exceptions injected: {}", vm.name, vm.bad_access);
+        }
     });
 }
 

@@ -41,16 +41,19 @@ pub fn wait_for_agents(
         let vm_re = regex::escape(vm);
         let mut at = since;
         for line in ["tidal-guest: ready", "tidal-guest: agent listening"] {
-            let either = format!(r"\[{vm_re}\] ({line}|VM stopped: [^\r\n]*)");
+            // The guest's line, or the hypervisor's (`tidal: ` first) saying it stopped.
+            let either =
+                format!(r"(?m)^(?:\[{vm_re}\] ({line})|tidal: \[{vm_re}\] (VM stopped: [^\r\n]*))");
             loop {
                 let found = s.expect_since(&mut at, &either, timeout)?;
                 if found[1] == line {
                     break;
                 }
-                if !found[1].starts_with("VM stopped: reset by the guest") {
-                    return Err(
-                        s.unexpected(format!("[{vm}] {} while waiting for `{line}`", found[1]))
-                    );
+                if !found[2].starts_with("VM stopped: reset by the guest") {
+                    return Err(s.unexpected(format!(
+                        "tidal: [{vm}] {} while waiting for `{line}`",
+                        found[2]
+                    )));
                 }
             }
         }

@@ -127,12 +127,12 @@ fn deflate_on_oom_alone(board: Board) {
     assert_negotiated(&mut s, &["DEFLATE_ON_OOM"]);
     ok(s.send_line("balloon linux 64M"));
     ok(s.expect(
-        r"\[linux\] balloon: reached 16384 pages: 16384 pages inflated",
+        r"tidal: \[linux\] balloon: reached 16384 pages: 16384 pages inflated",
         STEP,
     ));
     ok(s.send_line("balloon linux 0"));
     ok(s.expect(
-        r"\[linux\] balloon: reached 0 pages: 16384 pages deflated",
+        r"tidal: \[linux\] balloon: reached 0 pages: 16384 pages deflated",
         STEP,
     ));
     let out = info(&mut s);
@@ -150,7 +150,7 @@ fn hint_alone(board: Board) {
     let started = ok(s.run("hint linux", COMMAND));
     let id = number(&started, r"hinting run (\d+) started").expect(&started);
     let done = ok(s.expect(
-        &format!(r"\[linux\] balloon: free page hint run {id} done: (\d+) pages hinted"),
+        &format!(r"tidal: \[linux\] balloon: free page hint run {id} done: (\d+) pages hinted"),
         STEP,
     ));
     let hinted = done[1].parse::<u64>().unwrap() * 4096;
@@ -172,7 +172,7 @@ fn hint_alone(board: Board) {
     let id2 = number(&again, r"hinting run (\d+) started").expect(&again);
     assert!(id2 > id, "{again}");
     ok(s.expect(
-        &format!(r"\[linux\] balloon: free page hint run {id2} done: \d+ pages hinted"),
+        &format!(r"tidal: \[linux\] balloon: free page hint run {id2} done: \d+ pages hinted"),
         STEP,
     ));
     s.assert_check();
@@ -276,12 +276,14 @@ fn all_features(board: Board) {
     let started = ok(s.run("hint linux", COMMAND));
     let id = number(&started, r"hinting run (\d+) started").expect(&started);
     ok(s.expect(
-        &format!(r"\[linux\] balloon: free page hint run {id} done: \d+ pages hinted"),
+        &format!(r"tidal: \[linux\] balloon: free page hint run {id} done: \d+ pages hinted"),
         STEP,
     ));
     let out = info(&mut s);
     assert!(out.contains("guest statistics"), "{out}");
-    assert!(!s.output().contains("stopping the VM"), "{}", s.output());
+    for bad in ["stopping the VM", "abort injected"] {
+        assert!(!s.output().contains(bad), "{}", s.output());
+    }
     s.assert_check();
 }
 
@@ -324,7 +326,7 @@ fn oom_under_cache_pressure(board: Board, offered: bool) {
     let pages = target * 256;
     ok(s.send_line(&format!("balloon linux {target}M")));
     ok(s.expect(
-        &format!(r"\[linux\] balloon: reached {pages} pages: {pages} pages inflated"),
+        &format!(r"tidal: \[linux\] balloon: reached {pages} pages: {pages} pages inflated"),
         STEP,
     ));
     let vmstat = agent(&mut s, 4, "grep ^balloon_ /proc/vmstat");

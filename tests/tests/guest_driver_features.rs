@@ -62,6 +62,7 @@ fn assert_clean(s: &Session) {
         "REUSED PAGE NOT FILLED",
         "balloon error",
         "stopping the VM",
+        "abort injected",
         "DEVICE_NEEDS_RESET",
     ] {
         assert!(!out.contains(bad), "`{bad}` in the output:\n{out}");
@@ -186,7 +187,7 @@ fn scenarios(board: Board) {
     assert!(hinted_guest > 0, "{answered:?}");
     let done = ok(s.expect_since(
         &mut since_done,
-        &format!(r"\[gdf\] balloon: free page hint run {id} done: (\d+) pages hinted"),
+        &format!(r"tidal: \[gdf\] balloon: free page hint run {id} done: (\d+) pages hinted"),
         STEP,
     ));
     let hinted_host: u64 = done[1].parse().unwrap();

@@ -3,7 +3,8 @@
 //! under the hypervisor on every board: it boots to its agent, the
 //! upstream virtio_balloon driver inflates 128 MiB and deflates it, and the
 //! guest's /proc/vmstat and MemTotal, and the hypervisor's accounting, agree
-//! to the page. The agent protocol is guests/linux/README.md's: `run <id>
+//! to the page; a read of an address that is neither RAM nor a device is a
+//! SIGBUS for the process, not a VM stop. The agent protocol is guests/linux/README.md's: `run <id>
 //! <command>` answered by the output and `tidal-guest: done <id> rc=<rc>`.
 
 use std::time::Duration;
@@ -62,7 +63,7 @@ fn upstream_balloon_driver(board: Board) {
 
     ok(s.send_line("balloon linux 128M"));
     ok(s.expect(
-        r"\[linux\] balloon: reached 32768 pages: 32768 pages inflated",
+        r"tidal: \[linux\] balloon: reached 32768 pages: 32768 pages inflated",
         STEP,
     ));
     let vmstat = agent(&mut s, 4, "grep ^balloon_ /proc/vmstat");
@@ -87,7 +88,7 @@ fn upstream_balloon_driver(board: Board) {
 
     ok(s.send_line("balloon linux 0"));
     ok(s.expect(
-        r"\[linux\] balloon: reached 0 pages: 32768 pages deflated",
+        r"tidal: \[linux\] balloon: reached 0 pages: 32768 pages deflated",
         STEP,
     ));
     let vmstat = agent(&mut s, 6, "grep ^balloon_ /proc/vmstat");
@@ -106,12 +107,12 @@ fn reboot_and_poweroff(board: Board) {
     ok(enter_console(&mut s, "linux"));
     ok(s.send_line("run 1 reboot -f"));
     ok(s.expect(
-        r"\[linux\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); 131072 pages returned",
+        r"tidal: \[linux\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); 131072 pages returned",
         STEP,
     ));
     ok(s.expect(r"\[linux\] tidal-guest: agent listening", BOOT));
     ok(s.send_line("run 2 poweroff -f"));
-    ok(s.expect(r"\[linux\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); 131072 pages returned", STEP));
+    ok(s.expect(r"tidal: \[linux\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); 131072 pages returned", STEP));
     ok(leave_console(&mut s));
     let guest = s
         .mem_category("guest RAM", COMMAND)
@@ -127,7 +128,35 @@ fn reboot_and_poweroff(board: Board) {
     s.assert_check();
 }
 
+/// A read of an address that is neither RAM nor a device (busybox
+/// `devmem`, through /dev/mem) gets the synchronous external abort a board
+/// would raise: Linux sends the process SIGBUS and carries on.
+fn bad_access_is_a_sigbus(board: Board) {
+    let mut s = boot(board, "linux_bad_access");
+    let mut since = s.mark();
+    let reply = ok(agent_run(&mut s, "linux", 1, "devmem 0x30000000 32", STEP));
+    assert_eq!(reply.rc, 128 + 7, "killed by SIGBUS: {:?}", reply.lines);
+    ok(s.expect_since(
+        &mut since,
+        r"tidal: \[linux\] data abort injected: an access to an address that is neither its RAM nor a device: 4-byte read at IPA 0x30000000, PC 0x",
+        STEP,
+    ));
+    assert_eq!(agent(&mut s, 2, "echo still here"), ["still here"]);
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(
+        vms.contains("linux: exceptions injected: 1 (1 not RAM or device)"),
+        "{vms}"
+    );
+    assert!(!s.output().contains("VM stopped"), "{}", s.output());
+}
+
 mod virt_gicv2 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn bad_access_is_a_sigbus() {
+        super::bad_access_is_a_sigbus(harness::Board::VirtGicv2);
+    }
+
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {
@@ -144,12 +173,24 @@ mod virt_gicv2 {
 mod raspi4b {
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
+    fn bad_access_is_a_sigbus() {
+        super::bad_access_is_a_sigbus(harness::Board::Raspi4b);
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {
         super::upstream_balloon_driver(harness::Board::Raspi4b);
     }
 }
 
 mod virt_gicv3 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn bad_access_is_a_sigbus() {
+        super::bad_access_is_a_sigbus(harness::Board::VirtGicv3);
+    }
+
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn upstream_balloon_driver() {

@@ -162,7 +162,7 @@ fn poweroff_and_reboot_one_of_three(board: Board) {
     ok(s.send_line("run 2 reboot -f"));
     ok(s.expect(
         &format!(
-            r"\[linux2\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); {} pages returned",
+            r"tidal: \[linux2\] VM stopped: reset by the guest \(PSCI SYSTEM_RESET\); {} pages returned",
             LINUX2.1 * MIB / PAGE
         ),
         STEP,
@@ -185,7 +185,7 @@ fn poweroff_and_reboot_one_of_three(board: Board) {
     ok(s.send_line("run 4 poweroff -f"));
     ok(s.expect(
         &format!(
-            r"\[linux1\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); {} pages returned",
+            r"tidal: \[linux1\] VM stopped: powered off by the guest \(PSCI SYSTEM_OFF\); {} pages returned",
             LINUX1.1 * MIB / PAGE
         ),
         STEP,
@@ -228,7 +228,7 @@ fn poweroff_and_reboot_one_of_three(board: Board) {
     let out = s.output();
     let beats = check_heartbeat(&out);
     assert!(beats >= 10, "{beats} heartbeats");
-    for bad in ["*** ", "MISMATCH", "NOT ZERO", "[beta] VM stopped"] {
+    for bad in ["*** ", "MISMATCH", "NOT ZERO", "tidal: [beta] VM stopped"] {
         assert!(!out.contains(bad), "'{bad}' in the console");
     }
     s.assert_check();
@@ -354,7 +354,9 @@ fn memory_loop_and_balloon_do_not_stall(board: Board) {
     for round in 0..BALLOON_ROUNDS {
         ok(s.run(&format!("balloon {ballooned} 128M"), COMMAND));
         ok(s.expect(
-            &format!(r"\[{ballooned}\] balloon: reached {pages} pages: {pages} pages inflated"),
+            &format!(
+                r"tidal: \[{ballooned}\] balloon: reached {pages} pages: {pages} pages inflated"
+            ),
             STEP,
         ));
         // Deflated pages are backed again only when the guest touches them,
@@ -368,7 +370,7 @@ fn memory_loop_and_balloon_do_not_stall(board: Board) {
         }
         ok(s.run(&format!("balloon {ballooned} 0"), COMMAND));
         ok(s.expect(
-            &format!(r"\[{ballooned}\] balloon: reached 0 pages: {pages} pages deflated"),
+            &format!(r"tidal: \[{ballooned}\] balloon: reached 0 pages: {pages} pages deflated"),
             STEP,
         ));
     }
@@ -386,11 +388,13 @@ fn memory_loop_and_balloon_do_not_stall(board: Board) {
     }
 
     let out = s.output();
-    let moves: Vec<String> = Regex::new(&format!(r"\[{ballooned}\] balloon: reached [^\r\n]*"))
-        .unwrap()
-        .find_iter(&out)
-        .map(|m| m.as_str().to_string())
-        .collect();
+    let moves: Vec<String> = Regex::new(&format!(
+        r"tidal: \[{ballooned}\] balloon: reached [^\r\n]*"
+    ))
+    .unwrap()
+    .find_iter(&out)
+    .map(|m| m.as_str().to_string())
+    .collect();
     println!("balloon moves:\n  {}", moves.join("\n  "));
     for vm in [busy, ballooned] {
         let covered = coverage(&progress_lines(&out, vm), balloon_from, balloon_to)

@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use guest_bundle::{devices, BundleBuilder, VmSpec};
+use guest_bundle::{bad_access, devices, BundleBuilder, VmSpec};
 
 /// The name `kernel` takes for the test guest built from `guest-driver/testguest`.
 pub const TESTGUEST: &str = "testguest";
@@ -68,9 +68,21 @@ pub const BALLOON_FEATURES: [(&str, u32); 6] = [
 // ------------------------------------------------------------- file format
 
 /// Keys a `[[vm]]` table may have.
-const VM_KEYS: [&str; 8] = [
-    "name", "ram", "vcpus", "cpus", "kernel", "initrd", "cmdline", "balloon",
+const VM_KEYS: [&str; 9] = [
+    "name",
+    "ram",
+    "vcpus",
+    "cpus",
+    "kernel",
+    "initrd",
+    "cmdline",
+    "balloon",
+    "on_bad_access",
 ];
+
+/// Values of `on_bad_access` and their bundle codes.
+const BAD_ACCESS_POLICIES: [(&str, u32); 2] =
+    [("abort", bad_access::ABORT), ("stop", bad_access::STOP)];
 
 /// One `[[vm]]` table, types checked, values not yet validated.
 #[derive(Debug)]
@@ -87,6 +99,8 @@ struct VmConfig {
     cmdline: Option<String>,
     /// `Some(features)` when `[vm.balloon]` is present.
     balloon: Option<Vec<String>>,
+    /// A [`bad_access`] code (default abort).
+    on_bad_access: u32,
 }
 
 /// `value` for a message: `string "1"`, `integer 5`, `array [1, 2]`.
@@ -156,6 +170,16 @@ impl VmConfig {
         let kernel = string("kernel", required("kernel")?)?;
         let initrd = optional_string("initrd")?;
         let cmdline = optional_string("cmdline")?;
+        let on_bad_access = match optional_string("on_bad_access")? {
+            None => bad_access::ABORT,
+            Some(word) => BAD_ACCESS_POLICIES
+                .iter()
+                .find(|(w, _)| *w == word)
+                .map(|&(_, code)| code)
+                .ok_or_else(|| {
+                    format!("on_bad_access \"{word}\" is unknown; it is \"abort\" (the default) or \"stop\"")
+                })?,
+        };
         let balloon = match t.get("balloon") {
             None => None,
             Some(toml::Value::Table(b)) => {
@@ -193,6 +217,7 @@ impl VmConfig {
             initrd,
             cmdline,
             balloon,
+            on_bad_access,
         })
     }
 }
@@ -585,6 +610,7 @@ fn specs_from_str(
             cmdline,
             balloon_features,
             devices,
+            on_bad_access: vm.on_bad_access,
         });
     }
     Ok(specs)
@@ -884,6 +910,7 @@ kernel = "testguest"
                     "wild".into(),
                     vec![
                         ("wild".into(), 64, 2, p("wild")),
+                        ("strict".into(), 64, 8, p("wild")),
                         ("beta".into(), 128, 4, p("pattern"))
                     ]
                 ),
@@ -911,6 +938,7 @@ ram = 33554432
 vcpus = 1
 cpus = [1]
 kernel = "testguest"
+on_bad_access = "stop"
 "#;
         let bytes = build(text).unwrap();
         let b = guest_bundle::parse(&bytes).unwrap();
@@ -923,7 +951,9 @@ kernel = "testguest"
         assert_eq!(l.cmdline(), Some("console=ttyAMA0 earlycon"));
         assert_eq!(l.balloon_features(), 0b11_1111);
         assert_eq!(l.devices(), devices::BALLOON);
+        assert_eq!(l.on_bad_access(), bad_access::ABORT, "the default");
         let m = b.find("bare_2").unwrap();
+        assert_eq!(m.on_bad_access(), bad_access::STOP);
         assert_eq!(m.ram_size(), 32 << 20);
         assert_eq!(m.cmdline(), None);
         assert_eq!(m.initrd(), None);
@@ -990,6 +1020,10 @@ kernel = "testguest"
             (ONE.replace("vcpus = 1\n", ""), "t.toml: VM \"alpha\": required field `vcpus` is missing"),
             (ONE.replace("name = \"alpha\"\n", ""), "t.toml: VM 0: required field `name` is missing"),
             (one_with("name = 5"), "t.toml: VM 0: name must be a string, found integer 5"),
+            (
+                one_with("on_bad_access = \"ignore\""),
+                "t.toml: VM \"alpha\": on_bad_access \"ignore\" is unknown; it is \"abort\" (the default) or \"stop\"",
+            ),
             (one_with("ram = 64.5"), "t.toml: VM \"alpha\": ram must be a size such as \"256M\" or an integer number of bytes, found float 64.5"),
             (one_with("ram = -2097152"), "t.toml: VM \"alpha\": ram -2097152 is negative"),
             (one_with("vcpus = -1"), "t.toml: VM \"alpha\": vcpus -1 is out of range (0 to 4294967295)"),

@@ -11,8 +11,8 @@
 use core::arch::{asm, global_asm};
 
 /// MAIR_EL1: attr0 = Device-nGnRnE, attr1 = Normal, inner/outer write-back
-/// read/write-allocate.
-const MAIR: u64 = 0xff << 8;
+/// read/write-allocate, attr2 = Normal non-cacheable.
+const MAIR: u64 = (0xff << 8) | (0x44 << 16);
 /// TCR_EL1 without IPS: T0SZ = 25 (39-bit VA, walks start at level 1), inner
 /// and outer write-back walks, inner shareable, 4 KiB granule, EPD1 (no TTBR1).
 const TCR: u64 = 25 | (1 << 8) | (1 << 10) | (3 << 12) | (1 << 23);
@@ -25,6 +25,13 @@ const BLOCK: u64 = 0b01 | (1 << 10);
 const DEVICE_BLOCK: u64 = BLOCK | (1 << 53) | (1 << 54);
 /// A 1 GiB block of normal memory, inner shareable, not executable at EL0.
 const NORMAL_BLOCK: u64 = BLOCK | (1 << 2) | (3 << 8) | (1 << 54);
+/// A 1 GiB block of normal non-cacheable memory (attribute index 2), not
+/// executable at EL0.
+const NC_BLOCK: u64 = BLOCK | (2 << 2) | (3 << 8) | (1 << 54);
+/// Where [`NC_BLOCK`] aliases of the first GiB (the devices) are mapped,
+/// for the `wild` mode's probes: one never executable, one executable at EL1.
+pub const DATA_ALIAS: usize = 256 << 30;
+pub const EXEC_ALIAS: usize = 257 << 30;
 
 global_asm!(
     r#"
@@ -94,14 +101,46 @@ primary_entry:
     b       3b
     .ltorg
 
-    // EL1 vector table: every exception is fatal. x0 = the vector's index.
+    // EL1 vector table: every exception is fatal, but a synchronous one
+    // from EL1h while a probe is armed (see `probe`). x0 = the vector's index.
     .balign 0x800
 vectors:
     .irp    i, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
     .balign 0x80
+    .if \i == 4
+    b       probe_entry
+    .else
     mov     x0, #\i
     b       exception_entry
+    .endif
     .endr
+probe_entry:
+    // PROBE: armed, ESR, FAR, ELR. Armed: record the syndrome, disarm and
+    // resume after the access (after the `blr` for an instruction abort).
+    stp     x0, x1, [sp, #-16]!
+    adrp    x0, PROBE
+    add     x0, x0, :lo12:PROBE
+    ldr     x1, [x0]
+    cbz     x1, 1f
+    str     xzr, [x0]
+    mrs     x1, esr_el1
+    str     x1, [x0, #8]
+    mrs     x1, far_el1
+    str     x1, [x0, #16]
+    mrs     x1, elr_el1
+    str     x1, [x0, #24]
+    mrs     x1, esr_el1
+    lsr     x1, x1, #26
+    cmp     x1, #0x21
+    mrs     x1, elr_el1
+    add     x1, x1, #4
+    csel    x1, x30, x1, eq
+    msr     elr_el1, x1
+    ldp     x0, x1, [sp], #16
+    eret
+1:  ldp     x0, x1, [sp], #16
+    mov     x0, #4
+    b       exception_entry
 exception_entry:
     // Fresh stack: nothing returns from here.
     adrp    x1, __stack_top
@@ -117,13 +156,18 @@ exception_entry:
 boot_l1:
     .quad   {device}                // 0x0000_0000: devices (GIC, UART, virtio, ...)
     .quad   0x40000000 | {normal}   // 0x4000_0000: RAM
-    .fill   510, 8, 0
+    .fill   254, 8, 0
+    .quad   {nc_xn}                 // DATA_ALIAS: the first GiB, normal non-cacheable
+    .quad   {nc}                    // EXEC_ALIAS: the same, executable
+    .fill   254, 8, 0
 "#,
     mair = const MAIR,
     tcr = const TCR,
     sctlr = const SCTLR,
     device = const DEVICE_BLOCK,
     normal = const NORMAL_BLOCK,
+    nc_xn = const NC_BLOCK | (1 << 53),
+    nc = const NC_BLOCK,
 );
 
 extern "C" {
@@ -224,6 +268,36 @@ pub fn system_off() -> ! {
     }
 }
 
+/// The probe the vector table's `probe_entry` fills: armed, then ESR_EL1,
+/// FAR_EL1 and ELR_EL1 of the exception it caught.
+#[no_mangle]
+static PROBE: [core::sync::atomic::AtomicU64; 4] =
+    [const { core::sync::atomic::AtomicU64::new(0) }; 4];
+
+/// What a probe caught.
+#[derive(Clone, Copy)]
+pub struct Caught {
+    pub esr: u64,
+    pub far: u64,
+    pub elr: u64,
+}
+
+/// Runs `access` with the probe armed: a synchronous exception it takes at
+/// EL1 is recorded and the guest carries on after the faulting instruction.
+pub fn probe(access: impl FnOnce()) -> Option<Caught> {
+    use core::sync::atomic::Ordering::SeqCst;
+    PROBE[0].store(1, SeqCst);
+    access();
+    if PROBE[0].swap(0, SeqCst) != 0 {
+        return None;
+    }
+    Some(Caught {
+        esr: PROBE[1].load(SeqCst),
+        far: PROBE[2].load(SeqCst),
+        elr: PROBE[3].load(SeqCst),
+    })
+}
+
 fn read_esr_far_elr() -> (u64, u64, u64) {
     let (esr, far, elr): (u64, u64, u64);
     // SAFETY: reading the EL1 syndrome registers has no side effects.
@@ -302,4 +376,83 @@ pub fn cpu_has_gicv3_interface() -> bool {
     // SAFETY: reading an ID register has no side effects.
     unsafe { asm!("mrs {}, id_aa64pfr0_el1", out(reg) pfr0, options(nostack, nomem)) };
     (pfr0 >> 24) & 0xf != 0
+}
+
+/// The bad accesses of the `wild` mode, each one instruction; each returns
+/// that instruction's address (what ELR_EL1 must say if it faults).
+pub mod bad {
+    use core::arch::asm;
+
+    /// `ldrh` (a 2-byte load) from `addr`.
+    ///
+    /// # Safety
+    ///
+    /// Run under [`super::probe`]: `addr` may fault.
+    pub unsafe fn read16(addr: usize) -> u64 {
+        let at: u64;
+        // SAFETY: the caller's promise.
+        unsafe {
+            asm!("adr {at}, 1f", "1: ldrh {v:w}, [{a}]", a = in(reg) addr, v = out(reg) _,
+                 at = out(reg) at, options(nostack, preserves_flags));
+        }
+        at
+    }
+
+    /// `str` of a 32-bit word to `addr`.
+    ///
+    /// # Safety
+    ///
+    /// As [`read16`].
+    pub unsafe fn write32(addr: usize) -> u64 {
+        let at: u64;
+        // SAFETY: the caller's promise.
+        unsafe {
+            asm!("adr {at}, 1f", "1: str wzr, [{a}]", a = in(reg) addr, at = out(reg) at,
+                 options(nostack, preserves_flags));
+        }
+        at
+    }
+
+    /// `ldr` of a 32-bit word from `addr`.
+    ///
+    /// # Safety
+    ///
+    /// As [`read16`].
+    pub unsafe fn read32(addr: usize) -> u64 {
+        let at: u64;
+        // SAFETY: the caller's promise.
+        unsafe {
+            asm!("adr {at}, 1f", "1: ldr {v:w}, [{a}]", a = in(reg) addr, v = out(reg) _,
+                 at = out(reg) at, options(nostack, preserves_flags));
+        }
+        at
+    }
+
+    /// `ldp` of two 64-bit words from `addr` (no instruction syndrome).
+    ///
+    /// # Safety
+    ///
+    /// As [`read16`].
+    pub unsafe fn load_pair(addr: usize) -> u64 {
+        let at: u64;
+        // SAFETY: the caller's promise.
+        unsafe {
+            asm!("adr {at}, 1f", "1: ldp {v}, {w}, [{a}]", a = in(reg) addr, v = out(reg) _,
+                 w = out(reg) _, at = out(reg) at, options(nostack, preserves_flags));
+        }
+        at
+    }
+
+    /// `blr` to `target`: the fetch faults there and the probe returns to
+    /// the instruction after the `blr`.
+    ///
+    /// # Safety
+    ///
+    /// As [`read16`]; `target` must fault on the fetch (never run code).
+    pub unsafe fn call(target: usize) {
+        // SAFETY: the caller's promise; only x30 changes (the link).
+        unsafe {
+            asm!("blr {t}", t = in(reg) target, out("x30") _, options(nostack));
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! `rust_main`: start-up, then the mode chosen by /chosen/bootargs.
 
 use crate::arch::{self, counter, counter_hz};
-use crate::board::Board;
+use crate::board::{Board, GicInfo};
 use crate::hal::GuestHal;
 use crate::pool::{Pool, Verdict};
 use crate::wait::Waiter;
@@ -15,6 +15,9 @@ const VIRTIO_MAGIC: u32 = 0x7472_6976;
 const BALLOON_ID: u32 = 5;
 /// The address the `wild` mode reads: below RAM, not a device of the board.
 const WILD_IPA: usize = 0x3000_0000;
+/// virtio-mmio: Status (a 32-bit register) and the device config space.
+const VIRTIO_STATUS: usize = 0x70;
+const VIRTIO_CONFIG: usize = 0x100;
 /// Beyond the 39-bit VA range of the boot page table.
 const FAULT_VA: usize = 0x80_0000_0000;
 /// Seconds between heartbeat lines.
@@ -86,7 +89,7 @@ extern "C" fn rust_main(dtb: u64) -> ! {
 
     let balloon_slot = find_balloon(&board);
     // Hostile mode programs the device itself, polling with time-outs.
-    let mut waiter = if matches!(mode, Mode::Pattern | Mode::Features) {
+    let mut waiter = if matches!(mode, Mode::Pattern | Mode::Features | Mode::Wild) {
         Waiter::new(&board, balloon_slot)
     } else {
         Waiter::Polling
@@ -96,7 +99,7 @@ extern "C" fn rust_main(dtb: u64) -> ! {
             Some(slot) => crate::hostile::run(slot, &board, &mut pool),
             None => println!("hostile: no balloon device"),
         },
-        Mode::Wild => wild(),
+        Mode::Wild => wild(&board, balloon_slot),
         Mode::Fault => fault(),
         Mode::Features => {
             // `features hold-stats`: the statistics buffer the device
@@ -265,14 +268,72 @@ fn fault() -> ! {
     arch::system_off()
 }
 
-/// Reads an IPA outside RAM and outside every device: the hypervisor must
-/// stop the VM. Under plain QEMU (PCIe window there) the read just returns.
-fn wild() -> ! {
-    println!("touching IPA 0x{WILD_IPA:x} outside RAM");
-    // SAFETY: deliberately an address no device or RAM backs; it is mapped as
-    // device memory, so the only possible effect is an external abort or the
-    // hypervisor stopping the VM.
-    let value = unsafe { arch::mmio_read32(WILD_IPA) };
-    println!("wild read returned 0x{value:x}: nobody stopped the VM");
-    arch::system_off()
+/// Makes the bad accesses a board answers with an external abort, each
+/// under a probe, and says what the exception handler saw (EC, fault status,
+/// WnR, FAR, and whether ELR_EL1 is the faulting instruction); then the
+/// guest carries on as in `pattern` mode. Under a hypervisor whose policy
+/// is to stop the VM, the first one ends it.
+fn wild(board: &Board, balloon: Option<(u64, u64)>) {
+    let probe = |name: &str, far: usize, access: &dyn Fn() -> u64| {
+        let mut at = 0;
+        match arch::probe(|| at = access()) {
+            Some(c) => println!(
+                "wild: {name}: EC 0x{:x} FSC 0x{:x} WnR {} FAR 0x{:x} {}",
+                (c.esr >> 26) & 0x3f,
+                c.esr & 0x3f,
+                (c.esr >> 6) & 1,
+                c.far,
+                if c.far == far as u64 && c.elr == at {
+                    "(FAR and ELR right)"
+                } else {
+                    "(FAR or ELR WRONG)"
+                }
+            ),
+            None => println!("wild: {name}: no exception"),
+        }
+    };
+    // Every access below runs under a probe; the addresses are
+    // device registers, or an IPA nothing backs, mapped as device or normal
+    // non-cacheable memory by the boot table, so the only effect of a wrong
+    // access is an exception the probe records.
+    if let Some((base, _)) = balloon {
+        let base = base as usize;
+        let odd = arch::DATA_ALIAS + base + VIRTIO_CONFIG + 1;
+        probe("virtio config 2-byte read at offset 1", odd, &|| {
+            // SAFETY: a probed access, see above.
+            unsafe { arch::bad::read16(odd) }
+        });
+        let status = base + VIRTIO_STATUS;
+        probe("virtio status 2-byte read", status, &|| {
+            // SAFETY: a probed access, see above.
+            unsafe { arch::bad::read16(status) }
+        });
+        let config = base + VIRTIO_CONFIG;
+        probe("virtio config ldp", config, &|| {
+            // SAFETY: a probed access, see above.
+            unsafe { arch::bad::load_pair(config) }
+        });
+    }
+    if let Some(GicInfo::V2 { distributor, .. } | GicInfo::V3 { distributor, .. }) = board.gic {
+        let ctlr = distributor as usize;
+        probe("GIC distributor 2-byte read", ctlr, &|| {
+            // SAFETY: a probed access, see above.
+            unsafe { arch::bad::read16(ctlr) }
+        });
+    }
+    probe("unmapped read", WILD_IPA, &|| {
+        // SAFETY: a probed access, see above.
+        unsafe { arch::bad::read32(WILD_IPA) }
+    });
+    probe("unmapped write", WILD_IPA, &|| {
+        // SAFETY: a probed access, see above.
+        unsafe { arch::bad::write32(WILD_IPA) }
+    });
+    let target = arch::EXEC_ALIAS + WILD_IPA;
+    probe("fetch outside RAM", target, &|| {
+        // SAFETY: a probed access, see above; nothing backs the target.
+        unsafe { arch::bad::call(target) };
+        target as u64
+    });
+    println!("wild: done, carrying on");
 }

@@ -32,6 +32,11 @@ pub enum Command<'a> {
     Hint {
         vm: &'a str,
     },
+    /// Set what a VM gets for a bad access.
+    OnBadAccess {
+        vm: &'a str,
+        policy: crate::vm::fault::OnBadAccess,
+    },
     Stop {
         vm: &'a str,
     },
@@ -82,7 +87,11 @@ pub const COMMANDS: &[CommandInfo] = &[
     },
     CommandInfo {
         usage: "vms",
-        summary: "the VMs: state, CPU, RAM, pages mapped and ballooned",
+        summary: "the VMs: state, CPU, RAM, pages mapped and ballooned, bad accesses",
+    },
+    CommandInfo {
+        usage: "on-bad-access <vm> <abort|stop>",
+        summary: "what a VM gets for a bad access: an injected abort (default) or a stop",
     },
     CommandInfo {
         usage: "balloon <vm> <size>",
@@ -211,6 +220,13 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             _ => Err(ParseError::Usage("balloon-stats <vm> <seconds|now>")),
         },
         "hint" => one_vm("hint <vm>", rest, words.next()).map(|vm| Some(Command::Hint { vm })),
+        "on-bad-access" => match (rest, words.next(), words.next()) {
+            (Some(vm), Some(word), None) => match crate::vm::fault::OnBadAccess::parse(word) {
+                Some(policy) => Ok(Some(Command::OnBadAccess { vm, policy })),
+                None => Err(ParseError::Usage("on-bad-access <vm> <abort|stop>")),
+            },
+            _ => Err(ParseError::Usage("on-bad-access <vm> <abort|stop>")),
+        },
         "info" => match (rest, words.next(), words.next()) {
             (Some("balloon"), vm, None) => Ok(Some(Command::InfoBalloon { vm })),
             _ => Err(ParseError::Usage("info balloon [vm]")),
@@ -294,6 +310,7 @@ mod tests {
                 .replace("<seconds|now>", "now")
                 .replace("<size|all>", "all")
                 .replace("[abort]", "abort")
+                .replace("<abort|stop>", "stop")
                 .replace("[vm]", "beta");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
@@ -358,6 +375,17 @@ mod tests {
             }))
         );
         assert_eq!(parse("hint linux"), Ok(Some(Command::Hint { vm: "linux" })));
+        assert_eq!(
+            parse("on-bad-access linux abort"),
+            Ok(Some(Command::OnBadAccess {
+                vm: "linux",
+                policy: crate::vm::fault::OnBadAccess::Abort
+            }))
+        );
+        assert_eq!(
+            parse("on-bad-access linux ignore"),
+            Err(ParseError::Usage("on-bad-access <vm> <abort|stop>"))
+        );
     }
 
     #[test]

@@ -1,14 +1,21 @@
 //! A guest's console output, line by line: the emulated PL011 hands bytes
 //! here and complete lines go to the physical console prefixed with the VM's
-//! name, so several guests can share one terminal. The VM that has the
-//! keyboard (`console <vm>`) is shown live instead ([`ConsoleLine::push_live`]):
-//! a prompt without a newline appears at once and echoed backspaces erase.
+//! name, so several guests can share one terminal. Control bytes are shown
+//! escaped in those lines (`^[`, `^M`, `^H`, ...): a guest cannot move the
+//! cursor over its `[name] ` prefix to fake a hypervisor line (those start
+//! with `tidal: `). The VM that has the keyboard (`console <vm>`) is shown
+//! live instead ([`ConsoleLine::push_live`]): the user handed it the
+//! terminal, so a prompt without a newline appears at once and echoed
+//! backspaces erase.
 
 /// Longest line kept; a longer one is emitted in pieces.
 pub const LINE_MAX: usize = 160;
+/// Most bytes one guest byte becomes in a line (a held CR and an escape).
+const ITEM_MAX: usize = 4;
 
 pub struct ConsoleLine {
-    buf: [u8; LINE_MAX],
+    /// Room for one item past [`LINE_MAX`]: a line is emitted once it reaches it.
+    buf: [u8; LINE_MAX + ITEM_MAX],
     len: usize,
     /// How much of the current line [`ConsoleLine::push_live`] has handed
     /// out for display.
@@ -16,6 +23,9 @@ pub struct ConsoleLine {
     /// Inside an escape sequence (ESC, then CSI parameters up to a final
     /// letter): terminal control, not text, so it is dropped whole.
     escape: Escape,
+    /// A carriage return was the last byte of a line-mode guest: dropped if
+    /// a newline follows (CRLF), shown as `^M` otherwise.
+    cr_held: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -34,17 +44,52 @@ impl Default for ConsoleLine {
 impl ConsoleLine {
     pub const fn new() -> Self {
         Self {
-            buf: [0; LINE_MAX],
+            buf: [0; LINE_MAX + ITEM_MAX],
             len: 0,
             shown: 0,
             escape: Escape::None,
+            cr_held: false,
         }
     }
 
-    /// Add one byte; returns a complete line (without its newline) when the
-    /// byte ends one or the buffer is full. Carriage returns and other
-    /// control bytes are dropped; non-ASCII bytes become '?'.
+    /// Add one byte of line-mode output; returns a complete line (without
+    /// its newline) when the byte ends one or the line is full. Control
+    /// bytes are shown in caret notation (`^[` for ESC, `^?` for DEL; a CR
+    /// right before the newline is dropped), non-ASCII bytes become '?'.
     pub fn push(&mut self, byte: u8) -> Option<&str> {
+        let cr = core::mem::take(&mut self.cr_held);
+        if byte == b'\n' {
+            return Some(self.take());
+        }
+        if cr {
+            self.put(b"^M");
+        }
+        match byte {
+            b'\r' => self.cr_held = true,
+            b'\t' | 0x20..=0x7e => self.put(&[byte]),
+            0x7f => self.put(b"^?"),
+            0x00..=0x1f => self.put(&[b'^', byte + 0x40]),
+            0x80..=0xff => self.put(b"?"),
+        }
+        if self.len >= LINE_MAX {
+            return Some(self.take());
+        }
+        None
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if let Some(slot) = self.buf.get_mut(self.len) {
+                *slot = b;
+                self.len += 1;
+            }
+        }
+    }
+
+    /// Add one byte of live output: terminal escape sequences are dropped
+    /// whole, carriage returns and other control bytes dropped, non-ASCII
+    /// bytes become '?'.
+    fn push_filtered(&mut self, byte: u8) -> Option<&str> {
         match (self.escape, byte) {
             (_, 0x1b) => {
                 self.escape = Escape::Esc;
@@ -92,7 +137,7 @@ impl ConsoleLine {
         }
         let shown = core::mem::take(&mut self.shown);
         let before = self.len;
-        if self.push(byte).is_some() {
+        if self.push_filtered(byte).is_some() {
             // `take` emptied the buffer; the line is still in it.
             let len = if byte == b'\n' { before } else { LINE_MAX };
             let text = core::str::from_utf8(&self.buf[..len]).unwrap_or("");
@@ -117,6 +162,9 @@ impl ConsoleLine {
 
     /// Whatever is buffered without a newline yet (for a VM that stops).
     pub fn flush(&mut self) -> Option<&str> {
+        if core::mem::take(&mut self.cr_held) {
+            self.put(b"^M");
+        }
         (self.len > 0).then(|| self.take())
     }
 }
@@ -180,14 +228,24 @@ mod tests {
                 out.push(l.to_string());
             }
         }
-        assert_eq!(out, ["hello", "w?rld"]);
-        // Terminal control sequences vanish whole (busybox's cursor query).
+        assert_eq!(out, ["hello", "w^[Z?rld"]);
+        // Terminal control is shown, not obeyed: a guest cannot return to
+        // the start of the line, erase it or back over its prefix.
         let mut d = ConsoleLine::new();
-        let lines: Vec<String> = b"/ # \x1b[6ncat\x1b7\n"
-            .iter()
-            .filter_map(|&b| d.push(b).map(str::to_string))
-            .collect();
-        assert_eq!(lines, ["/ # cat"]);
+        let lines: Vec<String> =
+            b"/ # \x1b[6ncat\x1b7\n\rtidal: [x] fake\r\x1b[2K\x08\x08\x7f\x00\x1f\r\n"
+                .iter()
+                .filter_map(|&b| d.push(b).map(str::to_string))
+                .collect();
+        assert_eq!(
+            lines,
+            ["/ # ^[[6ncat^[7", "^Mtidal: [x] fake^M^[[2K^H^H^?^@^_"]
+        );
+        // A held CR at the end of the output is shown too.
+        for &b in b"x\r" {
+            assert!(d.push(b).is_none());
+        }
+        assert_eq!(d.flush(), Some("x^M"));
         for &b in b"tail" {
             assert!(c.push(b).is_none());
         }
@@ -197,5 +255,15 @@ mod tests {
             .filter_map(|_| c.push(b'x').map(str::len))
             .collect();
         assert_eq!(long, [LINE_MAX]);
+        // An escape at the end of a full line is not cut in half.
+        let mut e = ConsoleLine::new();
+        let pieces: Vec<String> = core::iter::repeat_n(b'x', LINE_MAX - 1)
+            .chain([0x1b, b'y', b'\n'])
+            .filter_map(|b| e.push(b).map(str::to_string))
+            .collect();
+        assert_eq!(pieces.len(), 2);
+        assert!(pieces[0].ends_with("x^["), "{}", pieces[0]);
+        assert_eq!(pieces[0].len(), LINE_MAX + 1);
+        assert_eq!(pieces[1], "y");
     }
 }

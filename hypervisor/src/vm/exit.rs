@@ -1,6 +1,11 @@
 //! Why a vCPU left its guest, decoded once from the exception syndrome
 //! (ESR_EL2, FAR_EL2, HPFAR_EL2) into a [`VcpuExit`]; the VM manager matches
 //! on it and never looks at syndrome bits. Plain data, tested on the host.
+//!
+//! Exits whose instruction the hypervisor completes carry `insn_len`, the
+//! trapped instruction's length from ESR_EL2.IL (4, or 2 for a 16-bit T32
+//! instruction of an AArch32 EL0): the PC is stepped by that, never by a
+//! fixed 4.
 
 /// Why the guest stopped running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,9 +17,15 @@ pub enum VcpuExit {
         reg: u8,
         sign_extend: bool,
         sixty_four: bool,
+        insn_len: u8,
     },
     /// A store the hypervisor must emulate; the value is in `reg`.
-    MmioWrite { ipa: u64, width: u8, reg: u8 },
+    MmioWrite {
+        ipa: u64,
+        width: u8,
+        reg: u8,
+        insn_len: u8,
+    },
     /// A stage-2 fault the syndrome does not describe as a simple load or
     /// store (no valid ISV), or an instruction fetch: `write` is meaningful
     /// for data aborts only.
@@ -27,9 +38,9 @@ pub enum VcpuExit {
     /// `hvc #imm`; the arguments are in x0-x7. ELR already points past it.
     Hvc { imm: u16 },
     /// `smc #imm`, trapped; ELR points at it.
-    Smc { imm: u16 },
+    Smc { imm: u16, insn_len: u8 },
     /// WFI (`false`) or WFE (`true`).
-    Wait { wfe: bool },
+    Wait { wfe: bool, insn_len: u8 },
     /// A trapped MSR (`read` false) or MRS of the system register
     /// (op0, op1, CRn, CRm, op2) with general register `reg` (31: XZR).
     /// ELR points at the instruction.
@@ -37,6 +48,7 @@ pub enum VcpuExit {
         encoding: (u8, u8, u8, u8, u8),
         reg: u8,
         read: bool,
+        insn_len: u8,
     },
     /// An IRQ, FIQ or SError arrived while the guest ran.
     Interrupt,
@@ -60,6 +72,7 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
     }
     let ec = (esr >> 26) & 0x3f;
     let iss = esr & 0x1ff_ffff;
+    let insn_len = instruction_length(esr);
     // HPFAR_EL2.FIPA holds IPA[51:12] in bits [43:4]; the page offset is FAR's.
     let ipa = ((hpfar >> 4) & 0xff_ffff_ffff) << 12 | (far & 0xfff);
     let fault = match (iss >> 2) & 0xf {
@@ -69,9 +82,15 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
         _ => FaultKind::Other((iss & 0x3f) as u8),
     };
     match ec {
-        0x01 => VcpuExit::Wait { wfe: iss & 1 != 0 },
+        0x01 => VcpuExit::Wait {
+            wfe: iss & 1 != 0,
+            insn_len,
+        },
         0x16 => VcpuExit::Hvc { imm: iss as u16 },
-        0x17 => VcpuExit::Smc { imm: iss as u16 },
+        0x17 => VcpuExit::Smc {
+            imm: iss as u16,
+            insn_len,
+        },
         0x18 => VcpuExit::SysReg {
             encoding: (
                 ((iss >> 20) & 3) as u8,
@@ -82,6 +101,7 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
             ),
             reg: ((iss >> 5) & 0x1f) as u8,
             read: iss & 1 != 0,
+            insn_len,
         },
         0x20 => VcpuExit::Abort {
             ipa,
@@ -106,7 +126,12 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
             let width = 1 << ((iss >> 22) & 3);
             let reg = ((iss >> 16) & 0x1f) as u8;
             if write {
-                VcpuExit::MmioWrite { ipa, width, reg }
+                VcpuExit::MmioWrite {
+                    ipa,
+                    width,
+                    reg,
+                    insn_len,
+                }
             } else {
                 VcpuExit::MmioRead {
                     ipa,
@@ -114,11 +139,27 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
                     reg,
                     sign_extend: iss & (1 << 21) != 0,
                     sixty_four: iss & (1 << 15) != 0,
+                    insn_len,
                 }
             }
         }
         _ => VcpuExit::Unknown { esr },
     }
+}
+
+/// The length in bytes of the instruction that trapped: 4 when ESR_ELx.IL
+/// is set, 2 (a 16-bit T32 instruction) when it is clear.
+pub fn instruction_length(esr: u64) -> u8 {
+    if esr & (1 << 25) != 0 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Whether the syndrome of a trapped instruction was 32 bits long (IL).
+pub fn il32(insn_len: u8) -> bool {
+    insn_len == 4
 }
 
 /// The value a load of `width` bytes puts in its register.
@@ -162,7 +203,8 @@ mod tests {
             VcpuExit::SysReg {
                 encoding: (3, 0, 12, 11, 5),
                 reg: 2,
-                read: false
+                read: false,
+                insn_len: 4
             }
         );
         let read = decode(8, (0x18 << 26) | IL | iss | 1, 0, 0);
@@ -180,7 +222,8 @@ mod tests {
             VcpuExit::MmioWrite {
                 ipa: 0x0a00_0050,
                 width: 4,
-                reg: 3
+                reg: 3,
+                insn_len: 4
             }
         );
     }
@@ -196,13 +239,39 @@ mod tests {
                 width: 1,
                 reg: 7,
                 sign_extend: true,
-                sixty_four: false
+                sixty_four: false,
+                insn_len: 4
             }
         );
         assert_eq!(load_result(0x80, 1, true, false), 0xffff_ff80);
         assert_eq!(load_result(0x80, 1, true, true), 0xffff_ffff_ffff_ff80);
         assert_eq!(load_result(0x1_2345_6780, 4, false, true), 0x2345_6780);
         assert_eq!(load_result(u64::MAX, 8, false, true), u64::MAX);
+    }
+
+    #[test]
+    fn il_gives_the_instruction_length() {
+        // A WFI of a 16-bit T32 instruction (AArch32 EL0): IL clear.
+        assert_eq!(
+            decode(8, 0x01 << 26, 0, 0),
+            VcpuExit::Wait {
+                wfe: false,
+                insn_len: 2
+            }
+        );
+        // A 16-bit T32 store with a full syndrome.
+        let esr = EC_DABT_LOW | (1 << 24) | (2 << 22) | (1 << 16) | (1 << 6) | 0b000111;
+        assert!(matches!(
+            decode(8, esr, 0, hp(0x0900_0000)),
+            VcpuExit::MmioWrite { insn_len: 2, .. }
+        ));
+        assert!(matches!(
+            decode(8, esr | IL, 0, hp(0x0900_0000)),
+            VcpuExit::MmioWrite { insn_len: 4, .. }
+        ));
+        assert_eq!(instruction_length(IL), 4);
+        assert_eq!(instruction_length(0), 2);
+        assert!(il32(4) && !il32(2));
     }
 
     #[test]
@@ -231,11 +300,17 @@ mod tests {
         assert_eq!(decode(8, (0x16 << 26) | IL, 0, 0), VcpuExit::Hvc { imm: 0 });
         assert_eq!(
             decode(8, (0x17 << 26) | IL | 5, 0, 0),
-            VcpuExit::Smc { imm: 5 }
+            VcpuExit::Smc {
+                imm: 5,
+                insn_len: 4
+            }
         );
         assert_eq!(
             decode(8, (0x01 << 26) | IL | 1, 0, 0),
-            VcpuExit::Wait { wfe: true }
+            VcpuExit::Wait {
+                wfe: true,
+                insn_len: 4
+            }
         );
         assert_eq!(decode(9, 0, 0, 0), VcpuExit::Interrupt);
         assert_eq!(

@@ -2,6 +2,9 @@
 //!
 //! - [`check`]: the `check` command's system-wide memory invariants.
 //! - [`exit`]: why a vCPU left its guest, decoded from the exception syndrome.
+//! - [`fault`]: bad guest accesses, the per-VM policy for them and their counters.
+//! - [`inject`]: the exception a guest gets for a bad access, as register values.
+//! - [`ratelimit`]: the token bucket for console lines a guest can trigger.
 //! - [`fdt`]: the device tree of the virtual board every guest sees
 //!   (`docs/GUEST-BOARD.md`).
 //! - [`memory`]: a VM's RAM, backed frame by frame through its stage-2 tables.
@@ -11,9 +14,12 @@
 pub mod check;
 pub mod console;
 pub mod exit;
+pub mod fault;
 pub mod fdt;
 #[cfg(target_os = "none")]
 pub mod hog;
+pub mod inject;
 pub mod memory;
+pub mod ratelimit;
 #[cfg(target_os = "none")]
 pub mod run;

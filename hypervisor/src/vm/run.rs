@@ -7,7 +7,15 @@
 //! WFI/WFE) and enters again. The shell on CPU 0 changes a VM only through
 //! its lock: a stop is requested and carried out by the vCPU's CPU at its
 //! next exit. Lock order: a VM, then the frame table.
+//!
+//! A bad access (a device register access the device refuses, an address
+//! that is neither RAM nor a device, an unemulated system register) gets
+//! what the VM's policy says ([`super::fault`]): by default an exception
+//! injected into the guest ([`super::inject`]), else the VM stops. Every
+//! hypervisor console line about a VM starts `tidal: [name] `; those a
+//! guest can trigger go through the VM's rate limit ([`say`]).
 
+use core::fmt::Write as _;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use guest_bundle::Bundle;
@@ -15,9 +23,11 @@ use spin::mutex::{TicketMutex, TicketMutexGuard};
 use spin::{Mutex, MutexGuard};
 
 use super::console::ConsoleLine;
-use super::exit::{decode, load_result, FaultKind, VcpuExit};
+use super::exit::{decode, il32, load_result, FaultKind, VcpuExit};
+use super::fault::{BadAccessKind, BadAccessStats, Device, OnBadAccess};
 use super::fdt::{self, layout, GicVersion, GuestBoard};
 use super::memory::{GuestRam, HostMemory, RamError};
+use super::ratelimit::{GuestLines, LineKind, Permit};
 use crate::arch::aarch64::gic;
 use crate::arch::aarch64::vcpu::{self, El1Regs, GuestContext};
 use crate::arch::aarch64::{self, pmu, recovery, MAX_CPUS};
@@ -202,6 +212,12 @@ pub struct Vm {
     /// `debug fail <vm> [abort]`: fail in this VM's path at its next exit,
     /// by a panic (false) or a data abort at EL2 (true).
     pub inject_failure: Option<bool>,
+    /// What the guest gets for a bad access (its configuration's `on_bad_access`).
+    pub on_bad_access: OnBadAccess,
+    /// Exceptions injected for bad accesses, per kind.
+    pub bad_access: BadAccessStats,
+    /// The rate limits of the console lines the guest can trigger.
+    pub lines: GuestLines,
 }
 
 /// Ticket locks: a vCPU exiting in a tight loop must not starve the shell.
@@ -371,6 +387,9 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
             last_change: None,
             starts: 0,
             inject_failure: None,
+            on_bad_access: OnBadAccess::from_code(spec.on_bad_access()).unwrap_or_default(),
+            bad_access: BadAccessStats::default(),
+            lines: GuestLines::new(),
         });
     }
     if bundle.vm_count() > MAX_GUESTS {
@@ -460,7 +479,7 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
     let mut ram = GuestRam::new(&mut mem, vm.id, vmid, layout::RAM_BASE, spec.ram_size())
         .map_err(|_| "no memory")?;
     if let Err(e) = ram.populate(&mut mem) {
-        println!("{}: {e}", vm.name);
+        println!("tidal: [{}] {e}", vm.name);
         give_back(&vm.name, ram);
         return Err("not enough free memory for its RAM");
     }
@@ -497,7 +516,7 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
         match Balloon::new(spec.balloon_features(), ram.pfns()) {
             Ok(balloon) => vm.balloon = Some(MmioTransport::new(balloon)),
             Err(e) => {
-                println!("[{}] no balloon device: {e}", vm.name);
+                println!("tidal: [{}] no balloon device: {e}", vm.name);
             }
         }
     }
@@ -600,11 +619,18 @@ fn finish_stop(vm: &mut Vm) {
     if let Some(line) = vm.console.flush() {
         println!("[{}] {line}", vm.name);
     }
+    let suppressed = vm.lines.take_suppressed();
+    if suppressed > 0 {
+        println!(
+            "tidal: [{}] {suppressed} similar messages suppressed",
+            vm.name
+        );
+    }
     let why = vm.last_stop;
     if let Some(ram) = vm.ram.take() {
         let freed = give_back(&vm.name, ram);
         println!(
-            "[{}] VM stopped: {why}; {freed} pages returned to the pool",
+            "tidal: [{}] VM stopped: {why}; {freed} pages returned to the pool",
             vm.name
         );
     }
@@ -614,7 +640,7 @@ fn finish_stop(vm: &mut Vm) {
     vm.state = VmState::Stopped;
     if core::mem::take(&mut vm.restart) {
         if let Err(e) = start(vm) {
-            println!("[{}] cannot restart: {e}", vm.name);
+            println!("tidal: [{}] cannot restart: {e}", vm.name);
         }
     }
 }
@@ -959,27 +985,37 @@ fn handle_exit(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext, exit: VcpuExit)
             reg,
             sign_extend,
             sixty_four,
+            insn_len,
         } => {
             vm.exits.mmio += 1;
             match mmio_read(vm, vcpu, ipa, width) {
                 Ok(value) => ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four)),
-                Err(why) => return stop_for(vm, ctx, ipa, why),
+                Err(refused) => {
+                    let access = Access::data(ipa, false, width, insn_len, ctx.far);
+                    return bad_access(vm, ctx, refused, access);
+                }
             }
-            ctx.elr += 4;
+            ctx.elr += u64::from(insn_len);
         }
-        VcpuExit::MmioWrite { ipa, width, reg } => {
+        VcpuExit::MmioWrite {
+            ipa,
+            width,
+            reg,
+            insn_len,
+        } => {
             vm.exits.mmio += 1;
             let value = ctx.reg(reg);
-            if let Err(why) = mmio_write(vm, vcpu, ipa, width, value) {
-                return stop_for(vm, ctx, ipa, why);
+            if let Err(refused) = mmio_write(vm, vcpu, ipa, width, value) {
+                let access = Access::data(ipa, true, width, insn_len, ctx.far);
+                return bad_access(vm, ctx, refused, access);
             }
-            ctx.elr += 4;
+            ctx.elr += u64::from(insn_len);
         }
         VcpuExit::Abort {
             ipa,
             instruction,
             fault,
-            ..
+            write,
         } => {
             vm.exits.faults += 1;
             let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
@@ -996,31 +1032,42 @@ fn handle_exit(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext, exit: VcpuExit)
                 if let Some(balloon) = vm.balloon.as_mut() {
                     balloon.device_mut().page_refaulted(ipa / PAGE_SIZE);
                 }
-            } else if instruction {
-                return stop_for(vm, ctx, ipa, "instruction fetch outside its RAM");
-            } else if in_ram {
-                return stop_for(vm, ctx, ipa, "unexpected fault on its RAM");
             } else {
-                return stop_for(
-                    vm,
-                    ctx,
-                    ipa,
-                    "access to an address that is neither its RAM nor a device",
-                );
+                let kind = if instruction && !in_ram {
+                    BadAccessKind::InstructionFetch
+                } else if in_ram {
+                    BadAccessKind::RamFault
+                } else if let Some(device) = device_at(vm, ipa) {
+                    // A device register, but the syndrome does not say
+                    // which register or width (ldp/stp, writeback, SIMD).
+                    BadAccessKind::NoSyndrome(device)
+                } else {
+                    BadAccessKind::Unmapped
+                };
+                let access = Access {
+                    ipa: Some(ipa),
+                    write,
+                    width: None,
+                    // Aborts without a syndrome are reported with IL = 1.
+                    il32: true,
+                    far: far_if_valid(ctx),
+                    fetch: instruction,
+                };
+                return bad_access(vm, ctx, Refused::new(kind), access);
             }
         }
         VcpuExit::Hvc { .. } => {
             vm.exits.hvc += 1;
             return psci(vm, vcpu, ctx);
         }
-        VcpuExit::Smc { .. } => {
+        VcpuExit::Smc { insn_len, .. } => {
             vm.exits.hvc += 1;
-            ctx.elr += 4;
+            ctx.elr += u64::from(insn_len);
             return psci(vm, vcpu, ctx);
         }
-        VcpuExit::Wait { wfe } => {
+        VcpuExit::Wait { wfe, insn_len } => {
             vm.exits.wfx += 1;
-            ctx.elr += 4;
+            ctx.elr += u64::from(insn_len);
             // WFE is a spin-wait hint: go straight back. A WFI with the
             // virtual GIC idle waits for a physical interrupt (timer, kick).
             if !wfe
@@ -1035,6 +1082,7 @@ fn handle_exit(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext, exit: VcpuExit)
             encoding,
             reg,
             read,
+            insn_len,
         } => {
             vm.exits.sysreg += 1;
             let sgi = [ICC_SGI1R_EL1, ICC_ASGI1R_EL1, ICC_SGI0R_EL1].contains(&encoding);
@@ -1047,35 +1095,214 @@ fn handle_exit(vm: &mut Vm, vcpu: usize, ctx: &mut GuestContext, exit: VcpuExit)
                 }
                 Some(_) if sgi => ctx.set_reg(reg, 0),
                 _ => {
-                    let (op0, op1, crn, crm, op2) = encoding;
-                    println!(
-                        "[{}] stopping the VM: {} of system register S{op0}_{op1}_C{crn}_C{crm}_{op2}, which the hypervisor does not emulate, at PC {:#x}",
-                        vm.name,
-                        if read { "read" } else { "write" },
-                        ctx.elr
-                    );
-                    return Outcome::Stop("a system register the hypervisor does not emulate");
+                    let refused = Refused {
+                        kind: BadAccessKind::SystemRegister,
+                        detail: Detail::SysReg { encoding, read },
+                    };
+                    return bad_access(vm, ctx, refused, Access::trap(il32(insn_len)));
                 }
             }
-            ctx.elr += 4;
+            ctx.elr += u64::from(insn_len);
         }
         VcpuExit::Unknown { esr } => {
-            println!(
-                "[{}] unhandled exit: ESR_EL2 {esr:#x} at PC {:#x}",
-                vm.name, ctx.elr
-            );
-            return Outcome::Stop("an exit the hypervisor does not handle");
+            let refused = Refused {
+                kind: BadAccessKind::UnknownExit,
+                detail: Detail::Esr(esr),
+            };
+            return bad_access(vm, ctx, refused, Access::trap(esr & (1 << 25) != 0));
         }
     }
     Outcome::Continue
 }
 
+/// A stop the guest caused but that is not a bad access (its RAM cannot be
+/// backed): said once, as the VM ends.
 fn stop_for(vm: &Vm, ctx: &GuestContext, ipa: u64, why: &'static str) -> Outcome {
     println!(
-        "[{}] stopping the VM: {why}: IPA {ipa:#x}, PC {:#x}",
+        "tidal: [{}] stopping the VM: {why}: IPA {ipa:#x}, PC {:#x}",
         vm.name, ctx.elr
     );
     Outcome::Stop(why)
+}
+
+/// What was refused, and the device's own reason if it gave one.
+struct Refused {
+    kind: BadAccessKind,
+    detail: Detail,
+}
+
+enum Detail {
+    None,
+    Virtio(crate::virtio::mmio::MmioError),
+    SysReg {
+        encoding: (u8, u8, u8, u8, u8),
+        read: bool,
+    },
+    Esr(u64),
+}
+
+impl Refused {
+    fn new(kind: BadAccessKind) -> Self {
+        Self {
+            kind,
+            detail: Detail::None,
+        }
+    }
+}
+
+impl core::fmt::Display for Refused {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        match self.detail {
+            Detail::None => Ok(()),
+            Detail::Virtio(e) => write!(f, " ({e})"),
+            Detail::SysReg {
+                encoding: (op0, op1, crn, crm, op2),
+                read,
+            } => write!(
+                f,
+                " ({} of S{op0}_{op1}_C{crn}_C{crm}_{op2})",
+                if read { "read" } else { "write" }
+            ),
+            Detail::Esr(esr) => write!(f, " (ESR_EL2 {esr:#x})"),
+        }
+    }
+}
+
+/// The facts of a refused access, for the message and the exception.
+struct Access {
+    ipa: Option<u64>,
+    write: bool,
+    width: Option<u8>,
+    il32: bool,
+    /// The faulting virtual address (FAR_EL2), when valid.
+    far: Option<u64>,
+    /// An instruction fetch (else a load, store or trapped instruction).
+    fetch: bool,
+}
+
+impl Access {
+    /// A load or store with a full syndrome (FAR_EL2 is valid then).
+    fn data(ipa: u64, write: bool, width: u8, insn_len: u8, far: u64) -> Self {
+        Self {
+            ipa: Some(ipa),
+            write,
+            width: Some(width),
+            il32: il32(insn_len),
+            far: Some(far),
+            fetch: false,
+        }
+    }
+
+    /// A trapped instruction that is no memory access.
+    fn trap(il32: bool) -> Self {
+        Self {
+            ipa: None,
+            write: false,
+            width: None,
+            il32,
+            far: None,
+            fetch: false,
+        }
+    }
+}
+
+/// FAR_EL2 of an abort, unless the syndrome says it is not valid (FnV).
+fn far_if_valid(ctx: &GuestContext) -> Option<u64> {
+    (ctx.esr & (1 << 10) == 0).then_some(ctx.far)
+}
+
+/// A bad access: an exception for the guest, or the VM stopped, as its
+/// policy says; counted and said on the console (rate-limited).
+fn bad_access(vm: &mut Vm, ctx: &mut GuestContext, refused: Refused, access: Access) -> Outcome {
+    let mut place: heapless::String<64> = heapless::String::new();
+    if let Some(width) = access.width {
+        let _ = write!(
+            place,
+            "{width}-byte {} ",
+            if access.write { "write" } else { "read" }
+        );
+    }
+    if let Some(ipa) = access.ipa {
+        let _ = write!(place, "at IPA {ipa:#x}, ");
+    }
+    let _ = write!(place, "PC {:#x}", ctx.elr);
+    if vm.on_bad_access == OnBadAccess::Stop {
+        println!(
+            "tidal: [{}] stopping the VM (on_bad_access = \"stop\"): {refused}: {place}",
+            vm.name
+        );
+        return Outcome::Stop(bad_access_reason(refused.kind));
+    }
+    let exception = if access.fetch {
+        crate::vm::inject::GuestException::InstructionAbort
+    } else {
+        refused.kind.exception(access.write)
+    };
+    vm.bad_access.count(refused.kind);
+    say(
+        &mut vm.lines,
+        LineKind::Abort,
+        &vm.name,
+        format_args!("{} injected: {refused}: {place}", exception.label()),
+    );
+    vcpu::inject(ctx, exception, access.far, access.il32);
+    Outcome::Continue
+}
+
+/// The `last_stop` reason of a VM stopped by policy.
+fn bad_access_reason(kind: BadAccessKind) -> &'static str {
+    match kind {
+        BadAccessKind::DeviceRegister(_) => "a device register access the device refuses",
+        BadAccessKind::NoSyndrome(_) => "a device access the hypervisor cannot emulate",
+        BadAccessKind::Unmapped => "an access to an address that is neither its RAM nor a device",
+        BadAccessKind::InstructionFetch => "an instruction fetch outside its RAM",
+        BadAccessKind::RamFault => "an unexpected fault on its RAM",
+        BadAccessKind::SystemRegister => "a system register the hypervisor does not emulate",
+        BadAccessKind::UnknownExit => "a trap the hypervisor does not handle",
+    }
+}
+
+/// Print `tidal: [name] <args>`, a line the guest can trigger, within the
+/// VM's rate limit; the first line after a quiet spell says how many were
+/// held back.
+fn say(lines: &mut GuestLines, kind: LineKind, name: &str, args: core::fmt::Arguments<'_>) {
+    match lines.check(kind, aarch64::uptime_us()) {
+        Permit::Suppress => {}
+        Permit::Print { suppressed } => {
+            if suppressed > 0 {
+                println!("tidal: [{name}] {suppressed} similar messages suppressed");
+            }
+            println!("tidal: [{name}] {args}");
+        }
+    }
+}
+
+/// The emulated device whose window `ipa` is in, if any.
+fn device_at(vm: &Vm, ipa: u64) -> Option<Device> {
+    let vgic = vm.vgic.as_ref();
+    let v3 = vgic.is_some_and(|g| g.version() == VgicVersion::V3);
+    let dist = if v3 {
+        GICV3_DIST_WINDOW
+    } else {
+        fdt::GICV2_DIST_SIZE
+    };
+    if vgic.is_some() && offset_in(ipa, layout::GICD_BASE, dist).is_some() {
+        return Some(Device::GicDistributor);
+    }
+    if let Some(g) = vgic.filter(|_| v3) {
+        if offset_in(ipa, layout::GICR_BASE, GICR_STRIDE * g.vcpus() as u64).is_some() {
+            return Some(Device::GicRedistributor);
+        }
+    }
+    if offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE).is_some() {
+        return Some(Device::Uart);
+    }
+    if vm.balloon.is_some() && offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE).is_some()
+    {
+        return Some(Device::Virtio);
+    }
+    None
 }
 
 const PSCI_CPU_ON: u32 = 0xc400_0003;
@@ -1170,7 +1397,7 @@ fn gic_v3_mmio(
     ipa: u64,
     width: u8,
     value: Option<u64>,
-) -> Option<Result<u64, &'static str>> {
+) -> Option<Result<u64, Refused>> {
     let vgic = vm
         .vgic
         .as_mut()
@@ -1201,21 +1428,37 @@ fn gic_v3_mmio(
         apply_effect(vm, effect);
         read
     });
-    Some(result.map_err(|_| "bad GIC distributor or redistributor access"))
+    let device = if offset_in(ipa, layout::GICD_BASE, GICV3_DIST_WINDOW).is_some() {
+        Device::GicDistributor
+    } else {
+        Device::GicRedistributor
+    };
+    Some(result.map_err(|_| Refused::new(BadAccessKind::DeviceRegister(device))))
 }
 
-fn mmio_read(vm: &mut Vm, vcpu: usize, ipa: u64, width: u8) -> Result<u64, &'static str> {
+/// A refused access to the GIC distributor.
+fn bad_gicd<E>(_: E) -> Refused {
+    Refused::new(BadAccessKind::DeviceRegister(Device::GicDistributor))
+}
+
+/// A refused access to the virtio-mmio device, with its reason.
+fn bad_virtio(e: crate::virtio::mmio::MmioError) -> Refused {
+    Refused {
+        kind: BadAccessKind::DeviceRegister(Device::Virtio),
+        detail: Detail::Virtio(e),
+    }
+}
+
+fn mmio_read(vm: &mut Vm, vcpu: usize, ipa: u64, width: u8) -> Result<u64, Refused> {
     if let Some(result) = gic_v3_mmio(vm, vcpu, ipa, width, None) {
         return result;
     }
     if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
+        // No GIC on this host: nothing is there.
         let Some(vgic) = vm.vgic.as_mut() else {
-            return Err("no GIC distributor on this host");
+            return Err(Refused::new(BadAccessKind::Unmapped));
         };
-        return vgic
-            .read(vcpu, off, width)
-            .map(u64::from)
-            .map_err(|_| "bad GIC distributor access");
+        return vgic.read(vcpu, off, width).map(u64::from).map_err(bad_gicd);
     }
     if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
         let value = vm.uart.read(off, width);
@@ -1224,33 +1467,24 @@ fn mmio_read(vm: &mut Vm, vcpu: usize, ipa: u64, width: u8) -> Result<u64, &'sta
     }
     if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
         let Some(balloon) = vm.balloon.as_mut() else {
-            return Err("no device at this address");
+            return Err(Refused::new(BadAccessKind::Unmapped));
         };
-        return balloon
-            .read(off, width)
-            .map(u64::from)
-            .map_err(|_| "bad virtio-mmio register access");
+        return balloon.read(off, width).map(u64::from).map_err(bad_virtio);
     }
-    Err("access to an address that is neither its RAM nor a device")
+    Err(Refused::new(BadAccessKind::Unmapped))
 }
 
-fn mmio_write(
-    vm: &mut Vm,
-    vcpu: usize,
-    ipa: u64,
-    width: u8,
-    value: u64,
-) -> Result<(), &'static str> {
+fn mmio_write(vm: &mut Vm, vcpu: usize, ipa: u64, width: u8, value: u64) -> Result<(), Refused> {
     if let Some(result) = gic_v3_mmio(vm, vcpu, ipa, width, Some(value)) {
         return result.map(|_| ());
     }
     if let Some(off) = offset_in(ipa, layout::GICD_BASE, fdt::GICV2_DIST_SIZE) {
         let Some(vgic) = vm.vgic.as_mut() else {
-            return Err("no GIC distributor on this host");
+            return Err(Refused::new(BadAccessKind::Unmapped));
         };
         let effect = vgic
             .write(vcpu, off, width, value as u32)
-            .map_err(|_| "bad GIC distributor access")?;
+            .map_err(bad_gicd)?;
         // An SGI to another vCPU, an enable: make its CPU sync.
         apply_effect(vm, effect);
         return Ok(());
@@ -1276,25 +1510,29 @@ fn mmio_write(
     }
     if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
         let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
-            return Err("no device at this address");
+            return Err(Refused::new(BadAccessKind::Unmapped));
         };
         let mut view = DeviceView { ram };
         let before = *balloon.device().stats();
         let hint_before = balloon.device().hint_run().copied();
-        match balloon.write(off, width, value as u32, &mut view) {
-            Ok(event) => {
-                if let Some(msg) = event.message() {
-                    println!("[{}] balloon: {msg}", vm.name);
-                }
-            }
-            Err(_) => return Err("bad virtio-mmio register access"),
+        let event = balloon
+            .write(off, width, value as u32, &mut view)
+            .map_err(bad_virtio)?;
+        if let Some(msg) = event.message() {
+            let kind = event_kind(msg);
+            say(
+                &mut vm.lines,
+                kind,
+                &vm.name,
+                format_args!("balloon: {msg}"),
+            );
         }
-        report_rejections(&vm.name, &before, balloon.device().stats());
+        report_rejections(&mut vm.lines, &vm.name, &before, balloon.device().stats());
         report_hint_end(&vm.name, hint_before, balloon.device().hint_run());
         update_virtio_irq(vm);
         return Ok(());
     }
-    Err("access to an address that is neither its RAM nor a device")
+    Err(Refused::new(BadAccessKind::Unmapped))
 }
 
 fn offset_in(ipa: u64, base: u64, size: u64) -> Option<u64> {
@@ -1317,7 +1555,13 @@ fn poll_balloon(vm: &mut Vm) {
     }
     let event = balloon.poll_balloon(&mut DeviceView { ram }, now);
     if let Some(msg) = event.message() {
-        println!("[{}] balloon: {msg}", vm.name);
+        let kind = event_kind(msg);
+        say(
+            &mut vm.lines,
+            kind,
+            &vm.name,
+            format_args!("balloon: {msg}"),
+        );
     }
     update_virtio_irq(vm);
 }
@@ -1386,7 +1630,7 @@ fn report_hint_end(name: &str, before: Option<HintRun>, after: Option<&HintRun>)
     let was_running = before.is_some_and(|b| b.id == run.id && b.ended_us.is_none());
     if let (true, Some(ended)) = (was_running, run.ended_us) {
         println!(
-            "[{name}] balloon: free page hint {run}; {} ({} ms)",
+            "tidal: [{name}] balloon: free page hint {run}; {} ({} ms)",
             crate::report::Size(run.pages_hinted * PAGE_SIZE),
             ended.saturating_sub(run.started_us) / 1000
         );
@@ -1474,8 +1718,17 @@ pub fn print_balloon(vm: &mut Vm) {
     }
 }
 
+/// Which rate limit a virtio transport event's line goes through.
+fn event_kind(event: &crate::virtio::mmio::TransportEvent) -> LineKind {
+    match event {
+        crate::virtio::mmio::TransportEvent::NeedsReset { .. } => LineKind::DeviceError,
+        _ => LineKind::DeviceEvent,
+    }
+}
+
 /// Say on the console which PFNs a balloon request had rejected, and why.
 fn report_rejections(
+    lines: &mut GuestLines,
     name: &str,
     before: &crate::balloon::BalloonStats,
     after: &crate::balloon::BalloonStats,
@@ -1485,9 +1738,14 @@ fn report_rejections(
     let already = after.rejected_already_ballooned - before.rejected_already_ballooned;
     let not = after.rejected_not_ballooned - before.rejected_not_ballooned;
     if range + dup + already + not > 0 {
-        println!(
-            "[{name}] balloon: rejected PFNs: {range} outside guest RAM, {dup} duplicated, \
-             {already} already ballooned, {not} not ballooned (buffers returned, nothing unmapped)"
+        say(
+            lines,
+            LineKind::DeviceError,
+            name,
+            format_args!(
+                "balloon: rejected PFNs: {range} outside guest RAM, {dup} duplicated, \
+                 {already} already ballooned, {not} not ballooned (buffers returned, nothing unmapped)"
+            ),
         );
     }
 }
@@ -1529,7 +1787,7 @@ fn finish_change(vm: &mut Vm) {
         "deflated"
     };
     print!(
-        "[{}] balloon: reached {} pages: {pages} pages {verb} in {micros} us ({rate} pages/s)",
+        "tidal: [{}] balloon: reached {} pages: {pages} pages {verb} in {micros} us ({rate} pages/s)",
         vm.name, change.to
     );
     if pmu::counts_instructions() && pages > 0 {

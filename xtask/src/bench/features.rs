@@ -416,7 +416,7 @@ fn hinting_run(guest: &mut Guest) -> Result<Hint, String> {
     let done = s
         .expect(
             &format!(
-                r"\[{VM}\] balloon: free page hint run {id} done: (\d+) pages hinted[^\n]*\((\d+) ms\)"
+                r"tidal: \[{VM}\] balloon: free page hint run {id} done: (\d+) pages hinted[^\n]*\((\d+) ms\)"
             ),
             STEP,
         )

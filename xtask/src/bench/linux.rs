@@ -530,7 +530,7 @@ impl Guest {
             Direction::Inflate => (PAGES, "inflated"),
             Direction::Deflate => (0, "deflated"),
         };
-        let line = format!("[{VM}] balloon: reached {to} pages: {PAGES} pages {verb} in ");
+        let line = format!("tidal: [{VM}] balloon: reached {to} pages: {PAGES} pages {verb} in ");
         // It may have come before the watcher's `done` line, already matched.
         let output = self.session.output();
         let micros = match output.find(&line) {
@@ -540,7 +540,7 @@ impl Guest {
                 .collect(),
             None => {
                 let pattern = format!(
-                    r"\[{VM}\] balloon: reached {to} pages: {PAGES} pages {verb} in (\d+) us"
+                    r"tidal: \[{VM}\] balloon: reached {to} pages: {PAGES} pages {verb} in (\d+) us"
                 );
                 self.session.expect(&pattern, STEP).map_err(harness)?[1].clone()
             }

@@ -373,3 +373,52 @@ pub fn disable_virtual_timer() {
     // does now, and the next one loads its own timer state.
     unsafe { asm!("msr CNTV_CTL_EL0, xzr", "isb", options(nomem, nostack)) };
 }
+
+/// Deliver `exception` to the guest that just exited into `ctx`: its EL1
+/// syndrome registers are written (they are live on this CPU, see the
+/// module docs) and it resumes at its vector (`vm::inject` computes all of
+/// it). `far`: the faulting address, if valid; `il32`: ESR_EL2.IL.
+pub fn inject(
+    ctx: &mut GuestContext,
+    exception: crate::vm::inject::GuestException,
+    far: Option<u64>,
+    il32: bool,
+) {
+    let (vbar, sctlr, mmfr1): (u64, u64, u64);
+    // SAFETY: reading the guest's EL1 registers and an ID register has no
+    // side effects.
+    unsafe {
+        asm!(
+            "mrs {0}, VBAR_EL1", "mrs {1}, SCTLR_EL1", "mrs {2}, ID_AA64MMFR1_EL1",
+            out(reg) vbar, out(reg) sctlr, out(reg) mmfr1,
+            options(nomem, nostack)
+        );
+    }
+    // PSTATE.PAN is set on entry to EL1 when the CPU has PAN
+    // (ID_AA64MMFR1_EL1.PAN) and SCTLR_EL1.SPAN (bit 23) is clear.
+    let set_pan = (mmfr1 >> 20) & 0xf != 0 && sctlr & (1 << 23) == 0;
+    let trapped = crate::vm::inject::Trapped {
+        pstate: ctx.spsr,
+        pc: ctx.elr,
+        far,
+        il32,
+        vbar,
+        set_pan,
+    };
+    let regs = crate::vm::inject::exception(exception, &trapped);
+    // SAFETY: the EL1 exception registers belong to the guest that runs on
+    // this CPU; writing them is what taking the exception would have done.
+    unsafe {
+        asm!(
+            "msr ESR_EL1, {esr}", "msr ELR_EL1, {elr}", "msr SPSR_EL1, {spsr}",
+            esr = in(reg) regs.esr_el1, elr = in(reg) regs.elr_el1,
+            spsr = in(reg) regs.spsr_el1,
+            options(nomem, nostack)
+        );
+        if let Some(far) = regs.far_el1 {
+            asm!("msr FAR_EL1, {}", in(reg) far, options(nomem, nostack));
+        }
+    }
+    ctx.elr = regs.pc;
+    ctx.spsr = regs.pstate;
+}
