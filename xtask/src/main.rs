@@ -8,7 +8,6 @@ mod bench;
 mod fixtures;
 mod linux;
 mod setup;
-mod vmconfig;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};

@@ -13,3 +13,5 @@ pub mod fdt;
 pub mod memory;
 #[cfg(target_os = "none")]
 pub mod run;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
