@@ -1,11 +1,12 @@
 //! `cargo xtask`: installs what is missing, builds the hypervisor image and
 //! the guest bundle, runs them in QEMU, and runs every test.
 //!
-//! Commands: `setup`, `build`, `run [--board B]`, `test`. Every command
+//! Commands: `setup`, `build`, `run [--board B]`, `test`, `bench`, `fuzz`. Every command
 //! starts with `setup`, which is quick when everything is present.
 
 mod bench;
 mod fixtures;
+mod fuzz;
 mod linux;
 mod setup;
 
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
         Some("build") => setup::run().and_then(|_| build(&root()).map(|_| ())),
         Some("run") => run(&args[1..]),
         Some("test") => test(&args[1..]),
+        Some("fuzz") => setup::run().and_then(|_| fuzz::run(&root(), &args[1..])),
         Some("bench") => setup::run().and_then(|_| {
             let root = root();
             bench::run(&root, &build(&root)?)
@@ -55,7 +57,11 @@ fn print_help() {
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
                      QEMU, side by side (table, and target/bench/linux.json), then the
                      balloon features with Linux: page faults with free page reporting off
-                     and on, free to back in the pool, a hinting run (target/bench/features.json)"
+                     and on, free to back in the pool, a hinting run (target/bench/features.json)
+  fuzz [TARGET...] [--time S | --runs N]
+                     build and run the fuzz targets (default: all, 60 s each); per target
+                     executions, exec/s, coverage; target/fuzz/report.json; crashes saved
+                     under target/fuzz/crashes/TARGET, and the command fails naming them"
     );
 }
 

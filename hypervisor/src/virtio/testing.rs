@@ -98,6 +98,18 @@ impl GuestMemory for VecMemory {
     }
 }
 
+/// Guest memory as the test driver writes it (the guest's own stores, not
+/// the device's: [`VecMemory`] does not log them).
+pub trait DriverMemory {
+    fn poke(&mut self, ipa: u64, data: &[u8]);
+}
+
+impl DriverMemory for VecMemory {
+    fn poke(&mut self, ipa: u64, data: &[u8]) {
+        VecMemory::poke(self, ipa, data)
+    }
+}
+
 /// The driver side of one split queue.
 #[derive(Clone, Debug)]
 pub struct DriverQueue {
@@ -138,7 +150,7 @@ impl DriverQueue {
 
     pub fn write_desc(
         &self,
-        mem: &mut VecMemory,
+        mem: &mut impl DriverMemory,
         i: u16,
         ipa: u64,
         len: u32,
@@ -154,7 +166,7 @@ impl DriverQueue {
     }
 
     /// Make `head` available.
-    pub fn publish(&mut self, mem: &mut VecMemory, head: u16) {
+    pub fn publish(&mut self, mem: &mut impl DriverMemory, head: u16) {
         let slot = u64::from(self.avail_idx % self.size);
         mem.poke(self.avail + 4 + 2 * slot, &head.to_le_bytes());
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -163,7 +175,7 @@ impl DriverQueue {
 
     /// Add a chain of `(ipa, len, writable)` buffers (descriptors taken
     /// round-robin) and publish it. Returns its head.
-    pub fn add(&mut self, mem: &mut VecMemory, bufs: &[(u64, u32, bool)]) -> u16 {
+    pub fn add(&mut self, mem: &mut impl DriverMemory, bufs: &[(u64, u32, bool)]) -> u16 {
         let head = self.next_desc;
         for (n, &(ipa, len, writable)) in bufs.iter().enumerate() {
             let i = self.next_desc;
