@@ -323,6 +323,7 @@ fuzz_target!(|input: (u8, Vec<Op>)| {
     };
 
     let mut before = mapped(env.ram, env.host);
+    let mut ram_stats = env.ram.stats;
     for op in ops.iter().take(64) {
         let calls = (
             env.backend.inflates.len(),
@@ -490,14 +491,20 @@ fuzz_target!(|input: (u8, Vec<Op>)| {
                 "page {pfn:#x} left the VM without a request ({op:?})"
             );
         }
+        let stats = env.ram.stats;
+        if before != after || stats != ram_stats {
+            check_frames(&mut env, total);
+        }
+        check_balloon(&t, &env);
         before = after;
-        check(&t, &mut env, total);
+        ram_stats = stats;
     }
 
     // The VM stops: the driver's reset deflates everything, then the VM's
     // RAM is destroyed.
     t.reset(&mut env);
-    check(&t, &mut env, total);
+    check_balloon(&t, &env);
+    check_frames(&mut env, total);
     drop(env);
     let host = guard.as_mut().unwrap();
     ram.destroy(host);
@@ -529,15 +536,8 @@ fn send(
     let _ = driver.queues[q].take_used(env);
 }
 
-fn check(t: &MmioTransport<Balloon>, env: &mut Env, total: u64) {
-    let frames = &env.host.0.frames;
-    frames.check_invariants().unwrap();
-    assert_eq!(
-        frames.free_pages() + frames.guest_pages(VM) + frames.pages(FrameUse::PageTables),
-        total,
-        "pool + VM + tables changed"
-    );
-    env.ram.check(env.host).unwrap();
+/// The balloon's own accounting (cheap: after every step).
+fn check_balloon(t: &MmioTransport<Balloon>, env: &Env) {
     let b = t.device();
     assert_eq!(
         b.ballooned_pages(),
@@ -557,4 +557,17 @@ fn check(t: &MmioTransport<Balloon>, env: &mut Env, total: u64) {
         b.ballooned_pages(),
         "counters: inflated - deflated != ballooned"
     );
+}
+
+/// Frame table and ownership (walks every table: after a step that changed
+/// the VM's memory, and at the end).
+fn check_frames(env: &mut Env, total: u64) {
+    let frames = &env.host.0.frames;
+    frames.check_invariants().unwrap();
+    assert_eq!(
+        frames.free_pages() + frames.guest_pages(VM) + frames.pages(FrameUse::PageTables),
+        total,
+        "pool + VM + tables changed"
+    );
+    env.ram.check(env.host).unwrap();
 }

@@ -37,6 +37,11 @@ pub const TARGETS: [&str; 10] = [
     "balloon",
 ];
 
+/// [`TARGETS`] as owned names.
+pub fn all_targets() -> Vec<String> {
+    TARGETS.iter().map(|t| t.to_string()).collect()
+}
+
 /// How long each target runs.
 #[derive(Clone, Copy, Debug)]
 pub enum Budget {
@@ -110,7 +115,7 @@ pub fn parse_args(args: &[String]) -> Result<(Vec<String>, Budget), String> {
         }
     }
     if targets.is_empty() {
-        targets = TARGETS.iter().map(|t| t.to_string()).collect();
+        targets = all_targets();
     }
     Ok((targets, budget))
 }
@@ -152,7 +157,12 @@ pub fn build(root: &Path, targets: &[String]) -> Result<Vec<PathBuf>, String> {
     Ok(targets.iter().map(|t| bin_dir.join(t)).collect())
 }
 
-fn run_target(root: &Path, target: &str, bin: &Path, budget: Budget) -> Result<Outcome, String> {
+pub fn run_target(
+    root: &Path,
+    target: &str,
+    bin: &Path,
+    budget: Budget,
+) -> Result<Outcome, String> {
     let fuzz = root.join("target").join("fuzz");
     let corpus = fuzz.join("corpus").join(target);
     let crashes = fuzz.join("crashes").join(target);

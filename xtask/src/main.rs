@@ -17,6 +17,9 @@ use harness::{Artifacts, Board, QemuOptions};
 
 const TARGET: &str = "aarch64-unknown-none";
 
+/// Seconds each fuzz target runs in `cargo xtask test`.
+const FUZZ_SECONDS: u64 = 4;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
@@ -298,6 +301,41 @@ fn test(args: &[String]) -> Result<(), String> {
             .arg(linux::TOOLS_TARGET)
             .args(["--", "-D", "warnings"]),
     );
+    check(
+        "clippy (fuzz targets)",
+        cargo()
+            .args(["clippy", "--all-targets", "--manifest-path"])
+            .arg(root.join("fuzz").join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(root.join("target").join("fuzz").join("clippy"))
+            .args(["--", "-D", "warnings"]),
+    );
+    // A short run of every fuzz target, each one check.
+    match fuzz::build(&root, &fuzz::all_targets()) {
+        Ok(bins) => {
+            for (target, bin) in fuzz::TARGETS.iter().zip(&bins) {
+                eprintln!("xtask: check: fuzz {target}");
+                match fuzz::run_target(&root, target, bin, fuzz::Budget::Seconds(FUZZ_SECONDS)) {
+                    Ok(o) if o.crash.is_none() => passed += 1,
+                    Ok(o) => {
+                        eprintln!(
+                            "xtask: FAILED fuzz {target}: crash saved as {}",
+                            o.crash.unwrap_or_default().display()
+                        );
+                        failed += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("xtask: FAILED fuzz {target}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("xtask: FAILED building the fuzz targets: {e}");
+            failed += fuzz::TARGETS.len() as u32;
+        }
+    }
     let (p, f) = cargo_test(&root, &artifacts)?;
     passed += p;
     failed += f;
