@@ -13,8 +13,9 @@
 //! - frame table invariants hold, the VM maps exactly the frames it owns,
 //!   pool + VM + table pages are constant;
 //! - the balloon's bitmap equals the backend's set of ballooned pages, and
-//!   ballooned = inflated - deflated - deflated on reset;
-//! and at the end, destroying the VM gives every page back.
+//!   ballooned = inflated - deflated - deflated on reset.
+//!
+//! At the end, the driver's reset and destroying the VM give every page back.
 #![no_main]
 
 use std::collections::BTreeSet;

@@ -206,7 +206,7 @@ fn check_width(offset: u64, width: u8) {
         );
         assert_eq!(offset % 4, 0);
     } else {
-        assert!(matches!(width, 1 | 2 | 4) && offset % u64::from(width) == 0);
+        assert!(matches!(width, 1 | 2 | 4) && offset.is_multiple_of(u64::from(width)));
         assert!(offset < mmio::WINDOW_SIZE);
     }
 }
