@@ -345,20 +345,12 @@ fuzz_target!(|input: (u8, Vec<Op>)| {
             }
             Op::Pfns { queue, pfns } => {
                 let q = usize::from(*queue) % queues;
-                let at = driver.buffer();
                 let bytes: Vec<u8> = pfns
                     .iter()
                     .take(4200)
                     .flat_map(|p| p.get().to_le_bytes())
                     .collect();
-                env.poke(at, &bytes);
-                send(
-                    &mut t,
-                    &mut env,
-                    &mut driver,
-                    q,
-                    &[(at, bytes.len() as u32, false)],
-                );
+                send_bytes(&mut t, &mut env, &mut driver, q, &bytes);
             }
             Op::Blocks { queue, blocks } => {
                 let q = usize::from(*queue) % queues;
@@ -384,27 +376,17 @@ fuzz_target!(|input: (u8, Vec<Op>)| {
                 else {
                     continue;
                 };
-                let at = driver.buffer();
                 let mut bytes: Vec<u8> = entries
                     .iter()
                     .take(64)
                     .flat_map(|&(tag, val)| tag.to_le_bytes().into_iter().chain(val.to_le_bytes()))
                     .collect();
                 bytes.extend(std::iter::repeat_n(0, usize::from(*pad % 12)));
-                env.poke(at, &bytes);
-                send(
-                    &mut t,
-                    &mut env,
-                    &mut driver,
-                    q,
-                    &[(at, bytes.len() as u32, false)],
-                );
+                send_bytes(&mut t, &mut env, &mut driver, q, &bytes);
             }
             Op::HintId { queue, id } => {
                 let q = usize::from(*queue) % queues;
-                let at = driver.buffer();
-                env.poke(at, &id.to_le_bytes());
-                send(&mut t, &mut env, &mut driver, q, &[(at, 4, false)]);
+                send_bytes(&mut t, &mut env, &mut driver, q, &id.to_le_bytes());
             }
             Op::Raw { queue, bufs } => {
                 let q = usize::from(*queue) % queues;
@@ -521,6 +503,19 @@ fuzz_target!(|input: (u8, Vec<Op>)| {
     );
     assert_eq!(host.0.frames.free_pages(), total);
 });
+
+/// One driver-written buffer holding `bytes`.
+fn send_bytes(
+    t: &mut MmioTransport<Balloon>,
+    env: &mut Env,
+    driver: &mut Driver,
+    q: usize,
+    bytes: &[u8],
+) {
+    let at = driver.buffer();
+    env.poke(at, bytes);
+    send(t, env, driver, q, &[(at, bytes.len() as u32, false)]);
+}
 
 fn send(
     t: &mut MmioTransport<Balloon>,

@@ -63,6 +63,22 @@ pub struct Outcome {
     pub crash: Option<PathBuf>,
 }
 
+impl Outcome {
+    /// Nothing run yet.
+    pub fn new(target: &str) -> Self {
+        Outcome {
+            target: target.to_string(),
+            runs: 0,
+            exec_per_sec: 0,
+            wall_seconds: 0.0,
+            coverage: 0,
+            features: 0,
+            corpus: 0,
+            crash: None,
+        }
+    }
+}
+
 pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
     let (targets, budget) = parse_args(args)?;
     let bins = build(root, &targets)?;
@@ -188,16 +204,7 @@ pub fn run_target(
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
     let stderr = child.stderr.take().ok_or("no stderr")?;
-    let mut outcome = Outcome {
-        target: target.to_string(),
-        runs: 0,
-        exec_per_sec: 0,
-        wall_seconds: 0.0,
-        coverage: 0,
-        features: 0,
-        corpus: 0,
-        crash: None,
-    };
+    let mut outcome = Outcome::new(target);
     let mut tail: Vec<String> = Vec::new();
     for line in BufReader::new(stderr).lines() {
         let line = line.map_err(|e| format!("reading {target}'s output: {e}"))?;
@@ -304,22 +311,9 @@ fn write_report(root: &Path, budget: Budget, outcomes: &[Outcome]) -> Result<(),
 mod tests {
     use super::*;
 
-    fn empty() -> Outcome {
-        Outcome {
-            target: "t".into(),
-            runs: 0,
-            exec_per_sec: 0,
-            wall_seconds: 0.0,
-            coverage: 0,
-            features: 0,
-            corpus: 0,
-            crash: None,
-        }
-    }
-
     #[test]
     fn reads_libfuzzer_output() {
-        let mut o = empty();
+        let mut o = Outcome::new("t");
         for line in [
             "#1192671\tDONE   cov: 165 ft: 842 corp: 403/101Kb lim: 4096 exec/s: 91743 rss: 28Mb",
             "stat::number_of_executed_units: 1192671",

@@ -8,7 +8,9 @@ use alloc::vec::Vec;
 
 use super::mmio::{self, MmioTransport, TransportEvent};
 use super::queue::{Area, Virtqueue, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
-use super::{GuestMemError, GuestMemory, VirtioDeviceIo};
+use super::{
+    DeviceError, GuestMemError, GuestMemory, VirtioDevice, VirtioDeviceIo, VIRTIO_F_VERSION_1,
+};
 
 /// Guest RAM `[base, base + bytes.len())`. Records every write made through
 /// [`GuestMemory`] (the device's) and every access it refused, so tests can
@@ -298,4 +300,71 @@ pub fn driver_ok<E: GuestMemory + ?Sized, D: VirtioDeviceIo<E>>(
 ) -> TransportEvent {
     let status = read_reg(t, mmio::STATUS);
     write_reg(t, env, mmio::STATUS, status | mmio::STATUS_DRIVER_OK)
+}
+
+/// Two queues; returns every chain with its readable length as written
+/// length; 8 bytes of config `01 02 .. 08`, writes ignored.
+#[derive(Default)]
+pub struct Sink {
+    /// Resets seen.
+    pub resets: u32,
+    /// The features of the latest DRIVER_OK, until a reset.
+    pub activated: Option<u64>,
+}
+
+impl VirtioDevice for Sink {
+    fn name(&self) -> &'static str {
+        "sink"
+    }
+    fn device_id(&self) -> u32 {
+        42
+    }
+    fn device_features(&self) -> u64 {
+        1 | VIRTIO_F_VERSION_1 | (1 << 28) // bit 28 (INDIRECT_DESC) must be filtered out
+    }
+    fn queue_count(&self) -> usize {
+        2
+    }
+    fn queue_max_size(&self, _q: usize) -> u16 {
+        16
+    }
+    fn queue_name(&self, q: usize) -> &'static str {
+        ["rxq", "txq"][q]
+    }
+    fn config_read(&self, offset: u64, data: &mut [u8]) {
+        for (at, b) in (offset..).zip(data.iter_mut()) {
+            *b = if at < 8 { at as u8 + 1 } else { 0 };
+        }
+    }
+    fn config_write(&mut self, _offset: u64, _data: &[u8]) {}
+    fn activate(&mut self, features: u64) {
+        self.activated = Some(features);
+    }
+}
+
+impl<E: GuestMemory + ?Sized> VirtioDeviceIo<E> for Sink {
+    fn reset(&mut self, _env: &mut E) {
+        self.resets += 1;
+        self.activated = None;
+    }
+    fn notify(
+        &mut self,
+        queue: usize,
+        queues: &mut [Virtqueue],
+        env: &mut E,
+    ) -> Result<(), DeviceError> {
+        let name = self.queue_name(queue);
+        let q = &mut queues[queue];
+        while let Some(c) = q
+            .pop(env)
+            .map_err(|e| DeviceError::from_queue(queue, name, e))?
+        {
+            let mut buf = [0u8; 64];
+            c.read_readable(env, &mut buf)
+                .map_err(|e| DeviceError::from_queue(queue, name, e))?;
+            q.push_used(env, c.head(), c.readable_len())
+                .map_err(|e| DeviceError::from_queue(queue, name, e))?;
+        }
+        Ok(())
+    }
 }
