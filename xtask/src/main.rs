@@ -1,14 +1,14 @@
 //! `cargo xtask`: installs what is missing, builds the hypervisor image and
 //! the guest bundle, runs them in QEMU, and runs every test.
 //!
-//! Commands: `setup`, `build`, `run [--board B]`, `test`. Every command
+//! Commands: `setup`, `build`, `run [--board B]`, `test`, `bench`, `fuzz`. Every command
 //! starts with `setup`, which is quick when everything is present.
 
 mod bench;
 mod fixtures;
+mod fuzz;
 mod linux;
 mod setup;
-mod vmconfig;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -17,6 +17,9 @@ use harness::{Artifacts, Board, QemuOptions};
 
 const TARGET: &str = "aarch64-unknown-none";
 
+/// Seconds each fuzz target runs in `cargo xtask test`.
+const FUZZ_SECONDS: u64 = 4;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
@@ -24,6 +27,7 @@ fn main() -> ExitCode {
         Some("build") => setup::run().and_then(|_| build(&root()).map(|_| ())),
         Some("run") => run(&args[1..]),
         Some("test") => test(&args[1..]),
+        Some("fuzz") => setup::run().and_then(|_| fuzz::run(&root(), &args[1..])),
         Some("bench") => setup::run().and_then(|_| {
             let root = root();
             match args.get(1).map(String::as_str) {
@@ -63,7 +67,11 @@ fn print_help() {
                      QEMU, side by side (table, and target/bench/linux.json), then the
                      balloon features with Linux: page faults with free page reporting off
                      and on, free to back in the pool, a hinting run (target/bench/features.json)
-  bench bare-metal   only the first part: the bare-metal guest under QEMU -icount"
+  bench bare-metal   only the first part: the bare-metal guest under QEMU -icount
+  fuzz [TARGET...] [--time S | --runs N]
+                     build and run the fuzz targets (default: all, 60 s each); per target
+                     executions, exec/s, coverage; target/fuzz/report.json; crashes saved
+                     under target/fuzz/crashes/TARGET, and the command fails naming them"
     );
 }
 
@@ -300,6 +308,41 @@ fn test(args: &[String]) -> Result<(), String> {
             .arg(linux::TOOLS_TARGET)
             .args(["--", "-D", "warnings"]),
     );
+    check(
+        "clippy (fuzz targets)",
+        cargo()
+            .args(["clippy", "--all-targets", "--manifest-path"])
+            .arg(root.join("fuzz").join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(root.join("target").join("fuzz").join("clippy"))
+            .args(["--", "-D", "warnings"]),
+    );
+    // A short run of every fuzz target, each one check.
+    match fuzz::build(&root, &fuzz::all_targets()) {
+        Ok(bins) => {
+            for (target, bin) in fuzz::TARGETS.iter().zip(&bins) {
+                eprintln!("xtask: check: fuzz {target}");
+                match fuzz::run_target(&root, target, bin, fuzz::Budget::Seconds(FUZZ_SECONDS)) {
+                    Ok(o) if o.crash.is_none() => passed += 1,
+                    Ok(o) => {
+                        eprintln!(
+                            "xtask: FAILED fuzz {target}: crash saved as {}",
+                            o.crash.unwrap_or_default().display()
+                        );
+                        failed += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("xtask: FAILED fuzz {target}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("xtask: FAILED building the fuzz targets: {e}");
+            failed += fuzz::TARGETS.len() as u32;
+        }
+    }
     let (p, f) = cargo_test(&root, &artifacts)?;
     passed += p;
     failed += f;

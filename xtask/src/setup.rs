@@ -1,7 +1,8 @@
 //! Installs what the build and the tests need and is missing: the Rust target
 //! and components (rustup does not install them from rust-toolchain.toml
 //! here), QEMU >= 9 from bookworm-backports when the installed one is older
-//! or absent, dtc and cpio. Each step checks first, so a second run is quick.
+//! or absent, dtc, cpio and a C++ compiler (for libFuzzer in the fuzz
+//! targets). Each step checks first, so a second run is quick.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -93,6 +94,10 @@ fn debian_packages() -> Result<(), String> {
     }
     if !have("cpio") {
         plain.push("cpio");
+    }
+    // libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets.
+    if !have("c++") {
+        plain.push("g++");
     }
     let qemu_ok = qemu_major().is_some_and(|m| m >= MIN_QEMU_MAJOR);
     if plain.is_empty() && qemu_ok {

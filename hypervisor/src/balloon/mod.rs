@@ -117,6 +117,8 @@ use crate::virtio::{
 
 pub mod hint;
 pub mod stats;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use hint::{HintError, HintOutcome, HintRun, HintState};
 pub use stats::{StatTag, StatUnit, StatsSample, STAT_TABLE};

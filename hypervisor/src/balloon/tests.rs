@@ -6,7 +6,6 @@
 
 extern crate alloc;
 
-use alloc::collections::BTreeSet;
 use alloc::format;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -14,6 +13,7 @@ use core::ops::Range;
 
 use proptest::prelude::*;
 
+use super::testing::FakeBackend;
 use super::*;
 use crate::virtio::mmio::{self, TransportEvent};
 use crate::virtio::testing::{driver_ok, handshake, read_reg, write_reg, DriverQueue, VecMemory};
@@ -26,67 +26,6 @@ const RAM_END: u64 = RAM_START + (RAM_BYTES as u64 >> 12);
 const QSIZE: u16 = 16;
 /// Where the test driver puts request buffers.
 const BUFS: u64 = BASE + 0x10000;
-
-/// Records backend calls and panics (fails the test) on any call the device
-/// must never make.
-#[derive(Default)]
-struct FakeBackend {
-    ram: Range<u64>,
-    /// Ballooned pages.
-    held: BTreeSet<u64>,
-    /// Pages given back by a report or hint and not backed again since.
-    discarded: BTreeSet<u64>,
-    inflates: Vec<Vec<u64>>,
-    deflates: Vec<Vec<u64>>,
-    reports: Vec<Vec<Range<u64>>>,
-    hints: Vec<Vec<Range<u64>>>,
-    now: u64,
-    /// Whether `now_us` answers (else the device uses the owner's times).
-    clock: bool,
-}
-
-impl FakeBackend {
-    fn check_call(&self, pfns: &[u64]) {
-        assert!(!pfns.is_empty(), "empty backend call");
-        let distinct: BTreeSet<u64> = pfns.iter().copied().collect();
-        assert_eq!(
-            distinct.len(),
-            pfns.len(),
-            "duplicate PFNs in one call: {pfns:?}"
-        );
-        for p in pfns {
-            assert!(self.ram.contains(p), "PFN {p:#x} outside RAM");
-        }
-    }
-
-    /// The contract of `report` and `hint`: non-empty blocks, ascending,
-    /// disjoint, in RAM, no ballooned page.
-    fn check_blocks(&self, blocks: &[Range<u64>]) {
-        assert!(!blocks.is_empty(), "empty block list");
-        assert!(blocks.len() <= usize::from(QUEUE_SIZE));
-        for (i, b) in blocks.iter().enumerate() {
-            assert!(b.start < b.end, "empty block {b:?}");
-            assert!(
-                self.ram.start <= b.start && b.end <= self.ram.end,
-                "block {b:?} outside RAM {:?}",
-                self.ram
-            );
-            if i > 0 {
-                assert!(blocks[i - 1].end <= b.start, "blocks {blocks:?} overlap");
-            }
-            assert!(
-                !b.clone().any(|p| self.held.contains(&p)),
-                "block {b:?} holds a ballooned page"
-            );
-        }
-    }
-
-    fn discard(&mut self, blocks: &[Range<u64>]) {
-        for b in blocks {
-            self.discarded.extend(b.clone());
-        }
-    }
-}
 
 struct TestEnv {
     mem: VecMemory,
@@ -110,34 +49,16 @@ impl BalloonBackend for TestEnv {
         self.backend.clock.then_some(self.backend.now)
     }
     fn report(&mut self, blocks: &[Range<u64>]) {
-        self.backend.check_blocks(blocks);
-        self.backend.discard(blocks);
-        self.backend.reports.push(blocks.to_vec());
+        self.backend.report(blocks);
     }
     fn hint(&mut self, blocks: &[Range<u64>]) {
-        self.backend.check_blocks(blocks);
-        self.backend.discard(blocks);
-        self.backend.hints.push(blocks.to_vec());
+        self.backend.hint(blocks);
     }
     fn inflate(&mut self, pfns: &[u64]) {
-        self.backend.check_call(pfns);
-        for p in pfns {
-            assert!(
-                self.backend.held.insert(*p),
-                "inflate of already ballooned PFN {p:#x}"
-            );
-        }
-        self.backend.inflates.push(pfns.to_vec());
+        self.backend.inflate(pfns);
     }
     fn deflate(&mut self, pfns: &[u64]) {
-        self.backend.check_call(pfns);
-        for p in pfns {
-            assert!(
-                self.backend.held.remove(p),
-                "deflate of PFN {p:#x} that is not ballooned"
-            );
-        }
-        self.backend.deflates.push(pfns.to_vec());
+        self.backend.deflate(pfns);
     }
 }
 
@@ -161,11 +82,7 @@ impl Rig {
             .collect();
         let env = TestEnv {
             mem: VecMemory::new(BASE, RAM_BYTES),
-            backend: FakeBackend {
-                ram,
-                clock: true,
-                ..FakeBackend::default()
-            },
+            backend: FakeBackend::new(ram),
         };
         Rig {
             t,

@@ -823,7 +823,7 @@ pub const WRITABLE_REGISTERS: [u64; 19] = [
 mod tests {
     use super::*;
     use crate::virtio::testing::{
-        driver_ok, handshake, read_reg, write_reg, DriverQueue, VecMemory,
+        driver_ok, handshake, read_reg, write_reg, DriverQueue, Sink, VecMemory,
     };
     use crate::virtio::QueueError;
     use alloc::format;
@@ -831,75 +831,8 @@ mod tests {
 
     const BASE: u64 = 0x4000_0000;
 
-    /// Two queues; returns every chain with its readable length as written
-    /// length; 8 bytes of config `01 02 .. 08`, writes ignored.
-    struct Sink {
-        resets: u32,
-        activated: Option<u64>,
-    }
-
-    impl VirtioDevice for Sink {
-        fn name(&self) -> &'static str {
-            "sink"
-        }
-        fn device_id(&self) -> u32 {
-            42
-        }
-        fn device_features(&self) -> u64 {
-            1 | VIRTIO_F_VERSION_1 | (1 << 28) // bit 28 (INDIRECT_DESC) must be filtered out
-        }
-        fn queue_count(&self) -> usize {
-            2
-        }
-        fn queue_max_size(&self, _q: usize) -> u16 {
-            16
-        }
-        fn queue_name(&self, q: usize) -> &'static str {
-            ["rxq", "txq"][q]
-        }
-        fn config_read(&self, offset: u64, data: &mut [u8]) {
-            for (at, b) in (offset..).zip(data.iter_mut()) {
-                *b = if at < 8 { at as u8 + 1 } else { 0 };
-            }
-        }
-        fn config_write(&mut self, _offset: u64, _data: &[u8]) {}
-        fn activate(&mut self, features: u64) {
-            self.activated = Some(features);
-        }
-    }
-
-    impl<E: GuestMemory + ?Sized> VirtioDeviceIo<E> for Sink {
-        fn reset(&mut self, _env: &mut E) {
-            self.resets += 1;
-            self.activated = None;
-        }
-        fn notify(
-            &mut self,
-            queue: usize,
-            queues: &mut [Virtqueue],
-            env: &mut E,
-        ) -> Result<(), DeviceError> {
-            let name = self.queue_name(queue);
-            let q = &mut queues[queue];
-            while let Some(c) = q
-                .pop(env)
-                .map_err(|e| DeviceError::from_queue(queue, name, e))?
-            {
-                let mut buf = [0u8; 64];
-                c.read_readable(env, &mut buf)
-                    .map_err(|e| DeviceError::from_queue(queue, name, e))?;
-                q.push_used(env, c.head(), c.readable_len())
-                    .map_err(|e| DeviceError::from_queue(queue, name, e))?;
-            }
-            Ok(())
-        }
-    }
-
     fn rig() -> (MmioTransport<Sink>, VecMemory, [DriverQueue; 2]) {
-        let t = MmioTransport::new(Sink {
-            resets: 0,
-            activated: None,
-        });
+        let t = MmioTransport::new(Sink::default());
         let mem = VecMemory::new(BASE, 0x10000);
         let qs = [
             DriverQueue::new(8, BASE, BASE + 0x800, BASE + 0x1000),

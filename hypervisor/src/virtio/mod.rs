@@ -24,8 +24,8 @@ use core::fmt;
 
 pub mod mmio;
 pub mod queue;
-#[cfg(test)]
-pub(crate) mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use mmio::{MmioError, MmioTransport, TransportEvent, TransportStats};
 pub use queue::{DescChain, Descriptor, QueueError, Virtqueue};

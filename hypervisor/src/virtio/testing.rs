@@ -8,7 +8,9 @@ use alloc::vec::Vec;
 
 use super::mmio::{self, MmioTransport, TransportEvent};
 use super::queue::{Area, Virtqueue, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
-use super::{GuestMemError, GuestMemory, VirtioDeviceIo};
+use super::{
+    DeviceError, GuestMemError, GuestMemory, VirtioDevice, VirtioDeviceIo, VIRTIO_F_VERSION_1,
+};
 
 /// Guest RAM `[base, base + bytes.len())`. Records every write made through
 /// [`GuestMemory`] (the device's) and every access it refused, so tests can
@@ -98,6 +100,18 @@ impl GuestMemory for VecMemory {
     }
 }
 
+/// Guest memory as the test driver writes it (the guest's own stores, not
+/// the device's: [`VecMemory`] does not log them).
+pub trait DriverMemory {
+    fn poke(&mut self, ipa: u64, data: &[u8]);
+}
+
+impl DriverMemory for VecMemory {
+    fn poke(&mut self, ipa: u64, data: &[u8]) {
+        VecMemory::poke(self, ipa, data)
+    }
+}
+
 /// The driver side of one split queue.
 #[derive(Clone, Debug)]
 pub struct DriverQueue {
@@ -138,7 +152,7 @@ impl DriverQueue {
 
     pub fn write_desc(
         &self,
-        mem: &mut VecMemory,
+        mem: &mut impl DriverMemory,
         i: u16,
         ipa: u64,
         len: u32,
@@ -154,7 +168,7 @@ impl DriverQueue {
     }
 
     /// Make `head` available.
-    pub fn publish(&mut self, mem: &mut VecMemory, head: u16) {
+    pub fn publish(&mut self, mem: &mut impl DriverMemory, head: u16) {
         let slot = u64::from(self.avail_idx % self.size);
         mem.poke(self.avail + 4 + 2 * slot, &head.to_le_bytes());
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -163,7 +177,7 @@ impl DriverQueue {
 
     /// Add a chain of `(ipa, len, writable)` buffers (descriptors taken
     /// round-robin) and publish it. Returns its head.
-    pub fn add(&mut self, mem: &mut VecMemory, bufs: &[(u64, u32, bool)]) -> u16 {
+    pub fn add(&mut self, mem: &mut impl DriverMemory, bufs: &[(u64, u32, bool)]) -> u16 {
         let head = self.next_desc;
         for (n, &(ipa, len, writable)) in bufs.iter().enumerate() {
             let i = self.next_desc;
@@ -286,4 +300,71 @@ pub fn driver_ok<E: GuestMemory + ?Sized, D: VirtioDeviceIo<E>>(
 ) -> TransportEvent {
     let status = read_reg(t, mmio::STATUS);
     write_reg(t, env, mmio::STATUS, status | mmio::STATUS_DRIVER_OK)
+}
+
+/// Two queues; returns every chain with its readable length as written
+/// length; 8 bytes of config `01 02 .. 08`, writes ignored.
+#[derive(Default)]
+pub struct Sink {
+    /// Resets seen.
+    pub resets: u32,
+    /// The features of the latest DRIVER_OK, until a reset.
+    pub activated: Option<u64>,
+}
+
+impl VirtioDevice for Sink {
+    fn name(&self) -> &'static str {
+        "sink"
+    }
+    fn device_id(&self) -> u32 {
+        42
+    }
+    fn device_features(&self) -> u64 {
+        1 | VIRTIO_F_VERSION_1 | (1 << 28) // bit 28 (INDIRECT_DESC) must be filtered out
+    }
+    fn queue_count(&self) -> usize {
+        2
+    }
+    fn queue_max_size(&self, _q: usize) -> u16 {
+        16
+    }
+    fn queue_name(&self, q: usize) -> &'static str {
+        ["rxq", "txq"][q]
+    }
+    fn config_read(&self, offset: u64, data: &mut [u8]) {
+        for (at, b) in (offset..).zip(data.iter_mut()) {
+            *b = if at < 8 { at as u8 + 1 } else { 0 };
+        }
+    }
+    fn config_write(&mut self, _offset: u64, _data: &[u8]) {}
+    fn activate(&mut self, features: u64) {
+        self.activated = Some(features);
+    }
+}
+
+impl<E: GuestMemory + ?Sized> VirtioDeviceIo<E> for Sink {
+    fn reset(&mut self, _env: &mut E) {
+        self.resets += 1;
+        self.activated = None;
+    }
+    fn notify(
+        &mut self,
+        queue: usize,
+        queues: &mut [Virtqueue],
+        env: &mut E,
+    ) -> Result<(), DeviceError> {
+        let name = self.queue_name(queue);
+        let q = &mut queues[queue];
+        while let Some(c) = q
+            .pop(env)
+            .map_err(|e| DeviceError::from_queue(queue, name, e))?
+        {
+            let mut buf = [0u8; 64];
+            c.read_readable(env, &mut buf)
+                .map_err(|e| DeviceError::from_queue(queue, name, e))?;
+            q.push_used(env, c.head(), c.readable_len())
+                .map_err(|e| DeviceError::from_queue(queue, name, e))?;
+        }
+        Ok(())
+    }
 }

@@ -246,7 +246,7 @@ pub fn write_result(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vm::memory::tests::FakeHost;
+    use crate::vm::testing::FakeHost;
 
     const BASE: u64 = 0x4000_0000;
 

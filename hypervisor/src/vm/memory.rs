@@ -430,103 +430,10 @@ impl core::fmt::Display for OwnershipError {
 }
 
 #[cfg(test)]
-pub mod tests {
+mod tests {
     use super::*;
-    use crate::mm::frames::{FrameTable, FrameUse};
-    use platform::PhysRange;
-    use std::collections::BTreeMap;
-
-    /// A host with `pages` pages of fake RAM at 0x8000_0000 and a real
-    /// frame table; frame contents are kept unless `keep_data` is off (a
-    /// large guest whose contents the test does not read).
-    pub struct FakeHost {
-        pub frames: FrameTable<'static>,
-        tables: BTreeMap<u64, Box<[u64; 512]>>,
-        data: BTreeMap<u64, Box<[u8; 4096]>>,
-        pub flushes: u64,
-        keep_data: bool,
-    }
-
-    impl FakeHost {
-        pub fn without_data(pages: u64) -> Self {
-            Self {
-                keep_data: false,
-                ..Self::new(pages)
-            }
-        }
-
-        pub fn new(pages: u64) -> Self {
-            let ram = [PhysRange::from_base_size(0x8000_0000, pages * PAGE_SIZE)];
-            let storage = vec![0u8; FrameTable::entries_needed(&ram)].leak();
-            let frames = FrameTable::new(&ram, storage).unwrap();
-            Self {
-                frames,
-                tables: BTreeMap::new(),
-                data: BTreeMap::new(),
-                flushes: 0,
-                keep_data: true,
-            }
-        }
-    }
-
-    impl TableMemory for FakeHost {
-        fn alloc_table(&mut self) -> Option<u64> {
-            let pa = self.frames.alloc(1, 1, FrameUse::PageTables)?;
-            self.tables.insert(pa, Box::new([0; 512]));
-            Some(pa)
-        }
-        fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
-            self.frames.free(pa, 1, FrameUse::PageTables)?;
-            self.tables.remove(&pa).expect("table");
-            Ok(())
-        }
-        fn table(&mut self, pa: u64) -> &mut [u64; 512] {
-            self.tables.get_mut(&pa).expect("table")
-        }
-    }
-
-    impl HostMemory for FakeHost {
-        fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
-            let pa = self.frames.alloc_guest(vm)?;
-            if self.keep_data {
-                self.data.insert(pa, Box::new([0; 4096]));
-            }
-            Some(pa)
-        }
-        fn free_frame(&mut self, vm: usize, pa: u64) -> Result<(), FrameError> {
-            self.frames.free_guest(vm, pa)?;
-            if self.keep_data {
-                // Poison what the pool gets back: a VM must never see it again.
-                self.data.insert(pa, Box::new([0xdd; 4096]));
-            }
-            Ok(())
-        }
-        fn read(&mut self, pa: u64, buf: &mut [u8]) {
-            if !self.keep_data {
-                return buf.fill(0);
-            }
-            let page = &self.data[&(pa & !0xfff)];
-            let off = (pa & 0xfff) as usize;
-            buf.copy_from_slice(&page[off..off + buf.len()]);
-        }
-        fn write(&mut self, pa: u64, data: &[u8]) {
-            if !self.keep_data {
-                return;
-            }
-            let page = self.data.get_mut(&(pa & !0xfff)).unwrap();
-            let off = (pa & 0xfff) as usize;
-            page[off..off + data.len()].copy_from_slice(data);
-        }
-        fn flush_tlb(&mut self, _vmid: u16) {
-            self.flushes += 1;
-        }
-        fn frame_owner(&self, pa: u64) -> Option<usize> {
-            self.frames.guest_owner(pa)
-        }
-        fn frames_owned(&self, vm: usize) -> u64 {
-            self.frames.guest_pages(vm)
-        }
-    }
+    use crate::mm::frames::FrameUse;
+    use crate::vm::testing::FakeHost;
 
     const BASE: u64 = 0x4000_0000;
 

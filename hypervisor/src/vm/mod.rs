@@ -23,3 +23,5 @@ pub mod memory;
 pub mod ratelimit;
 #[cfg(target_os = "none")]
 pub mod run;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

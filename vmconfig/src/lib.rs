@@ -335,8 +335,8 @@ pub fn build_all(root: &Path, testguest_image: &Path) -> Result<Vec<(String, Pat
 // ------------------------------------------------------------- the work
 
 /// Parse, validate and build; `load` reads kernel and initrd files (tests
-/// replace it). `file` is the name errors show.
-fn bundle_from_str(
+/// and the fuzz target replace it). `file` is the name errors show.
+pub fn bundle_from_str(
     text: &str,
     file: &str,
     root: &Path,
@@ -661,7 +661,11 @@ mod tests {
     const INITRD: &[u8] = &[0x55; 5000];
 
     fn root() -> PathBuf {
-        crate::root()
+        // The workspace root (this crate's parent folder).
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf()
     }
 
     /// Loads the fake test guest for `/tg.bin` and `/kernels/*`, an initrd

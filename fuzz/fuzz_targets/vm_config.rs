@@ -1,0 +1,47 @@
+//! The VM configuration parser (vmconfig, what `cargo xtask build` runs on
+//! guests/*.toml) over any text. Files are "loaded" from memory: any path
+//! gives a small kernel, except paths naming "missing" (not found) and
+//! "empty" (zero bytes). Invariants: no panic; an accepted file yields a
+//! bundle the hypervisor's reader accepts, with valid names and as many VMs
+//! as the file has `[[vm]]` tables.
+#![no_main]
+
+use std::path::Path;
+
+use libfuzzer_sys::fuzz_target;
+
+fn load(path: &Path) -> std::io::Result<Vec<u8>> {
+    let s = path.to_string_lossy();
+    if s.contains("missing") {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "not found",
+        ))
+    } else if s.contains("empty") {
+        Ok(Vec::new())
+    } else {
+        Ok(vec![0xaa; 4096 + s.len()])
+    }
+}
+
+fuzz_target!(|text: &str| {
+    let root = Path::new("/work");
+    let Ok(bytes) = vmconfig::bundle_from_str(text, "fuzz.toml", root, Path::new("/tg.bin"), &load)
+    else {
+        return;
+    };
+    let bundle = guest_bundle::parse(&bytes).expect("a bundle built from an accepted file parses");
+    let tables: toml::Table = text.parse().expect("accepted text is TOML");
+    let vms = tables
+        .get("vm")
+        .and_then(|v| v.as_array())
+        .map_or(0, Vec::len);
+    assert_eq!(bundle.vm_count(), vms);
+    for vm in bundle.vms() {
+        assert!(guest_bundle::is_valid_name(vm.name()));
+        assert!(vm.vcpus() >= 1);
+        assert_ne!(vm.cpu_affinity(), 0);
+        assert_eq!(vm.cpu_affinity() & 1, 0, "CPU 0 runs the shell");
+        assert!(vm.ram_size() >= vm.kernel().len() as u64);
+    }
+});

@@ -1,0 +1,349 @@
+//! `cargo xtask fuzz [TARGET...] [--time SECONDS | --runs N]`: builds the
+//! fuzz targets (fuzz/, libFuzzer through libfuzzer-sys) and runs them one
+//! after another.
+//!
+//! The targets are built on the stable toolchain without cargo-fuzz: the
+//! coverage instrumentation libFuzzer needs is LLVM's SanitizerCoverage,
+//! switched on with stable `-C passes=sancov-module` and `-C llvm-args`
+//! (what cargo-fuzz passes with `--sanitizer none`). No sanitizer runtime
+//! (ASan needs nightly); the fuzz profile keeps overflow checks and debug
+//! assertions on, so unchecked arithmetic on guest input is a crash. Only
+//! the host target gets these flags (`--target <host>`), not build scripts.
+//!
+//! Each target runs over its committed seeds (fuzz/seeds/TARGET) and its
+//! working corpus (target/fuzz/corpus/TARGET, kept between runs). A crash
+//! input is saved as target/fuzz/crashes/TARGET/crash-<sha1> and the
+//! command fails naming the target and the file. Per target it prints
+//! executions, exec/s, wall time and coverage (libFuzzer's `cov`: covered
+//! code edges; `ft`: features), and writes them all to
+//! target/fuzz/report.json.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Every target, in the order they run (fast ones first).
+pub const TARGETS: [&str; 10] = [
+    "exit_decode",
+    "bundle",
+    "board_dtb",
+    "pl011",
+    "virtio_mmio",
+    "virtqueue",
+    "vgic_v2",
+    "vgic_v3",
+    "vm_config",
+    "balloon",
+];
+
+/// [`TARGETS`] as owned names.
+pub fn all_targets() -> Vec<String> {
+    TARGETS.iter().map(|t| t.to_string()).collect()
+}
+
+/// How long each target runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Budget {
+    Seconds(u64),
+    Runs(u64),
+}
+
+/// What one target's run did.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub target: String,
+    pub runs: u64,
+    pub exec_per_sec: u64,
+    pub wall_seconds: f64,
+    /// Covered edges (libFuzzer `cov`) and features (`ft`) at the end.
+    pub coverage: u64,
+    pub features: u64,
+    pub corpus: u64,
+    pub crash: Option<PathBuf>,
+}
+
+impl Outcome {
+    /// Nothing run yet.
+    pub fn new(target: &str) -> Self {
+        Outcome {
+            target: target.to_string(),
+            runs: 0,
+            exec_per_sec: 0,
+            wall_seconds: 0.0,
+            coverage: 0,
+            features: 0,
+            corpus: 0,
+            crash: None,
+        }
+    }
+}
+
+pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
+    let (targets, budget) = parse_args(args)?;
+    let bins = build(root, &targets)?;
+    let mut outcomes = Vec::new();
+    for (target, bin) in targets.iter().zip(&bins) {
+        let outcome = run_target(root, target, bin, budget)?;
+        println!("{}", summary(&outcome));
+        outcomes.push(outcome);
+        // Written after every target, so a long run shows its progress.
+        write_report(root, budget, &outcomes)?;
+    }
+    let crashed: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| {
+            o.crash
+                .as_ref()
+                .map(|c| format!("{} crashed: {}", o.target, c.display()))
+        })
+        .collect();
+    if crashed.is_empty() {
+        Ok(())
+    } else {
+        Err(crashed.join("; "))
+    }
+}
+
+fn usage() -> String {
+    format!(
+        "usage: cargo xtask fuzz [TARGET...] [--time SECONDS | --runs N]\n  targets: {}",
+        TARGETS.join(" ")
+    )
+}
+
+pub fn parse_args(args: &[String]) -> Result<(Vec<String>, Budget), String> {
+    let mut targets = Vec::new();
+    let mut budget = Budget::Seconds(60);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut number = |what: &str| -> Result<u64, String> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("{what} needs a positive number\n{}", usage()))
+        };
+        match arg.as_str() {
+            "--time" => budget = Budget::Seconds(number("--time")?),
+            "--runs" => budget = Budget::Runs(number("--runs")?),
+            t if TARGETS.contains(&t) => targets.push(t.to_string()),
+            other => return Err(format!("unknown target or option '{other}'\n{}", usage())),
+        }
+    }
+    if targets.is_empty() {
+        targets = all_targets();
+    }
+    Ok((targets, budget))
+}
+
+fn host_triple() -> Result<String, String> {
+    let out = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .map_err(|e| format!("cannot run rustc: {e}"))?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .ok_or_else(|| "cannot read the host triple from rustc -vV".into())
+}
+
+/// SanitizerCoverage as libFuzzer wants it, on stable rustc.
+const RUSTFLAGS: &str = "--cfg fuzzing -Cpasses=sancov-module \
+    -Cllvm-args=-sanitizer-coverage-level=4 \
+    -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
+    -Cllvm-args=-sanitizer-coverage-pc-table \
+    -Cllvm-args=-sanitizer-coverage-trace-compares";
+
+/// Build the targets; returns their binaries.
+pub fn build(root: &Path, targets: &[String]) -> Result<Vec<PathBuf>, String> {
+    let host = host_triple()?;
+    let target_dir = root.join("target").join("fuzz").join("build");
+    let mut cmd = crate::cargo();
+    cmd.args(["build", "--release", "--manifest-path"])
+        .arg(root.join("fuzz").join("Cargo.toml"))
+        .args(["--target", &host, "--target-dir"])
+        .arg(&target_dir)
+        .env("RUSTFLAGS", RUSTFLAGS);
+    for t in targets {
+        cmd.args(["--bin", t]);
+    }
+    eprintln!("xtask: building the fuzz targets");
+    crate::run_cmd(&mut cmd)?;
+    let bin_dir = target_dir.join(&host).join("release");
+    Ok(targets.iter().map(|t| bin_dir.join(t)).collect())
+}
+
+pub fn run_target(
+    root: &Path,
+    target: &str,
+    bin: &Path,
+    budget: Budget,
+) -> Result<Outcome, String> {
+    let fuzz = root.join("target").join("fuzz");
+    let corpus = fuzz.join("corpus").join(target);
+    let crashes = fuzz.join("crashes").join(target);
+    let seeds = root.join("fuzz").join("seeds").join(target);
+    for dir in [&corpus, &crashes] {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    let mut cmd = Command::new(bin);
+    match budget {
+        Budget::Seconds(s) => cmd.arg(format!("-max_total_time={s}")),
+        Budget::Runs(n) => cmd.arg(format!("-runs={n}")),
+    };
+    cmd.arg(format!("-artifact_prefix={}/", crashes.display()))
+        .args(["-print_final_stats=1", "-timeout=10", "-rss_limit_mb=2048"])
+        .arg(&corpus);
+    if seeds.is_dir() {
+        cmd.arg(&seeds);
+    }
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    eprintln!("xtask: fuzz {target}: {budget:?}");
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut outcome = Outcome::new(target);
+    let mut tail: Vec<String> = Vec::new();
+    for line in BufReader::new(stderr).lines() {
+        let line = line.map_err(|e| format!("reading {target}'s output: {e}"))?;
+        parse_line(&line, &mut outcome);
+        // Progress lines ("#N pulse/NEW/REDUCE ...") are many; keep the rest
+        // (a crash report) to show.
+        if !line.starts_with('#') {
+            tail.push(line);
+            if tail.len() > 200 {
+                tail.remove(0);
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for {target}: {e}"))?;
+    outcome.wall_seconds = start.elapsed().as_secs_f64();
+    if !status.success() && outcome.crash.is_none() {
+        return Err(format!(
+            "fuzz target {target} failed ({status}) without saving a crash:\n{}",
+            tail.join("\n")
+        ));
+    }
+    if outcome.crash.is_some() {
+        eprintln!("{}", tail.join("\n"));
+    }
+    Ok(outcome)
+}
+
+/// Take what a libFuzzer output line tells.
+pub fn parse_line(line: &str, o: &mut Outcome) {
+    if let Some(v) = line.strip_prefix("stat::number_of_executed_units:") {
+        o.runs = v.trim().parse().unwrap_or(o.runs);
+    } else if let Some(v) = line.strip_prefix("stat::average_exec_per_sec:") {
+        o.exec_per_sec = v.trim().parse().unwrap_or(o.exec_per_sec);
+    } else if let Some(rest) = line.split("Test unit written to ").nth(1) {
+        o.crash = Some(PathBuf::from(rest.trim()));
+    } else if line.starts_with('#') {
+        let mut words = line.split_whitespace();
+        while let Some(w) = words.next() {
+            let slot = match w {
+                "cov:" => &mut o.coverage,
+                "ft:" => &mut o.features,
+                "corp:" => &mut o.corpus,
+                _ => continue,
+            };
+            if let Some(n) = words.next().and_then(|v| v.split('/').next()?.parse().ok()) {
+                *slot = n;
+            }
+        }
+    }
+}
+
+fn summary(o: &Outcome) -> String {
+    format!(
+        "fuzz {:<12} {:>11} runs {:>8} exec/s {:>8.1} s  cov {:>5}  ft {:>6}  corpus {:>5}  {}",
+        o.target,
+        o.runs,
+        o.exec_per_sec,
+        o.wall_seconds,
+        o.coverage,
+        o.features,
+        o.corpus,
+        match &o.crash {
+            Some(c) => format!("CRASH {}", c.display()),
+            None => "ok".into(),
+        }
+    )
+}
+
+fn write_report(root: &Path, budget: Budget, outcomes: &[Outcome]) -> Result<(), String> {
+    let path = root.join("target").join("fuzz").join("report.json");
+    let budget = match budget {
+        Budget::Seconds(s) => format!("{{\"seconds\": {s}}}"),
+        Budget::Runs(n) => format!("{{\"runs\": {n}}}"),
+    };
+    let entries: Vec<String> = outcomes
+        .iter()
+        .map(|o| {
+            format!(
+                "    {{\"target\": \"{}\", \"runs\": {}, \"exec_per_sec\": {}, \"wall_seconds\": {:.1}, \
+                 \"coverage\": {}, \"features\": {}, \"corpus\": {}, \"crash\": {}}}",
+                o.target,
+                o.runs,
+                o.exec_per_sec,
+                o.wall_seconds,
+                o.coverage,
+                o.features,
+                o.corpus,
+                o.crash
+                    .as_ref()
+                    .map_or("null".into(), |c| format!("{:?}", c.display().to_string()))
+            )
+        })
+        .collect();
+    let json = format!(
+        "{{\n  \"budget\": {budget},\n  \"targets\": [\n{}\n  ]\n}}\n",
+        entries.join(",\n")
+    );
+    std::fs::write(&path, json).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_libfuzzer_output() {
+        let mut o = Outcome::new("t");
+        for line in [
+            "#1192671\tDONE   cov: 165 ft: 842 corp: 403/101Kb lim: 4096 exec/s: 91743 rss: 28Mb",
+            "stat::number_of_executed_units: 1192671",
+            "stat::average_exec_per_sec:     91743",
+        ] {
+            parse_line(line, &mut o);
+        }
+        assert_eq!(
+            (o.runs, o.exec_per_sec, o.coverage, o.features, o.corpus),
+            (1192671, 91743, 165, 842, 403)
+        );
+        assert!(o.crash.is_none());
+        parse_line(
+            "artifact_prefix='x/'; Test unit written to x/crash-d197baba",
+            &mut o,
+        );
+        assert_eq!(o.crash, Some(PathBuf::from("x/crash-d197baba")));
+    }
+
+    #[test]
+    fn arguments() {
+        let args = |a: &[&str]| parse_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let (t, b) = args(&[]).unwrap();
+        assert_eq!(t.len(), TARGETS.len());
+        assert!(matches!(b, Budget::Seconds(60)));
+        let (t, b) = args(&["pl011", "--runs", "1000"]).unwrap();
+        assert_eq!(t, ["pl011"]);
+        assert!(matches!(b, Budget::Runs(1000)));
+        assert!(args(&["nosuch"]).is_err());
+        assert!(args(&["--time"]).is_err());
+        assert!(args(&["--time", "0"]).is_err());
+    }
+}
