@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use arbitrary::Arbitrary;
 use hypervisor::balloon::testing::FakeBackend;
 use hypervisor::balloon::{Balloon, BalloonBackend, SUPPORTED_FEATURES};
-use hypervisor::mm::frames::{FrameUse, PAGE_SIZE};
+use hypervisor::mm::frames::{FrameError, FrameUse, PAGE_SIZE};
 use hypervisor::mm::stage2::TableMemory;
 use hypervisor::virtio::mmio::{self, MmioTransport};
 use hypervisor::virtio::testing::{driver_ok, handshake, DriverMemory, DriverQueue};
@@ -66,7 +66,7 @@ impl TableMemory for CheckedHost {
     fn alloc_table(&mut self) -> Option<u64> {
         self.0.alloc_table()
     }
-    fn free_table(&mut self, pa: u64) {
+    fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
         self.0.free_table(pa)
     }
     fn table(&mut self, pa: u64) -> &mut [u64; 512] {
@@ -78,7 +78,7 @@ impl HostMemory for CheckedHost {
     fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
         self.0.alloc_frame(vm)
     }
-    fn free_frame(&mut self, vm: usize, pa: u64) {
+    fn free_frame(&mut self, vm: usize, pa: u64) -> Result<(), FrameError> {
         self.0.free_frame(vm, pa)
     }
     fn read(&mut self, pa: u64, buf: &mut [u8]) {

@@ -54,6 +54,7 @@ fuzz_target!(|data: &[u8]| {
                 cmdline: vm.cmdline().map(str::to_string),
                 balloon_features: vm.balloon_features(),
                 devices: vm.devices(),
+                on_bad_access: vm.on_bad_access(),
             })
             .expect("the writer takes what the reader accepted");
     }

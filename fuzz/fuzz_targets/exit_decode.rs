@@ -5,6 +5,12 @@
 use hypervisor::vm::exit::{decode, load_result, VcpuExit};
 use libfuzzer_sys::fuzz_target;
 
+/// The length of the trapped instruction follows ESR_EL2.IL (bit 25).
+fn assert_insn_len(insn_len: u8, esr: u64) {
+    let expected = if esr & (1 << 25) != 0 { 4 } else { 2 };
+    assert_eq!(insn_len, expected, "instruction length from IL");
+}
+
 fuzz_target!(|input: (u64, u64, u64, u64, u64)| {
     let (vector, esr, far, hpfar, value) = input;
     let exit = decode(vector, esr, far, hpfar);
@@ -23,7 +29,9 @@ fuzz_target!(|input: (u64, u64, u64, u64, u64)| {
             reg,
             sign_extend,
             sixty_four,
+            insn_len,
         } => {
+            assert_insn_len(insn_len, esr);
             assert_eq!(ec, 0x24, "MMIO only from a data abort");
             assert_ne!(esr & (1 << 24), 0, "MMIO only with a valid syndrome");
             assert_eq!(esr & (1 << 6), 0, "a read is not a write");
@@ -48,7 +56,13 @@ fuzz_target!(|input: (u64, u64, u64, u64, u64)| {
                 assert_eq!(r, value);
             }
         }
-        VcpuExit::MmioWrite { ipa, width, reg } => {
+        VcpuExit::MmioWrite {
+            ipa,
+            width,
+            reg,
+            insn_len,
+        } => {
+            assert_insn_len(insn_len, esr);
             assert_eq!(ec, 0x24);
             assert_ne!(esr & (1 << 24), 0);
             assert_ne!(esr & (1 << 6), 0);
@@ -63,16 +77,26 @@ fuzz_target!(|input: (u64, u64, u64, u64, u64)| {
             assert_eq!(instruction, ec == 0x20);
             assert_eq!(ipa, ipa_expected);
         }
-        VcpuExit::Hvc { imm } | VcpuExit::Smc { imm } => {
-            assert!(ec == 0x16 || ec == 0x17);
+        VcpuExit::Hvc { imm } => {
+            assert_eq!(ec, 0x16);
             assert_eq!(u64::from(imm), esr & 0xffff);
         }
-        VcpuExit::Wait { .. } => assert_eq!(ec, 0x01),
+        VcpuExit::Smc { imm, insn_len } => {
+            assert_insn_len(insn_len, esr);
+            assert_eq!(ec, 0x17);
+            assert_eq!(u64::from(imm), esr & 0xffff);
+        }
+        VcpuExit::Wait { insn_len, .. } => {
+            assert_insn_len(insn_len, esr);
+            assert_eq!(ec, 0x01);
+        }
         VcpuExit::SysReg {
             encoding: (op0, op1, crn, crm, op2),
             reg,
+            insn_len,
             ..
         } => {
+            assert_insn_len(insn_len, esr);
             assert_eq!(ec, 0x18);
             assert!(op0 <= 3 && op1 <= 7 && crn <= 15 && crm <= 15 && op2 <= 7);
             assert!(reg <= 31);

@@ -331,6 +331,11 @@ impl GuestRam {
         Ok(())
     }
 
+    /// Every (IPA, frame) mapped, in IPA order, for invariant checks.
+    pub fn for_each_mapped(&self, mem: &mut impl HostMemory, mut f: impl FnMut(u64, u64)) {
+        self.stage2.for_each_mapped(mem, |_, ipa, pa| f(ipa, pa));
+    }
+
     /// Check this VM's side of the ownership invariant: every mapped frame
     /// is owned by this VM (so no frame is mapped into two VMs), and the VM
     /// owns exactly the frames it maps. Walks the tables in place: no
