@@ -1,7 +1,7 @@
 //! The balloon device, all queues and the config space, driven through the
 //! virtio-mmio transport by a fuzzed driver, over the real guest-RAM code
 //! (`GuestRam`: stage-2 tables and frames from a real frame table) as the
-//! hypervisor wires them (vm/run.rs `DeviceView`).
+//! hypervisor wires them (vm/bus.rs `DeviceView`).
 //!
 //! Invariants, after every step:
 //! - every access the device makes through the memory view is inside the

@@ -17,7 +17,7 @@ use crate::console::line::{Event, LineEditor};
 use crate::console::shell::{self, Command};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::find_hole;
-use crate::vm::run as vm;
+use crate::run as vm;
 use crate::{print, println, report};
 
 /// The hypervisor refuses to run with less RAM than this.
@@ -460,11 +460,18 @@ fn run(cmd: Command, board: &BoardInfo) {
             }
         }
         Command::InfoBalloon { vm: Some(name) } => {
-            if vm::with_vm(name, vm::print_balloon).is_none() {
-                no_such_vm(name);
+            match vm::with_vm(name, vm::balloon_info) {
+                Some(text) => print!("{text}"),
+                None => no_such_vm(name),
             }
         }
-        Command::InfoBalloon { vm: None } => vm::for_each(vm::print_balloon),
+        Command::InfoBalloon { vm: None } => {
+            for name in vm::names().split(", ").filter(|n| !n.is_empty()) {
+                if let Some(text) = vm::with_vm(name, vm::balloon_info) {
+                    print!("{text}");
+                }
+            }
+        }
         Command::BalloonStats { vm: name, seconds } => {
             let set = vm::with_vm(name, |vm| {
                 vm.balloon
@@ -517,15 +524,15 @@ fn run(cmd: Command, board: &BoardInfo) {
             ),
         },
         Command::DebugHog { bytes } => {
-            let taken = crate::vm::hog::hog(bytes.map(|b| b / PAGE_SIZE));
+            let taken = crate::hog::hog(bytes.map(|b| b / PAGE_SIZE));
             println!(
                 "debug hog: took {taken} pages ({} KiB) from the pool; {} pages held; 'debug unhog' gives them back",
                 taken * 4,
-                crate::vm::hog::held()
+                crate::hog::held()
             );
         }
         Command::DebugUnhog => {
-            let freed = crate::vm::hog::unhog();
+            let freed = crate::hog::unhog();
             println!("debug unhog: {freed} pages back in the pool");
         }
     }
@@ -626,7 +633,9 @@ fn stats_now(name: &str) {
     let fresh = |vm: &mut vm::Vm| vm::stats_arrived_us(vm).is_some_and(|t| t >= asked);
     while aarch64::uptime_us() - asked < 2_000_000 {
         if vm::with_vm(name, fresh) == Some(true) {
-            let _ = vm::with_vm(name, vm::print_balloon);
+            if let Some(text) = vm::with_vm(name, vm::balloon_info) {
+                print!("{text}");
+            }
             return;
         }
         aarch64::idle_wait(10_000);

@@ -6,7 +6,7 @@
 //! `arch::aarch64::recovery`), the failure is contained instead: one
 //! `tidal: [vm] hypervisor failure in this VM's path: …` line, the locks
 //! that CPU held are released, and only that VM is stopped
-//! (`vm::run::contain_failure`).
+//! (`run::contain_failure`).
 
 use core::fmt;
 
@@ -50,7 +50,7 @@ impl fmt::Display for Offset {
 pub fn exception(frame: &ExceptionFrame, kind: VectorKind) -> ! {
     let cpu = cpu_index();
     // On a CPU running a vCPU, this ends that VM only (returns otherwise).
-    crate::vm::run::contain_failure(format_args!(
+    crate::run::contain_failure(format_args!(
         "{kind} exception, ESR_EL2 {:#010x} ({}), FAR_EL2 {:#x}, at ELR_EL2 {:#x}{}",
         frame.esr,
         exception_class_name(frame.esr),
@@ -90,13 +90,13 @@ pub fn panic(info: &core::panic::PanicInfo) -> ! {
     let cpu = cpu_index();
     // On a CPU running a vCPU, this ends that VM only (returns otherwise).
     match info.location() {
-        Some(l) => crate::vm::run::contain_failure(format_args!(
+        Some(l) => crate::run::contain_failure(format_args!(
             "{} at {}:{}",
             info.message(),
             l.file(),
             l.line()
         )),
-        None => crate::vm::run::contain_failure(format_args!("{}", info.message())),
+        None => crate::run::contain_failure(format_args!("{}", info.message())),
     }
     match info.location() {
         Some(l) => crash_print!(

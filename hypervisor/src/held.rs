@@ -1,6 +1,6 @@
 //! The locks each CPU holds, so that a failure in a VM's path can release
 //! exactly those before going back to its CPU loop
-//! (`arch::aarch64::recovery`, `vm::run`). A lock taken on a VM's path is
+//! (`arch::aarch64::recovery`, `run`). A lock taken on a VM's path is
 //! taken through [`Tracked`], which marks it held by this CPU until the
 //! guard is dropped. Marking is two relaxed atomic operations.
 

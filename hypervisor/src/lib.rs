@@ -8,6 +8,7 @@
 
 pub mod balloon;
 pub mod console;
+pub mod limits;
 pub mod mm;
 pub mod pl011;
 pub mod report;
@@ -22,6 +23,10 @@ pub mod crash;
 mod heap;
 #[cfg(target_os = "none")]
 pub mod held;
+#[cfg(target_os = "none")]
+pub mod hog;
+#[cfg(target_os = "none")]
+pub mod run;
 pub mod trace;
 pub mod vgic;
 pub mod virtio;

@@ -90,6 +90,7 @@ extern crate alloc;
 use alloc::vec::Vec;
 use core::fmt;
 
+pub mod intid;
 mod lr;
 mod regs;
 #[cfg(test)]

@@ -121,3 +121,144 @@ impl HostMemory for FakeHost {
         self.frames.guest_pages(vm)
     }
 }
+
+/// A physical CPU for the VM core's host tests (`vm::cpu::PhysCpu`): guest
+/// memory from a [`FakeHost`], list registers kept as their GICv2 encoding,
+/// and a record of everything the core asked the CPU to do.
+pub struct FakeCpu {
+    pub host: FakeHost,
+    /// This CPU's index.
+    pub index: usize,
+    /// CPUs online (bit per CPU).
+    pub online: u64,
+    pub now_us: u64,
+    /// What the PMU would count.
+    pub instructions: u32,
+    /// Kicks sent, by target CPU.
+    pub kicks: Vec<usize>,
+    /// `(cpu, vm, vcpu)` handed out.
+    pub handed: Vec<(usize, usize, usize)>,
+    /// Exceptions injected: kind, FAR, IL.
+    pub injected: Vec<(crate::vm::inject::GuestException, Option<u64>, bool)>,
+    /// GICH_LRn values.
+    pub lrs: [u32; 4],
+    /// Whether the virtual interface asked for an underflow interrupt.
+    pub underflow: bool,
+    /// Physical interrupts waiting to be acknowledged, in order.
+    pub pending_irqs: Vec<u32>,
+    /// INTIDs whose priority was dropped, and those deactivated.
+    pub eois: Vec<u32>,
+    pub deactivated: Vec<u32>,
+    pub icache_invalidations: u64,
+    /// How often a vCPU left its run loop on this CPU.
+    pub left: u64,
+}
+
+impl FakeCpu {
+    /// CPU 0 of a board whose CPUs 1-7 are online, over `pages` of RAM.
+    pub fn new(pages: u64) -> Self {
+        Self {
+            host: FakeHost::new(pages),
+            index: 0,
+            online: 0xfe,
+            now_us: 1_000_000,
+            instructions: 0,
+            kicks: Vec::new(),
+            handed: Vec::new(),
+            injected: Vec::new(),
+            lrs: [0; 4],
+            underflow: false,
+            pending_irqs: Vec::new(),
+            eois: Vec::new(),
+            deactivated: Vec::new(),
+            icache_invalidations: 0,
+            left: 0,
+        }
+    }
+}
+
+impl crate::vm::cpu::PhysCpu for FakeCpu {
+    type Memory = FakeHost;
+    fn memory(&mut self) -> &mut FakeHost {
+        &mut self.host
+    }
+    fn index(&self) -> usize {
+        self.index
+    }
+    fn uptime_us(&self) -> u64 {
+        self.now_us
+    }
+    fn counter(&self) -> (u64, u64) {
+        // A 1 MHz counter.
+        (self.now_us, 1_000_000)
+    }
+    fn instructions(&self) -> u32 {
+        self.instructions
+    }
+    fn counts_instructions(&self) -> bool {
+        true
+    }
+    fn cpu_online(&self, cpu: usize) -> bool {
+        cpu < 64 && self.online & (1 << cpu) != 0
+    }
+    fn kick(&mut self, cpu: usize) {
+        self.kicks.push(cpu);
+    }
+    fn hand_vcpu(&mut self, cpu: usize, vm: usize, vcpu: usize) {
+        self.handed.push((cpu, vm, vcpu));
+    }
+    fn vcpu_left(&mut self) {
+        self.left += 1;
+    }
+    fn list_registers(&self) -> usize {
+        self.lrs.len()
+    }
+    fn read_lr(&self, i: usize) -> crate::vgic::LrState {
+        crate::vgic::parse_lr(self.lrs.get(i).copied().unwrap_or(0))
+    }
+    fn write_lr(&mut self, i: usize, irq: &crate::vgic::PendingIrq, hw: Option<u32>) {
+        let mut value = crate::vgic::lr_value(irq);
+        if let Some(physical) = hw {
+            value = (value & !(crate::vgic::LR_EOI | (0x3ff << 10)))
+                | crate::vgic::LR_HW
+                | ((physical & 0x3ff) << 10);
+        }
+        self.lrs[i] = value;
+    }
+    fn clear_lr(&mut self, i: usize) {
+        self.lrs[i] = 0;
+    }
+    fn enable_virtual_interface(&mut self, underflow: bool) {
+        self.underflow = underflow;
+    }
+    fn reset_virtual_interface(&mut self) {
+        self.lrs = [0; 4];
+    }
+    fn acknowledge(&mut self) -> (u32, u32) {
+        if self.pending_irqs.is_empty() {
+            return (crate::vgic::intid::SPURIOUS, crate::vgic::intid::SPURIOUS);
+        }
+        let intid = self.pending_irqs.remove(0);
+        (intid, intid)
+    }
+    fn end_of_interrupt(&mut self, iar: u32) {
+        self.eois.push(iar);
+    }
+    fn deactivate(&mut self, iar: u32) {
+        self.deactivated.push(iar);
+    }
+    fn inject(
+        &mut self,
+        ctx: &mut crate::vm::cpu::GuestContext,
+        exception: crate::vm::inject::GuestException,
+        far: Option<u64>,
+        il32: bool,
+    ) {
+        self.injected.push((exception, far, il32));
+        // What the guest's handler would see: it resumes past the access.
+        ctx.elr += 4;
+    }
+    fn invalidate_icache(&mut self) {
+        self.icache_invalidations += 1;
+    }
+}

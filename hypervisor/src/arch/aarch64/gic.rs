@@ -53,16 +53,7 @@ const GICH_LR0: u64 = 0x100;
 const HCR_EN: u32 = 1 << 0;
 const HCR_UIE: u32 = 1 << 1;
 
-/// The SGI the hypervisor sends to make a CPU leave its guest.
-pub const KICK_SGI: u32 = 0;
-/// PPIs the hypervisor takes: the maintenance interrupt and the EL1 virtual
-/// timer (handed to the guest).
-pub const MAINTENANCE_PPI: u32 = 25;
-/// The EL2 physical timer, which bounds how long a CPU sleeps for a guest.
-pub const HYP_TIMER_PPI: u32 = 26;
-pub const VTIMER_PPI: u32 = 27;
-/// Spurious interrupt ID.
-pub const SPURIOUS: u32 = 1023;
+pub use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 
 fn reg(base: &AtomicU64, off: u64) -> *mut u32 {
     (base.load(Ordering::Relaxed) + off) as *mut u32

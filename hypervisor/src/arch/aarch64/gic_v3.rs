@@ -4,7 +4,7 @@
 //! whose list registers deliver virtual interrupts to the guest running on
 //! this CPU. The guest reaches its CPU interface through the same ICC_*
 //! names, which the hardware redirects to the virtual interface while
-//! HCR_EL2.IMO/FMO are set; only SGI generation traps (see vm/run.rs).
+//! HCR_EL2.IMO/FMO are set; only SGI generation traps (see vm/handle.rs).
 //!
 //! As with GICv2, EOImode is 1: EOIR drops priority only, so the virtual
 //! timer, handed to the guest through a hardware-linked list register, stays

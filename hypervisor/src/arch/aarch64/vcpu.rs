@@ -11,24 +11,9 @@
 
 use core::arch::{asm, global_asm};
 
-/// Guest registers and the syndrome of the last exit. Field offsets are used
-/// by the assembly below.
-#[repr(C, align(16))]
-pub struct GuestContext {
-    pub x: [u64; 31],
-    pub _pad: u64,
-    /// PC and PSTATE to return to.
-    pub elr: u64,
-    pub spsr: u64,
-    pub esr: u64,
-    pub far: u64,
-    pub hpfar: u64,
-    pub _pad2: u64,
-    /// q0-q31, then FPSR and FPCR.
-    pub fp: [u128; 32],
-    pub fpsr: u64,
-    pub fpcr: u64,
-}
+/// The guest registers the world switch saves and loads (portable, so the
+/// VM core can be tested on the host); the offsets below are the assembly's.
+pub use crate::vm::cpu::{GuestContext, SPSR_EL1H_MASKED};
 
 const OFF_ELR: usize = 256;
 const OFF_ESR: usize = 272;
@@ -40,40 +25,6 @@ const _: () = assert!(core::mem::offset_of!(GuestContext, esr) == OFF_ESR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, hpfar) == OFF_HPFAR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, fp) == OFF_FP);
 const _: () = assert!(core::mem::offset_of!(GuestContext, fpsr) == OFF_FPSR);
-
-/// EL1h with D, A, I and F masked: how a guest kernel is entered.
-pub const SPSR_EL1H_MASKED: u64 = 0x3c5;
-
-impl GuestContext {
-    pub const fn new(pc: u64, x0: u64) -> Self {
-        let mut x = [0; 31];
-        x[0] = x0;
-        Self {
-            x,
-            _pad: 0,
-            elr: pc,
-            spsr: SPSR_EL1H_MASKED,
-            esr: 0,
-            far: 0,
-            hpfar: 0,
-            _pad2: 0,
-            fp: [0; 32],
-            fpsr: 0,
-            fpcr: 0,
-        }
-    }
-
-    /// Register `n` as an instruction operand: 31 is XZR.
-    pub fn reg(&self, n: u8) -> u64 {
-        self.x.get(n as usize).copied().unwrap_or(0)
-    }
-
-    pub fn set_reg(&mut self, n: u8, value: u64) {
-        if let Some(r) = self.x.get_mut(n as usize) {
-            *r = value;
-        }
-    }
-}
 
 global_asm!(
     r#"

@@ -6,8 +6,8 @@
 
 use spin::Mutex;
 
-use super::run::frames;
 use crate::mm::frames::FrameUse;
+use crate::run::frames;
 
 /// Runs of pages `(address, pages)` held; bounded, so a hog of the whole
 /// pool needs no heap (runs are taken largest first).

@@ -1,0 +1,730 @@
+//! The VM table and the vCPU loop: the target's side of the VM core.
+//!
+//! Each VM sits behind its own lock in [`VMS`]; each of its vCPUs runs on
+//! the physical CPU its configuration pins it to. That CPU's loop enters
+//! the guest, decodes each exit ([`crate::vm::exit`]) and hands it to the
+//! portable core ([`crate::vm::handle`]) under the VM's lock, with
+//! [`TargetCpu`] as the [`PhysCpu`] it acts through; console text the
+//! exit produced is printed once the lock is released. The shell on CPU 0
+//! changes a VM only through its lock: a stop is requested and carried out
+//! by the vCPUs' CPUs at their next exit. Lock order: a VM, then the frame
+//! table.
+//!
+//! A hypervisor failure on a vCPU's path (a panic, an EL2 exception) is
+//! contained here: the locks that CPU held are released and only that VM
+//! ends ([`contain_failure`]).
+
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use guest_bundle::Bundle;
+use spin::mutex::{TicketMutex, TicketMutexGuard};
+use spin::{Mutex, MutexGuard};
+
+use crate::arch::aarch64::vcpu::{self, El1Regs};
+use crate::arch::aarch64::{self, gic, pmu, recovery};
+use crate::held::{self, Tracked};
+use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
+use crate::mm::frames::{FrameError, FrameTable, FrameUse, PAGE_SIZE};
+use crate::mm::stage2::TableMemory;
+use crate::println;
+use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
+use crate::vgic::{LrState, PendingIrq};
+use crate::vm::balloon_ctl;
+pub use crate::vm::balloon_ctl::HintStartError;
+use crate::vm::cpu::{GuestContext, PhysCpu};
+use crate::vm::exit::decode;
+use crate::vm::handle::{self, Outcome, FAILURE};
+use crate::vm::inject::GuestException;
+use crate::vm::irq;
+use crate::vm::lifecycle;
+use crate::vm::memory::HostMemory;
+use crate::vm::outbox::Notice;
+use crate::vm::state::{GuestGic, Power};
+pub use crate::vm::state::{Vm, VmState};
+
+/// The VM and vCPU each physical CPU is inside (between entering its run
+/// loop and leaving it), or NO_VM: what a failure there must leave for it.
+static ENTERED: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(NO_VM) }; MAX_CPUS];
+/// Whether each CPU is ending a failed VM ([`end_failed_vm`]): a failure
+/// then is the second, and the VM's frames are left accounted to it.
+static ENDING: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
+
+/// Physical address of the GICV page the guests' GICC maps to (0: none).
+static GICV: AtomicU64 = AtomicU64::new(0);
+/// Whether guests get a GICv3 (the host has one with the ICH interface).
+static GIC_V3: AtomicBool = AtomicBool::new(false);
+
+/// Guests get a virtual GICv2 whose CPU interface is the host's GICV page
+/// at `pa` (the host has a GICv2 with GICH and GICV).
+pub fn set_gicv(pa: u64) {
+    GICV.store(pa, Ordering::Relaxed);
+}
+
+/// Guests get a virtual GICv3 (the host has a GICv3: its virtual CPU
+/// interface is the ICC_* system registers, nothing to map).
+pub fn set_gic_v3() {
+    GIC_V3.store(true, Ordering::Relaxed);
+}
+
+/// The GIC guests get.
+fn guest_gic() -> GuestGic {
+    let gicv = GICV.load(Ordering::Relaxed);
+    if GIC_V3.load(Ordering::Relaxed) {
+        GuestGic::V3
+    } else if gicv != 0 {
+        GuestGic::V2 { gicv }
+    } else {
+        GuestGic::None
+    }
+}
+
+/// `CPU_VM` packs a VM and a vCPU index.
+fn encode(id: usize, vcpu: usize) -> usize {
+    id * MAX_VCPUS + vcpu
+}
+const NO_VM: usize = usize::MAX;
+
+/// Ticket locks: a vCPU exiting in a tight loop must not starve the shell.
+static VMS: [TicketMutex<Option<Vm>>; MAX_GUESTS] = [const { TicketMutex::new(None) }; MAX_GUESTS];
+/// The VM and vCPU each physical CPU runs, or NO_VM.
+static CPU_VM: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(NO_VM) }; MAX_CPUS];
+static FRAMES: spin::Once<&'static Mutex<FrameTable<'static>>> = spin::Once::new();
+
+pub(crate) fn frames() -> Tracked<MutexGuard<'static, FrameTable<'static>>> {
+    let table = FRAMES.get().expect("VMs are set up after the frame table");
+    Tracked::new(table.lock(), held::FRAMES)
+}
+
+/// VM `id`'s lock, marked held by this CPU (`crate::held`) so that a
+/// failure can release it.
+fn lock_vm(id: usize) -> Tracked<TicketMutexGuard<'static, Option<Vm>>> {
+    Tracked::new(VMS[id].lock(), held::vm(id))
+}
+
+/// The host side of guest memory on the target: frames from the frame table
+/// (locked per operation, never across a whole request), tables and data
+/// through the EL2 identity map.
+#[derive(Default)]
+pub struct HostMem;
+
+fn zero_and_clean(pa: u64) {
+    // SAFETY: `pa` is a whole frame the frame table just handed to us,
+    // identity-mapped as normal memory.
+    unsafe { core::ptr::write_bytes(pa as *mut u8, 0, PAGE_SIZE as usize) };
+    // A guest with its MMU off reads memory uncached: make it see the zeros.
+    aarch64::clean_dcache_range(pa as usize, PAGE_SIZE as usize);
+}
+
+impl TableMemory for HostMem {
+    fn alloc_table(&mut self) -> Option<u64> {
+        let pa = frames().alloc(1, 1, FrameUse::PageTables)?;
+        zero_and_clean(pa);
+        Some(pa)
+    }
+    fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
+        frames().free(pa, 1, FrameUse::PageTables)
+    }
+    fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+        // SAFETY: `pa` is a table frame this VM's stage 2 owns (frame table
+        // use PageTables), identity-mapped; the VM's lock serialises access.
+        unsafe { &mut *(pa as *mut [u64; 512]) }
+    }
+}
+
+impl HostMemory for HostMem {
+    fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
+        let pa = frames().alloc_guest(vm)?;
+        zero_and_clean(pa);
+        Some(pa)
+    }
+    fn free_frame(&mut self, vm: usize, pa: u64) -> Result<(), FrameError> {
+        frames().free_guest(vm, pa)
+    }
+    fn read(&mut self, pa: u64, buf: &mut [u8]) {
+        // SAFETY: `pa..pa + len` lies in one frame of this VM (GuestRam
+        // splits at pages), identity-mapped.
+        unsafe { core::ptr::copy_nonoverlapping(pa as *const u8, buf.as_mut_ptr(), buf.len()) };
+    }
+    fn write(&mut self, pa: u64, data: &[u8]) {
+        // SAFETY: as in `read`.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), pa as *mut u8, data.len()) };
+        aarch64::clean_dcache_range(pa as usize, data.len());
+    }
+    fn flush_tlb(&mut self, vmid: u16) {
+        vcpu::flush_vm_tlb(vmid);
+        // The frames unmapped are about to go back to the pool: no stale
+        // instruction line of this VM may reach the VM that gets them next
+        // (no CPU can fetch from them any more, so none comes back).
+        aarch64::invalidate_icache_all();
+    }
+    fn frame_owner(&self, pa: u64) -> Option<usize> {
+        frames().guest_owner(pa)
+    }
+    fn frames_owned(&self, vm: usize) -> u64 {
+        frames().guest_pages(vm)
+    }
+}
+
+/// The CPU this code runs on, as the VM core sees it.
+#[derive(Default)]
+pub struct TargetCpu {
+    mem: HostMem,
+}
+
+impl TargetCpu {
+    pub const fn new() -> Self {
+        Self { mem: HostMem }
+    }
+}
+
+impl PhysCpu for TargetCpu {
+    type Memory = HostMem;
+    fn memory(&mut self) -> &mut HostMem {
+        &mut self.mem
+    }
+    fn index(&self) -> usize {
+        aarch64::cpu_index()
+    }
+    fn uptime_us(&self) -> u64 {
+        aarch64::uptime_us()
+    }
+    fn counter(&self) -> (u64, u64) {
+        aarch64::counter()
+    }
+    fn instructions(&self) -> u32 {
+        pmu::instructions()
+    }
+    fn counts_instructions(&self) -> bool {
+        pmu::counts_instructions()
+    }
+    fn cpu_online(&self, cpu: usize) -> bool {
+        aarch64::smp::state(cpu) == aarch64::smp::CpuState::Online
+    }
+    fn kick(&mut self, cpu: usize) {
+        gic::kick(cpu);
+    }
+    fn hand_vcpu(&mut self, cpu: usize, vm: usize, vcpu: usize) {
+        if let Some(slot) = CPU_VM.get(cpu) {
+            slot.store(encode(vm, vcpu), Ordering::Release);
+            wake_cpu(cpu);
+        }
+    }
+    fn vcpu_left(&mut self) {
+        ENTERED[aarch64::cpu_index()].store(NO_VM, Ordering::Relaxed);
+    }
+    fn list_registers(&self) -> usize {
+        gic::list_registers()
+    }
+    fn read_lr(&self, i: usize) -> LrState {
+        gic::read_lr(i)
+    }
+    fn write_lr(&mut self, i: usize, irq: &PendingIrq, hw: Option<u32>) {
+        gic::write_lr(i, irq, hw);
+    }
+    fn clear_lr(&mut self, i: usize) {
+        gic::clear_lr(i);
+    }
+    fn enable_virtual_interface(&mut self, underflow: bool) {
+        gic::enable_virtual_interface(underflow);
+    }
+    fn reset_virtual_interface(&mut self) {
+        gic::reset_virtual_interface();
+    }
+    fn acknowledge(&mut self) -> (u32, u32) {
+        let (intid, iar) = gic::acknowledge();
+        if intid != SPURIOUS {
+            count_taken(intid);
+        }
+        (intid, iar)
+    }
+    fn end_of_interrupt(&mut self, iar: u32) {
+        gic::end_of_interrupt(iar);
+    }
+    fn deactivate(&mut self, iar: u32) {
+        gic::deactivate(iar);
+    }
+    fn inject(
+        &mut self,
+        ctx: &mut GuestContext,
+        exception: GuestException,
+        far: Option<u64>,
+        il32: bool,
+    ) {
+        vcpu::inject(ctx, exception, far, il32);
+    }
+    fn invalidate_icache(&mut self) {
+        aarch64::invalidate_icache_all();
+    }
+}
+
+/// Console text a VM's path left in its outbox, taken under its lock to be
+/// shown after.
+struct Pending {
+    id: usize,
+    name: heapless::String<32>,
+    notices: heapless::Deque<Notice, 24>,
+    dropped: u64,
+}
+
+fn take_pending(vm: &mut Vm) -> Option<Pending> {
+    if vm.out.is_empty() {
+        return None;
+    }
+    let (notices, dropped) = vm.out.take();
+    Some(Pending {
+        id: vm.id,
+        name: vm.name.clone(),
+        notices,
+        dropped,
+    })
+}
+
+/// Print what [`take_pending`] took (no VM lock held).
+fn show(pending: Option<Pending>) {
+    let Some(p) = pending else { return };
+    for notice in p.notices.iter() {
+        match notice {
+            Notice::Line(line) => println!("{line}"),
+            _ => {
+                if let Some(output) = notice.live() {
+                    crate::console::guest_live_output(p.id, &p.name, output, || {
+                        FOCUS.load(Ordering::Relaxed) == p.id
+                    });
+                }
+            }
+        }
+    }
+    if p.dropped > 0 {
+        println!(
+            "tidal: [{}] {} console lines lost (too many at once)",
+            p.name, p.dropped
+        );
+    }
+}
+
+/// Register the bundle's VMs (all stopped) and the frame table they draw from.
+pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'static>>) {
+    FRAMES.call_once(|| frame_table);
+    let gic = guest_gic();
+    for (id, spec) in bundle.vms().enumerate().take(MAX_GUESTS) {
+        *lock_vm(id) = Some(Vm::new(id, spec, gic));
+    }
+    if bundle.vm_count() > MAX_GUESTS {
+        println!("only the first {MAX_GUESTS} VMs of the bundle are used");
+    }
+}
+
+/// Call `f` on every VM, in table order; what each leaves to print is
+/// printed after its lock is released.
+pub fn for_each(mut f: impl FnMut(&mut Vm)) {
+    for id in 0..MAX_GUESTS {
+        let mut guard = lock_vm(id);
+        let pending = guard.as_mut().and_then(|vm| {
+            f(vm);
+            take_pending(vm)
+        });
+        drop(guard);
+        show(pending);
+    }
+}
+
+/// Call `f` on the VM called `name`; `None` if there is none.
+pub fn with_vm<R>(name: &str, f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
+    for id in 0..MAX_GUESTS {
+        let mut guard = lock_vm(id);
+        if let Some(vm) = guard.as_mut().filter(|vm| vm.name == name) {
+            let result = f(vm);
+            let pending = take_pending(vm);
+            drop(guard);
+            show(pending);
+            return Some(result);
+        }
+    }
+    None
+}
+
+/// The names of all VMs, for error messages.
+pub fn names() -> heapless::String<128> {
+    let mut s = heapless::String::new();
+    for_each(|vm| {
+        if !s.is_empty() {
+            let _ = s.push_str(", ");
+        }
+        let _ = s.push_str(&vm.name);
+    });
+    s
+}
+
+/// The `check` command: every VM is locked (in table order; nothing else
+/// holds two VM locks) while its stage-2 tables are walked and the frame
+/// table is read, so the figures are one snapshot. `ram_bytes`: the
+/// board's RAM.
+pub fn check_system(ram_bytes: u64, out: &mut impl core::fmt::Write) {
+    let guards: [_; MAX_GUESTS] = core::array::from_fn(lock_vm);
+    let facts = crate::vm::check::FrameFacts::of(&frames(), ram_bytes);
+    let vms: heapless::Vec<crate::vm::check::VmFacts<'_>, MAX_GUESTS> = guards
+        .iter()
+        .filter_map(|g| g.as_ref())
+        .map(|vm| crate::vm::check::VmFacts {
+            id: vm.id,
+            name: &vm.name,
+            stopped: vm.state == VmState::Stopped,
+            ram: vm.ram.as_ref(),
+        })
+        .collect();
+    let result = crate::vm::check::check(&facts, &vms, &mut HostMem);
+    let _ = crate::vm::check::write_result(out, &result);
+}
+
+/// Build a VM's memory and devices and hand it to its CPU.
+pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
+    lifecycle::start(vm, &mut TargetCpu::new())
+}
+
+/// Ask a running VM to stop; its vCPUs stop at their next exit.
+pub fn request_stop(vm: &mut Vm) -> Result<(), &'static str> {
+    lifecycle::request_stop(vm, &mut TargetCpu::new())
+}
+
+/// `debug fail <vm> [abort]` (see [`lifecycle::inject_failure`]).
+pub fn inject_failure(vm: &mut Vm, abort: bool) -> Result<(), &'static str> {
+    lifecycle::inject_failure(vm, &mut TargetCpu::new(), abort)
+}
+
+/// Set the balloon target of a VM, in 4 KiB pages, and tell the driver.
+pub fn set_balloon(vm: &mut Vm, pages: u64) -> Result<(), &'static str> {
+    balloon_ctl::set_target(vm, &mut TargetCpu::new(), pages)
+}
+
+/// Ask VM `vm`'s guest for fresh statistics now (`balloon-stats <vm> now`).
+pub fn request_stats(vm: &mut Vm) -> Result<(), &'static str> {
+    balloon_ctl::request_stats(vm, &mut TargetCpu::new())
+}
+
+pub use crate::vm::balloon_ctl::stats_arrived_us;
+
+/// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
+pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
+    balloon_ctl::start_hint(vm, &mut TargetCpu::new())
+}
+
+/// The `info balloon` block of one VM, to print once its lock is released.
+pub fn balloon_info(vm: &mut Vm) -> alloc::string::String {
+    let mut text = alloc::string::String::new();
+    let _ = balloon_ctl::write_info(vm, aarch64::uptime_us(), &mut text);
+    text
+}
+
+extern crate alloc;
+
+/// Wake an idle CPU that was just given a vCPU (see `aarch64::idle_wait`).
+fn wake_cpu(cpu: usize) {
+    // SAFETY: SEV only wakes CPUs waiting in WFE (hosts without our GIC).
+    unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+    gic::kick(cpu);
+}
+
+/// The loop of a CPU that runs vCPUs: wait for one, run it until it stops.
+/// The vCPU runs under a recovery point: a hypervisor failure in its path
+/// comes back here ([`contain_failure`]) and ends only that VM.
+pub fn cpu_loop(cpu: usize) -> ! {
+    loop {
+        let slot = CPU_VM[cpu].load(Ordering::Acquire);
+        if slot == NO_VM {
+            // A start or CPU_ON kicks this CPU; 10 ms bounds a missed kick.
+            aarch64::idle_wait(10_000);
+            continue;
+        }
+        let (id, vcpu) = (slot / MAX_VCPUS, slot % MAX_VCPUS);
+        if recovery::run_recoverable(|| run_vcpu(id, vcpu)).is_err() {
+            end_failed_vm(cpu, id, vcpu);
+        }
+        // The guest's virtual timer must not keep waking an idle CPU.
+        vcpu::disable_virtual_timer();
+        // The vCPU left: this CPU is free unless it was handed a new one.
+        let _ = CPU_VM[cpu].compare_exchange(slot, NO_VM, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// A panic or an EL2 exception on a CPU running a vCPU, with a recovery
+/// point armed (called by `crate::crash`): release the locks this CPU holds,
+/// say what happened, and jump back to the CPU loop, which ends the VM
+/// ([`end_failed_vm`]). Returns only when no recovery point is armed.
+pub fn contain_failure(what: core::fmt::Arguments) {
+    if !recovery::armed() {
+        return;
+    }
+    let cpu = aarch64::cpu_index();
+    let held = held::held_here();
+    // SAFETY: `held` lists exactly the locks this CPU holds, whose guards
+    // live in the frames the jump below abandons: nobody uses them again.
+    unsafe {
+        crate::console::release_held(held);
+        release_held(held);
+    }
+    held::clear_here();
+    let slot = CPU_VM[cpu].load(Ordering::Acquire);
+    let mut name = heapless::String::<32>::new();
+    if let Some(vm) = VMS.get(slot / MAX_VCPUS) {
+        if let Some(vm) = vm.lock().as_ref() {
+            name = vm.name.clone();
+        }
+    }
+    if ENDING[cpu].load(Ordering::Relaxed) {
+        println!(
+            "tidal: [{name}] hypervisor failure again while stopping the VM: {what}; the VM is left failed and its frames stay accounted to it"
+        );
+    } else {
+        println!("tidal: [{name}] hypervisor failure in this VM's path: {what}; the VM is stopped");
+    }
+    // SAFETY: we run on this CPU's stack below its recovery point (in the
+    // panic or exception handler), and every lock the abandoned frames
+    // held was released above.
+    unsafe { recovery::jump() };
+}
+
+/// Force-release the VM and frame-table locks in `held`.
+///
+/// # Safety
+///
+/// Only for locks the calling CPU holds and whose guards are abandoned.
+unsafe fn release_held(held: u32) {
+    for id in held::vms(held).filter(|&id| id < MAX_GUESTS) {
+        // SAFETY: this CPU holds it (the caller's contract).
+        unsafe { VMS[id].force_unlock() };
+    }
+    if held & held::FRAMES != 0 {
+        if let Some(table) = FRAMES.get() {
+            // SAFETY: as above.
+            unsafe { table.force_unlock() };
+        }
+    }
+}
+
+/// Back in the CPU loop after a failure in VM `id`'s path: stop the VM as
+/// any stop does (its other vCPUs are kicked out, the last one out frees
+/// its pages), under a recovery point of its own. If that fails too, or
+/// its frames could not all be freed, the VM is left failed with its
+/// frames accounted to it, never recovered twice.
+fn end_failed_vm(cpu: usize, id: usize, vcpu: usize) {
+    ENDING[cpu].store(true, Ordering::Relaxed);
+    let ended = recovery::run_recoverable(|| {
+        let mut target = TargetCpu::new();
+        let mut guard = lock_vm(id);
+        let Some(vm) = guard.as_mut() else { return };
+        vm.restart = false;
+        if !matches!(vm.state, VmState::Stopped | VmState::Failed) {
+            vm.last_stop = FAILURE;
+            lifecycle::begin_stop(vm, &mut target, FAILURE, false);
+        }
+        if ENTERED[cpu].load(Ordering::Relaxed) == encode(id, vcpu) {
+            lifecycle::leave(vm, &mut target, vcpu, true);
+        }
+        // Its other vCPUs may still be leaving: they finish the stop.
+        let pending = take_pending(vm);
+        drop(guard);
+        show(pending);
+    });
+    ENDING[cpu].store(false, Ordering::Relaxed);
+    ENTERED[cpu].store(NO_VM, Ordering::Relaxed);
+    if gic::present() {
+        gic::reset_virtual_interface();
+    }
+    let mut guard = lock_vm(id);
+    let Some(vm) = guard.as_mut() else { return };
+    let owned = frames().guest_pages(id);
+    if ended.is_err() || (vm.state == VmState::Stopped && owned > 0) {
+        // Its RAM may be half freed: what is left stays accounted to it in
+        // the frame table (dropping the GuestRam frees nothing).
+        vm.ram = None;
+        vm.balloon = None;
+        vm.vgic = None;
+        vm.inside = 0;
+        vm.power = [Power::Off; MAX_VCPUS];
+        vm.state = VmState::Failed;
+        vm.last_stop = "a hypervisor failure, and its pages could not be freed";
+        vm.out.line(format_args!(
+            "tidal: [{}] the VM is failed: {owned} frames stay accounted to it; 'check' reports them",
+            vm.name
+        ));
+    }
+    let pending = take_pending(vm);
+    drop(guard);
+    show(pending);
+}
+
+fn run_vcpu(id: usize, vcpu: usize) {
+    let mut cpu = TargetCpu::new();
+    let mut ctx = {
+        let mut guard = lock_vm(id);
+        let Some(vm) = guard.as_mut() else { return };
+        let Some((entry, x0)) = lifecycle::enter(vm, vcpu) else {
+            return;
+        };
+        ENTERED[aarch64::cpu_index()].store(encode(id, vcpu), Ordering::Relaxed);
+        El1Regs::reset().load();
+        if let Some(ram) = vm.ram.as_ref() {
+            vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), vcpu as u64, vm.vgic.is_some());
+        }
+        if vm.vgic.is_some() {
+            gic::reset_virtual_interface();
+        }
+        GuestContext::new(entry, x0)
+    };
+    loop {
+        if let Some(vm) = lock_vm(id).as_mut() {
+            irq::sync_list_registers(vm, &mut cpu, vcpu);
+        }
+        let before = pmu::instructions();
+        let vector = vcpu::run(&mut ctx);
+        let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
+        let mut guard = lock_vm(id);
+        let Some(vm) = guard.as_mut() else { return };
+        if vm.state == VmState::StopRequested {
+            lifecycle::leave(vm, &mut cpu, vcpu, true);
+            let pending = take_pending(vm);
+            drop(guard);
+            show(pending);
+            return;
+        }
+        if let Some(abort) = vm.inject_failure.take() {
+            // `debug fail`: a failure with the VM lock and the frame table
+            // held, as a bug in a frame-table path would have them.
+            let _frames = frames();
+            if abort {
+                let bad = crate::mm::pagetable::VA_LIMIT as usize + 0x1234_5678;
+                // SAFETY: deliberately faults (no map covers `bad`): the
+                // exception handler contains it and never returns here.
+                let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
+                println!("unexpectedly read {v:#x}");
+            }
+            panic!("injected failure ('debug fail {}')", vm.name);
+        }
+        let outcome = handle::after_exit(vm, &mut cpu, vcpu, &mut ctx, exit, before);
+        let left = match outcome {
+            Outcome::Continue | Outcome::Idle => false,
+            Outcome::Stop(why) => {
+                lifecycle::begin_stop(vm, &mut cpu, why, false);
+                true
+            }
+            Outcome::Reset => {
+                lifecycle::begin_stop(vm, &mut cpu, "reset by the guest (PSCI SYSTEM_RESET)", true);
+                true
+            }
+            Outcome::VcpuOff => true,
+        };
+        if left {
+            lifecycle::leave(vm, &mut cpu, vcpu, true);
+        }
+        let pending = take_pending(vm);
+        drop(guard);
+        show(pending);
+        if left {
+            return;
+        }
+        if outcome == Outcome::Idle {
+            // Any pending physical interrupt (even masked at EL2) ends
+            // the wait; it is taken as soon as the guest runs again.
+            aarch64::wait_for_interrupt_or(10_000);
+        }
+    }
+}
+
+/// Physical interrupts taken while a guest ran, per CPU: kicks, the
+/// maintenance interrupt, the EL2 timer, the guest's virtual timer, others.
+static IRQS_TAKEN: [[AtomicU64; 5]; MAX_CPUS] =
+    [const { [const { AtomicU64::new(0) }; 5] }; MAX_CPUS];
+
+/// [`IRQS_TAKEN`] of CPU `cpu` (zeros for a CPU that does not exist).
+pub fn interrupts_taken(cpu: usize) -> [u64; 5] {
+    IRQS_TAKEN.get(cpu).map_or([0; 5], |c| {
+        core::array::from_fn(|i| c[i].load(Ordering::Relaxed))
+    })
+}
+
+fn count_taken(intid: u32) {
+    let slot = match intid {
+        KICK_SGI => 0,
+        MAINTENANCE_PPI => 1,
+        HYP_TIMER_PPI => 2,
+        VTIMER_PPI => 3,
+        _ => 4,
+    };
+    if let Some(c) = IRQS_TAKEN.get(aarch64::cpu_index()) {
+        c[slot].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Give a byte typed on the physical console to a VM's PL011, and make its
+/// vCPU notice. False if the VM's receive FIFO is full.
+pub fn console_input(vm: &mut Vm, byte: u8) -> bool {
+    irq::console_input(vm, &mut TargetCpu::new(), byte)
+}
+
+/// The VM whose console has the keyboard, if any (`console <vm>`).
+static FOCUS: AtomicUsize = AtomicUsize::new(NO_VM);
+
+/// Give the keyboard to VM `name`; false if there is no such VM.
+pub fn focus(name: &str) -> bool {
+    let found = with_vm(name, |vm| FOCUS.store(vm.id, Ordering::Relaxed)).is_some();
+    let focus = FOCUS.load(Ordering::Relaxed);
+    for_each(|vm| vm.focused = vm.id == focus);
+    found
+}
+
+/// Whether a VM has the keyboard.
+pub fn input_to_focus_active() -> bool {
+    FOCUS.load(Ordering::Relaxed) != NO_VM
+}
+
+pub fn unfocus() {
+    FOCUS.store(NO_VM, Ordering::Relaxed);
+    for_each(|vm| vm.focused = false);
+    crate::console::end_live_output();
+}
+
+/// Pass a byte to the focused VM; false when no VM has the keyboard. When
+/// the VM's receive FIFO is full the byte waits for the guest to drain it,
+/// however slowly (a vCPU on a loaded host may read a byte a second):
+/// pasted text is not cut short. Only a guest that reads nothing at all for
+/// five seconds loses the byte, as a UART would, and later bytes are
+/// dropped at once until it reads again, so the shell cannot hang on it
+/// (Ctrl-] still gets through).
+pub fn input_to_focus(byte: u8) -> bool {
+    let id = FOCUS.load(Ordering::Relaxed);
+    if id >= MAX_GUESTS {
+        return false;
+    }
+    let (mut progress_at, freq) = aarch64::counter();
+    let patience = if INPUT_STALLED.load(Ordering::Relaxed) == id {
+        0
+    } else {
+        5 * freq
+    };
+    let mut waiting = usize::MAX;
+    loop {
+        match lock_vm(id).as_mut() {
+            Some(vm) if vm.state == VmState::Running => {
+                if console_input(vm, byte) {
+                    INPUT_STALLED.store(NO_VM, Ordering::Relaxed);
+                    return true;
+                }
+                let queued = vm.uart.rx_len();
+                if queued < waiting {
+                    waiting = queued;
+                    progress_at = aarch64::counter().0;
+                }
+            }
+            _ => return true,
+        }
+        if aarch64::counter().0 - progress_at >= patience {
+            // The guest is not reading: drop it, as a UART would.
+            INPUT_STALLED.store(id, Ordering::Relaxed);
+            return true;
+        }
+        aarch64::idle_wait(200);
+    }
+}
+
+/// The focused VM whose console read nothing for five seconds (NO_VM: none).
+static INPUT_STALLED: AtomicUsize = AtomicUsize::new(NO_VM);

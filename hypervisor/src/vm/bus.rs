@@ -1,0 +1,361 @@
+//! A VM's MMIO bus: which emulated device an intermediate-physical address
+//! falls in ([`route`], the one place the address windows are decoded), the
+//! register accesses the vCPU trapped on, given to that device, and what a
+//! device does back (an interrupt line, console output, a balloon event).
+
+use super::cpu::PhysCpu;
+use super::fault::{BadAccessKind, Device};
+use super::fdt::{self, layout};
+use super::irq;
+use super::memory::{GuestRam, HostMemory};
+use super::outbox::Outbox;
+use super::ratelimit::{GuestLines, LineKind, Permit};
+use super::state::Vm;
+use crate::vgic::{VgicEffect, VgicVersion, GICR_STRIDE, GICV3_DIST_WINDOW};
+use crate::virtio::mmio::MmioError;
+use crate::virtio::{GuestMemError, GuestMemory};
+
+/// An emulated device's register window, and the offset into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// The GIC distributor (4 KiB on a GICv2, 64 KiB on a GICv3).
+    GicDistributor(u64),
+    /// GICv3 redistributor `index` (one per vCPU).
+    GicRedistributor {
+        index: usize,
+        offset: u64,
+    },
+    Uart(u64),
+    /// Virtio-mmio slot 0: the balloon.
+    Virtio(u64),
+}
+
+impl Window {
+    pub fn device(self) -> Device {
+        match self {
+            Window::GicDistributor(_) => Device::GicDistributor,
+            Window::GicRedistributor { .. } => Device::GicRedistributor,
+            Window::Uart(_) => Device::Uart,
+            Window::Virtio(_) => Device::Virtio,
+        }
+    }
+}
+
+/// `ipa - base` if `ipa` is in `base..base + size`.
+pub fn offset_in(ipa: u64, base: u64, size: u64) -> Option<u64> {
+    (ipa >= base && ipa - base < size).then(|| ipa - base)
+}
+
+/// The device window `ipa` is in, among the devices this VM has.
+pub fn route(vm: &Vm, ipa: u64) -> Option<Window> {
+    if let Some(vgic) = vm.vgic.as_ref() {
+        let v3 = vgic.version() == VgicVersion::V3;
+        let dist_size = if v3 {
+            GICV3_DIST_WINDOW
+        } else {
+            fdt::GICV2_DIST_SIZE
+        };
+        if let Some(off) = offset_in(ipa, layout::GICD_BASE, dist_size) {
+            return Some(Window::GicDistributor(off));
+        }
+        let redists = GICR_STRIDE * vgic.vcpus() as u64;
+        if let Some(off) = offset_in(ipa, layout::GICR_BASE, redists).filter(|_| v3) {
+            return Some(Window::GicRedistributor {
+                index: (off / GICR_STRIDE) as usize,
+                offset: off % GICR_STRIDE,
+            });
+        }
+    }
+    if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
+        return Some(Window::Uart(off));
+    }
+    if vm.balloon.is_some() {
+        if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
+            return Some(Window::Virtio(off));
+        }
+    }
+    None
+}
+
+/// What was refused, and the device's own reason if it gave one.
+pub struct Refused {
+    pub kind: BadAccessKind,
+    pub detail: Detail,
+}
+
+pub enum Detail {
+    None,
+    Virtio(MmioError),
+    SysReg {
+        encoding: (u8, u8, u8, u8, u8),
+        read: bool,
+    },
+    Esr(u64),
+}
+
+impl Refused {
+    pub fn new(kind: BadAccessKind) -> Self {
+        Self {
+            kind,
+            detail: Detail::None,
+        }
+    }
+
+    fn device(window: Window) -> Self {
+        Self::new(BadAccessKind::DeviceRegister(window.device()))
+    }
+}
+
+impl core::fmt::Display for Refused {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.kind)?;
+        match self.detail {
+            Detail::None => Ok(()),
+            Detail::Virtio(e) => write!(f, " ({e})"),
+            Detail::SysReg {
+                encoding: (op0, op1, crn, crm, op2),
+                read,
+            } => write!(
+                f,
+                " ({} of S{op0}_{op1}_C{crn}_C{crm}_{op2})",
+                if read { "read" } else { "write" }
+            ),
+            Detail::Esr(esr) => write!(f, " (ESR_EL2 {esr:#x})"),
+        }
+    }
+}
+
+/// A refused access to the virtio-mmio device, with its reason.
+fn bad_virtio(e: MmioError) -> Refused {
+    Refused {
+        kind: BadAccessKind::DeviceRegister(Device::Virtio),
+        detail: Detail::Virtio(e),
+    }
+}
+
+/// A guest register read of `width` bytes at `ipa`.
+pub fn read(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ipa: u64,
+    width: u8,
+) -> Result<u64, Refused> {
+    let Some(window) = route(vm, ipa) else {
+        return Err(Refused::new(BadAccessKind::Unmapped));
+    };
+    let refused = |_| Refused::device(window);
+    match window {
+        Window::GicDistributor(off) | Window::GicRedistributor { offset: off, .. } => {
+            let vgic = vm.vgic.as_mut().ok_or(Refused::device(window))?;
+            match window {
+                Window::GicRedistributor { index, .. } => {
+                    vgic.read_redist(vcpu, index, off, width).map_err(refused)
+                }
+                _ if vgic.version() == VgicVersion::V3 => {
+                    vgic.read_dist_v3(vcpu, off, width).map_err(refused)
+                }
+                _ => vgic.read(vcpu, off, width).map(u64::from).map_err(refused),
+            }
+        }
+        Window::Uart(off) => {
+            let value = vm.uart.read(off, width);
+            irq::update_uart(vm, cpu);
+            Ok(u64::from(value))
+        }
+        Window::Virtio(off) => {
+            let balloon = vm.balloon.as_mut().ok_or(Refused::device(window))?;
+            balloon.read(off, width).map(u64::from).map_err(bad_virtio)
+        }
+    }
+}
+
+/// A guest register write of `value` (`width` bytes) at `ipa`.
+pub fn write(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ipa: u64,
+    width: u8,
+    value: u64,
+) -> Result<(), Refused> {
+    let Some(window) = route(vm, ipa) else {
+        return Err(Refused::new(BadAccessKind::Unmapped));
+    };
+    let refused = |_| Refused::device(window);
+    match window {
+        Window::GicDistributor(off) | Window::GicRedistributor { offset: off, .. } => {
+            let vgic = vm.vgic.as_mut().ok_or(Refused::device(window))?;
+            let effect: VgicEffect = match window {
+                Window::GicRedistributor { index, .. } => vgic
+                    .write_redist(vcpu, index, off, width, value)
+                    .map_err(refused)?,
+                _ if vgic.version() == VgicVersion::V3 => vgic
+                    .write_dist_v3(vcpu, off, width, value)
+                    .map_err(refused)?,
+                _ => vgic
+                    .write(vcpu, off, width, value as u32)
+                    .map_err(refused)?,
+            };
+            // An SGI to another vCPU, an enable: make its CPU sync.
+            irq::apply_effect(vm, cpu, effect);
+            Ok(())
+        }
+        Window::Uart(off) => {
+            let effect = vm.uart.write(off, width, value as u32);
+            if let Some(byte) = effect.output {
+                console_output(vm, byte);
+            }
+            if effect.irq_changed {
+                irq::update_uart(vm, cpu);
+            }
+            Ok(())
+        }
+        Window::Virtio(off) => virtio_write(vm, cpu, off, width, value),
+    }
+}
+
+/// A byte the guest wrote to its console: part of a line, or shown live
+/// when its console has the keyboard (prompts, echo).
+fn console_output(vm: &mut Vm, byte: u8) {
+    if vm.focused {
+        let output = vm.console.push_live(byte);
+        vm.out.live(output);
+    } else if let Some(line) = vm.console.push(byte) {
+        vm.out.line(format_args!("[{}] {line}", vm.name));
+    }
+}
+
+fn virtio_write(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    off: u64,
+    width: u8,
+    value: u64,
+) -> Result<(), Refused> {
+    let now = cpu.uptime_us();
+    let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
+        return Err(Refused::new(BadAccessKind::Unmapped));
+    };
+    let mut view = DeviceView {
+        ram,
+        mem: cpu.memory(),
+        now_us: now,
+    };
+    let before = *balloon.device().stats();
+    let hint_before = balloon.device().hint_run().copied();
+    let event = balloon
+        .write(off, width, value as u32, &mut view)
+        .map_err(bad_virtio)?;
+    let mut lines = Lines {
+        lines: &mut vm.lines,
+        out: &mut vm.out,
+        name: &vm.name,
+        now_us: now,
+    };
+    if let Some(msg) = event.message() {
+        lines.say(
+            super::balloon_ctl::event_kind(msg),
+            format_args!("balloon: {msg}"),
+        );
+    }
+    super::balloon_ctl::report_rejections(&mut lines, &before, balloon.device().stats());
+    super::balloon_ctl::report_hint_end(
+        lines.out,
+        lines.name,
+        hint_before,
+        balloon.device().hint_run(),
+    );
+    irq::update_virtio(vm, cpu);
+    Ok(())
+}
+
+/// The console lines of one VM that its guest can trigger: said within
+/// the VM's rate limit.
+pub struct Lines<'a> {
+    pub lines: &'a mut GuestLines,
+    pub out: &'a mut Outbox,
+    pub name: &'a str,
+    pub now_us: u64,
+}
+
+impl Lines<'_> {
+    /// Keep `tidal: [name] <args>` for the console, within the VM's rate
+    /// limit; the first line after a quiet spell says how many were held
+    /// back.
+    pub fn say(&mut self, kind: LineKind, args: core::fmt::Arguments<'_>) {
+        match self.lines.check(kind, self.now_us) {
+            Permit::Suppress => {}
+            Permit::Print { suppressed } => {
+                if suppressed > 0 {
+                    self.out.line(format_args!(
+                        "tidal: [{}] {suppressed} similar messages suppressed",
+                        self.name
+                    ));
+                }
+                self.out.line(format_args!("tidal: [{}] {args}", self.name));
+            }
+        }
+    }
+}
+
+impl Vm {
+    /// This VM's rate-limited lines, at `now_us`.
+    pub fn lines_at(&mut self, now_us: u64) -> Lines<'_> {
+        Lines {
+            lines: &mut self.lines,
+            out: &mut self.out,
+            name: &self.name,
+            now_us,
+        }
+    }
+}
+
+/// Guest memory as a device sees it: this VM's RAM only.
+pub struct DeviceView<'a, M> {
+    pub ram: &'a mut GuestRam,
+    pub mem: &'a mut M,
+    /// The time of the access, for the devices' timestamps.
+    pub now_us: u64,
+}
+
+impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
+    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+        self.ram
+            .read(self.mem, ipa, buf)
+            .map_err(|_| GuestMemError {
+                ipa,
+                len: buf.len(),
+            })
+    }
+    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+        self.ram
+            .write(self.mem, ipa, data)
+            .map_err(|_| GuestMemError {
+                ipa,
+                len: data.len(),
+            })
+    }
+}
+
+impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
+    fn ram_pfns(&self) -> core::ops::Range<u64> {
+        self.ram.pfns()
+    }
+    fn inflate(&mut self, pfns: &[u64]) {
+        self.ram.release(self.mem, pfns);
+    }
+    fn deflate(&mut self, _pfns: &[u64]) {
+        // Nothing to do now: each page is backed again (zeroed or poisoned)
+        // on its next access.
+    }
+    fn now_us(&self) -> Option<u64> {
+        Some(self.now_us)
+    }
+    fn report(&mut self, blocks: &[core::ops::Range<u64>]) {
+        self.ram.release_blocks(self.mem, blocks);
+    }
+    fn hint(&mut self, blocks: &[core::ops::Range<u64>]) {
+        self.ram.release_blocks(self.mem, blocks);
+    }
+}

@@ -1,0 +1,706 @@
+//! The VM core on the host: a VM started over a fake CPU and fake RAM,
+//! exits fed in as the world switch would decode them, and their effects
+//! checked — device registers, console lines, injected exceptions, PSCI,
+//! the balloon moving pages in and out of the pool, stops and resets, and
+//! a hostile guest's arbitrary exits.
+
+use guest_bundle::{BundleBuilder, VmSpec};
+use proptest::prelude::*;
+
+use super::balloon_ctl;
+use super::check::{self, FrameFacts, VmFacts};
+use super::cpu::{GuestContext, PhysCpu};
+use super::exit::{FaultKind, VcpuExit};
+use super::fault::{BadAccessKind, OnBadAccess};
+use super::fdt::layout;
+use super::handle::{self, Outcome};
+use super::inject::GuestException;
+use super::irq;
+use super::lifecycle::{self, KernelImage, KERNEL_OFFSET};
+use super::outbox::Notice;
+use super::psci;
+use super::state::{GuestGic, Power, Vm, VmState};
+use super::testing::FakeCpu;
+use crate::balloon::F_VERSION_1;
+use crate::mm::frames::PAGE_SIZE;
+use crate::virtio::mmio;
+use crate::virtio::testing::{DriverMemory, DriverQueue};
+
+/// RAM of the fake board, in pages (16 MiB).
+const BOARD_PAGES: u64 = 4096;
+/// RAM of the test VM (8 MiB).
+const VM_RAM: u64 = 8 << 20;
+const UART_DR: u64 = layout::UART_BASE;
+const UART_FR: u64 = layout::UART_BASE + 0x18;
+
+/// A kernel with an arm64 Image header (text_offset 0x1000, image_size 1 MiB).
+fn kernel() -> Vec<u8> {
+    let mut k = vec![0u8; 8192];
+    k[8..16].copy_from_slice(&0x1000u64.to_le_bytes());
+    k[16..24].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    k[56..60].copy_from_slice(b"ARM\x64");
+    k[4096..4100].copy_from_slice(b"CODE");
+    k
+}
+
+/// A bundle of one VM, `vcpus` vCPUs on CPUs 1.., with a balloon.
+fn spec(vcpus: u32, on_bad_access: u32) -> guest_bundle::VmEntry<'static> {
+    let bytes = BundleBuilder::new()
+        .add_vm(VmSpec {
+            name: "guest".into(),
+            ram_size: VM_RAM,
+            vcpus,
+            cpu_affinity: ((1u64 << vcpus) - 1) << 1,
+            kernel: kernel(),
+            initrd: Some(vec![0x5a; 3000]),
+            cmdline: Some("console=ttyAMA0".into()),
+            balloon_features: F_VERSION_1,
+            devices: guest_bundle::devices::BALLOON,
+            on_bad_access,
+        })
+        .expect("valid VM")
+        .build();
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    let bundle = guest_bundle::parse(bytes).expect("bundle");
+    bundle.vm(0).expect("one VM")
+}
+
+/// VM 0 with `vcpus` vCPUs and a GICv3, started on a fake CPU 0 (the shell's).
+fn started(vcpus: u32) -> (Vm, FakeCpu) {
+    started_with(vcpus, 0, GuestGic::V3)
+}
+
+fn started_with(vcpus: u32, on_bad_access: u32, gic: GuestGic) -> (Vm, FakeCpu) {
+    let mut vm = Vm::new(0, spec(vcpus, on_bad_access), gic);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    (vm, cpu)
+}
+
+/// vCPU `vcpu` enters its run loop on `cpu`'s CPU; its first context.
+fn enter(vm: &mut Vm, cpu: &mut FakeCpu, vcpu: usize) -> GuestContext {
+    cpu.index = vm.cpus[vcpu];
+    let (pc, x0) = lifecycle::enter(vm, vcpu).expect("may enter");
+    GuestContext::new(pc, x0)
+}
+
+fn exit(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, exit: VcpuExit) -> Outcome {
+    handle::after_exit(vm, cpu, 0, ctx, exit, 0)
+}
+
+fn store(ipa: u64, width: u8) -> VcpuExit {
+    VcpuExit::MmioWrite {
+        ipa,
+        width,
+        reg: 1,
+        insn_len: 4,
+    }
+}
+
+fn load(ipa: u64, width: u8) -> VcpuExit {
+    VcpuExit::MmioRead {
+        ipa,
+        width,
+        reg: 2,
+        sign_extend: false,
+        sixty_four: false,
+        insn_len: 4,
+    }
+}
+
+/// The lines waiting in the VM's outbox (taken).
+fn lines(vm: &mut Vm) -> Vec<String> {
+    let (notices, dropped) = vm.out.take();
+    assert_eq!(dropped, 0);
+    notices
+        .iter()
+        .filter_map(|n| match n {
+            Notice::Line(l) => Some(l.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `check` over the fake board: every invariant the shell's command checks.
+fn assert_check(vm: &Vm, cpu: &mut FakeCpu) {
+    let facts = FrameFacts::of(&cpu.host.frames, BOARD_PAGES * PAGE_SIZE);
+    let vms = [VmFacts {
+        id: vm.id,
+        name: &vm.name,
+        stopped: vm.state == VmState::Stopped,
+        ram: vm.ram.as_ref(),
+    }];
+    let result = check::check(&facts, &vms, &mut cpu.host);
+    assert!(result.is_ok(), "check failed: {:?}", result.err());
+}
+
+#[test]
+fn start_loads_the_kernel_initrd_and_tree_and_hands_vcpu_0_to_its_cpu() {
+    let (mut vm, mut cpu) = started(1);
+    assert_eq!(vm.state, VmState::Running);
+    assert_eq!(cpu.handed, vec![(1, 0, 0)]);
+    assert_eq!(cpu.icache_invalidations, 1, "code was written to guest RAM");
+    assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE);
+    let image = KernelImage::parse(&kernel());
+    assert_eq!(image.entry(), layout::RAM_BASE + KERNEL_OFFSET + 0x1000);
+    let ram = vm.ram.as_mut().expect("RAM");
+    let mut code = [0u8; 4];
+    ram.read(&mut cpu.host, image.entry() + 4096, &mut code)
+        .expect("kernel in RAM");
+    assert_eq!(&code, b"CODE");
+    let mut magic = [0u8; 4];
+    ram.read(&mut cpu.host, layout::RAM_BASE, &mut magic)
+        .expect("tree in RAM");
+    assert_eq!(magic, [0xd0, 0x0d, 0xfe, 0xed]);
+    // The initrd starts at the first 2 MiB boundary past the kernel's footprint.
+    let initrd = (image.entry() + (1 << 20)).next_multiple_of(2 << 20);
+    let mut first = [0u8; 1];
+    ram.read(&mut cpu.host, initrd, &mut first).expect("initrd");
+    assert_eq!(first, [0x5a]);
+    let ctx = enter(&mut vm, &mut cpu, 0);
+    assert_eq!((ctx.elr, ctx.x[0]), (image.entry(), layout::RAM_BASE));
+    assert_check(&vm, &mut cpu);
+}
+
+#[test]
+fn a_second_start_and_a_missing_cpu_are_refused() {
+    let (mut vm, mut cpu) = started(1);
+    assert_eq!(
+        lifecycle::start(&mut vm, &mut cpu),
+        Err("it is already running")
+    );
+    let mut vm = Vm::new(0, spec(2, 0), GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    cpu.online = 0b10; // CPU 2 is missing
+    assert!(lifecycle::start(&mut vm, &mut cpu).is_err());
+    assert_eq!(cpu.host.frames.guest_pages(0), 0, "nothing was allocated");
+}
+
+#[test]
+fn console_bytes_become_one_line_and_registers_read_back() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    for &b in b"hello\n" {
+        ctx.x[1] = u64::from(b);
+        let pc = ctx.elr;
+        assert_eq!(
+            exit(&mut vm, &mut cpu, &mut ctx, store(UART_DR, 4)),
+            Outcome::Continue
+        );
+        assert_eq!(ctx.elr, pc + 4, "the store is stepped over");
+    }
+    assert_eq!(lines(&mut vm), vec!["[guest] hello"]);
+    ctx.x[2] = 0xdead;
+    exit(&mut vm, &mut cpu, &mut ctx, load(UART_FR, 4));
+    assert_ne!(ctx.x[2], 0xdead, "FR was read into x2");
+    assert_eq!(vm.exits.mmio, 7);
+}
+
+#[test]
+fn a_focused_console_is_shown_live() {
+    let (mut vm, mut cpu) = started(1);
+    vm.focused = true;
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    for &b in b"/ # " {
+        ctx.x[1] = u64::from(b);
+        exit(&mut vm, &mut cpu, &mut ctx, store(UART_DR, 4));
+    }
+    let (notices, _) = vm.out.take();
+    assert!(notices.iter().all(|n| matches!(
+        n,
+        Notice::Live {
+            complete: false,
+            ..
+        }
+    )));
+    assert!(!notices.is_empty());
+}
+
+#[test]
+fn bad_accesses_get_aborts_counted_and_rate_limited_lines() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    // Nothing is at 0x3000_0000: an external abort on the load.
+    let pc = ctx.elr;
+    ctx.far = 0x1234;
+    assert_eq!(
+        exit(&mut vm, &mut cpu, &mut ctx, load(0x3000_0000, 4)),
+        Outcome::Continue
+    );
+    assert_eq!(
+        cpu.injected,
+        vec![(
+            GuestException::DataAbort { write: false },
+            Some(0x1234),
+            true
+        )]
+    );
+    assert_eq!(ctx.elr, pc + 4, "the fake handler resumed past it");
+    // A 2-byte read of virtio config: the device refuses it.
+    exit(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        load(layout::VIRTIO_BASE + mmio::CONFIG + 1, 2),
+    );
+    assert_eq!(vm.bad_access.injected, 2);
+    assert_eq!(vm.bad_access.by_kind[BadAccessKind::Unmapped.index()], 1);
+    let said = lines(&mut vm);
+    assert_eq!(said.len(), 2);
+    assert!(
+        said[0].starts_with("tidal: [guest] data abort injected: "),
+        "{said:?}"
+    );
+    assert!(said[1].contains("virtio"), "{said:?}");
+    // A flood: ten lines at once, then the rest held back.
+    for _ in 0..100 {
+        exit(&mut vm, &mut cpu, &mut ctx, load(0x3000_0000, 4));
+    }
+    assert_eq!(cpu.injected.len(), 102, "every bad access gets its abort");
+    assert!(lines(&mut vm).len() <= 10);
+    assert_check(&vm, &mut cpu);
+}
+
+#[test]
+fn under_the_stop_policy_a_bad_access_stops_the_vm() {
+    let (mut vm, mut cpu) = started_with(1, guest_bundle::bad_access::STOP, GuestGic::V3);
+    assert_eq!(vm.on_bad_access, OnBadAccess::Stop);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let outcome = exit(&mut vm, &mut cpu, &mut ctx, store(0x3000_0000, 4));
+    assert!(matches!(outcome, Outcome::Stop(_)));
+    assert!(cpu.injected.is_empty());
+    lifecycle::begin_stop(&mut vm, &mut cpu, "test", false);
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    assert_eq!(vm.state, VmState::Stopped);
+    assert_eq!(cpu.host.frames.guest_pages(0), 0, "every page went back");
+    assert_check(&vm, &mut cpu);
+}
+
+#[test]
+fn unemulated_system_registers_are_undefined() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let sysreg = VcpuExit::SysReg {
+        encoding: (3, 0, 15, 2, 0),
+        reg: 3,
+        read: true,
+        insn_len: 4,
+    };
+    exit(&mut vm, &mut cpu, &mut ctx, sysreg);
+    assert_eq!(cpu.injected[0].0, GuestException::Undefined);
+    assert_eq!(
+        vm.bad_access.by_kind[BadAccessKind::SystemRegister.index()],
+        1
+    );
+}
+
+#[test]
+fn psci_brings_up_a_second_vcpu_and_powers_off() {
+    let (mut vm, mut cpu) = started(2);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let call = |vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, args: [u64; 4]| {
+        ctx.x[..4].copy_from_slice(&args);
+        let outcome = exit(vm, cpu, ctx, VcpuExit::Hvc { imm: 0 });
+        (outcome, ctx.x[0])
+    };
+    let version = call(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        [psci::PSCI_VERSION.into(), 0, 0, 0],
+    );
+    assert_eq!(version, (Outcome::Continue, 0x1_0000));
+    let on = [psci::CPU_ON_64.into(), 1, 0x4008_0000, 42];
+    assert_eq!(
+        call(&mut vm, &mut cpu, &mut ctx, on),
+        (Outcome::Continue, 0)
+    );
+    assert_eq!(cpu.handed.last(), Some(&(2, 0, 1)), "vCPU 1 went to CPU 2");
+    assert_eq!(
+        vm.power[1],
+        Power::Starting {
+            entry: 0x4008_0000,
+            context: 42
+        }
+    );
+    assert_eq!(call(&mut vm, &mut cpu, &mut ctx, on).1, psci::ALREADY_ON);
+    let info = [psci::AFFINITY_INFO_64.into(), 1, 0, 0];
+    assert_eq!(call(&mut vm, &mut cpu, &mut ctx, info).1, 2, "ON_PENDING");
+    let bad = [psci::CPU_ON_64.into(), 7, 0, 0];
+    assert_eq!(
+        call(&mut vm, &mut cpu, &mut ctx, bad).1,
+        psci::INVALID_PARAMETERS
+    );
+    // vCPU 1 starts where CPU_ON said.
+    let ctx1 = enter(&mut vm, &mut cpu, 1);
+    assert_eq!((ctx1.elr, ctx1.x[0]), (0x4008_0000, 42));
+    assert_eq!(call(&mut vm, &mut cpu, &mut ctx, info).1, 0, "ON");
+    let unknown = [0x8400_00ff, 0, 0, 0];
+    assert_eq!(
+        call(&mut vm, &mut cpu, &mut ctx, unknown).1,
+        psci::NOT_SUPPORTED
+    );
+    let off = [psci::SYSTEM_OFF.into(), 0, 0, 0];
+    let (outcome, _) = call(&mut vm, &mut cpu, &mut ctx, off);
+    assert!(matches!(outcome, Outcome::Stop(_)));
+    // The stop kicks the other vCPU's CPU; the last one out frees the RAM.
+    cpu.index = 1;
+    lifecycle::begin_stop(&mut vm, &mut cpu, "powered off", false);
+    assert!(cpu.kicks.contains(&2));
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    assert_eq!(vm.state, VmState::StopRequested, "vCPU 1 is still inside");
+    lifecycle::leave(&mut vm, &mut cpu, 1, true);
+    assert_eq!(vm.state, VmState::Stopped);
+    assert_eq!(cpu.host.frames.guest_pages(0), 0);
+    assert!(lines(&mut vm)
+        .iter()
+        .any(|l| l.contains("VM stopped: powered off; 2048 pages returned to the pool")));
+    assert_check(&vm, &mut cpu);
+}
+
+#[test]
+fn a_guest_reset_starts_the_vm_again() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    ctx.x[0] = psci::SYSTEM_RESET.into();
+    assert_eq!(
+        exit(&mut vm, &mut cpu, &mut ctx, VcpuExit::Hvc { imm: 0 }),
+        Outcome::Reset
+    );
+    lifecycle::begin_stop(&mut vm, &mut cpu, "reset", true);
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    assert_eq!(vm.state, VmState::Running);
+    assert_eq!(vm.starts, 2);
+    assert_eq!(cpu.handed.len(), 2);
+    assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE);
+    assert_check(&vm, &mut cpu);
+}
+
+#[test]
+fn wfi_sleeps_only_when_nothing_is_pending() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let wfi = VcpuExit::Wait {
+        wfe: false,
+        insn_len: 4,
+    };
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfi), Outcome::Idle);
+    let wfe = VcpuExit::Wait {
+        wfe: true,
+        insn_len: 4,
+    };
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfe), Outcome::Continue);
+    // An interrupt listed but not taken yet: no sleep.
+    cpu.lrs[0] = crate::vgic::LR_PENDING | 33;
+    vm.listed[0][0] = Some(33);
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfi), Outcome::Continue);
+}
+
+#[test]
+fn physical_interrupts_are_taken_and_the_timer_goes_to_the_guest() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    cpu.pending_irqs = vec![crate::vgic::intid::KICK_SGI, crate::vgic::intid::VTIMER_PPI];
+    exit(&mut vm, &mut cpu, &mut ctx, VcpuExit::Interrupt);
+    assert_eq!(cpu.eois, vec![0, 27]);
+    assert_eq!(
+        cpu.deactivated,
+        vec![0],
+        "the timer stays active for the guest"
+    );
+}
+
+/// The guest's stores into its own RAM (a driver laying out rings).
+struct GuestStores<'a> {
+    vm: &'a mut Vm,
+    cpu: &'a mut FakeCpu,
+}
+
+impl DriverMemory for GuestStores<'_> {
+    fn poke(&mut self, ipa: u64, data: &[u8]) {
+        let ram = self.vm.ram.as_mut().expect("RAM");
+        ram.translate_or_back(&mut self.cpu.host, ipa)
+            .expect("backed");
+        ram.write(&mut self.cpu.host, ipa, data).expect("in RAM");
+    }
+}
+
+/// A virtio register write, as a trapped guest store.
+fn virtio_write(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64, value: u32) {
+    ctx.x[1] = u64::from(value);
+    let outcome = exit(vm, cpu, ctx, store(layout::VIRTIO_BASE + off, 4));
+    assert_eq!(outcome, Outcome::Continue);
+}
+
+fn virtio_read(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64) -> u32 {
+    exit(vm, cpu, ctx, load(layout::VIRTIO_BASE + off, 4));
+    ctx.x[2] as u32
+}
+
+#[test]
+fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let rings = layout::RAM_BASE + VM_RAM - 0x10_0000;
+    let mut inflate = DriverQueue::new(16, rings, rings + 0x1000, rings + 0x2000);
+    let deflate = DriverQueue::new(16, rings + 0x4000, rings + 0x5000, rings + 0x6000);
+    // Probe, as Linux's virtio_mmio does, entirely through trapped accesses.
+    assert_eq!(
+        virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::MAGIC_VALUE),
+        mmio::MAGIC
+    );
+    assert_eq!(virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::DEVICE_ID), 5);
+    let ack = mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER;
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::STATUS, 0);
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::STATUS, ack);
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::DRIVER_FEATURES_SEL, 1);
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::DRIVER_FEATURES, 1);
+    virtio_write(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        mmio::STATUS,
+        ack | mmio::STATUS_FEATURES_OK,
+    );
+    for (i, q) in [&inflate, &deflate].into_iter().enumerate() {
+        virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_SEL, i as u32);
+        virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NUM, q.size.into());
+        for (reg, ipa) in [
+            (mmio::QUEUE_DESC_LOW, q.desc),
+            (mmio::QUEUE_DRIVER_LOW, q.avail),
+            (mmio::QUEUE_DEVICE_LOW, q.used),
+        ] {
+            virtio_write(&mut vm, &mut cpu, &mut ctx, reg, ipa as u32);
+        }
+        virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_READY, 1);
+    }
+    let ok = ack | mmio::STATUS_FEATURES_OK | mmio::STATUS_DRIVER_OK;
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::STATUS, ok);
+    assert_eq!(virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::STATUS), ok);
+
+    // The host asks for 16 pages: the config-change interrupt is raised.
+    let free_before = cpu.host.frames.free_pages();
+    balloon_ctl::set_target(&mut vm, &mut cpu, 16).expect("target set");
+    assert_eq!(virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::CONFIG), 16);
+    assert!(vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending()));
+    // The guest inflates 16 pages in the middle of its RAM.
+    let first_pfn = (layout::RAM_BASE + (2 << 20) + (512 << 10)) / PAGE_SIZE;
+    let pfns: Vec<u8> = (0..16u32)
+        .flat_map(|i| (first_pfn as u32 + i).to_le_bytes())
+        .collect();
+    let array = rings + 0x8000;
+    {
+        let mut stores = GuestStores {
+            vm: &mut vm,
+            cpu: &mut cpu,
+        };
+        stores.poke(array, &pfns);
+        inflate.add(&mut stores, &[(array, 64, false)]);
+    }
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 0);
+    assert_eq!(
+        cpu.host.frames.free_pages(),
+        free_before + 16,
+        "16 pages back in the pool"
+    );
+    assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE - 16);
+    assert!(cpu.host.flushes >= 1, "the TLB was invalidated");
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::CONFIG + 4, 16);
+    assert!(vm.change.is_none(), "the change is complete");
+    assert!(lines(&mut vm)
+        .iter()
+        .any(|l| l.contains("balloon: reached 16 pages: 16 pages inflated")));
+    assert_check(&vm, &mut cpu);
+
+    // The guest touches an inflated page again (deflate not told: a
+    // migration-like refault): it is backed with a zeroed frame.
+    let ipa = first_pfn * PAGE_SIZE + 8;
+    let fault = VcpuExit::Abort {
+        ipa,
+        write: true,
+        instruction: false,
+        fault: FaultKind::Translation,
+    };
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, fault), Outcome::Continue);
+    assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE - 15);
+    let mut word = [0xffu8; 8];
+    let ram = vm.ram.as_mut().expect("RAM");
+    ram.read(&mut cpu.host, ipa, &mut word).expect("backed");
+    assert_eq!(word, [0; 8], "a fresh page reads as zeros");
+    assert_check(&vm, &mut cpu);
+
+    // Stop: every page goes back.
+    lifecycle::request_stop(&mut vm, &mut cpu).expect("running");
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    assert_eq!(cpu.host.frames.guest_pages(0), 0);
+    assert_check(&vm, &mut cpu);
+}
+
+#[test]
+fn list_registers_carry_pending_interrupts_and_retire_them() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    // The guest enables its distributor and SPI 33 (the UART), through exits.
+    ctx.x[1] = 0b11;
+    exit(&mut vm, &mut cpu, &mut ctx, store(layout::GICD_BASE, 4));
+    // ISENABLER1 bit 1 (INTID 33), group 1 via IGROUPR1.
+    ctx.x[1] = 1 << 1;
+    exit(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        store(layout::GICD_BASE + 0x84, 4),
+    );
+    exit(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        store(layout::GICD_BASE + 0x104, 4),
+    );
+    // The guest turns on receive interrupts and a byte arrives.
+    ctx.x[1] = 1 << 4;
+    exit(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        store(layout::UART_BASE + 0x38, 4),
+    );
+    ctx.x[1] = 0x301;
+    exit(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        store(layout::UART_BASE + 0x30, 4),
+    );
+    assert!(irq::console_input(&mut vm, &mut cpu, b'x'));
+    irq::sync_list_registers(&mut vm, &mut cpu, 0);
+    let lr = cpu.read_lr(0);
+    assert_eq!(lr.intid, 33, "the UART's SPI is listed");
+    assert_eq!(vm.listed[0][0], Some(33));
+    // The guest takes and completes it (the LR goes invalid): it is retired.
+    cpu.lrs[0] = 0;
+    exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 4));
+    irq::sync_list_registers(&mut vm, &mut cpu, 0);
+    assert_eq!(vm.listed[0][0], None);
+}
+
+/// One arbitrary exit a hostile guest could cause.
+fn any_exit() -> impl Strategy<Value = VcpuExit> {
+    let ipa = prop_oneof![
+        0u64..0x1_0000_0000,
+        (0u64..0x1000).prop_map(|o| layout::GICD_BASE + o),
+        (0u64..0x4_0000).prop_map(|o| layout::GICR_BASE + o),
+        (0u64..0x1000).prop_map(|o| layout::UART_BASE + o),
+        (0u64..0x200).prop_map(|o| layout::VIRTIO_BASE + o),
+        (0u64..VM_RAM).prop_map(|o| layout::RAM_BASE + o),
+    ];
+    let width = prop_oneof![Just(1u8), Just(2), Just(4), Just(8), 0u8..=16];
+    prop_oneof![
+        (
+            ipa.clone(),
+            width.clone(),
+            0u8..=31,
+            any::<bool>(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(ipa, width, reg, sign_extend, sixty_four)| VcpuExit::MmioRead {
+                    ipa,
+                    width,
+                    reg,
+                    sign_extend,
+                    sixty_four,
+                    insn_len: 4
+                }
+            ),
+        (ipa.clone(), width, 0u8..=31).prop_map(|(ipa, width, reg)| VcpuExit::MmioWrite {
+            ipa,
+            width,
+            reg,
+            insn_len: 4
+        }),
+        (ipa, any::<bool>(), any::<bool>(), any::<bool>()).prop_map(
+            |(ipa, write, instruction, translation)| VcpuExit::Abort {
+                ipa,
+                write,
+                instruction,
+                fault: if translation {
+                    FaultKind::Translation
+                } else {
+                    FaultKind::Permission
+                },
+            }
+        ),
+        any::<u16>().prop_map(|imm| VcpuExit::Hvc { imm }),
+        any::<u16>().prop_map(|imm| VcpuExit::Smc { imm, insn_len: 4 }),
+        any::<bool>().prop_map(|wfe| VcpuExit::Wait { wfe, insn_len: 4 }),
+        Just(VcpuExit::Interrupt),
+        (
+            0u8..4,
+            0u8..8,
+            0u8..16,
+            0u8..16,
+            0u8..8,
+            0u8..=31,
+            any::<bool>()
+        )
+            .prop_map(|(op0, op1, crn, crm, op2, reg, read)| VcpuExit::SysReg {
+                encoding: (op0, op1, crn, crm, op2),
+                reg,
+                read,
+                insn_len: 4
+            }),
+        any::<u64>().prop_map(|esr| VcpuExit::Unknown { esr }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Whatever exits a guest causes, with whatever register values: the
+    /// core never panics, the VM owns exactly what it maps, nothing it
+    /// does reaches outside its RAM, and a stop gives every page back.
+    #[test]
+    fn a_hostile_guest_cannot_break_the_core(
+        exits in proptest::collection::vec((any_exit(), any::<[u64; 4]>()), 1..200),
+        gic_v2 in any::<bool>(),
+    ) {
+        let gic = if gic_v2 { GuestGic::V2 { gicv: 0x0804_0000 } } else { GuestGic::V3 };
+        let (mut vm, mut cpu) = started_with(2, 0, gic);
+        let mut ctx = enter(&mut vm, &mut cpu, 0);
+        for (exit, regs) in exits {
+            ctx.x[..4].copy_from_slice(&regs);
+            let outcome = handle::after_exit(&mut vm, &mut cpu, 0, &mut ctx, exit, 0);
+            let _ = vm.out.take();
+            match outcome {
+                Outcome::Continue | Outcome::Idle => {}
+                Outcome::Stop(why) => {
+                    lifecycle::begin_stop(&mut vm, &mut cpu, why, false);
+                    break;
+                }
+                Outcome::Reset => {
+                    lifecycle::begin_stop(&mut vm, &mut cpu, "reset", true);
+                    break;
+                }
+                Outcome::VcpuOff => break,
+            }
+            let pages = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
+            prop_assert!(cpu.host.frames.guest_pages(0) <= VM_RAM / PAGE_SIZE);
+            prop_assert!(pages <= VM_RAM / PAGE_SIZE + 2);
+            assert_check(&vm, &mut cpu);
+        }
+        // However it ended, the vCPU leaves and a stop frees everything.
+        lifecycle::leave(&mut vm, &mut cpu, 0, true);
+        if vm.state != VmState::Stopped {
+            lifecycle::request_stop(&mut vm, &mut cpu).ok();
+            // A vCPU 1 the guest started must leave too.
+            if vm.inside > 0 {
+                lifecycle::leave(&mut vm, &mut cpu, 1, true);
+            }
+        }
+        prop_assert_eq!(vm.state, VmState::Stopped);
+        prop_assert_eq!(cpu.host.frames.guest_pages(0), 0);
+        prop_assert!(cpu.host.frames.check_invariants().is_ok());
+        assert_check(&vm, &mut cpu);
+    }
+}

@@ -1,0 +1,125 @@
+//! What the VM core needs from the physical CPU it runs on, as one narrow
+//! trait ([`PhysCpu`]), and the guest registers a vCPU exit hands over
+//! ([`GuestContext`]).
+//!
+//! Everything else under `vm/` is plain Rust over plain data: the target
+//! implements [`PhysCpu`] with the GIC's virtual interface, the generic
+//! timer, the PMU and the EL2 identity map (`crate::run`); host tests and the
+//! fuzz targets implement it with a fake that records what the VM core
+//! asked for (`vm::testing::FakeCpu`).
+
+use super::inject::GuestException;
+use super::memory::HostMemory;
+use crate::vgic::{LrState, PendingIrq};
+
+/// Guest registers and the syndrome of the last exit. Field offsets are used
+/// by the world switch's assembly (`arch::aarch64::vcpu`, which checks them).
+#[repr(C, align(16))]
+#[derive(Clone)]
+pub struct GuestContext {
+    pub x: [u64; 31],
+    pub _pad: u64,
+    /// PC and PSTATE to return to.
+    pub elr: u64,
+    pub spsr: u64,
+    pub esr: u64,
+    pub far: u64,
+    pub hpfar: u64,
+    pub _pad2: u64,
+    /// q0-q31, then FPSR and FPCR.
+    pub fp: [u128; 32],
+    pub fpsr: u64,
+    pub fpcr: u64,
+}
+
+/// EL1h with D, A, I and F masked: how a guest kernel is entered.
+pub const SPSR_EL1H_MASKED: u64 = 0x3c5;
+
+impl GuestContext {
+    pub const fn new(pc: u64, x0: u64) -> Self {
+        let mut x = [0; 31];
+        x[0] = x0;
+        Self {
+            x,
+            _pad: 0,
+            elr: pc,
+            spsr: SPSR_EL1H_MASKED,
+            esr: 0,
+            far: 0,
+            hpfar: 0,
+            _pad2: 0,
+            fp: [0; 32],
+            fpsr: 0,
+            fpcr: 0,
+        }
+    }
+
+    /// Register `n` as an instruction operand: 31 is XZR.
+    pub fn reg(&self, n: u8) -> u64 {
+        self.x.get(n as usize).copied().unwrap_or(0)
+    }
+
+    pub fn set_reg(&mut self, n: u8, value: u64) {
+        if let Some(r) = self.x.get_mut(n as usize) {
+            *r = value;
+        }
+    }
+}
+
+/// The physical CPU a vCPU's exits are handled on: the only things the VM
+/// core cannot do in plain Rust.
+pub trait PhysCpu {
+    /// Where guest frames and stage-2 tables come from.
+    type Memory: HostMemory;
+    fn memory(&mut self) -> &mut Self::Memory;
+
+    /// This CPU's index.
+    fn index(&self) -> usize;
+    /// Microseconds since boot.
+    fn uptime_us(&self) -> u64;
+    /// The system counter and its frequency (ticks per second).
+    fn counter(&self) -> (u64, u64);
+    /// EL2 instructions retired so far (wrapping), when the PMU counts them.
+    fn instructions(&self) -> u32;
+    fn counts_instructions(&self) -> bool;
+
+    /// Whether physical CPU `cpu` is online and free to run vCPUs.
+    fn cpu_online(&self, cpu: usize) -> bool;
+    /// Make CPU `cpu` leave its guest (a kick SGI).
+    fn kick(&mut self, cpu: usize);
+    /// Give vCPU `vcpu` of VM `vm` to physical CPU `cpu` and wake it.
+    fn hand_vcpu(&mut self, cpu: usize, vm: usize, vcpu: usize);
+    /// The vCPU this CPU ran has left its run loop (what a failure on this
+    /// CPU must clean up changes).
+    fn vcpu_left(&mut self);
+
+    /// The GIC's virtual CPU interface on this CPU.
+    fn list_registers(&self) -> usize;
+    fn read_lr(&self, i: usize) -> LrState;
+    fn write_lr(&mut self, i: usize, irq: &PendingIrq, hw: Option<u32>);
+    fn clear_lr(&mut self, i: usize);
+    /// Enable the virtual interface, with an underflow maintenance
+    /// interrupt when more is pending than the list registers hold.
+    fn enable_virtual_interface(&mut self, underflow: bool);
+    /// Clear every list register and the active priorities.
+    fn reset_virtual_interface(&mut self);
+    /// Physical interrupts: acknowledge the highest pending one (its INTID,
+    /// [`SPURIOUS`](crate::vgic::intid::SPURIOUS) if none, and the raw IAR),
+    /// drop its priority, deactivate it.
+    fn acknowledge(&mut self) -> (u32, u32);
+    fn end_of_interrupt(&mut self, iar: u32);
+    fn deactivate(&mut self, iar: u32);
+
+    /// Take `exception` to the guest's EL1, as the hardware would have
+    /// (the guest's EL1 registers are live on this CPU).
+    fn inject(
+        &mut self,
+        ctx: &mut GuestContext,
+        exception: GuestException,
+        far: Option<u64>,
+        il32: bool,
+    );
+    /// Invalidate every instruction cache to the point of unification
+    /// (after writing code into a guest's RAM).
+    fn invalidate_icache(&mut self);
+}

@@ -1,0 +1,373 @@
+//! What one vCPU exit does to its VM: the decoded exit ([`VcpuExit`]) is
+//! handled under the VM's lock — MMIO given to the device it addresses
+//! ([`super::bus`]), a stage-2 fault in RAM backed again, PSCI answered,
+//! WFI turned into a sleep — and the outcome tells the vCPU loop whether
+//! to enter the guest again.
+//!
+//! A bad access (a device register access the device refuses, an address
+//! that is neither RAM nor a device, an unemulated system register) gets
+//! what the VM's policy says ([`super::fault`]): by default an exception
+//! injected into the guest ([`super::inject`]), else the VM stops.
+
+use core::fmt::Write as _;
+
+use super::balloon_ctl;
+use super::bus::{self, Detail, Refused};
+use super::cpu::{GuestContext, PhysCpu};
+use super::exit::{il32, load_result, FaultKind, VcpuExit};
+use super::fault::{BadAccessKind, OnBadAccess};
+use super::inject::GuestException;
+use super::irq;
+use super::memory::RamError;
+use super::psci::{self, PsciOutcome};
+use super::ratelimit::LineKind;
+use super::state::Vm;
+use crate::mm::frames::PAGE_SIZE;
+use crate::vgic::{ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
+
+/// Why a VM stopped after a hypervisor failure in its path.
+pub const FAILURE: &str = "a hypervisor failure in this VM's path";
+
+/// What the vCPU loop does after an exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Continue,
+    /// The guest executed WFI: sleep until an interrupt could be for it.
+    Idle,
+    /// This vCPU turned itself off (PSCI CPU_OFF).
+    VcpuOff,
+    Stop(&'static str),
+    Reset,
+}
+
+/// Everything an exit does under the VM's lock, after the decode: the exit
+/// handled, the counters and the balloon change's cost updated, vCPU 0's
+/// time-driven balloon work done. `before`: the instruction count when the
+/// guest left.
+pub fn after_exit(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ctx: &mut GuestContext,
+    exit: VcpuExit,
+    before: u32,
+) -> Outcome {
+    let counted = vm.change.is_some() && balloon_work(vm, &exit);
+    let mut outcome = handle(vm, cpu, vcpu, ctx, exit);
+    if let Some(e) = vm.ram.as_ref().and_then(|r| r.frame_error) {
+        // A broken frame-table invariant: not a guest's doing, but it
+        // ends only this VM.
+        vm.out.line(format_args!(
+            "tidal: [{}] hypervisor failure in this VM's path: the frame table refused one of its frames: {e}; the VM is stopped",
+            vm.name
+        ));
+        outcome = Outcome::Stop(FAILURE);
+    }
+    let spent = u64::from(cpu.instructions().wrapping_sub(before));
+    vm.exits.total += 1;
+    vm.exits.instructions += spent;
+    if counted {
+        if let Some(change) = vm.change.as_mut() {
+            change.instructions += spent;
+            change.exits += 1;
+        }
+    }
+    balloon_ctl::finish_change(vm, cpu);
+    if vcpu == 0 {
+        balloon_ctl::poll(vm, cpu);
+    }
+    outcome
+}
+
+/// Whether an exit is part of moving the balloon: a balloon register access
+/// or a fault backing RAM.
+fn balloon_work(vm: &Vm, exit: &VcpuExit) -> bool {
+    match *exit {
+        VcpuExit::MmioRead { ipa, .. }
+        | VcpuExit::MmioWrite { ipa, .. }
+        | VcpuExit::Abort { ipa, .. } => {
+            matches!(bus::route(vm, ipa), Some(bus::Window::Virtio(_)))
+                || vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
+        }
+        _ => false,
+    }
+}
+
+/// Handle one exit.
+pub fn handle(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ctx: &mut GuestContext,
+    exit: VcpuExit,
+) -> Outcome {
+    // A simple load or store to a RAM page that has no frame (given back
+    // through the balloon) carries a full syndrome too: it is a fault to
+    // back, not MMIO to emulate.
+    let exit = match exit {
+        VcpuExit::MmioRead { ipa, .. } | VcpuExit::MmioWrite { ipa, .. }
+            if vm.ram.as_ref().is_some_and(|r| r.contains(ipa)) =>
+        {
+            VcpuExit::Abort {
+                ipa,
+                write: matches!(exit, VcpuExit::MmioWrite { .. }),
+                instruction: false,
+                fault: FaultKind::Translation,
+            }
+        }
+        other => other,
+    };
+    match exit {
+        VcpuExit::MmioRead {
+            ipa,
+            width,
+            reg,
+            sign_extend,
+            sixty_four,
+            insn_len,
+        } => {
+            vm.exits.mmio += 1;
+            match bus::read(vm, cpu, vcpu, ipa, width) {
+                Ok(value) => ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four)),
+                Err(refused) => {
+                    let access = Access::data(ipa, false, width, insn_len, ctx.far);
+                    return bad_access(vm, cpu, ctx, refused, access);
+                }
+            }
+            ctx.elr += u64::from(insn_len);
+        }
+        VcpuExit::MmioWrite {
+            ipa,
+            width,
+            reg,
+            insn_len,
+        } => {
+            vm.exits.mmio += 1;
+            let value = ctx.reg(reg);
+            if let Err(refused) = bus::write(vm, cpu, vcpu, ipa, width, value) {
+                let access = Access::data(ipa, true, width, insn_len, ctx.far);
+                return bad_access(vm, cpu, ctx, refused, access);
+            }
+            ctx.elr += u64::from(insn_len);
+        }
+        VcpuExit::Abort {
+            ipa,
+            instruction,
+            fault,
+            write,
+        } => {
+            vm.exits.faults += 1;
+            let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
+            if in_ram && fault == FaultKind::Translation {
+                return back_page(vm, cpu, ctx, ipa);
+            }
+            let kind = if instruction && !in_ram {
+                BadAccessKind::InstructionFetch
+            } else if in_ram {
+                BadAccessKind::RamFault
+            } else if let Some(window) = bus::route(vm, ipa) {
+                // A device register, but the syndrome does not say
+                // which register or width (ldp/stp, writeback, SIMD).
+                BadAccessKind::NoSyndrome(window.device())
+            } else {
+                BadAccessKind::Unmapped
+            };
+            let access = Access {
+                ipa: Some(ipa),
+                write,
+                width: None,
+                // Aborts without a syndrome are reported with IL = 1.
+                il32: true,
+                far: far_if_valid(ctx),
+                fetch: instruction,
+            };
+            return bad_access(vm, cpu, ctx, Refused::new(kind), access);
+        }
+        VcpuExit::Hvc { .. } => {
+            vm.exits.hvc += 1;
+            return psci_outcome(psci::call(vm, cpu, vcpu, ctx));
+        }
+        VcpuExit::Smc { insn_len, .. } => {
+            vm.exits.hvc += 1;
+            ctx.elr += u64::from(insn_len);
+            return psci_outcome(psci::call(vm, cpu, vcpu, ctx));
+        }
+        VcpuExit::Wait { wfe, insn_len } => {
+            vm.exits.wfx += 1;
+            ctx.elr += u64::from(insn_len);
+            // WFE is a spin-wait hint: go straight back. A WFI with the
+            // virtual GIC idle waits for a physical interrupt (timer, kick).
+            if !wfe
+                && vm.vgic.as_ref().is_some_and(|g| !g.has_pending(vcpu))
+                && !irq::lr_pending(vm, cpu, vcpu)
+            {
+                return Outcome::Idle;
+            }
+        }
+        VcpuExit::Interrupt => irq::take_physical(vm, cpu, vcpu),
+        VcpuExit::SysReg {
+            encoding,
+            reg,
+            read,
+            insn_len,
+        } => {
+            vm.exits.sysreg += 1;
+            let sgi = [ICC_SGI1R_EL1, ICC_ASGI1R_EL1, ICC_SGI0R_EL1].contains(&encoding);
+            match vm.vgic.as_mut() {
+                // The SGI generation registers are write-only.
+                Some(vgic) if sgi && !read => {
+                    if let Ok(effect) = vgic.send_sgi_v3(vcpu, ctx.reg(reg)) {
+                        irq::apply_effect(vm, cpu, effect);
+                    }
+                }
+                Some(_) if sgi => ctx.set_reg(reg, 0),
+                _ => {
+                    let refused = Refused {
+                        kind: BadAccessKind::SystemRegister,
+                        detail: Detail::SysReg { encoding, read },
+                    };
+                    return bad_access(vm, cpu, ctx, refused, Access::trap(il32(insn_len)));
+                }
+            }
+            ctx.elr += u64::from(insn_len);
+        }
+        VcpuExit::Unknown { esr } => {
+            let refused = Refused {
+                kind: BadAccessKind::UnknownExit,
+                detail: Detail::Esr(esr),
+            };
+            let access = Access::trap(esr & (1 << 25) != 0);
+            return bad_access(vm, cpu, ctx, refused, access);
+        }
+    }
+    Outcome::Continue
+}
+
+fn psci_outcome(outcome: PsciOutcome) -> Outcome {
+    match outcome {
+        PsciOutcome::Answered => Outcome::Continue,
+        PsciOutcome::SystemOff => Outcome::Stop("powered off by the guest (PSCI SYSTEM_OFF)"),
+        PsciOutcome::SystemReset => Outcome::Reset,
+        PsciOutcome::CpuOff => Outcome::VcpuOff,
+    }
+}
+
+/// A translation fault on a RAM page given back (balloon, reported,
+/// hinted): back it again, zeroed or with the guest's poison value.
+fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: u64) -> Outcome {
+    let fill = vm.balloon.as_ref().map_or(0, |b| b.device().page_fill());
+    let Some(ram) = vm.ram.as_mut() else {
+        return Outcome::Continue;
+    };
+    ram.set_page_fill(fill);
+    if let Err(RamError::OutOfMemory { .. }) = ram.translate_or_back(cpu.memory(), ipa) {
+        let why = "no free memory left to back its RAM";
+        vm.out.line(format_args!(
+            "tidal: [{}] stopping the VM: {why}: IPA {ipa:#x}, PC {:#x}",
+            vm.name, ctx.elr
+        ));
+        return Outcome::Stop(why);
+    }
+    if let Some(balloon) = vm.balloon.as_mut() {
+        balloon.device_mut().page_refaulted(ipa / PAGE_SIZE);
+    }
+    Outcome::Continue
+}
+
+/// The facts of a refused access, for the message and the exception.
+struct Access {
+    ipa: Option<u64>,
+    write: bool,
+    width: Option<u8>,
+    il32: bool,
+    /// The faulting virtual address (FAR_EL2), when valid.
+    far: Option<u64>,
+    /// An instruction fetch (else a load, store or trapped instruction).
+    fetch: bool,
+}
+
+impl Access {
+    /// A load or store with a full syndrome (FAR_EL2 is valid then).
+    fn data(ipa: u64, write: bool, width: u8, insn_len: u8, far: u64) -> Self {
+        Self {
+            ipa: Some(ipa),
+            write,
+            width: Some(width),
+            il32: il32(insn_len),
+            far: Some(far),
+            fetch: false,
+        }
+    }
+
+    /// A trapped instruction that is no memory access.
+    fn trap(il32: bool) -> Self {
+        Self {
+            ipa: None,
+            write: false,
+            width: None,
+            il32,
+            far: None,
+            fetch: false,
+        }
+    }
+}
+
+/// FAR_EL2 of an abort, unless the syndrome says it is not valid (FnV).
+fn far_if_valid(ctx: &GuestContext) -> Option<u64> {
+    (ctx.esr & (1 << 10) == 0).then_some(ctx.far)
+}
+
+/// A bad access: an exception for the guest, or the VM stopped, as its
+/// policy says; counted and said on the console (rate-limited).
+fn bad_access(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    ctx: &mut GuestContext,
+    refused: Refused,
+    access: Access,
+) -> Outcome {
+    let mut place: heapless::String<64> = heapless::String::new();
+    if let Some(width) = access.width {
+        let _ = write!(
+            place,
+            "{width}-byte {} ",
+            if access.write { "write" } else { "read" }
+        );
+    }
+    if let Some(ipa) = access.ipa {
+        let _ = write!(place, "at IPA {ipa:#x}, ");
+    }
+    let _ = write!(place, "PC {:#x}", ctx.elr);
+    if vm.on_bad_access == OnBadAccess::Stop {
+        vm.out.line(format_args!(
+            "tidal: [{}] stopping the VM (on_bad_access = \"stop\"): {refused}: {place}",
+            vm.name
+        ));
+        return Outcome::Stop(bad_access_reason(refused.kind));
+    }
+    let exception = if access.fetch {
+        GuestException::InstructionAbort
+    } else {
+        refused.kind.exception(access.write)
+    };
+    vm.bad_access.count(refused.kind);
+    vm.lines_at(cpu.uptime_us()).say(
+        LineKind::Abort,
+        format_args!("{} injected: {refused}: {place}", exception.label()),
+    );
+    cpu.inject(ctx, exception, access.far, access.il32);
+    Outcome::Continue
+}
+
+/// The `last_stop` reason of a VM stopped by policy.
+fn bad_access_reason(kind: BadAccessKind) -> &'static str {
+    match kind {
+        BadAccessKind::DeviceRegister(_) => "a device register access the device refuses",
+        BadAccessKind::NoSyndrome(_) => "a device access the hypervisor cannot emulate",
+        BadAccessKind::Unmapped => "an access to an address that is neither its RAM nor a device",
+        BadAccessKind::InstructionFetch => "an instruction fetch outside its RAM",
+        BadAccessKind::RamFault => "an unexpected fault on its RAM",
+        BadAccessKind::SystemRegister => "a system register the hypervisor does not emulate",
+        BadAccessKind::UnknownExit => "a trap the hypervisor does not handle",
+    }
+}

@@ -1,0 +1,154 @@
+//! Interrupt delivery to a VM: device lines into its virtual distributor,
+//! kicks for the vCPUs a change concerns, the physical interrupts a vCPU's
+//! CPU takes while the guest runs, and the list registers synced with the
+//! distributor before every entry.
+
+use super::cpu::PhysCpu;
+use super::fdt::layout;
+use super::state::{Power, Vm};
+use crate::limits::MAX_LRS;
+use crate::vgic::intid::{MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
+use crate::vgic::{LrStatus, VgicEffect};
+
+/// The guest's PL011 and first virtio-mmio device, as INTIDs.
+pub const UART_INTID: u32 = 32 + layout::UART_SPI;
+pub const VIRTIO_INTID: u32 = 32 + layout::VIRTIO_SPI_BASE;
+
+/// Kick the CPUs of the vCPUs a vGIC change made something deliverable to
+/// (not the caller's own CPU: it syncs before entering anyway).
+pub fn apply_effect(vm: &Vm, cpu: &mut impl PhysCpu, effect: VgicEffect) {
+    let me = cpu.index();
+    for v in 0..vm.vcpus {
+        if effect.kicks(v) && vm.power[v] != Power::Off && vm.cpus[v] != me {
+            cpu.kick(vm.cpus[v]);
+        }
+    }
+}
+
+/// Drive the balloon's interrupt line into the virtual distributor.
+pub fn update_virtio(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    let level = vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending());
+    set_line(vm, cpu, VIRTIO_INTID, level);
+}
+
+/// Drive the PL011's interrupt line into the virtual distributor.
+pub fn update_uart(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    let level = vm.uart.irq_level();
+    set_line(vm, cpu, UART_INTID, level);
+}
+
+fn set_line(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, level: bool) {
+    if let Some(Ok(effect)) = vm.vgic.as_mut().map(|g| g.set_level(intid, level)) {
+        apply_effect(vm, cpu, effect);
+    }
+}
+
+/// Give a byte typed on the physical console to a VM's PL011, and make its
+/// vCPU notice. False if the VM's receive FIFO is full.
+pub fn console_input(vm: &mut Vm, cpu: &mut impl PhysCpu, byte: u8) -> bool {
+    if !vm.uart.push_input(byte) {
+        return false;
+    }
+    update_uart(vm, cpu);
+    true
+}
+
+/// Take the pending physical interrupts on this CPU (the guest was
+/// interrupted): the virtual timer goes to the guest, the rest is ours.
+/// Bounded: a level interrupt that stays asserted must not trap us here.
+pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
+    for _ in 0..16 {
+        let (intid, iar) = cpu.acknowledge();
+        match intid {
+            SPURIOUS => return,
+            VTIMER_PPI => {
+                // Priority drop only: the interrupt stays active until the
+                // guest's EOI deactivates it through the hardware-linked LR.
+                cpu.end_of_interrupt(iar);
+                match vm.vgic.as_mut() {
+                    Some(vgic) => {
+                        let _ = vgic.pend_ppi(vcpu, VTIMER_PPI);
+                    }
+                    None => cpu.deactivate(iar),
+                }
+            }
+            MAINTENANCE_PPI => {
+                // The maintenance interrupt is level: it stays asserted
+                // until the list registers are retired and refilled.
+                sync_list_registers(vm, cpu, vcpu);
+                cpu.end_of_interrupt(iar);
+                cpu.deactivate(iar);
+            }
+            _ => {
+                // A kick: the list registers are synced before the next entry.
+                cpu.end_of_interrupt(iar);
+                cpu.deactivate(iar);
+            }
+        }
+    }
+}
+
+/// Sync the list registers with the virtual distributor before entering
+/// the guest: retire what the guest finished, then list what is pending.
+pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
+    let Some(vgic) = vm.vgic.as_mut() else { return };
+    let Some(listed) = vm.listed.get_mut(vcpu) else {
+        return;
+    };
+    let count = cpu.list_registers().min(MAX_LRS);
+    for (i, slot) in listed.iter_mut().enumerate().take(count) {
+        let Some(intid) = *slot else { continue };
+        let lr = cpu.read_lr(i);
+        if lr.is_free() {
+            // The guest is done with it; a level line still high pends again.
+            if lr.eoi || !lr.hw {
+                let _ = vgic.on_eoi(vcpu, intid);
+            }
+            // Clear it: a stale EOI bit keeps the maintenance interrupt
+            // (GICH_EISR) asserted and the guest could never run.
+            cpu.clear_lr(i);
+            *slot = None;
+        }
+    }
+    for i in 0..count {
+        if listed[i].is_some() {
+            continue;
+        }
+        let now = *listed;
+        let Some(irq) = vgic.next_pending(vcpu, |id| now.contains(&Some(id))) else {
+            break;
+        };
+        // The virtual timer is linked to the physical timer interrupt: the
+        // guest's EOI deactivates it in hardware.
+        let hw = (irq.intid == VTIMER_PPI).then_some(VTIMER_PPI);
+        cpu.write_lr(i, &irq, hw);
+        vgic.on_listed(vcpu, &irq);
+        listed[i] = Some(irq.intid);
+    }
+    let mut waiting = false;
+    if vgic.has_pending(vcpu) {
+        let now = *listed;
+        waiting = vgic
+            .next_pending(vcpu, |id| now.contains(&Some(id)))
+            .is_some();
+    }
+    // More pending than list registers: ask for a maintenance interrupt
+    // when they drain (underflow), so the rest gets listed.
+    cpu.enable_virtual_interface(waiting);
+}
+
+/// Whether a list register holds an interrupt the guest has not taken yet
+/// (it may have executed WFI with interrupts masked: it must not sleep).
+pub fn lr_pending(vm: &Vm, cpu: &impl PhysCpu, vcpu: usize) -> bool {
+    let Some(listed) = vm.listed.get(vcpu) else {
+        return false;
+    };
+    let count = cpu.list_registers().min(MAX_LRS);
+    (0..count).any(|i| {
+        listed[i].is_some()
+            && matches!(
+                cpu.read_lr(i).state,
+                LrStatus::Pending | LrStatus::PendingActive
+            )
+    })
+}

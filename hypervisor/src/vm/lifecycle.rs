@@ -1,0 +1,328 @@
+//! A VM's lifecycle: start (RAM backed and mapped, kernel, initrd and
+//! device tree loaded, devices made, vCPU 0 handed to its CPU), the vCPUs
+//! entering and leaving, and the stop that the last vCPU out finishes by
+//! giving every page back (and starting again after a guest's reset).
+
+use super::cpu::PhysCpu;
+use super::fdt::{self, layout, GuestBoard};
+use super::memory::GuestRam;
+use super::state::{GuestGic, Power, Vm, VmState};
+use crate::balloon::Balloon;
+use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
+use crate::mm::frames::PAGE_SIZE;
+use crate::vgic::intid::VTIMER_PPI;
+use crate::vgic::VDistributor;
+use crate::virtio::mmio::MmioTransport;
+
+/// Where a guest kernel's 2 MiB-aligned base is, above the device tree.
+pub const KERNEL_OFFSET: u64 = 2 << 20;
+
+/// What an arm64 `Image` header says about where the kernel goes
+/// (Documentation/arch/arm64/booting.rst); a kernel without the header
+/// (a bare-metal guest) is loaded as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelImage {
+    /// Offset of the image from a 2 MiB-aligned base.
+    pub text_offset: u64,
+    /// Its whole footprint in memory (including its .bss), at least its length.
+    pub footprint: u64,
+}
+
+impl KernelImage {
+    pub fn parse(kernel: &[u8]) -> Self {
+        let field = |at: usize| {
+            kernel
+                .get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        let arm64 = kernel.get(56..60) == Some(b"ARM\x64".as_slice());
+        let (text_offset, image_size) = if arm64 {
+            (field(8) & 0x1f_ffff, field(16))
+        } else {
+            (0, 0)
+        };
+        Self {
+            text_offset,
+            footprint: image_size.max(kernel.len() as u64),
+        }
+    }
+
+    /// The guest physical address the kernel is loaded at and entered.
+    pub fn entry(&self) -> u64 {
+        layout::RAM_BASE + KERNEL_OFFSET + self.text_offset
+    }
+}
+
+/// Build a VM's memory and devices and hand vCPU 0 to its CPU.
+pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
+    if vm.state == VmState::Failed {
+        return Err("a hypervisor failure left its frames unfreed (see 'check')");
+    }
+    if vm.state != VmState::Stopped {
+        return Err("it is already running");
+    }
+    let cpus_ok = vm.cpus[..vm.vcpus]
+        .iter()
+        .all(|&c| c != 0 && c < MAX_CPUS && cpu.cpu_online(c));
+    if !cpus_ok {
+        return Err("a CPU it is pinned to is not online (or is CPU 0, which runs the shell)");
+    }
+    if vm.inside > 0 {
+        return Err("its vCPUs are still leaving; try again");
+    }
+    let spec = vm.spec;
+    if spec.vcpus() as usize != vm.vcpus || vm.vcpus > MAX_VCPUS {
+        return Err("its vCPU count and CPU list disagree, or it asks for more than 4 vCPUs");
+    }
+    let vmid = vm.vmid();
+    let mut ram = GuestRam::new(cpu.memory(), vm.id, vmid, layout::RAM_BASE, spec.ram_size())
+        .map_err(|_| "no memory")?;
+    if let Err(e) = ram.populate(cpu.memory()) {
+        vm.out.line(format_args!("tidal: [{}] {e}", vm.name));
+        give_back(vm, cpu, ram);
+        return Err("not enough free memory for its RAM");
+    }
+    vm.vgic = None;
+    vm.listed = [[None; MAX_LRS]; MAX_VCPUS];
+    vm.power = [Power::Off; MAX_VCPUS];
+    vm.power[0] = Power::On;
+    vm.restart = false;
+    vm.uart.reset();
+    match vm.gic {
+        GuestGic::V2 { gicv } => {
+            // The guest's GICC (8 KiB) is the hardware virtual CPU interface.
+            let mapped = (0..2u64).try_for_each(|page| {
+                ram.map_device(
+                    cpu.memory(),
+                    layout::GICC_BASE + page * PAGE_SIZE,
+                    gicv + page * PAGE_SIZE,
+                )
+            });
+            if mapped.is_err() {
+                give_back(vm, cpu, ram);
+                return Err("its GIC CPU interface cannot be mapped");
+            }
+            vm.vgic = VDistributor::new(vm.vcpus, GUEST_SPIS).ok();
+        }
+        GuestGic::V3 => vm.vgic = VDistributor::new_v3(vm.vcpus, GUEST_SPIS).ok(),
+        GuestGic::None => {}
+    }
+    if let Err(why) = load_images(&mut ram, vm.gic, &spec, cpu) {
+        give_back(vm, cpu, ram);
+        return Err(why);
+    }
+    vm.balloon = None;
+    if spec.has_balloon() {
+        match Balloon::new(spec.balloon_features(), ram.pfns()) {
+            Ok(balloon) => vm.balloon = Some(MmioTransport::new(balloon)),
+            Err(e) => vm
+                .out
+                .line(format_args!("tidal: [{}] no balloon device: {e}", vm.name)),
+        }
+    }
+    vm.ram = Some(ram);
+    vm.state = VmState::Running;
+    vm.starts += 1;
+    cpu.hand_vcpu(vm.cpus[0], vm.id, 0);
+    Ok(())
+}
+
+/// Copy the kernel (and initrd) into RAM and write the device tree below it.
+fn load_images(
+    ram: &mut GuestRam,
+    gic: GuestGic,
+    spec: &guest_bundle::VmEntry<'_>,
+    cpu: &mut impl PhysCpu,
+) -> Result<(), &'static str> {
+    let kernel = spec.kernel();
+    let image = KernelImage::parse(kernel);
+    ram.write(cpu.memory(), image.entry(), kernel)
+        .map_err(|_| "its kernel does not fit in its RAM")?;
+    let mut board = GuestBoard::standard(
+        spec.ram_size(),
+        spec.vcpus(),
+        gic.version(),
+        spec.has_balloon() as usize,
+    )
+    .map_err(|_| "its virtual board cannot be described")?;
+    board.bootargs = spec.cmdline();
+    if let Some(initrd) = spec.initrd() {
+        // Past the kernel's whole footprint (image_size includes its .bss).
+        let too_big = "its initrd does not fit in its RAM";
+        let start = image
+            .entry()
+            .checked_add(image.footprint)
+            .and_then(|end| end.checked_next_multiple_of(2 << 20))
+            .ok_or(too_big)?;
+        ram.write(cpu.memory(), start, initrd)
+            .map_err(|_| too_big)?;
+        let end = start.checked_add(initrd.len() as u64).ok_or(too_big)?;
+        board.initrd = Some((start, end));
+    }
+    let dtb = fdt::build(&board).map_err(|_| "its device tree cannot be built")?;
+    if dtb.len() as u64 > KERNEL_OFFSET {
+        return Err("its device tree is larger than 2 MiB");
+    }
+    ram.write(cpu.memory(), layout::RAM_BASE, &dtb)
+        .map_err(|_| "its device tree does not fit")?;
+    // Every write above was cleaned to the point of coherency by the host
+    // memory; the kernel's instruction fetches must see it too on a CPU
+    // with separate instruction caches (a Cortex-A72), before any vCPU of
+    // the VM runs.
+    cpu.invalidate_icache();
+    Ok(())
+}
+
+/// Begin stopping a VM: every vCPU leaves at its next exit (the others are
+/// kicked), and the last one out gives the pages back ([`finish_stop`]).
+pub fn begin_stop(vm: &mut Vm, cpu: &mut impl PhysCpu, why: &'static str, restart: bool) {
+    if vm.state != VmState::StopRequested {
+        vm.last_stop = why;
+    }
+    vm.state = VmState::StopRequested;
+    vm.restart |= restart;
+    let me = cpu.index();
+    for v in 0..vm.vcpus {
+        if vm.power[v] != Power::Off && vm.cpus[v] != me {
+            cpu.kick(vm.cpus[v]);
+        }
+    }
+    if vm.inside == 0 {
+        finish_stop(vm, cpu);
+    }
+}
+
+/// Free a VM's RAM; the pages returned to the pool. Frames the frame table
+/// refuses (a hypervisor bug) stay accounted to the VM and are reported.
+fn give_back(vm: &mut Vm, cpu: &mut impl PhysCpu, ram: GuestRam) -> u64 {
+    let teardown = ram.destroy(cpu.memory());
+    if let Some(e) = teardown.error {
+        vm.out.line(format_args!(
+            "tidal: [{}] {} frames could not be returned to the pool and stay accounted to it (a hypervisor bug; 'check' shows them): {e}",
+            vm.name, teardown.leaked
+        ));
+    }
+    teardown.freed
+}
+
+/// Every vCPU has left: flush the console, give every page back, say why,
+/// and start again if the guest asked for a reset.
+pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    if let Some(line) = vm.console.flush() {
+        vm.out.line(format_args!("[{}] {line}", vm.name));
+    }
+    let suppressed = vm.lines.take_suppressed();
+    if suppressed > 0 {
+        vm.out.line(format_args!(
+            "tidal: [{}] {suppressed} similar messages suppressed",
+            vm.name
+        ));
+    }
+    let why = vm.last_stop;
+    if let Some(ram) = vm.ram.take() {
+        let freed = give_back(vm, cpu, ram);
+        vm.out.line(format_args!(
+            "tidal: [{}] VM stopped: {why}; {freed} pages returned to the pool",
+            vm.name
+        ));
+    }
+    vm.last_balloon_stats = vm.balloon.take().map(|b| *b.device().stats());
+    vm.vgic = None;
+    vm.power = [Power::Off; MAX_VCPUS];
+    vm.state = VmState::Stopped;
+    if core::mem::take(&mut vm.restart) {
+        if let Err(e) = start(vm, cpu) {
+            vm.out
+                .line(format_args!("tidal: [{}] cannot restart: {e}", vm.name));
+        }
+    }
+}
+
+/// Ask a running VM to stop; its vCPUs stop at their next exit.
+pub fn request_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
+    match vm.state {
+        VmState::Stopped | VmState::Failed => Err("it is not running"),
+        VmState::StopRequested | VmState::Running => {
+            begin_stop(vm, cpu, "stopped from the shell", false);
+            Ok(())
+        }
+    }
+}
+
+/// `debug fail <vm> [abort]`: make the VM's next exit fail (a panic, or a
+/// data abort at EL2, with the VM's lock and the frame table held), to show
+/// that only this VM ends.
+pub fn inject_failure(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    abort: bool,
+) -> Result<(), &'static str> {
+    if vm.state != VmState::Running {
+        return Err("it is not running");
+    }
+    vm.inject_failure = Some(abort);
+    // An exit soon, even from a guest asleep in WFI.
+    cpu.kick(vm.cpus[0]);
+    Ok(())
+}
+
+/// Where a vCPU starts, and with what in x0: vCPU 0 at the kernel with the
+/// device tree's address, the others where PSCI CPU_ON said. None if the
+/// vCPU is off.
+pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
+    let entry = match *vm.power.get(vcpu)? {
+        Power::Starting { entry, context } => (entry, context),
+        Power::On if vcpu == 0 => (
+            KernelImage::parse(vm.spec.kernel()).entry(),
+            layout::RAM_BASE,
+        ),
+        _ => return None,
+    };
+    vm.power[vcpu] = Power::On;
+    Some(entry)
+}
+
+/// A vCPU enters its run loop: None if it may not (the VM is not running,
+/// or the vCPU is off), else where it starts.
+pub fn enter(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
+    if vm.state != VmState::Running || vcpu >= vm.vcpus || vm.ram.is_none() {
+        return None;
+    }
+    let entry = vcpu_entry(vm, vcpu)?;
+    vm.inside += 1;
+    Some(entry)
+}
+
+/// A vCPU leaves its run loop: it gives up its CPU's GIC state; the last
+/// vCPU out of a stopping VM finishes the stop.
+pub fn leave(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize, power_off: bool) {
+    if vm.vgic.is_some() {
+        cpu.reset_virtual_interface();
+        // The virtual timer may be active, handed to the guest: end it.
+        cpu.deactivate(VTIMER_PPI);
+    }
+    if let Some(listed) = vm.listed.get_mut(vcpu) {
+        *listed = [None; MAX_LRS];
+    }
+    if power_off {
+        if let Some(power) = vm.power.get_mut(vcpu) {
+            *power = Power::Off;
+        }
+    }
+    vm.inside = vm.inside.saturating_sub(1);
+    cpu.vcpu_left();
+    if vm.state == VmState::StopRequested && vm.inside == 0 {
+        finish_stop(vm, cpu);
+    } else if vm.state == VmState::Running
+        && vm.inside == 0
+        && vm.power.iter().all(|p| *p == Power::Off)
+    {
+        begin_stop(
+            vm,
+            cpu,
+            "every vCPU turned itself off (PSCI CPU_OFF)",
+            false,
+        );
+    }
+}

@@ -1,0 +1,216 @@
+//! A VM: what the hypervisor keeps for one guest (its RAM, devices,
+//! vCPU power states, counters and the console text waiting to be shown),
+//! and its lifecycle states. The table of VMs and its locks are the
+//! target's (`crate::run`); everything here is plain data.
+
+use guest_bundle::VmEntry;
+
+use super::console::ConsoleLine;
+use super::fault::{BadAccessStats, OnBadAccess};
+use super::fdt::GicVersion;
+use super::memory::GuestRam;
+use super::outbox::Outbox;
+use super::ratelimit::GuestLines;
+use crate::balloon::Balloon;
+use crate::limits::{MAX_LRS, MAX_VCPUS};
+use crate::pl011::Pl011;
+use crate::vgic::VDistributor;
+use crate::virtio::mmio::MmioTransport;
+
+/// The GIC a VM's guest gets: the host's version, fixed at boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestGic {
+    /// No GIC with a virtual interface: guests run without interrupts.
+    None,
+    /// A GICv2 whose CPU interface is the host's GICV page at `gicv`.
+    V2 { gicv: u64 },
+    /// A GICv3: the virtual CPU interface is the ICC_* system registers.
+    V3,
+}
+
+impl GuestGic {
+    /// The version the guest's device tree describes.
+    pub fn version(self) -> GicVersion {
+        match self {
+            GuestGic::V3 => GicVersion::V3,
+            _ => GicVersion::V2,
+        }
+    }
+}
+
+/// A vCPU's power state, as PSCI sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Power {
+    Off,
+    /// CPU_ON accepted: enter at `entry` with x0 = `context`.
+    Starting {
+        entry: u64,
+        context: u64,
+    },
+    On,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmState {
+    Stopped,
+    Running,
+    /// A stop was asked for; the vCPUs carry it out at their next exit.
+    StopRequested,
+    /// A hypervisor failure in its path, and freeing its pages failed too:
+    /// its frames stay accounted to it (`check` reports them); it cannot
+    /// be started again.
+    Failed,
+}
+
+impl VmState {
+    pub fn label(self) -> &'static str {
+        match self {
+            VmState::Stopped => "stopped",
+            VmState::Running => "running",
+            VmState::StopRequested => "stopping",
+            VmState::Failed => "failed",
+        }
+    }
+}
+
+/// Exit counters, per VM.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ExitStats {
+    pub mmio: u64,
+    pub hvc: u64,
+    pub wfx: u64,
+    /// Trapped system-register accesses (GICv3 SGIs).
+    pub sysreg: u64,
+    pub faults: u64,
+    /// EL2 instructions over all exits (when the PMU counts them).
+    pub instructions: u64,
+    pub total: u64,
+}
+
+/// One move of the balloon to a new target, measured for `info balloon`
+/// and the benchmark.
+#[derive(Clone, Copy, Debug)]
+pub struct BalloonChange {
+    pub from: u32,
+    pub to: u32,
+    /// The system counter when the target was set, and when the driver
+    /// reported it reached.
+    pub started: u64,
+    pub ended: u64,
+    /// Hypervisor (EL2) instructions spent on the change's exits: balloon
+    /// register accesses and faults backing RAM, world switch included.
+    pub instructions: u64,
+    pub exits: u64,
+}
+
+impl BalloonChange {
+    pub fn pages(&self) -> u64 {
+        u64::from(self.from.abs_diff(self.to))
+    }
+}
+
+pub struct Vm {
+    /// What the bundle says about it (kernel, RAM size, devices...).
+    pub spec: VmEntry<'static>,
+    /// The GIC its guest gets.
+    pub gic: GuestGic,
+    /// The virtual GIC distributor (and GICv3 redistributors).
+    pub vgic: Option<VDistributor>,
+    /// Which INTID each list register of each vCPU holds.
+    pub listed: [[Option<u32>; MAX_LRS]; MAX_VCPUS],
+    /// vCPUs, the physical CPU each is pinned to, and whether each is on.
+    pub vcpus: usize,
+    pub cpus: [usize; MAX_VCPUS],
+    pub power: [Power; MAX_VCPUS],
+    /// vCPUs inside their run loop: RAM is freed only when none is.
+    pub inside: usize,
+    /// Start again once every vCPU has left (PSCI SYSTEM_RESET).
+    pub restart: bool,
+    pub id: usize,
+    pub name: heapless::String<32>,
+    pub state: VmState,
+    /// The physical CPU vCPU 0 is pinned to.
+    pub cpu: usize,
+    pub ram_size: u64,
+    pub ram: Option<GuestRam>,
+    pub balloon: Option<MmioTransport<Balloon>>,
+    pub console: ConsoleLine,
+    /// The emulated PL011 the guest's console driver talks to.
+    pub uart: Pl011,
+    pub exits: ExitStats,
+    /// Why the VM last stopped.
+    pub last_stop: &'static str,
+    /// The balloon change in progress (from `set_balloon` until the driver
+    /// reports the target reached), and the last one completed.
+    pub change: Option<BalloonChange>,
+    pub last_change: Option<BalloonChange>,
+    /// The balloon's counters when the VM last stopped.
+    pub last_balloon_stats: Option<crate::balloon::BalloonStats>,
+    pub starts: u64,
+    /// `debug fail <vm> [abort]`: fail in this VM's path at its next exit,
+    /// by a panic (false) or a data abort at EL2 (true).
+    pub inject_failure: Option<bool>,
+    /// What the guest gets for a bad access (its configuration's `on_bad_access`).
+    pub on_bad_access: OnBadAccess,
+    /// Exceptions injected for bad accesses, per kind.
+    pub bad_access: BadAccessStats,
+    /// The rate limits of the console lines the guest can trigger.
+    pub lines: GuestLines,
+    /// Whether this VM's console has the keyboard: its output is shown live.
+    pub focused: bool,
+    /// Console text produced under the VM's lock, printed once it is released.
+    pub out: Outbox,
+}
+
+impl Vm {
+    /// VM `id` of the bundle, stopped.
+    pub fn new(id: usize, spec: VmEntry<'static>, gic: GuestGic) -> Self {
+        let mut name = heapless::String::new();
+        let _ = name.push_str(spec.name());
+        let mut cpus = [usize::MAX; MAX_VCPUS];
+        let mut vcpus = 0;
+        for bit in 0..64 {
+            if spec.cpu_affinity() & (1 << bit) != 0 && vcpus < MAX_VCPUS {
+                cpus[vcpus] = bit;
+                vcpus += 1;
+            }
+        }
+        Self {
+            spec,
+            gic,
+            vgic: None,
+            listed: [[None; MAX_LRS]; MAX_VCPUS],
+            vcpus: vcpus.max(1),
+            cpus,
+            power: [Power::Off; MAX_VCPUS],
+            inside: 0,
+            restart: false,
+            id,
+            name,
+            state: VmState::Stopped,
+            cpu: spec.cpu_affinity().trailing_zeros() as usize,
+            ram_size: spec.ram_size(),
+            ram: None,
+            balloon: None,
+            console: ConsoleLine::new(),
+            uart: Pl011::new(),
+            exits: ExitStats::default(),
+            last_stop: "not started yet",
+            last_balloon_stats: None,
+            change: None,
+            last_change: None,
+            starts: 0,
+            inject_failure: None,
+            on_bad_access: OnBadAccess::from_code(spec.on_bad_access()).unwrap_or_default(),
+            bad_access: BadAccessStats::default(),
+            lines: GuestLines::new(),
+            focused: false,
+            out: Outbox::new(),
+        }
+    }
+
+    /// VMID of its stage-2 tables (0 is the hypervisor's own).
+    pub fn vmid(&self) -> u16 {
+        self.id as u16 + 1
+    }
+}
