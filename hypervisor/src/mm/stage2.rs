@@ -6,7 +6,10 @@
 //! so the walker runs on the host unchanged.
 //!
 //! This module changes descriptors only; the caller invalidates the TLB for
-//! the VM's VMID once per batch of unmaps (see `arch::aarch64::stage2`).
+//! the VM's VMID once per batch of unmaps (`vm::memory::GuestRam::release`).
+
+use tock_registers::fields::FieldValue;
+use tock_registers::{register_bitfields, LocalRegisterCopy};
 
 use crate::mm::frames::FrameError;
 
@@ -15,34 +18,82 @@ pub const IPA_BITS: u32 = 39;
 pub const IPA_LIMIT: u64 = 1 << IPA_BITS;
 const PAGE: u64 = 4096;
 
-const VALID: u64 = 1 << 0;
-const TABLE_OR_PAGE: u64 = 1 << 1;
-/// MemAttr = 0b1111: normal, inner and outer write-back cacheable.
-const MEMATTR_NORMAL_WB: u64 = 0b1111 << 2;
-/// S2AP = 0b11: read and write.
-const S2AP_RW: u64 = 0b11 << 6;
-const SH_INNER: u64 = 0b11 << 8;
-const AF: u64 = 1 << 10;
-const ADDR_MASK: u64 = 0x0000_ffff_ffff_f000;
+register_bitfields! [u64,
+    /// A stage-2 descriptor: a table descriptor at levels 1 and 2, a page
+    /// descriptor at level 3 (no blocks are used).
+    pub S2_DESC [
+        VALID OFFSET(0) NUMBITS(1) [],
+        /// 1: a table (levels 1-2) or a page (level 3).
+        TYPE OFFSET(1) NUMBITS(1) [
+            TableOrPage = 1
+        ],
+        /// Memory type (with FWB clear).
+        MEMATTR OFFSET(2) NUMBITS(4) [
+            DeviceNGnRE = 0b0001,
+            NormalWriteBack = 0b1111
+        ],
+        /// Stage-2 access permissions.
+        S2AP OFFSET(6) NUMBITS(2) [
+            ReadWrite = 0b11
+        ],
+        SH OFFSET(8) NUMBITS(2) [
+            Inner = 0b11
+        ],
+        /// Access flag (set: no access-flag fault).
+        AF OFFSET(10) NUMBITS(1) [],
+        /// Output address bits 47:12 (a frame or the next table).
+        OUTPUT_ADDR OFFSET(12) NUMBITS(36) [],
+        /// Execute-never (XN[1]).
+        XN OFFSET(54) NUMBITS(1) []
+    ]
+];
 
-/// MemAttr = 0b0001: Device-nGnRE.
-const MEMATTR_DEVICE: u64 = 0b0001 << 2;
-const MEMATTR_MASK: u64 = 0b1111 << 2;
-/// Stage-2 execute-never.
-const XN: u64 = 1 << 54;
+type Descriptor = LocalRegisterCopy<u64, S2_DESC::Register>;
+
+fn is_valid(entry: u64) -> bool {
+    Descriptor::new(entry).is_set(S2_DESC::VALID)
+}
+
+/// The frame or table a descriptor points to.
+fn output_address(entry: u64) -> u64 {
+    Descriptor::new(entry).read(S2_DESC::OUTPUT_ADDR) << 12
+}
+
+fn address(pa: u64) -> FieldValue<u64, S2_DESC::Register> {
+    S2_DESC::OUTPUT_ADDR.val(pa >> 12)
+}
+
+/// A table descriptor pointing to the table at `pa`.
+fn table_descriptor(pa: u64) -> u64 {
+    (address(pa) + S2_DESC::TYPE::TableOrPage + S2_DESC::VALID::SET).value
+}
 
 /// A leaf descriptor passing a device page at `pa` through (the GICV page).
-pub const fn device_page(pa: u64) -> u64 {
-    (pa & ADDR_MASK) | AF | S2AP_RW | MEMATTR_DEVICE | XN | TABLE_OR_PAGE | VALID
+pub fn device_page(pa: u64) -> u64 {
+    (address(pa)
+        + S2_DESC::AF::SET
+        + S2_DESC::S2AP::ReadWrite
+        + S2_DESC::MEMATTR::DeviceNGnRE
+        + S2_DESC::XN::SET
+        + S2_DESC::TYPE::TableOrPage
+        + S2_DESC::VALID::SET)
+        .value
 }
 
 fn is_ram(entry: u64) -> bool {
-    entry & MEMATTR_MASK == MEMATTR_NORMAL_WB
+    Descriptor::new(entry).matches_all(S2_DESC::MEMATTR::NormalWriteBack)
 }
 
 /// A leaf descriptor mapping guest RAM at `pa`.
-pub const fn ram_page(pa: u64) -> u64 {
-    (pa & ADDR_MASK) | AF | SH_INNER | S2AP_RW | MEMATTR_NORMAL_WB | TABLE_OR_PAGE | VALID
+pub fn ram_page(pa: u64) -> u64 {
+    (address(pa)
+        + S2_DESC::AF::SET
+        + S2_DESC::SH::Inner
+        + S2_DESC::S2AP::ReadWrite
+        + S2_DESC::MEMATTR::NormalWriteBack
+        + S2_DESC::TYPE::TableOrPage
+        + S2_DESC::VALID::SET)
+        .value
 }
 
 /// Where translation tables live.
@@ -134,12 +185,12 @@ impl Stage2 {
         for level in 1..3 {
             let i = index(ipa, level);
             let entry = mem.table(table)[i];
-            table = if entry & VALID != 0 {
-                entry & ADDR_MASK
+            table = if is_valid(entry) {
+                output_address(entry)
             } else if create {
                 let new = mem.alloc_table().ok_or(Stage2Error::OutOfTables)?;
                 self.tables += 1;
-                mem.table(table)[i] = new | TABLE_OR_PAGE | VALID;
+                mem.table(table)[i] = table_descriptor(new);
                 new
             } else {
                 return Ok(None);
@@ -183,10 +234,10 @@ impl Stage2 {
             .leaf_table(mem, ipa, true)?
             .ok_or(Stage2Error::OutOfTables)?;
         let slot = &mut mem.table(table)[index(ipa, 3)];
-        if *slot & VALID != 0 {
+        if is_valid(*slot) {
             return Err(Stage2Error::AlreadyMapped {
                 ipa,
-                pa: *slot & ADDR_MASK,
+                pa: output_address(*slot),
             });
         }
         *slot = descriptor;
@@ -199,10 +250,10 @@ impl Stage2 {
         Self::check(ipa).ok()?;
         let table = self.leaf_table(mem, ipa, false).ok()??;
         let slot = &mut mem.table(table)[index(ipa, 3)];
-        if *slot & VALID == 0 || !is_ram(*slot) {
+        if !is_valid(*slot) || !is_ram(*slot) {
             return None;
         }
-        let pa = *slot & ADDR_MASK;
+        let pa = output_address(*slot);
         *slot = 0;
         self.mapped -= 1;
         Some(pa)
@@ -215,7 +266,7 @@ impl Stage2 {
         }
         let table = self.leaf_table(mem, ipa & !(PAGE - 1), false).ok()??;
         let entry = mem.table(table)[index(ipa, 3)];
-        (entry & VALID != 0 && is_ram(entry)).then_some((entry & ADDR_MASK) | (ipa & (PAGE - 1)))
+        (is_valid(entry) && is_ram(entry)).then_some((output_address(entry)) | (ipa & (PAGE - 1)))
     }
 
     /// Call `f(mem, ipa, pa)` for every mapped page, in IPA order (`mem`
@@ -227,18 +278,22 @@ impl Stage2 {
     ) {
         for i1 in 0..512u64 {
             let e1 = mem.table(self.root)[i1 as usize];
-            if e1 & VALID == 0 {
+            if !is_valid(e1) {
                 continue;
             }
             for i2 in 0..512u64 {
-                let e2 = mem.table(e1 & ADDR_MASK)[i2 as usize];
-                if e2 & VALID == 0 {
+                let e2 = mem.table(output_address(e1))[i2 as usize];
+                if !is_valid(e2) {
                     continue;
                 }
                 for i3 in 0..512u64 {
-                    let e3 = mem.table(e2 & ADDR_MASK)[i3 as usize];
-                    if e3 & VALID != 0 && is_ram(e3) {
-                        f(mem, (i1 << 30) | (i2 << 21) | (i3 << 12), e3 & ADDR_MASK);
+                    let e3 = mem.table(output_address(e2))[i3 as usize];
+                    if is_valid(e3) && is_ram(e3) {
+                        f(
+                            mem,
+                            (i1 << 30) | (i2 << 21) | (i3 << 12),
+                            output_address(e3),
+                        );
                     }
                 }
             }
@@ -262,18 +317,18 @@ impl Stage2 {
         while *cursor < IPA_LIMIT && !out.is_full() {
             let ipa = *cursor & !(PAGE - 1);
             let e1 = mem.table(self.root)[index(ipa, 1)];
-            if e1 & VALID == 0 {
+            if !is_valid(e1) {
                 *cursor = next(ipa, L1_SPAN);
                 continue;
             }
-            let e2 = mem.table(e1 & ADDR_MASK)[index(ipa, 2)];
-            if e2 & VALID == 0 {
+            let e2 = mem.table(output_address(e1))[index(ipa, 2)];
+            if !is_valid(e2) {
                 *cursor = next(ipa, L2_SPAN);
                 continue;
             }
-            let slot = &mut mem.table(e2 & ADDR_MASK)[index(ipa, 3)];
-            if *slot & VALID != 0 && is_ram(*slot) {
-                let pa = *slot & ADDR_MASK;
+            let slot = &mut mem.table(output_address(e2))[index(ipa, 3)];
+            if is_valid(*slot) && is_ram(*slot) {
+                let pa = output_address(*slot);
                 *slot = 0;
                 self.mapped -= 1;
                 // Cannot fail: the loop runs only while `out` has room.
@@ -297,22 +352,22 @@ impl Stage2 {
         };
         for i1 in 0..512 {
             let e1 = mem.table(self.root)[i1];
-            if e1 & VALID == 0 {
+            if !is_valid(e1) {
                 continue;
             }
             for i2 in 0..512 {
-                let e2 = mem.table(e1 & ADDR_MASK)[i2];
-                if e2 & VALID == 0 {
+                let e2 = mem.table(output_address(e1))[i2];
+                if !is_valid(e2) {
                     continue;
                 }
-                let leaf = mem.table(e2 & ADDR_MASK);
+                let leaf = mem.table(output_address(e2));
                 still_mapped += leaf
                     .iter()
-                    .filter(|&&e3| e3 & VALID != 0 && is_ram(e3))
+                    .filter(|&&e3| is_valid(e3) && is_ram(e3))
                     .count() as u64;
-                free(mem, e2 & ADDR_MASK);
+                free(mem, output_address(e2));
             }
-            free(mem, e1 & ADDR_MASK);
+            free(mem, output_address(e1));
         }
         free(mem, self.root);
         match first_error {
@@ -454,17 +509,20 @@ pub mod tests {
         assert_eq!(frames, [0x9000_0000], "the device page is not RAM");
         assert_eq!(s2.destroy(&mut mem), Ok(0));
         let d = device_page(0x0804_0000);
-        assert_ne!(d & XN, 0);
-        assert_eq!((d >> 2) & 0xf, 0b0001);
+        assert_eq!(
+            d,
+            0x0040_0000_0804_0000 | 1 << 10 | 0b11 << 6 | 0b0001 << 2 | 0b11
+        );
+        assert!(!is_ram(d));
     }
 
     #[test]
     fn descriptor_bits() {
         let d = ram_page(0x1234_5000);
-        assert_eq!(d & ADDR_MASK, 0x1234_5000);
+        assert_eq!(output_address(d), 0x1234_5000);
         assert_eq!(d & 0b11, 0b11, "valid page");
         assert_eq!((d >> 2) & 0xf, 0xf, "normal write-back");
         assert_eq!((d >> 6) & 0b11, 0b11, "read-write");
-        assert_ne!(d & AF, 0);
+        assert_ne!(d & (1 << 10), 0, "access flag");
     }
 }

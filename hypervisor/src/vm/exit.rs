@@ -7,6 +7,9 @@
 //! instruction of an AArch32 EL0): the PC is stepped by that, never by a
 //! fixed 4.
 
+use super::syndrome::{fault_ipa, Syndrome, ESR, ISS_CALL, ISS_DATA_ABORT, ISS_SYSREG, ISS_WFX};
+use ESR::EC::Value as EC;
+
 /// Why the guest stopped running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VcpuExit {
@@ -70,52 +73,60 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
     if vector & 3 != 0 {
         return VcpuExit::Interrupt;
     }
-    let ec = (esr >> 26) & 0x3f;
-    let iss = esr & 0x1ff_ffff;
+    let syndrome = Syndrome::new(esr);
     let insn_len = instruction_length(esr);
-    // HPFAR_EL2.FIPA holds IPA[51:12] in bits [43:4]; the page offset is FAR's.
-    let ipa = ((hpfar >> 4) & 0xff_ffff_ffff) << 12 | (far & 0xfff);
-    let fault = match (iss >> 2) & 0xf {
-        0b0001 => FaultKind::Translation,
-        0b0010 => FaultKind::AccessFlag,
-        0b0011 => FaultKind::Permission,
-        _ => FaultKind::Other((iss & 0x3f) as u8),
+    let ipa = fault_ipa(hpfar, far);
+    let abort = syndrome.abort();
+    let fault = match abort.read_as_enum(ISS_DATA_ABORT::FSC_TYPE) {
+        Some(ISS_DATA_ABORT::FSC_TYPE::Value::Translation) => FaultKind::Translation,
+        Some(ISS_DATA_ABORT::FSC_TYPE::Value::AccessFlag) => FaultKind::AccessFlag,
+        Some(ISS_DATA_ABORT::FSC_TYPE::Value::Permission) => FaultKind::Permission,
+        None => FaultKind::Other(abort.read(ISS_DATA_ABORT::FSC) as u8),
+    };
+    let Some(ec) = syndrome.ec() else {
+        return VcpuExit::Unknown { esr };
     };
     match ec {
-        0x01 => VcpuExit::Wait {
-            wfe: iss & 1 != 0,
+        EC::WfiWfe => VcpuExit::Wait {
+            wfe: syndrome.wfx().is_set(ISS_WFX::TI_WFE),
             insn_len,
         },
-        0x16 => VcpuExit::Hvc { imm: iss as u16 },
-        0x17 => VcpuExit::Smc {
-            imm: iss as u16,
+        EC::Hvc64 => VcpuExit::Hvc {
+            imm: syndrome.call().read(ISS_CALL::IMM16) as u16,
+        },
+        EC::Smc64 => VcpuExit::Smc {
+            imm: syndrome.call().read(ISS_CALL::IMM16) as u16,
             insn_len,
         },
-        0x18 => VcpuExit::SysReg {
-            encoding: (
-                ((iss >> 20) & 3) as u8,
-                ((iss >> 14) & 7) as u8,
-                ((iss >> 10) & 0xf) as u8,
-                ((iss >> 1) & 0xf) as u8,
-                ((iss >> 17) & 7) as u8,
-            ),
-            reg: ((iss >> 5) & 0x1f) as u8,
-            read: iss & 1 != 0,
-            insn_len,
-        },
-        0x20 => VcpuExit::Abort {
+        EC::SysReg64 => {
+            let iss = syndrome.sysreg();
+            VcpuExit::SysReg {
+                encoding: (
+                    iss.read(ISS_SYSREG::OP0) as u8,
+                    iss.read(ISS_SYSREG::OP1) as u8,
+                    iss.read(ISS_SYSREG::CRN) as u8,
+                    iss.read(ISS_SYSREG::CRM) as u8,
+                    iss.read(ISS_SYSREG::OP2) as u8,
+                ),
+                reg: iss.read(ISS_SYSREG::RT) as u8,
+                read: iss.is_set(ISS_SYSREG::DIRECTION),
+                insn_len,
+            }
+        }
+        EC::InstrAbortLowerEl => VcpuExit::Abort {
             ipa,
             write: false,
             instruction: true,
             fault,
         },
-        0x24 => {
-            let isv = iss & (1 << 24) != 0;
-            let write = iss & (1 << 6) != 0;
+        EC::DataAbortLowerEl => {
+            let write = abort.is_set(ISS_DATA_ABORT::WNR);
             // S1PTW: the fault was on the guest's own page-table walk, which
             // is not an access to emulate even if ISV were set.
-            let s1ptw = iss & (1 << 7) != 0;
-            if !isv || s1ptw || fault != FaultKind::Translation {
+            if !abort.is_set(ISS_DATA_ABORT::ISV)
+                || abort.is_set(ISS_DATA_ABORT::S1PTW)
+                || fault != FaultKind::Translation
+            {
                 return VcpuExit::Abort {
                     ipa,
                     write,
@@ -123,8 +134,8 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
                     fault,
                 };
             }
-            let width = 1 << ((iss >> 22) & 3);
-            let reg = ((iss >> 16) & 0x1f) as u8;
+            let width = 1 << abort.read(ISS_DATA_ABORT::SAS);
+            let reg = abort.read(ISS_DATA_ABORT::SRT) as u8;
             if write {
                 VcpuExit::MmioWrite {
                     ipa,
@@ -137,8 +148,8 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
                     ipa,
                     width,
                     reg,
-                    sign_extend: iss & (1 << 21) != 0,
-                    sixty_four: iss & (1 << 15) != 0,
+                    sign_extend: abort.is_set(ISS_DATA_ABORT::SSE),
+                    sixty_four: abort.is_set(ISS_DATA_ABORT::SF),
                     insn_len,
                 }
             }
@@ -150,7 +161,7 @@ pub fn decode(vector: u64, esr: u64, far: u64, hpfar: u64) -> VcpuExit {
 /// The length in bytes of the instruction that trapped: 4 when ESR_ELx.IL
 /// is set, 2 (a 16-bit T32 instruction) when it is clear.
 pub fn instruction_length(esr: u64) -> u8 {
-    if esr & (1 << 25) != 0 {
+    if Syndrome::new(esr).esr.is_set(ESR::IL) {
         4
     } else {
         2

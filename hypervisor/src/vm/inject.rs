@@ -8,6 +8,11 @@
 //! the new register values; the arch layer only writes them
 //! (`arch::aarch64::vcpu::inject`). Plain data, tested on the host.
 
+use tock_registers::fields::FieldValue;
+
+use super::syndrome::{ESR, ISS_DATA_ABORT};
+use ESR::EC::Value as EC;
+
 /// SPSR/PSTATE bits the exception entry keeps or sets.
 const PSTATE_M_MASK: u64 = 0x1f;
 /// M[4]: the interrupted context was AArch32 (only EL0 can be, HCR_EL2.RW = 1).
@@ -22,20 +27,12 @@ const PSTATE_DAIF: u64 = 0xf << 6;
 const PSTATE_PAN: u64 = 1 << 22;
 const PSTATE_KEPT: u64 = PSTATE_PAN | (1 << 23) | (1 << 24);
 
-/// ESR_ELx.EC values.
-pub const EC_UNKNOWN: u64 = 0x00;
-pub const EC_IABT_LOWER: u64 = 0x20;
-pub const EC_IABT_SAME: u64 = 0x21;
-pub const EC_DABT_LOWER: u64 = 0x24;
-pub const EC_DABT_SAME: u64 = 0x25;
-/// ESR_ELx.IL: a 32-bit instruction.
-const ESR_IL: u64 = 1 << 25;
-/// DFSC/IFSC: synchronous external abort, not on a translation table walk.
-pub const FSC_SYNC_EXTERNAL: u64 = 0x10;
-/// ISS.WnR: the data abort was on a write.
-const ISS_WNR: u64 = 1 << 6;
-/// ISS.FnV: FAR is not valid.
-const ISS_FNV: u64 = 1 << 10;
+/// ESR_ELx.EC values (the tests compare against them).
+pub const EC_UNKNOWN: u64 = EC::Unknown as u64;
+pub const EC_IABT_LOWER: u64 = EC::InstrAbortLowerEl as u64;
+pub const EC_IABT_SAME: u64 = EC::InstrAbortCurrentEl as u64;
+pub const EC_DABT_LOWER: u64 = EC::DataAbortLowerEl as u64;
+pub const EC_DABT_SAME: u64 = EC::DataAbortCurrentEl as u64;
 
 /// The kind of exception a guest gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,30 +95,39 @@ pub fn vector_offset(pstate: u64) -> u64 {
 /// The register values that deliver `exception` to the guest's EL1.
 pub fn exception(exception: GuestException, t: &Trapped) -> Injection {
     let same = from_el1(t.pstate);
-    let il = if t.il32 { ESR_IL } else { 0 };
-    let (ec, iss, far) = match exception {
+    let external = ISS_DATA_ABORT::FSC::SyncExternal;
+    let (ec, iss, far): (_, FieldValue<u64, ISS_DATA_ABORT::Register>, _) = match exception {
         GuestException::DataAbort { write } => {
-            let ec = if same { EC_DABT_SAME } else { EC_DABT_LOWER };
-            let wnr = if write { ISS_WNR } else { 0 };
-            let fnv = if t.far.is_none() { ISS_FNV } else { 0 };
-            (ec, FSC_SYNC_EXTERNAL | wnr | fnv, t.far)
+            let ec = if same {
+                ESR::EC::DataAbortCurrentEl
+            } else {
+                ESR::EC::DataAbortLowerEl
+            };
+            let wnr = ISS_DATA_ABORT::WNR.val(u64::from(write));
+            let fnv = ISS_DATA_ABORT::FNV.val(u64::from(t.far.is_none()));
+            (ec, external + wnr + fnv, t.far)
         }
         GuestException::InstructionAbort => {
-            let ec = if same { EC_IABT_SAME } else { EC_IABT_LOWER };
+            let ec = if same {
+                ESR::EC::InstrAbortCurrentEl
+            } else {
+                ESR::EC::InstrAbortLowerEl
+            };
             // The address is the PC itself when FAR_EL2 has none.
-            (ec, FSC_SYNC_EXTERNAL, Some(t.far.unwrap_or(t.pc)))
+            (ec, external, Some(t.far.unwrap_or(t.pc)))
         }
-        GuestException::Undefined => (EC_UNKNOWN, 0, None),
+        GuestException::Undefined => (ESR::EC::Unknown, ISS_DATA_ABORT::FSC.val(0), None),
     };
     // Aborts reported without an instruction syndrome have IL = 1 (RES1);
     // UNDEFINED reports the trapped instruction's length.
     let il = match exception {
-        GuestException::Undefined => il,
-        _ => ESR_IL,
+        GuestException::Undefined => t.il32,
+        _ => true,
     };
+    let esr = ec + ESR::IL.val(u64::from(il)) + ESR::ISS.val(iss.value);
     let pan = if t.set_pan { PSTATE_PAN } else { 0 };
     Injection {
-        esr_el1: (ec << 26) | il | iss,
+        esr_el1: esr.value,
         far_el1: far,
         elr_el1: t.pc,
         spsr_el1: t.pstate,

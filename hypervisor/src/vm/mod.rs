@@ -45,5 +45,6 @@ pub mod outbox;
 pub mod psci;
 pub mod ratelimit;
 pub mod state;
+pub mod syndrome;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
