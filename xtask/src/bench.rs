@@ -18,6 +18,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness::{target_dir, Artifacts, Board, QemuOptions, Session};
+use serde::Serialize;
+
+use crate::json;
 
 mod features;
 mod linux;
@@ -26,15 +29,45 @@ const ROUNDS: usize = 3;
 const SIZE_MIB: u64 = 128;
 const STEP: Duration = Duration::from_secs(300);
 
+/// One balloon move; one entry of balloon.json's `moves`.
+#[derive(Serialize)]
 struct Move {
     round: usize,
     op: &'static str,
     pages: u64,
     virtual_us: u64,
+    #[serde(rename = "pages_per_s_virtual")]
     pages_per_s: u64,
+    /// As the hypervisor prints it (one decimal); `None` where it could not
+    /// count.
+    #[serde(rename = "el2_instructions_per_page")]
     insns_per_page: Option<f64>,
     exits: Option<u64>,
-    wall: Duration,
+    /// From sending the command until the hypervisor's report arrived.
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    wall_s: f64,
+}
+
+/// target/bench/balloon.json.
+#[derive(Serialize)]
+struct Report<'a> {
+    benchmark: &'static str,
+    board: &'static str,
+    icount_shift: u32,
+    size_mib: u64,
+    moves: &'a [Move],
+}
+
+impl<'a> Report<'a> {
+    fn new(moves: &'a [Move]) -> Self {
+        Report {
+            benchmark: "balloon-bare-metal",
+            board: "virt-gicv2",
+            icount_shift: 0,
+            size_mib: SIZE_MIB,
+            moves,
+        }
+    }
 }
 
 /// The bare-metal bench, the Linux comparison, then the balloon features.
@@ -67,7 +100,7 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                     STEP,
                 )
                 .map_err(|e| e.to_string())?;
-            let wall = started.elapsed();
+            let wall_s = started.elapsed().as_secs_f64();
             let num = |i: usize| {
                 c[i].parse::<u64>()
                     .map_err(|e| format!("bad number '{}': {e}", c[i]))
@@ -80,7 +113,7 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                 pages_per_s: num(3)?,
                 insns_per_page: c[4].parse().ok(),
                 exits: c[6].parse().ok(),
-                wall,
+                wall_s,
             });
             // The guest checks its memory after every move; wait for it.
             s.expect(r"\[bench\] testguest: pattern ok", STEP)
@@ -105,7 +138,7 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             m.pages_per_s,
             m.insns_per_page.map_or("n/a".into(), |v| format!("{v:.1}")),
             m.exits.map_or("n/a".into(), |v| v.to_string()),
-            m.wall.as_secs_f64()
+            m.wall_s
         );
     }
     println!("EL2 instructions cover every exit of the move, world switch included. A deflate's exits are");
@@ -114,30 +147,57 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     );
     println!("reached, and each first touch backs the page with a zeroed frame.");
 
-    let dir = root.join("target").join("bench");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let json: Vec<String> = moves
-        .iter()
-        .map(|m| {
-            format!(
-                "    {{\"round\": {}, \"op\": \"{}\", \"pages\": {}, \"virtual_us\": {}, \"pages_per_s_virtual\": {}, \"el2_instructions_per_page\": {}, \"exits\": {}, \"wall_s\": {:.3}}}",
-                m.round,
-                m.op,
-                m.pages,
-                m.virtual_us,
-                m.pages_per_s,
-                m.insns_per_page.map_or("null".into(), |v| format!("{v:.1}")),
-                m.exits.map_or("null".into(), |v| v.to_string()),
-                m.wall.as_secs_f64()
-            )
-        })
-        .collect();
-    let path = dir.join("balloon.json");
-    let text = format!(
-        "{{\n  \"benchmark\": \"balloon-bare-metal\",\n  \"board\": \"virt-gicv2\",\n  \"icount_shift\": 0,\n  \"size_mib\": {SIZE_MIB},\n  \"moves\": [\n{}\n  ]\n}}\n",
-        json.join(",\n")
-    );
-    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let path = root.join("target").join("bench").join("balloon.json");
+    json::write(&path, &Report::new(&moves))?;
     println!("written to {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn report_keeps_its_fields() {
+        let moves = [
+            Move {
+                round: 1,
+                op: "inflate",
+                pages: 32768,
+                virtual_us: 81234,
+                pages_per_s: 403378,
+                insns_per_page: Some(2345.6),
+                exits: Some(64),
+                wall_s: 1.23456,
+            },
+            Move {
+                round: 1,
+                op: "deflate",
+                pages: 32768,
+                virtual_us: 90000,
+                pages_per_s: 364088,
+                insns_per_page: None,
+                exits: None,
+                wall_s: 0.5,
+            },
+        ];
+        assert_eq!(
+            serde_json::to_value(Report::new(&moves)).unwrap(),
+            json!({
+                "benchmark": "balloon-bare-metal",
+                "board": "virt-gicv2",
+                "icount_shift": 0,
+                "size_mib": 128,
+                "moves": [
+                    {"round": 1, "op": "inflate", "pages": 32768, "virtual_us": 81234,
+                     "pages_per_s_virtual": 403378, "el2_instructions_per_page": 2345.6,
+                     "exits": 64, "wall_s": 1.235},
+                    {"round": 1, "op": "deflate", "pages": 32768, "virtual_us": 90000,
+                     "pages_per_s_virtual": 364088, "el2_instructions_per_page": null,
+                     "exits": null, "wall_s": 0.5}
+                ]
+            })
+        );
+    }
 }

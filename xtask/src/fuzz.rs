@@ -23,6 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use serde::Serialize;
+
+use crate::json;
+
 /// Every target, in the order they run (fast ones first).
 pub const TARGETS: [&str; 10] = [
     "exit_decode",
@@ -42,19 +46,21 @@ pub fn all_targets() -> Vec<String> {
     TARGETS.iter().map(|t| t.to_string()).collect()
 }
 
-/// How long each target runs.
-#[derive(Clone, Copy, Debug)]
+/// How long each target runs; in the report `{"seconds": S}` or `{"runs": N}`.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Budget {
     Seconds(u64),
     Runs(u64),
 }
 
-/// What one target's run did.
-#[derive(Clone, Debug)]
+/// What one target's run did; one entry of the report's `targets`.
+#[derive(Clone, Debug, Serialize)]
 pub struct Outcome {
     pub target: String,
     pub runs: u64,
     pub exec_per_sec: u64,
+    #[serde(serialize_with = "json::decimals::<1, _>")]
     pub wall_seconds: f64,
     /// Covered edges (libFuzzer `cov`) and features (`ft`) at the end.
     pub coverage: u64,
@@ -275,36 +281,22 @@ fn summary(o: &Outcome) -> String {
     )
 }
 
+/// target/fuzz/report.json: the budget and every target run so far.
+#[derive(Serialize)]
+struct Report<'a> {
+    budget: Budget,
+    targets: &'a [Outcome],
+}
+
 fn write_report(root: &Path, budget: Budget, outcomes: &[Outcome]) -> Result<(), String> {
     let path = root.join("target").join("fuzz").join("report.json");
-    let budget = match budget {
-        Budget::Seconds(s) => format!("{{\"seconds\": {s}}}"),
-        Budget::Runs(n) => format!("{{\"runs\": {n}}}"),
-    };
-    let entries: Vec<String> = outcomes
-        .iter()
-        .map(|o| {
-            format!(
-                "    {{\"target\": \"{}\", \"runs\": {}, \"exec_per_sec\": {}, \"wall_seconds\": {:.1}, \
-                 \"coverage\": {}, \"features\": {}, \"corpus\": {}, \"crash\": {}}}",
-                o.target,
-                o.runs,
-                o.exec_per_sec,
-                o.wall_seconds,
-                o.coverage,
-                o.features,
-                o.corpus,
-                o.crash
-                    .as_ref()
-                    .map_or("null".into(), |c| format!("{:?}", c.display().to_string()))
-            )
-        })
-        .collect();
-    let json = format!(
-        "{{\n  \"budget\": {budget},\n  \"targets\": [\n{}\n  ]\n}}\n",
-        entries.join(",\n")
-    );
-    std::fs::write(&path, json).map_err(|e| format!("writing {}: {e}", path.display()))
+    json::write(
+        &path,
+        &Report {
+            budget,
+            targets: outcomes,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -331,6 +323,39 @@ mod tests {
             &mut o,
         );
         assert_eq!(o.crash, Some(PathBuf::from("x/crash-d197baba")));
+    }
+
+    #[test]
+    fn report_keeps_its_fields() {
+        let mut ok = Outcome::new("exit_decode");
+        (ok.runs, ok.exec_per_sec, ok.wall_seconds) = (1192671, 91743, 13.04999);
+        (ok.coverage, ok.features, ok.corpus) = (165, 842, 403);
+        let mut crashed = Outcome::new("bundle");
+        crashed.crash = Some(PathBuf::from("target/fuzz/crashes/bundle/crash-d197baba"));
+        let report = |budget| {
+            serde_json::to_value(Report {
+                budget,
+                targets: &[ok.clone(), crashed.clone()],
+            })
+            .unwrap()
+        };
+        let value = report(Budget::Seconds(3));
+        assert_eq!(value["budget"], serde_json::json!({"seconds": 3}));
+        assert_eq!(
+            value["targets"],
+            serde_json::json!([
+                {"target": "exit_decode", "runs": 1192671, "exec_per_sec": 91743,
+                 "wall_seconds": 13.0, "coverage": 165, "features": 842, "corpus": 403,
+                 "crash": null},
+                {"target": "bundle", "runs": 0, "exec_per_sec": 0, "wall_seconds": 0.0,
+                 "coverage": 0, "features": 0, "corpus": 0,
+                 "crash": "target/fuzz/crashes/bundle/crash-d197baba"}
+            ])
+        );
+        assert_eq!(
+            report(Budget::Runs(1000))["budget"],
+            serde_json::json!({"runs": 1000})
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 mod bench;
 mod fixtures;
 mod fuzz;
+mod json;
 mod linux;
 mod setup;
 

@@ -31,8 +31,10 @@ use std::time::{Duration, Instant};
 
 use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
 use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+use serde::Serialize;
 
 use super::linux::{spread, Spread};
+use crate::json;
 
 const ROUNDS: usize = 3;
 const VM: &str = "linux";
@@ -264,9 +266,11 @@ struct Faults {
 }
 
 /// One page-fault run's throughput: by wall time, and by QEMU's CPU time.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize)]
 struct Sample {
+    #[serde(serialize_with = "json::whole")]
     pages_per_s: f64,
+    #[serde(serialize_with = "json::whole")]
     pages_per_cpu_s: f64,
 }
 
@@ -525,6 +529,105 @@ fn overhead_percent(off: f64, on: f64) -> f64 {
     100.0 * (off - on) / off
 }
 
+/// target/bench/features.json.
+#[derive(Serialize)]
+struct Report<'a> {
+    benchmark: &'static str,
+    board: &'static str,
+    icount: bool,
+    rounds: usize,
+    pagefault_mib: u64,
+    pagefault_seconds: u64,
+    toggled_pairs_per_boot: usize,
+    toggled_seconds: u64,
+    hog_mib: u64,
+    load_average_before: &'a str,
+    load_average_after: &'a str,
+    /// Per table row key, then the overheads of the medians.
+    #[serde(serialize_with = "json::ordered_map")]
+    summary: Vec<(String, SummaryValue)>,
+    rounds_measured: Vec<RoundReport<'a>>,
+}
+
+/// A summary entry: a row's spread over the rounds, or an overhead of
+/// medians in percent.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SummaryValue {
+    Spread(Spread),
+    Percent(#[serde(serialize_with = "json::decimals::<3, _>")] f64),
+}
+
+/// One round's measurements.
+#[derive(Serialize)]
+struct RoundReport<'a> {
+    round: usize,
+    pagefault_off: Sample,
+    pagefault_on: Sample,
+    pages_reported_during_run: u64,
+    /// (off, on) per pair.
+    toggled_off_on: &'a [(Sample, Sample)],
+    toggled_pages_reported_off: u64,
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    free_to_pool_s: f64,
+    pool_back_mib: u64,
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    hint_wall_s: f64,
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    hint_device_s: f64,
+    hint_pages: u64,
+    guest_free_pages: u64,
+}
+
+impl<'a> RoundReport<'a> {
+    /// Round `round` (from 1).
+    fn new(round: usize, r: &'a Round) -> Self {
+        RoundReport {
+            round,
+            pagefault_off: r.off.sample,
+            pagefault_on: r.on.sample,
+            pages_reported_during_run: r.on.reported_pages.unwrap_or(0),
+            toggled_off_on: &r.toggled,
+            toggled_pages_reported_off: r.toggled_reported_off,
+            free_to_pool_s: r.free_to_pool_s,
+            pool_back_mib: r.pool_back_mib,
+            hint_wall_s: r.hint.wall_s,
+            hint_device_s: r.hint.device_s,
+            hint_pages: r.hint.pages,
+            guest_free_pages: r.hint.guest_free_pages,
+        }
+    }
+}
+
+impl<'a> Report<'a> {
+    fn new(
+        summary: Vec<(String, SummaryValue)>,
+        rounds: &'a [Round],
+        load_before: &'a str,
+        load_after: &'a str,
+    ) -> Self {
+        Report {
+            benchmark: "balloon-features-linux",
+            board: "virt-gicv2",
+            icount: false,
+            rounds: ROUNDS,
+            pagefault_mib: FAULT_MIB,
+            pagefault_seconds: FAULT_SECONDS,
+            toggled_pairs_per_boot: PAIRS,
+            toggled_seconds: PAIR_SECONDS,
+            hog_mib: HOG_MIB,
+            load_average_before: load_before,
+            load_average_after: load_after,
+            summary,
+            rounds_measured: rounds
+                .iter()
+                .enumerate()
+                .map(|(i, r)| RoundReport::new(i + 1, r))
+                .collect(),
+        }
+    }
+}
+
 fn report(
     root: &Path,
     rounds: &[Round],
@@ -691,60 +794,21 @@ fn report(
     }
     println!("load average (1/5/15 min): {load_before} before, {load_after} after");
 
-    let sample_json = |s: &Sample| {
-        format!(
-            "{{\"pages_per_s\": {:.0}, \"pages_per_cpu_s\": {:.0}}}",
-            s.pages_per_s, s.pages_per_cpu_s
-        )
-    };
-    let json_rounds: Vec<String> = rounds
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            format!(
-                "    {{\"round\": {}, \"pagefault_off\": {}, \"pagefault_on\": {}, \"pages_reported_during_run\": {}, \"toggled_off_on\": [{}], \"toggled_pages_reported_off\": {}, \"free_to_pool_s\": {:.3}, \"pool_back_mib\": {}, \"hint_wall_s\": {:.3}, \"hint_device_s\": {:.3}, \"hint_pages\": {}, \"guest_free_pages\": {}}}",
-                i + 1,
-                sample_json(&r.off.sample),
-                sample_json(&r.on.sample),
-                r.on.reported_pages.unwrap_or(0),
-                r.toggled
-                    .iter()
-                    .map(|(off, on)| format!("[{}, {}]", sample_json(off), sample_json(on)))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                r.toggled_reported_off,
-                r.free_to_pool_s,
-                r.pool_back_mib,
-                r.hint.wall_s,
-                r.hint.device_s,
-                r.hint.pages,
-                r.hint.guest_free_pages,
-            )
-        })
+    let mut summary: Vec<(String, SummaryValue)> = rows
+        .into_iter()
+        .map(|(_, key, spread, _)| (key, SummaryValue::Spread(spread)))
         .collect();
-    let mut summary: Vec<String> = rows
-        .iter()
-        .map(|(_, key, s, _)| {
-            format!(
-                "    \"{key}\": {{\"median\": {:.4}, \"min\": {:.4}, \"max\": {:.4}}}",
-                s.median, s.min, s.max
-            )
-        })
-        .collect();
-    for (_, key, overhead) in &medians_overhead {
-        summary.push(format!(
-            "    \"overhead_percent_of_medians_{key}\": {overhead:.3}"
+    for (_, key, overhead) in medians_overhead {
+        summary.push((
+            format!("overhead_percent_of_medians_{key}"),
+            SummaryValue::Percent(overhead),
         ));
     }
-    let dir = root.join("target").join("bench");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let path = dir.join("features.json");
-    let text = format!(
-        "{{\n  \"benchmark\": \"balloon-features-linux\",\n  \"board\": \"virt-gicv2\",\n  \"icount\": false,\n  \"rounds\": {ROUNDS},\n  \"pagefault_mib\": {FAULT_MIB},\n  \"pagefault_seconds\": {FAULT_SECONDS},\n  \"toggled_pairs_per_boot\": {PAIRS},\n  \"toggled_seconds\": {PAIR_SECONDS},\n  \"hog_mib\": {HOG_MIB},\n  \"load_average_before\": \"{load_before}\",\n  \"load_average_after\": \"{load_after}\",\n  \"summary\": {{\n{}\n  }},\n  \"rounds_measured\": [\n{}\n  ]\n}}\n",
-        summary.join(",\n"),
-        json_rounds.join(",\n")
-    );
-    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let path = root.join("target").join("bench").join("features.json");
+    json::write(
+        &path,
+        &Report::new(summary, rounds, load_before, load_after),
+    )?;
     println!("written to {}", path.display());
     Ok(())
 }
@@ -757,6 +821,83 @@ mod tests {
     fn overhead_is_the_share_lost() {
         assert!((overhead_percent(1000.0, 990.0) - 1.0).abs() < 1e-9);
         assert!((overhead_percent(1000.0, 1010.0) + 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn report_keeps_its_fields() {
+        let sample = |pages_per_s, pages_per_cpu_s| Sample {
+            pages_per_s,
+            pages_per_cpu_s,
+        };
+        let rounds = [Round {
+            off: Faults {
+                sample: sample(19652.4, 9001.6),
+                reported_pages: None,
+            },
+            on: Faults {
+                sample: sample(19400.5, 8800.49),
+                reported_pages: Some(49),
+            },
+            toggled: vec![(sample(100.0, 50.0), sample(99.0, 49.5))],
+            toggled_reported_off: 3,
+            free_to_pool_s: 1.23456,
+            pool_back_mib: 240,
+            hint: Hint {
+                wall_s: 2.5,
+                device_s: 2.125,
+                pages: 90000,
+                guest_free_pages: 100000,
+            },
+        }];
+        let summary = vec![
+            (
+                "free_to_pool_s".to_string(),
+                SummaryValue::Spread(spread(&[1.23456])),
+            ),
+            (
+                "overhead_percent_of_medians_per_s".to_string(),
+                SummaryValue::Percent(1.28184),
+            ),
+        ];
+        let value =
+            serde_json::to_value(Report::new(summary, &rounds, "1.00 2.00 3.00", "1.50")).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "benchmark": "balloon-features-linux",
+                "board": "virt-gicv2",
+                "icount": false,
+                "rounds": 3,
+                "pagefault_mib": 64,
+                "pagefault_seconds": 10,
+                "toggled_pairs_per_boot": 4,
+                "toggled_seconds": 5,
+                "hog_mib": 256,
+                "load_average_before": "1.00 2.00 3.00",
+                "load_average_after": "1.50",
+                "summary": {
+                    "free_to_pool_s": {"median": 1.2346, "min": 1.2346, "max": 1.2346},
+                    "overhead_percent_of_medians_per_s": 1.282
+                },
+                "rounds_measured": [{
+                    "round": 1,
+                    "pagefault_off": {"pages_per_s": 19652, "pages_per_cpu_s": 9002},
+                    "pagefault_on": {"pages_per_s": 19400, "pages_per_cpu_s": 8800},
+                    "pages_reported_during_run": 49,
+                    "toggled_off_on": [[
+                        {"pages_per_s": 100, "pages_per_cpu_s": 50},
+                        {"pages_per_s": 99, "pages_per_cpu_s": 50}
+                    ]],
+                    "toggled_pages_reported_off": 3,
+                    "free_to_pool_s": 1.235,
+                    "pool_back_mib": 240,
+                    "hint_wall_s": 2.5,
+                    "hint_device_s": 2.125,
+                    "hint_pages": 90000,
+                    "guest_free_pages": 100000
+                }]
+            })
+        );
     }
 
     #[test]

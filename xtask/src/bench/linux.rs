@@ -35,7 +35,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+use serde::Serialize;
 
+use crate::json;
 use crate::linux::{build_initramfs, memtool_path, CMDLINE, READY};
 
 const ROUNDS: usize = 3;
@@ -101,18 +103,24 @@ impl Direction {
 }
 
 /// One balloon move, as seen from the host.
+#[derive(Serialize)]
 struct Move {
     /// From the request until the guest's watcher saw every page moved.
+    #[serde(serialize_with = "json::decimals::<4, _>")]
     guest_s: f64,
     /// Tidal: the hypervisor's reported time; QEMU: the first `info balloon`
     /// showing the target, measured from the request.
+    #[serde(serialize_with = "json::decimals::<4, _>")]
     device_s: f64,
 }
 
 /// One boot of one side.
+#[derive(Serialize)]
 struct Run {
+    #[serde(serialize_with = "json::decimals::<3, _>")]
     ready_s: f64,
     /// Median agent round trip of the vmstat polls before the first move.
+    #[serde(rename = "agent_idle_s", serialize_with = "json::decimals::<4, _>")]
     idle_poll_s: f64,
     inflate: Move,
     deflate: Move,
@@ -635,9 +643,13 @@ fn median(values: &[f64]) -> f64 {
 }
 
 /// Median, min and max.
+#[derive(Serialize)]
 pub(super) struct Spread {
+    #[serde(serialize_with = "json::decimals::<4, _>")]
     pub(super) median: f64,
+    #[serde(serialize_with = "json::decimals::<4, _>")]
     pub(super) min: f64,
+    #[serde(serialize_with = "json::decimals::<4, _>")]
     pub(super) max: f64,
 }
 
@@ -778,6 +790,71 @@ const METRICS: [Metric; 6] = [
     },
 ];
 
+/// target/bench/linux.json.
+#[derive(Serialize)]
+struct Report<'a> {
+    benchmark: &'static str,
+    kernel: &'a str,
+    busybox: &'a str,
+    guest_mib: u64,
+    vcpus: u32,
+    balloon_mib: u64,
+    pages: u64,
+    rounds: usize,
+    icount: bool,
+    /// Per [`METRICS`] key, in the table's order.
+    #[serde(serialize_with = "json::ordered_map")]
+    summary: Vec<(&'static str, MetricSummary)>,
+    runs: Vec<RunReport<'a>>,
+}
+
+/// One metric, both sides.
+#[derive(Serialize)]
+struct MetricSummary {
+    tidal: Spread,
+    qemu: Spread,
+    /// Tidal's median over QEMU's; `None` where a ratio means nothing.
+    ratio_of_medians: Option<f64>,
+}
+
+/// One boot, named by side and round.
+#[derive(Serialize)]
+struct RunReport<'a> {
+    side: &'static str,
+    round: usize,
+    #[serde(flatten)]
+    run: &'a Run,
+}
+
+impl<'a> Report<'a> {
+    fn new(
+        fixture: &'a crate::linux::LinuxFixture,
+        summary: Vec<(&'static str, MetricSummary)>,
+        runs: &'a [(Side, usize, Run)],
+    ) -> Self {
+        Report {
+            benchmark: "balloon-linux",
+            kernel: &fixture.kernel_release,
+            busybox: &fixture.busybox_version,
+            guest_mib: GUEST_MIB,
+            vcpus: VCPUS,
+            balloon_mib: BALLOON_MIB,
+            pages: PAGES,
+            rounds: ROUNDS,
+            icount: false,
+            summary,
+            runs: runs
+                .iter()
+                .map(|(side, round, run)| RunReport {
+                    side: side.name(),
+                    round: *round,
+                    run,
+                })
+                .collect(),
+        }
+    }
+}
+
 fn report(
     root: &Path,
     fixture: &crate::linux::LinuxFixture,
@@ -819,16 +896,13 @@ fn report(
                 "-".into()
             }
         );
-        summary.push(format!(
-            "    \"{}\": {{\"tidal\": {}, \"qemu\": {}, \"ratio_of_medians\": {}}}",
+        summary.push((
             metric.key,
-            spread_json(&tidal),
-            spread_json(&qemu),
-            if metric.ratio {
-                format!("{ratio:.3}")
-            } else {
-                "null".into()
-            }
+            MetricSummary {
+                tidal,
+                qemu,
+                ratio_of_medians: metric.ratio.then(|| json::rounded(ratio, 3)),
+            },
         ));
     }
     for line in [
@@ -845,46 +919,10 @@ fn report(
         println!("{line}");
     }
 
-    let json_runs: Vec<String> = runs
-        .iter()
-        .map(|(side, round, r)| {
-            format!(
-                "    {{\"side\": \"{}\", \"round\": {round}, \"ready_s\": {:.3}, \"agent_idle_s\": {:.4}, \"inflate\": {}, \"deflate\": {}}}",
-                side.name(),
-                r.ready_s,
-                r.idle_poll_s,
-                move_json(&r.inflate),
-                move_json(&r.deflate)
-            )
-        })
-        .collect();
-    let dir = root.join("target").join("bench");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let path = dir.join("linux.json");
-    let text = format!(
-        "{{\n  \"benchmark\": \"balloon-linux\",\n  \"kernel\": \"{}\",\n  \"busybox\": \"{}\",\n  \"guest_mib\": {GUEST_MIB},\n  \"vcpus\": {VCPUS},\n  \"balloon_mib\": {BALLOON_MIB},\n  \"pages\": {PAGES},\n  \"rounds\": {ROUNDS},\n  \"icount\": false,\n  \"summary\": {{\n{}\n  }},\n  \"runs\": [\n{}\n  ]\n}}\n",
-        fixture.kernel_release,
-        fixture.busybox_version,
-        summary.join(",\n"),
-        json_runs.join(",\n")
-    );
-    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let path = root.join("target").join("bench").join("linux.json");
+    json::write(&path, &Report::new(fixture, summary, runs))?;
     println!("written to {}", path.display());
     Ok(())
-}
-
-fn spread_json(s: &Spread) -> String {
-    format!(
-        "{{\"median\": {:.4}, \"min\": {:.4}, \"max\": {:.4}}}",
-        s.median, s.min, s.max
-    )
-}
-
-fn move_json(m: &Move) -> String {
-    format!(
-        "{{\"guest_s\": {:.4}, \"device_s\": {:.4}}}",
-        m.guest_s, m.device_s
-    )
 }
 
 #[cfg(test)]
@@ -897,6 +935,67 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
         let s = spread(&[2.0, 5.0, 1.0]);
         assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 5.0));
+    }
+
+    #[test]
+    fn report_keeps_its_fields() {
+        let run = |ready_s: f64| Run {
+            ready_s,
+            idle_poll_s: 0.0123456,
+            inflate: Move {
+                guest_s: 1.5,
+                device_s: 1.23456,
+            },
+            deflate: Move {
+                guest_s: 0.75,
+                device_s: 0.654321,
+            },
+        };
+        let runs = [(Side::Tidal, 1, run(3.21987)), (Side::Qemu, 1, run(2.5))];
+        let fixture = crate::linux::LinuxFixture {
+            kernel: PathBuf::from("Image"),
+            initramfs: PathBuf::from("initramfs.cpio"),
+            kernel_release: "6.1.0-57-arm64".into(),
+            busybox_version: "1:1.35.0-4+deb12u1+b1".into(),
+        };
+        let summary = vec![(
+            "ready_s",
+            MetricSummary {
+                tidal: spread(&[3.21987]),
+                qemu: spread(&[2.5]),
+                ratio_of_medians: Some(json::rounded(3.21987 / 2.5, 3)),
+            },
+        )];
+        let value = serde_json::to_value(Report::new(&fixture, summary, &runs)).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "benchmark": "balloon-linux",
+                "kernel": "6.1.0-57-arm64",
+                "busybox": "1:1.35.0-4+deb12u1+b1",
+                "guest_mib": 512,
+                "vcpus": 2,
+                "balloon_mib": 256,
+                "pages": 65536,
+                "rounds": 3,
+                "icount": false,
+                "summary": {
+                    "ready_s": {
+                        "tidal": {"median": 3.2199, "min": 3.2199, "max": 3.2199},
+                        "qemu": {"median": 2.5, "min": 2.5, "max": 2.5},
+                        "ratio_of_medians": 1.288
+                    }
+                },
+                "runs": [
+                    {"side": "Tidal", "round": 1, "ready_s": 3.22, "agent_idle_s": 0.0123,
+                     "inflate": {"guest_s": 1.5, "device_s": 1.2346},
+                     "deflate": {"guest_s": 0.75, "device_s": 0.6543}},
+                    {"side": "QEMU", "round": 1, "ready_s": 2.5, "agent_idle_s": 0.0123,
+                     "inflate": {"guest_s": 1.5, "device_s": 1.2346},
+                     "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
+                ]
+            })
+        );
     }
 
     #[test]
