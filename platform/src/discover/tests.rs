@@ -583,3 +583,52 @@ fn small_trees() {
     assert_eq!(b.power_off, PowerOff::None);
     assert!(b.cpus.is_empty());
 }
+
+// ------------------------------------------------------- property tests
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    /// Values that are structure tokens (1-4, 9), cell counts, lengths or
+    /// offsets (small numbers), or overflow naive arithmetic.
+    fn word() -> impl Strategy<Value = u32> {
+        prop_oneof![0u32..16, Just(u32::MAX), Just(0x4000_0001), any::<u32>()]
+    }
+
+    /// A real tree with up to 8 bytes and 4 aligned words replaced, maybe
+    /// cut short, and the address the firmware put it at.
+    fn damaged_tree() -> impl Strategy<Value = (Vec<u8>, u64)> {
+        let blob = prop_oneof![Just(VIRT_GICV2), Just(VIRT_GICV3), Just(RESERVED)];
+        let bytes = prop::collection::vec((any::<Index>(), any::<u8>()), 0..8);
+        let words = prop::collection::vec((any::<Index>(), word()), 0..4);
+        let cut = prop::option::weighted(0.1, any::<Index>());
+        (blob, bytes, words, cut, any::<u64>()).prop_map(|(blob, bytes, words, cut, addr)| {
+            let mut b = blob.to_vec();
+            for (at, v) in bytes {
+                b[at.index(blob.len())] = v;
+            }
+            for (at, v) in words {
+                set32(&mut b, at.index(blob.len() / 4) * 4, v);
+            }
+            if let Some(len) = cut {
+                b.truncate(len.index(blob.len()));
+            }
+            (b, addr)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// Discovery over damaged real trees returns (never panics), and
+        /// what it accepts keeps every promise of `BoardInfo`.
+        #[test]
+        fn damaged_real_trees((blob, addr) in damaged_tree()) {
+            if let Ok(info) = discover(&blob, addr) {
+                testing::assert_invariants(&blob, addr, &info);
+            }
+        }
+    }
+}
