@@ -13,6 +13,8 @@
 //! guessing would start the wrong core.
 
 mod fdt;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use core::fmt;
 

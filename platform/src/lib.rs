@@ -13,6 +13,9 @@ mod discover;
 pub mod power;
 pub mod uart;
 
+/// Discovery's invariants as one check, for property tests and fuzz targets.
+#[cfg(any(test, feature = "testing"))]
+pub use discover::testing;
 pub use discover::{board_desc, discover, DiscoveryError};
 
 /// Most RAM banks, reserved regions and CPUs a board may describe; a tree with

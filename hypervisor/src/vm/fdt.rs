@@ -2,10 +2,10 @@
 //! of `docs/GUEST-BOARD.md` ([`GuestBoard`]) turned into a flattened device
 //! tree blob ([`build`]) that Linux and the bare-metal test guest accept.
 //!
-//! The blob writer is here too (a small subset of the devicetree
-//! specification, v0.4, chapter 5): header version 17 (last compatible 16),
-//! an empty memory reservation block, the structure block, and a strings
-//! block in which each property name is stored once.
+//! The blob itself is written by the `vm-fdt` crate (rust-vmm's writer,
+//! `alloc` without `std`): header version 17 (last compatible 16), an empty
+//! memory reservation block, the structure block, and a strings block in
+//! which each property name is stored once.
 //!
 //! [`build`] checks the description first and returns an [`FdtError`] for
 //! anything that would give a tree Linux misreads (no vCPUs, RAM or a device
@@ -19,6 +19,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
+use vm_fdt::FdtWriter;
 
 /// Where things are on the guest board (`docs/GUEST-BOARD.md`).
 pub mod layout {
@@ -193,6 +194,9 @@ pub enum FdtError {
     TooManyDevices { count: usize, max: usize },
     /// The blob would exceed the format's 4 GiB limit.
     TooLarge,
+    /// The writer refused the tree (a name, string or nesting [`check`]
+    /// should have ruled out): a bug here, reported rather than a panic.
+    Refused { what: &'static str },
 }
 
 impl fmt::Display for FdtError {
@@ -223,11 +227,28 @@ impl fmt::Display for FdtError {
                 write!(f, "{count} virtio-mmio devices; the board has {max} slots")
             }
             Self::TooLarge => f.write_str("the blob would be larger than 4 GiB"),
+            Self::Refused { what } => write!(f, "the writer refused it: {what}"),
         }
     }
 }
 
 impl core::error::Error for FdtError {}
+
+impl From<vm_fdt::Error> for FdtError {
+    fn from(e: vm_fdt::Error) -> Self {
+        use vm_fdt::Error as E;
+        let what = match e {
+            E::TotalSizeTooLarge | E::PropertyValueTooLarge => return Self::TooLarge,
+            E::InvalidString => "a string contains a NUL byte",
+            E::InvalidNodeName => "an invalid node name",
+            E::InvalidPropertyName => "an invalid property name",
+            E::DuplicatePhandle => "a phandle used twice",
+            E::NodeDepthTooLarge => "nodes nested too deeply",
+            _ => "nodes or properties out of order",
+        };
+        Self::Refused { what }
+    }
+}
 
 /// The path of the console node, also `/chosen/stdout-path` and the
 /// `serial0` alias.
@@ -238,74 +259,83 @@ pub fn uart_path(base: u64) -> String {
 /// Builds the guest's device tree blob.
 pub fn build(board: &GuestBoard) -> Result<Vec<u8>, FdtError> {
     check(board)?;
-    let mut w = Writer::new();
+    write(board).map_err(FdtError::from)
+}
+
+/// The tree of a checked `board`, through vm-fdt's writer.
+fn write(board: &GuestBoard) -> Result<Vec<u8>, vm_fdt::Error> {
+    let mut w = FdtWriter::new()?;
     let gic_v2 = matches!(board.gic, GuestGic::V2 { .. });
 
-    w.begin_node("");
-    w.prop_u32("#address-cells", 2);
-    w.prop_u32("#size-cells", 2);
-    w.prop_strs("compatible", &["tidal,guest", "linux,dummy-virt"]);
-    w.prop_str("model", "Tidal guest");
-    w.prop_u32("interrupt-parent", PHANDLE_GIC);
+    let root = w.begin_node("")?;
+    w.property_u32("#address-cells", 2)?;
+    w.property_u32("#size-cells", 2)?;
+    w.property("compatible", &strings(&["tidal,guest", "linux,dummy-virt"]))?;
+    w.property_string("model", "Tidal guest")?;
+    w.property_u32("interrupt-parent", PHANDLE_GIC)?;
 
     // /chosen and /aliases first, as QEMU and U-Boot write them.
     let uart_path = uart_path(board.uart.0);
-    w.begin_node("chosen");
+    let chosen = w.begin_node("chosen")?;
     if let Some(args) = board.bootargs {
-        w.prop_str("bootargs", args);
+        w.property_string("bootargs", args)?;
     }
-    w.prop_str("stdout-path", &uart_path);
+    w.property_string("stdout-path", &uart_path)?;
     if let Some((start, end)) = board.initrd {
-        w.prop_u64("linux,initrd-start", start);
-        w.prop_u64("linux,initrd-end", end);
+        w.property_u64("linux,initrd-start", start)?;
+        w.property_u64("linux,initrd-end", end)?;
     }
-    w.end_node();
-    w.begin_node("aliases");
-    w.prop_str("serial0", &uart_path);
-    w.end_node();
+    w.end_node(chosen)?;
+    let aliases = w.begin_node("aliases")?;
+    w.property_string("serial0", &uart_path)?;
+    w.end_node(aliases)?;
 
-    w.begin_node(&format!("memory@{:x}", board.ram_base));
-    w.prop_str("device_type", "memory");
-    w.prop_reg(&[(board.ram_base, board.ram_size)]);
-    w.end_node();
+    let memory = w.begin_node(&format!("memory@{:x}", board.ram_base))?;
+    w.property_string("device_type", "memory")?;
+    // `reg` entries: two address and two size cells each.
+    w.property_array_u64("reg", &[board.ram_base, board.ram_size])?;
+    w.end_node(memory)?;
 
-    w.begin_node("cpus");
-    w.prop_u32("#address-cells", 1);
-    w.prop_u32("#size-cells", 0);
+    let cpus = w.begin_node("cpus")?;
+    w.property_u32("#address-cells", 1)?;
+    w.property_u32("#size-cells", 0)?;
     for n in 0..board.vcpus {
-        w.begin_node(&format!("cpu@{n:x}"));
-        w.prop_str("device_type", "cpu");
-        w.prop_str("compatible", "arm,armv8");
-        w.prop_u32("reg", n);
-        w.prop_str("enable-method", "psci");
-        w.end_node();
+        let cpu = w.begin_node(&format!("cpu@{n:x}"))?;
+        w.property_string("device_type", "cpu")?;
+        w.property_string("compatible", "arm,armv8")?;
+        w.property_u32("reg", n)?;
+        w.property_string("enable-method", "psci")?;
+        w.end_node(cpu)?;
     }
-    w.end_node();
+    w.end_node(cpus)?;
 
-    w.begin_node("psci");
-    w.prop_strs("compatible", &["arm,psci-1.0", "arm,psci-0.2"]);
-    w.prop_str("method", "hvc");
-    w.end_node();
+    let psci = w.begin_node("psci")?;
+    w.property("compatible", &strings(&["arm,psci-1.0", "arm,psci-0.2"]))?;
+    w.property_string("method", "hvc")?;
+    w.end_node(psci)?;
 
-    match board.gic {
+    let intc = match board.gic {
         GuestGic::V2 { dist, cpu } => {
-            w.begin_node(&format!("intc@{dist:x}"));
-            w.prop_str("compatible", "arm,cortex-a15-gic");
-            w.prop_reg(&[(dist, GICV2_DIST_SIZE), (cpu, GICV2_CPU_SIZE)]);
+            let intc = w.begin_node(&format!("intc@{dist:x}"))?;
+            w.property_string("compatible", "arm,cortex-a15-gic")?;
+            w.property_array_u64("reg", &[dist, GICV2_DIST_SIZE, cpu, GICV2_CPU_SIZE])?;
+            intc
         }
         GuestGic::V3 { dist, redist } => {
-            w.begin_node(&format!("intc@{dist:x}"));
-            w.prop_str("compatible", "arm,gic-v3");
-            w.prop_reg(&[(dist, GICV3_DIST_SIZE), (redist, redist_size(board.vcpus))]);
-            w.prop_u32("#redistributor-regions", 1);
+            let intc = w.begin_node(&format!("intc@{dist:x}"))?;
+            w.property_string("compatible", "arm,gic-v3")?;
+            let redist_size = redist_size(board.vcpus);
+            w.property_array_u64("reg", &[dist, GICV3_DIST_SIZE, redist, redist_size])?;
+            w.property_u32("#redistributor-regions", 1)?;
+            intc
         }
-    }
-    w.prop_u32("#interrupt-cells", 3);
+    };
+    w.property_u32("#interrupt-cells", 3)?;
     // No child nodes: an interrupt-map into the GIC carries no address cells.
-    w.prop_u32("#address-cells", 0);
-    w.prop_empty("interrupt-controller");
-    w.prop_u32("phandle", PHANDLE_GIC);
-    w.end_node();
+    w.property_u32("#address-cells", 0)?;
+    w.property_null("interrupt-controller")?;
+    w.property_phandle(PHANDLE_GIC)?;
+    w.end_node(intc)?;
 
     // GICv2 PPI flags carry a mask of the CPUs the interrupt goes to.
     let ppi_flags = if gic_v2 {
@@ -313,43 +343,54 @@ pub fn build(board: &GuestBoard) -> Result<Vec<u8>, FdtError> {
     } else {
         IRQ_LEVEL_HIGH
     };
-    w.begin_node("timer");
-    w.prop_str("compatible", "arm,armv8-timer");
+    let timer_node = w.begin_node("timer")?;
+    w.property_string("compatible", "arm,armv8-timer")?;
     let mut timer = [0u32; 12];
     for (cells, &ppi) in timer.chunks_exact_mut(3).zip(&board.timer_ppis) {
         cells.copy_from_slice(&[GIC_PPI, ppi, ppi_flags]);
     }
-    w.prop_cells("interrupts", &timer);
-    w.end_node();
+    w.property_array_u32("interrupts", &timer)?;
+    w.end_node(timer_node)?;
 
-    w.begin_node("apb-pclk");
-    w.prop_str("compatible", "fixed-clock");
-    w.prop_u32("#clock-cells", 0);
-    w.prop_u32("clock-frequency", APB_PCLK_HZ);
-    w.prop_str("clock-output-names", "clk24mhz");
-    w.prop_u32("phandle", PHANDLE_CLK);
-    w.end_node();
+    let clock = w.begin_node("apb-pclk")?;
+    w.property_string("compatible", "fixed-clock")?;
+    w.property_u32("#clock-cells", 0)?;
+    w.property_u32("clock-frequency", APB_PCLK_HZ)?;
+    w.property_string("clock-output-names", "clk24mhz")?;
+    w.property_phandle(PHANDLE_CLK)?;
+    w.end_node(clock)?;
 
     let (uart_base, uart_spi) = board.uart;
-    w.begin_node(&uart_path[1..]);
-    w.prop_strs("compatible", &["arm,pl011", "arm,primecell"]);
-    w.prop_reg(&[(uart_base, UART_SIZE)]);
-    w.prop_cells("interrupts", &[GIC_SPI, uart_spi, IRQ_LEVEL_HIGH]);
-    w.prop_cells("clocks", &[PHANDLE_CLK, PHANDLE_CLK]);
-    w.prop_strs("clock-names", &["uartclk", "apb_pclk"]);
-    w.end_node();
+    let uart = w.begin_node(&uart_path[1..])?;
+    w.property("compatible", &strings(&["arm,pl011", "arm,primecell"]))?;
+    w.property_array_u64("reg", &[uart_base, UART_SIZE])?;
+    w.property_array_u32("interrupts", &[GIC_SPI, uart_spi, IRQ_LEVEL_HIGH])?;
+    w.property_array_u32("clocks", &[PHANDLE_CLK, PHANDLE_CLK])?;
+    w.property("clock-names", &strings(&["uartclk", "apb_pclk"]))?;
+    w.end_node(uart)?;
 
     for &(base, spi) in board.virtio_mmio {
-        w.begin_node(&format!("virtio_mmio@{base:x}"));
-        w.prop_str("compatible", "virtio,mmio");
-        w.prop_reg(&[(base, VIRTIO_MMIO_SIZE)]);
-        w.prop_cells("interrupts", &[GIC_SPI, spi, IRQ_EDGE_RISING]);
-        w.prop_empty("dma-coherent");
-        w.end_node();
+        let virtio = w.begin_node(&format!("virtio_mmio@{base:x}"))?;
+        w.property_string("compatible", "virtio,mmio")?;
+        w.property_array_u64("reg", &[base, VIRTIO_MMIO_SIZE])?;
+        w.property_array_u32("interrupts", &[GIC_SPI, spi, IRQ_EDGE_RISING])?;
+        w.property_null("dma-coherent")?;
+        w.end_node(virtio)?;
     }
 
-    w.end_node();
+    w.end_node(root)?;
     w.finish()
+}
+
+/// A string-list value (`compatible`): each string NUL-terminated. The
+/// strings here are constants without NULs.
+fn strings(list: &[&str]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for s in list {
+        bytes.extend_from_slice(s.as_bytes());
+        bytes.push(0);
+    }
+    bytes
 }
 
 fn redist_size(vcpus: u32) -> u64 {
@@ -421,170 +462,6 @@ fn check(board: &GuestBoard) -> Result<(), FdtError> {
         return Err(FdtError::NulInBootargs);
     }
     Ok(())
-}
-
-// ------------------------------------------------------------ blob writer
-
-const FDT_MAGIC: u32 = 0xd00d_feed;
-const FDT_BEGIN_NODE: u32 = 1;
-const FDT_END_NODE: u32 = 2;
-const FDT_PROP: u32 = 3;
-const FDT_END: u32 = 9;
-const HEADER_SIZE: usize = 40;
-/// One (address, size) pair: the terminator of the (empty) reservation block.
-const RSVMAP_SIZE: usize = 16;
-
-/// Writes the structure and strings blocks; [`Writer::finish`] puts the
-/// header and the reservation block in front. Nodes must be balanced by the
-/// caller ([`build`] is the only one).
-struct Writer {
-    structure: Vec<u8>,
-    strings: Vec<u8>,
-    /// Offsets into `strings` of every name stored so far.
-    names: Vec<u32>,
-    /// The strings block outgrew a u32 offset.
-    too_large: bool,
-}
-
-impl Writer {
-    fn new() -> Self {
-        Writer {
-            structure: Vec::new(),
-            strings: Vec::new(),
-            names: Vec::new(),
-            too_large: false,
-        }
-    }
-
-    fn token(&mut self, t: u32) {
-        self.structure.extend_from_slice(&t.to_be_bytes());
-    }
-
-    fn pad(&mut self) {
-        while !self.structure.len().is_multiple_of(4) {
-            self.structure.push(0);
-        }
-    }
-
-    fn begin_node(&mut self, name: &str) {
-        self.token(FDT_BEGIN_NODE);
-        self.structure.extend_from_slice(name.as_bytes());
-        self.structure.push(0);
-        self.pad();
-    }
-
-    fn end_node(&mut self) {
-        self.token(FDT_END_NODE);
-    }
-
-    /// The offset of `name` in the strings block, adding it the first time.
-    fn name_offset(&mut self, name: &str) -> u32 {
-        let strings = &self.strings;
-        let found = self.names.iter().copied().find(|&off| {
-            let rest = strings.get(off as usize..).unwrap_or(&[]);
-            rest.len() > name.len() && rest.starts_with(name.as_bytes()) && rest[name.len()] == 0
-        });
-        if let Some(off) = found {
-            return off;
-        }
-        let Ok(off) = u32::try_from(self.strings.len()) else {
-            self.too_large = true;
-            return 0;
-        };
-        self.strings.extend_from_slice(name.as_bytes());
-        self.strings.push(0);
-        self.names.push(off);
-        off
-    }
-
-    fn prop(&mut self, name: &str, value: &[u8]) {
-        let nameoff = self.name_offset(name);
-        let Ok(len) = u32::try_from(value.len()) else {
-            self.too_large = true;
-            return;
-        };
-        self.token(FDT_PROP);
-        self.token(len);
-        self.token(nameoff);
-        self.structure.extend_from_slice(value);
-        self.pad();
-    }
-
-    fn prop_empty(&mut self, name: &str) {
-        self.prop(name, &[]);
-    }
-
-    fn prop_u32(&mut self, name: &str, v: u32) {
-        self.prop(name, &v.to_be_bytes());
-    }
-
-    fn prop_u64(&mut self, name: &str, v: u64) {
-        self.prop(name, &v.to_be_bytes());
-    }
-
-    fn prop_cells(&mut self, name: &str, cells: &[u32]) {
-        let bytes: Vec<u8> = cells.iter().flat_map(|c| c.to_be_bytes()).collect();
-        self.prop(name, &bytes);
-    }
-
-    /// `reg` with two address and two size cells per entry.
-    fn prop_reg(&mut self, entries: &[(u64, u64)]) {
-        let bytes: Vec<u8> = entries
-            .iter()
-            .flat_map(|&(a, s)| a.to_be_bytes().into_iter().chain(s.to_be_bytes()))
-            .collect();
-        self.prop("reg", &bytes);
-    }
-
-    fn prop_str(&mut self, name: &str, s: &str) {
-        self.prop_strs(name, &[s]);
-    }
-
-    fn prop_strs(&mut self, name: &str, list: &[&str]) {
-        let mut bytes = Vec::new();
-        for s in list {
-            bytes.extend_from_slice(s.as_bytes());
-            bytes.push(0);
-        }
-        self.prop(name, &bytes);
-    }
-
-    /// Header, reservation block, structure block, strings block.
-    fn finish(mut self) -> Result<Vec<u8>, FdtError> {
-        self.token(FDT_END);
-        let off_rsvmap = HEADER_SIZE;
-        let off_struct = off_rsvmap + RSVMAP_SIZE;
-        let off_strings = off_struct
-            .checked_add(self.structure.len())
-            .ok_or(FdtError::TooLarge)?;
-        let total = off_strings
-            .checked_add(self.strings.len())
-            .ok_or(FdtError::TooLarge)?;
-        let word = |v: usize| u32::try_from(v).map_err(|_| FdtError::TooLarge);
-        if self.too_large {
-            return Err(FdtError::TooLarge);
-        }
-        let header = [
-            FDT_MAGIC,
-            word(total)?,
-            word(off_struct)?,
-            word(off_strings)?,
-            word(off_rsvmap)?,
-            17, // version
-            16, // last compatible version
-            0,  // boot_cpuid_phys
-            word(self.strings.len())?,
-            word(self.structure.len())?,
-        ];
-        let mut out = Vec::with_capacity(total);
-        for v in header {
-            out.extend_from_slice(&v.to_be_bytes());
-        }
-        out.extend_from_slice(&[0; RSVMAP_SIZE]);
-        out.extend_from_slice(&self.structure);
-        out.extend_from_slice(&self.strings);
-        Ok(out)
-    }
 }
 
 #[cfg(test)]
@@ -876,6 +753,7 @@ mod tests {
         assert_eq!(off_struct % 4, 0);
         assert_eq!(off_struct + size_struct, off_strings);
         assert_eq!((off_strings + size_strings) as usize, blob.len());
+        const FDT_END: u32 = 9;
         assert_eq!(be32(&blob, (off_strings - 4) as usize), FDT_END);
         // Each property name is stored once.
         let strings = &blob[off_strings as usize..];

@@ -7,9 +7,11 @@
 //! still read with checked slicing only, so even a tree that got past the
 //! check could end an iteration early but never index out of bounds.
 //!
-//! Written here rather than taken from the `fdt` crate because discovery
-//! runs on firmware input before the hypervisor has a heap, must never
-//! panic, and needs parent links for `ranges` translation.
+//! Written here rather than taken from the `fdt` crate (0.1.5) because that
+//! crate panics on NOP tokens, which valid trees carry (QEMU's `raspi4b`
+//! writes hundreds), and on damaged blobs, and its nodes have no parent for
+//! `ranges` translation (docs/ARCHITECTURE.md, "Crates"; the `fdt_crate_*`
+//! tests show both).
 
 use super::DiscoveryError;
 
