@@ -54,7 +54,7 @@ fn power_off(board: Option<&BoardInfo>) -> ! {
     if let Some(board) = board {
         match board.power_off {
             PowerOff::Psci(conduit) => {
-                let _ = psci::call(conduit, psci::SYSTEM_OFF, 0, 0, 0);
+                let _ = psci::system_off(conduit);
             }
             PowerOff::Bcm2835Watchdog { regs } => {
                 // SAFETY: the watchdog registers come from the tree and are

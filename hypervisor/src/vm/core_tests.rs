@@ -307,10 +307,10 @@ fn psci_brings_up_a_second_vcpu_and_powers_off() {
         &mut vm,
         &mut cpu,
         &mut ctx,
-        [psci::PSCI_VERSION.into(), 0, 0, 0],
+        [smccc::psci::PSCI_VERSION.into(), 0, 0, 0],
     );
     assert_eq!(version, (Outcome::Continue, 0x1_0000));
-    let on = [psci::CPU_ON_64.into(), 1, 0x4008_0000, 42];
+    let on = [smccc::psci::PSCI_CPU_ON_64.into(), 1, 0x4008_0000, 42];
     assert_eq!(
         call(&mut vm, &mut cpu, &mut ctx, on),
         (Outcome::Continue, 0)
@@ -324,9 +324,9 @@ fn psci_brings_up_a_second_vcpu_and_powers_off() {
         }
     );
     assert_eq!(call(&mut vm, &mut cpu, &mut ctx, on).1, psci::ALREADY_ON);
-    let info = [psci::AFFINITY_INFO_64.into(), 1, 0, 0];
+    let info = [smccc::psci::PSCI_AFFINITY_INFO_64.into(), 1, 0, 0];
     assert_eq!(call(&mut vm, &mut cpu, &mut ctx, info).1, 2, "ON_PENDING");
-    let bad = [psci::CPU_ON_64.into(), 7, 0, 0];
+    let bad = [smccc::psci::PSCI_CPU_ON_64.into(), 7, 0, 0];
     assert_eq!(
         call(&mut vm, &mut cpu, &mut ctx, bad).1,
         psci::INVALID_PARAMETERS
@@ -340,7 +340,7 @@ fn psci_brings_up_a_second_vcpu_and_powers_off() {
         call(&mut vm, &mut cpu, &mut ctx, unknown).1,
         psci::NOT_SUPPORTED
     );
-    let off = [psci::SYSTEM_OFF.into(), 0, 0, 0];
+    let off = [smccc::psci::PSCI_SYSTEM_OFF.into(), 0, 0, 0];
     let (outcome, _) = call(&mut vm, &mut cpu, &mut ctx, off);
     assert!(matches!(outcome, Outcome::Stop(_)));
     // The stop kicks the other vCPU's CPU; the last one out frees the RAM.
@@ -362,7 +362,7 @@ fn psci_brings_up_a_second_vcpu_and_powers_off() {
 fn a_guest_reset_starts_the_vm_again() {
     let (mut vm, mut cpu) = started(1);
     let mut ctx = enter(&mut vm, &mut cpu, 0);
-    ctx.x[0] = psci::SYSTEM_RESET.into();
+    ctx.x[0] = smccc::psci::PSCI_SYSTEM_RESET.into();
     assert_eq!(
         exit(&mut vm, &mut cpu, &mut ctx, VcpuExit::Hvc { imm: 0 }),
         Outcome::Reset

@@ -1,27 +1,24 @@
-//! PSCI for guests: the function IDs (also what the hypervisor itself
-//! calls on its firmware, `arch::aarch64::psci`), and the calls a guest
-//! makes by HVC or SMC, answered from the VM's vCPU power states.
+//! PSCI for guests: the calls a guest makes by HVC or SMC (function IDs and
+//! return codes from the smccc crate, as the hypervisor's own calls to its
+//! firmware in `arch::aarch64::psci`), answered from the VM's vCPU power
+//! states.
 
 use super::cpu::{GuestContext, PhysCpu};
 use super::state::{Power, Vm};
 
-/// PSCI function IDs (SMC32 form for the calls that have no 64-bit form,
-/// SMC64 for those that take addresses).
-pub const PSCI_VERSION: u32 = 0x8400_0000;
-pub const CPU_OFF: u32 = 0x8400_0002;
-pub const CPU_ON_64: u32 = 0xc400_0003;
-pub const AFFINITY_INFO_64: u32 = 0xc400_0004;
-pub const MIGRATE_INFO_TYPE: u32 = 0x8400_0006;
-pub const SYSTEM_OFF: u32 = 0x8400_0008;
-pub const SYSTEM_RESET: u32 = 0x8400_0009;
-pub const PSCI_FEATURES: u32 = 0x8400_000a;
+use smccc::psci::{
+    PSCI_AFFINITY_INFO_64 as AFFINITY_INFO_64, PSCI_CPU_OFF as CPU_OFF,
+    PSCI_CPU_ON_64 as CPU_ON_64, PSCI_FEATURES, PSCI_MIGRATE_INFO_TYPE as MIGRATE_INFO_TYPE,
+    PSCI_SYSTEM_OFF as SYSTEM_OFF, PSCI_SYSTEM_RESET as SYSTEM_RESET, PSCI_VERSION,
+};
+
 /// The bit that tells an SMC64 function ID from its SMC32 twin.
 const SMC64: u32 = 0x4000_0000;
 
-/// PSCI return codes.
-pub const NOT_SUPPORTED: u64 = -1i64 as u64;
-pub const INVALID_PARAMETERS: u64 = -2i64 as u64;
-pub const ALREADY_ON: u64 = -4i64 as u64;
+/// PSCI return codes, as x0 holds them.
+pub const NOT_SUPPORTED: u64 = smccc::psci::error::NOT_SUPPORTED as i64 as u64;
+pub const INVALID_PARAMETERS: u64 = smccc::psci::error::INVALID_PARAMETERS as i64 as u64;
+pub const ALREADY_ON: u64 = smccc::psci::error::ALREADY_ON as i64 as u64;
 
 /// What a PSCI call asks of the vCPU loop besides its return value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -93,9 +93,7 @@ pub fn start(index: usize, cpu: &Cpu, psci_conduit: Option<PsciConduit>) -> Resu
     let result = match cpu.enable_method {
         EnableMethod::Psci => {
             let conduit = psci_conduit.ok_or(StartError::NoPsci)?;
-            psci::call(conduit, psci::CPU_ON_64, cpu.mpidr, entry, index as u64)
-                .map(|_| ())
-                .map_err(StartError::Psci)
+            psci::cpu_on(conduit, cpu.mpidr, entry, index as u64).map_err(StartError::Psci)
         }
         EnableMethod::SpinTable { release_addr } => {
             // SAFETY: the release address is in a page the frame table marks
