@@ -1,6 +1,7 @@
 //! Virtual machines: what each guest is given and how it is described to it.
 //!
 //! - [`check`]: the `check` command's system-wide memory invariants.
+//! - [`controls`]: the EL2 control register values a guest runs under.
 //! - [`exit`]: why a vCPU left its guest, decoded from the exception syndrome.
 //! - [`fault`]: bad guest accesses, the per-VM policy for them and their counters.
 //! - [`inject`]: the exception a guest gets for a bad access, as register values.
@@ -13,6 +14,7 @@
 
 pub mod check;
 pub mod console;
+pub mod controls;
 pub mod exit;
 pub mod fault;
 pub mod fdt;

@@ -57,6 +57,8 @@ pub const MAIR_EL2: u64 = 0xff | (0x04 << 8) | (0x44 << 16);
 /// SCTLR_EL2 RES1 bits, SA, and M, C, I.
 pub const SCTLR_EL2_ON: u64 = 0x30C5_0838 | (1 << 0) | (1 << 2) | (1 << 12);
 
+// Stays in assembly: it runs before relocation, with the MMU off and no
+// stack, where compiled Rust cannot run (see the module docs).
 global_asm!(
     r#"
 .equ MAX_CPUS, {max_cpus}

@@ -234,8 +234,7 @@ pub fn clear_lr(i: usize) {
 /// (at most one list register valid) when `underflow`.
 pub fn enable_virtual_interface(underflow: bool) {
     if is_v3() {
-        let uie = if underflow { v3::HCR_UIE } else { 0 };
-        return v3::set_hcr(v3::HCR_EN | uie);
+        return v3::enable_virtual_interface(underflow);
     }
     let uie = if underflow { HCR_UIE } else { 0 };
     wr(&GICH, GICH_HCR, HCR_EN | uie);

@@ -10,9 +10,21 @@
 //! timer, handed to the guest through a hardware-linked list register, stays
 //! active until the guest deactivates it.
 
-use core::arch::asm;
 use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU64, Ordering};
+
+use aarch64_cpu::asm::barrier;
+use aarch64_cpu::registers::{
+    Readable, Writeable, ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2, ICH_LR0_EL2,
+    ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2, ICH_LR13_EL2, ICH_LR14_EL2, ICH_LR15_EL2,
+    ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2, ICH_LR6_EL2, ICH_LR7_EL2,
+    ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2,
+};
+
+use super::sysreg::{
+    ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1,
+    ICC_INTID, ICC_PMR_EL1, ICC_SGI1R_EL1,
+};
 
 use crate::vgic::{lr_value_v3, parse_lr_v3, LrState, PendingIrq};
 
@@ -38,10 +50,6 @@ const GICR_IGROUPR0: u64 = GICR_SGI + 0x080;
 const GICR_ISENABLER0: u64 = GICR_SGI + 0x100;
 const GICR_IPRIORITYR: u64 = GICR_SGI + 0x400;
 
-/// ICH_HCR_EL2 bits: En and UIE, at the same places as GICH_HCR's.
-pub const HCR_EN: u64 = 1 << 0;
-pub const HCR_UIE: u64 = 1 << 1;
-
 fn mmio_read(addr: u64) -> u32 {
     // SAFETY: addresses are inside the GIC regions the device tree gave,
     // mapped as device memory by the EL2 identity map; registers are 32-bit.
@@ -58,29 +66,8 @@ fn mmio_write(addr: u64, value: u32) {
     unsafe { write_volatile(addr as *mut u32, value) }
 }
 
-macro_rules! sysreg_read {
-    ($name:literal) => {{
-        let value: u64;
-        // SAFETY: reading a GIC system register at EL2 (ICC_SRE_EL2.SRE is
-        // set before any of these is used) has no side effect beyond the
-        // one named by the register (acknowledge for IAR).
-        unsafe { asm!(concat!("mrs {}, ", $name), out(reg) value, options(nostack)) };
-        value
-    }};
-}
-
-macro_rules! sysreg_write {
-    ($name:literal, $value:expr) => {{
-        let value: u64 = $value;
-        // SAFETY: writing a GIC system register at EL2 changes only the GIC
-        // state of this CPU, which this module owns.
-        unsafe { asm!(concat!("msr ", $name, ", {}"), in(reg) value, options(nostack)) };
-    }};
-}
-
 fn isb() {
-    // SAFETY: a barrier.
-    unsafe { asm!("isb", options(nostack, nomem)) };
+    barrier::isb(barrier::SY);
 }
 
 /// Record the register bases and enable the distributor (boot CPU, once).
@@ -132,8 +119,14 @@ fn own_redistributor() -> Option<u64> {
 /// our SGI and PPIs in group 1, the CPU interface on with EOImode 1, the
 /// virtual interface on. False if no redistributor matches this CPU.
 pub fn init_cpu(intids: &[u32], priority: u8) -> bool {
-    // ICC_SRE_EL2: SRE, DFB, DIB, Enable (EL1 may use ICC_SRE_EL1).
-    sysreg_write!("S3_4_C12_C9_5", 0xf);
+    // The system-register interface, IRQ/FIQ bypass off, and EL1 may use
+    // ICC_SRE_EL1.
+    ICC_SRE_EL2.write(
+        ICC_SRE_EL2::SRE::SET
+            + ICC_SRE_EL2::DFB::SET
+            + ICC_SRE_EL2::DIB::SET
+            + ICC_SRE_EL2::ENABLE::SET,
+    );
     isb();
     let Some(rd) = own_redistributor() else {
         return false;
@@ -157,13 +150,11 @@ pub fn init_cpu(intids: &[u32], priority: u8) -> bool {
     mmio_write(rd + GICR_IGROUPR0, group);
     let enable = intids.iter().fold(0u32, |m, &i| m | 1 << i);
     mmio_write(rd + GICR_ISENABLER0, enable);
-    // ICC_PMR_EL1: everything passes; ICC_BPR1_EL1: no subpriority.
-    sysreg_write!("S3_0_C4_C6_0", 0xff);
-    sysreg_write!("S3_0_C12_C12_3", 0);
-    // ICC_CTLR_EL1: EOImode 1.
-    sysreg_write!("S3_0_C12_C12_4", 1 << 1);
-    // ICC_IGRPEN1_EL1: group 1 on.
-    sysreg_write!("S3_0_C12_C12_7", 1);
+    // Every priority passes; no subpriority; EOImode 1; group 1 on.
+    ICC_PMR_EL1.write(ICC_PMR_EL1::Priority.val(0xff));
+    ICC_BPR1_EL1.write(ICC_BPR1_EL1::BinaryPoint.val(0));
+    ICC_CTLR_EL1.write(ICC_CTLR_EL1::EOImode::SET);
+    ICC_IGRPEN1_EL1.write(ICC_IGRPEN1_EL1::Enable::SET);
     isb();
     reset_virtual_interface();
     true
@@ -174,99 +165,146 @@ pub fn reset_virtual_interface() {
     for i in 0..list_registers() {
         write_lr_raw(i, 0);
     }
-    sysreg_write!("S3_4_C12_C8_0", 0); // ICH_AP0R0_EL2
-    sysreg_write!("S3_4_C12_C9_0", 0); // ICH_AP1R0_EL2
-    sysreg_write!("S3_4_C12_C11_7", 0); // ICH_VMCR_EL2
-    set_hcr(HCR_EN);
+    ICH_AP0R0_EL2.set(0);
+    ICH_AP1R0_EL2.set(0);
+    ICH_VMCR_EL2.set(0);
+    enable_virtual_interface(false);
 }
 
-pub fn set_hcr(value: u64) {
-    sysreg_write!("S3_4_C12_C11_0", value);
+/// The virtual interface on, with the underflow maintenance interrupt (at
+/// most one list register valid) when `underflow`.
+pub fn enable_virtual_interface(underflow: bool) {
+    let uie = if underflow {
+        ICH_HCR_EL2::UIE::SET
+    } else {
+        ICH_HCR_EL2::UIE::CLEAR
+    };
+    ICH_HCR_EL2.write(ICH_HCR_EL2::En::SET + uie);
     isb();
 }
 
 /// Number of list registers (ICH_VTR_EL2.ListRegs + 1).
 pub fn list_registers() -> usize {
-    ((sysreg_read!("S3_4_C12_C11_1") & 0x1f) + 1) as usize
+    (ICH_VTR_EL2.read(ICH_VTR_EL2::ListRegs) + 1) as usize
 }
 
 /// Acknowledge the highest pending group-1 interrupt: (INTID, IAR value).
 pub fn acknowledge() -> (u32, u32) {
-    let iar = sysreg_read!("S3_0_C12_C12_0") as u32;
-    (iar & 0xff_ffff, iar)
+    let iar = ICC_IAR1_EL1.get();
+    (ICC_INTID::INTID.read(iar) as u32, iar as u32)
 }
 
 /// Priority drop (EOImode 1).
 pub fn end_of_interrupt(iar: u32) {
-    sysreg_write!("S3_0_C12_C12_1", u64::from(iar));
+    ICC_EOIR1_EL1.set(u64::from(iar));
     isb();
 }
 
 /// Deactivate an interrupt.
 pub fn deactivate(iar: u32) {
-    sysreg_write!("S3_0_C12_C11_1", u64::from(iar));
+    ICC_DIR_EL1.set(u64::from(iar));
     isb();
 }
 
 /// Send SGI `sgi` to the CPU with this MPIDR.
 pub fn send_sgi(mpidr: u64, sgi: u32) {
-    let aff0 = mpidr & 0xff;
-    let value = ((mpidr >> 32) & 0xff) << 48
-        | ((mpidr >> 16) & 0xff) << 32
-        | ((mpidr >> 8) & 0xff) << 16
-        | (aff0 / 16) << 44
-        | u64::from(sgi & 0xf) << 24
-        | 1 << (aff0 % 16);
-    // SAFETY: orders earlier stores before the SGI becomes visible.
-    unsafe { asm!("dsb ishst", options(nostack)) };
-    sysreg_write!("S3_0_C12_C11_5", value); // ICC_SGI1R_EL1
+    use aarch64_cpu::registers::MPIDR_EL1::{Aff0, Aff1, Aff2, Aff3};
+    use ICC_SGI1R_EL1 as SGI1R;
+    let aff0 = Aff0.read(mpidr);
+    // Earlier stores are visible before the SGI is.
+    barrier::dsb(barrier::ISHST);
+    ICC_SGI1R_EL1.write(
+        SGI1R::Aff3.val(Aff3.read(mpidr))
+            + SGI1R::Aff2.val(Aff2.read(mpidr))
+            + SGI1R::Aff1.val(Aff1.read(mpidr))
+            + SGI1R::RS.val(aff0 / 16)
+            + SGI1R::INTID.val(u64::from(sgi))
+            + SGI1R::TargetList.val(1 << (aff0 % 16)),
+    );
     isb();
 }
 
-macro_rules! lr_access {
-    ($i:expr, $value:ident, $op:ident) => {
+/// List register `$i` (0-15) as `$reg` in `$body`; `$default` for others.
+/// aarch64-cpu has one unit type per list register, hence a match.
+macro_rules! with_lr {
+    ($i:expr, $reg:ident => $body:expr, $default:expr) => {
         match $i {
-            0 => $op!("S3_4_C12_C12_0", $value),
-            1 => $op!("S3_4_C12_C12_1", $value),
-            2 => $op!("S3_4_C12_C12_2", $value),
-            3 => $op!("S3_4_C12_C12_3", $value),
-            4 => $op!("S3_4_C12_C12_4", $value),
-            5 => $op!("S3_4_C12_C12_5", $value),
-            6 => $op!("S3_4_C12_C12_6", $value),
-            7 => $op!("S3_4_C12_C12_7", $value),
-            8 => $op!("S3_4_C12_C13_0", $value),
-            9 => $op!("S3_4_C12_C13_1", $value),
-            10 => $op!("S3_4_C12_C13_2", $value),
-            11 => $op!("S3_4_C12_C13_3", $value),
-            12 => $op!("S3_4_C12_C13_4", $value),
-            13 => $op!("S3_4_C12_C13_5", $value),
-            14 => $op!("S3_4_C12_C13_6", $value),
-            15 => $op!("S3_4_C12_C13_7", $value),
-            _ => Default::default(),
+            0 => {
+                let $reg = ICH_LR0_EL2;
+                $body
+            }
+            1 => {
+                let $reg = ICH_LR1_EL2;
+                $body
+            }
+            2 => {
+                let $reg = ICH_LR2_EL2;
+                $body
+            }
+            3 => {
+                let $reg = ICH_LR3_EL2;
+                $body
+            }
+            4 => {
+                let $reg = ICH_LR4_EL2;
+                $body
+            }
+            5 => {
+                let $reg = ICH_LR5_EL2;
+                $body
+            }
+            6 => {
+                let $reg = ICH_LR6_EL2;
+                $body
+            }
+            7 => {
+                let $reg = ICH_LR7_EL2;
+                $body
+            }
+            8 => {
+                let $reg = ICH_LR8_EL2;
+                $body
+            }
+            9 => {
+                let $reg = ICH_LR9_EL2;
+                $body
+            }
+            10 => {
+                let $reg = ICH_LR10_EL2;
+                $body
+            }
+            11 => {
+                let $reg = ICH_LR11_EL2;
+                $body
+            }
+            12 => {
+                let $reg = ICH_LR12_EL2;
+                $body
+            }
+            13 => {
+                let $reg = ICH_LR13_EL2;
+                $body
+            }
+            14 => {
+                let $reg = ICH_LR14_EL2;
+                $body
+            }
+            15 => {
+                let $reg = ICH_LR15_EL2;
+                $body
+            }
+            _ => $default,
         }
     };
 }
 
-macro_rules! lr_read_one {
-    ($name:literal, $unused:ident) => {
-        sysreg_read!($name)
-    };
-}
-
-macro_rules! lr_write_one {
-    ($name:literal, $value:ident) => {
-        sysreg_write!($name, $value)
-    };
-}
-
+/// The raw value of list register `i` (its encoding is `crate::vgic`'s).
 fn read_lr_raw(i: usize) -> u64 {
-    let unused = 0u64;
-    let _ = unused;
-    lr_access!(i, unused, lr_read_one)
+    with_lr!(i, lr => lr.get(), 0)
 }
 
 fn write_lr_raw(i: usize, value: u64) {
-    lr_access!(i, value, lr_write_one)
+    with_lr!(i, lr => lr.set(value), ())
 }
 
 pub fn read_lr(i: usize) -> LrState {
