@@ -10,16 +10,18 @@
 //! timer, handed to the guest through a hardware-linked list register, stays
 //! active until the guest deactivates it.
 
-use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use aarch64_cpu::asm::barrier;
 use aarch64_cpu::registers::{
-    Readable, Writeable, ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2, ICH_LR0_EL2,
-    ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2, ICH_LR13_EL2, ICH_LR14_EL2, ICH_LR15_EL2,
-    ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2, ICH_LR6_EL2, ICH_LR7_EL2,
-    ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2,
+    ReadWriteable, Readable, Writeable, ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2,
+    ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2, ICH_LR13_EL2, ICH_LR14_EL2,
+    ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2, ICH_LR6_EL2,
+    ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2,
 };
+
+use tock_registers::registers::{ReadOnly, ReadWrite};
+use tock_registers::{register_bitfields, register_structs};
 
 use super::sysreg::{
     ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1,
@@ -32,38 +34,63 @@ static GICD: AtomicU64 = AtomicU64::new(0);
 static GICR: AtomicU64 = AtomicU64::new(0);
 static GICR_SIZE: AtomicU64 = AtomicU64::new(0);
 
-const GICD_CTLR: u64 = 0x0000;
-const CTLR_RWP: u32 = 1 << 31;
-/// EnableGrp0, EnableGrp1 and ARE in the one-security-state view; in the
-/// non-secure view of a two-state GIC the same bits are EnableGrp1(NS),
-/// EnableGrp1A and ARE_NS. Either way: group 1 forwarded, affinity routing.
-const CTLR_ENABLE: u32 = (1 << 0) | (1 << 1) | (1 << 4);
-
-const GICR_TYPER: u64 = 0x0008;
-const GICR_WAKER: u64 = 0x0014;
-const TYPER_VLPIS: u64 = 1 << 1;
-const TYPER_LAST: u64 = 1 << 4;
-const WAKER_PROCESSOR_SLEEP: u32 = 1 << 1;
-const WAKER_CHILDREN_ASLEEP: u32 = 1 << 2;
-const GICR_SGI: u64 = 0x1_0000;
-const GICR_IGROUPR0: u64 = GICR_SGI + 0x080;
-const GICR_ISENABLER0: u64 = GICR_SGI + 0x100;
-const GICR_IPRIORITYR: u64 = GICR_SGI + 0x400;
-
-fn mmio_read(addr: u64) -> u32 {
-    // SAFETY: addresses are inside the GIC regions the device tree gave,
-    // mapped as device memory by the EL2 identity map; registers are 32-bit.
-    unsafe { read_volatile(addr as *const u32) }
+register_bitfields! {u32,
+    GICD_CTLR [
+        /// Register write pending: the last CTLR write has not taken effect.
+        RWP OFFSET(31) NUMBITS(1) [],
+        /// ARE in the one-security-state view, ARE_NS in the non-secure one.
+        ARE OFFSET(4) NUMBITS(1) [],
+        /// EnableGrp1 (one security state) or EnableGrp1A (non-secure view).
+        EnableGrp1 OFFSET(1) NUMBITS(1) [],
+        /// EnableGrp0 (one security state) or EnableGrp1(NS) (non-secure view).
+        EnableGrp0 OFFSET(0) NUMBITS(1) []
+    ],
+    GICR_WAKER [
+        ChildrenAsleep OFFSET(2) NUMBITS(1) [],
+        ProcessorSleep OFFSET(1) NUMBITS(1) []
+    ]
 }
 
-fn mmio_read64(addr: u64) -> u64 {
-    // SAFETY: as in `mmio_read`; GICR_TYPER takes 64-bit reads.
-    unsafe { read_volatile(addr as *const u64) }
+register_bitfields! {u64,
+    GICR_TYPER [
+        /// Aff3.Aff2.Aff1.Aff0 of the CPU this redistributor serves.
+        Affinity OFFSET(32) NUMBITS(32) [],
+        /// The last redistributor of the region.
+        Last OFFSET(4) NUMBITS(1) [],
+        /// Virtual LPIs: the frame has two more 64 KiB pages.
+        VLPIS OFFSET(1) NUMBITS(1) []
+    ]
 }
 
-fn mmio_write(addr: u64, value: u32) {
-    // SAFETY: as in `mmio_read`.
-    unsafe { write_volatile(addr as *mut u32, value) }
+register_structs! {
+    /// The GICv3 distributor, as far as the hypervisor uses it.
+    Distributor {
+        (0x0000 => ctlr: ReadWrite<u32, GICD_CTLR::Register>),
+        (0x0004 => @END),
+    },
+    /// One redistributor frame: RD_base, then SGI_base 64 KiB on.
+    Redistributor {
+        (0x0_0000 => _reserved0),
+        (0x0_0008 => typer: ReadOnly<u64, GICR_TYPER::Register>),
+        (0x0_0010 => _reserved1),
+        (0x0_0014 => waker: ReadWrite<u32, GICR_WAKER::Register>),
+        (0x0_0018 => _reserved2),
+        /// SGIs and PPIs: group 1 when set.
+        (0x1_0080 => igroupr0: ReadWrite<u32>),
+        (0x1_0084 => _reserved3),
+        (0x1_0100 => isenabler0: ReadWrite<u32>),
+        (0x1_0104 => _reserved4),
+        /// One priority byte per SGI/PPI, four to a word.
+        (0x1_0400 => ipriorityr: [ReadWrite<u32>; 8]),
+        (0x1_0420 => @END),
+    }
+}
+
+fn gicd() -> &'static Distributor {
+    // SAFETY: GICD holds the distributor's base once the version is 3, in
+    // the GIC regions the device tree gave, mapped as device memory by the
+    // EL2 identity map for good.
+    unsafe { super::mmio_block(GICD.load(Ordering::Relaxed)) }
 }
 
 fn isb() {
@@ -75,15 +102,18 @@ pub fn init_distributor(gicd: u64, gicr: u64, gicr_size: u64) {
     GICD.store(gicd, Ordering::Relaxed);
     GICR.store(gicr, Ordering::Relaxed);
     GICR_SIZE.store(gicr_size, Ordering::Relaxed);
-    mmio_write(gicd + GICD_CTLR, 0);
+    let gicd = self::gicd();
+    gicd.ctlr.set(0);
     wait_rwp(gicd);
-    mmio_write(gicd + GICD_CTLR, CTLR_ENABLE);
+    // Group 1 forwarded, affinity routing (whichever security view).
+    gicd.ctlr
+        .write(GICD_CTLR::EnableGrp0::SET + GICD_CTLR::EnableGrp1::SET + GICD_CTLR::ARE::SET);
     wait_rwp(gicd);
 }
 
-fn wait_rwp(gicd: u64) {
+fn wait_rwp(gicd: &Distributor) {
     for _ in 0..1_000_000 {
-        if mmio_read(gicd + GICD_CTLR) & CTLR_RWP == 0 {
+        if !gicd.ctlr.is_set(GICD_CTLR::RWP) {
             return;
         }
         core::hint::spin_loop();
@@ -91,21 +121,25 @@ fn wait_rwp(gicd: u64) {
 }
 
 /// This CPU's redistributor: the frame whose GICR_TYPER affinity is ours.
-fn own_redistributor() -> Option<u64> {
+fn own_redistributor() -> Option<&'static Redistributor> {
     let mpidr = super::mpidr();
     let affinity = ((mpidr >> 32) & 0xff) << 24 | (mpidr & 0xff_ffff);
     let base = GICR.load(Ordering::Relaxed);
     let end = base + GICR_SIZE.load(Ordering::Relaxed);
     let mut frame = base;
     while frame < end {
-        let typer = mmio_read64(frame + GICR_TYPER);
-        if typer >> 32 == affinity {
-            return Some(frame);
+        // SAFETY: `frame` starts a redistributor frame inside the region:
+        // the first, or the one after a frame whose TYPER said it was not
+        // the last.
+        let rd: &'static Redistributor = unsafe { super::mmio_block(frame) };
+        let typer = rd.typer.extract();
+        if typer.read(GICR_TYPER::Affinity) == affinity {
+            return Some(rd);
         }
-        if typer & TYPER_LAST != 0 {
+        if typer.is_set(GICR_TYPER::Last) {
             return None;
         }
-        frame += if typer & TYPER_VLPIS != 0 {
+        frame += if typer.is_set(GICR_TYPER::VLPIS) {
             0x4_0000
         } else {
             0x2_0000
@@ -131,25 +165,23 @@ pub fn init_cpu(intids: &[u32], priority: u8) -> bool {
     let Some(rd) = own_redistributor() else {
         return false;
     };
-    let waker = mmio_read(rd + GICR_WAKER);
-    mmio_write(rd + GICR_WAKER, waker & !WAKER_PROCESSOR_SLEEP);
+    rd.waker.modify(GICR_WAKER::ProcessorSleep::CLEAR);
     for _ in 0..1_000_000 {
-        if mmio_read(rd + GICR_WAKER) & WAKER_CHILDREN_ASLEEP == 0 {
+        if !rd.waker.is_set(GICR_WAKER::ChildrenAsleep) {
             break;
         }
         core::hint::spin_loop();
     }
-    let mut group = mmio_read(rd + GICR_IGROUPR0);
+    let mut group = rd.igroupr0.get();
     for &intid in intids {
         group |= 1 << intid;
-        let off = GICR_IPRIORITYR + u64::from(intid & !3);
+        let priorities = &rd.ipriorityr[intid as usize / 4];
         let shift = (intid % 4) * 8;
-        let v = mmio_read(rd + off) & !(0xff << shift);
-        mmio_write(rd + off, v | (u32::from(priority) << shift));
+        priorities.set(priorities.get() & !(0xff << shift) | (u32::from(priority) << shift));
     }
-    mmio_write(rd + GICR_IGROUPR0, group);
+    rd.igroupr0.set(group);
     let enable = intids.iter().fold(0u32, |m, &i| m | 1 << i);
-    mmio_write(rd + GICR_ISENABLER0, enable);
+    rd.isenabler0.set(enable);
     // Every priority passes; no subpriority; EOImode 1; group 1 on.
     ICC_PMR_EL1.write(ICC_PMR_EL1::Priority.val(0xff));
     ICC_BPR1_EL1.write(ICC_BPR1_EL1::BinaryPoint.val(0));

@@ -95,6 +95,19 @@ pub fn invalidate_icache_all() {
     unsafe { asm!("dsb ish", "ic ialluis", "dsb ish", "isb", options(nostack)) };
 }
 
+/// The MMIO register block (a tock-registers `register_structs!` type) at
+/// `addr`.
+///
+/// # Safety
+///
+/// `addr` must be the base of a `T` block that the EL2 identity map maps
+/// as device memory for the rest of the hypervisor's life.
+pub unsafe fn mmio_block<T>(addr: u64) -> &'static T {
+    // SAFETY: forwarded to our caller; the registers are only accessed
+    // through volatile reads and writes of their own width.
+    unsafe { &*(addr as *const T) }
+}
+
 /// Invalidate every EL2 TLB entry of this CPU and wait for it to finish
 /// (after the EL2 translation tables changed).
 pub fn invalidate_el2_tlb() {
