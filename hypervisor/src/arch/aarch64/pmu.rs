@@ -33,6 +33,7 @@ pub fn counts_instructions() -> bool {
 
 /// Instructions retired at EL2 on this CPU (a 32-bit counter: use wrapping
 /// differences over short intervals).
+#[inline]
 pub fn instructions() -> u32 {
     PMEVCNTR0_EL0.get() as u32
 }

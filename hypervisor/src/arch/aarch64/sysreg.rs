@@ -19,8 +19,10 @@ use tock_registers::register_bitfields;
 /// A unit struct giving access to one system register, with `$fields` as
 /// its field definitions. The GIC CPU interface registers are named by
 /// their `S<op0>_<op1>_C<n>_C<m>_<op2>` encodings, which every assembler
-/// accepts. No `nomem`: some of these are ordered against the memory
-/// accesses around them (IAR1 acknowledges, SGI1R sends an interrupt).
+/// accepts. `read`/`write` may move across memory accesses (`nomem`, as
+/// aarch64-cpu's); `ordered_read`/`ordered_write` may not: acknowledging,
+/// ending and sending interrupts is ordered against the memory accesses
+/// (flags, queues) around them.
 macro_rules! system_register {
     ($(#[$doc:meta])* $access:ident, $reg:ident: $fields:ty = $asm_name:literal, $($op:ident),+) => {
         $(#[$doc])*
@@ -35,10 +37,9 @@ macro_rules! system_register {
             #[inline]
             fn get(&self) -> u64 {
                 let value;
-                // SAFETY: reading this register at EL2 has no effect beyond
-                // the one its definition names (IAR1 acknowledges).
+                // SAFETY: reading this register has no side effects.
                 unsafe {
-                    asm!(concat!("mrs {}, ", $asm_name), out(reg) value, options(nostack))
+                    asm!(concat!("mrs {}, ", $asm_name), out(reg) value, options(nomem, nostack))
                 };
                 value
             }
@@ -52,6 +53,37 @@ macro_rules! system_register {
             fn set(&self, value: u64) {
                 // SAFETY: these registers control only this CPU's PMU, timer
                 // and GIC interface, which the hypervisor owns at EL2.
+                unsafe {
+                    asm!(concat!("msr ", $asm_name, ", {}"), in(reg) value, options(nomem, nostack))
+                };
+            }
+        }
+    };
+    (@ordered_read $access:ident, $fields:ty, $asm_name:literal) => {
+        impl Readable for $access {
+            type T = u64;
+            type R = $fields;
+            #[inline]
+            fn get(&self) -> u64 {
+                let value;
+                // SAFETY: reading this register at EL2 has no effect beyond
+                // the one its definition names (IAR1 acknowledges), which
+                // concerns only this CPU's GIC interface.
+                unsafe {
+                    asm!(concat!("mrs {}, ", $asm_name), out(reg) value, options(nostack))
+                };
+                value
+            }
+        }
+    };
+    (@ordered_write $access:ident, $fields:ty, $asm_name:literal) => {
+        impl Writeable for $access {
+            type T = u64;
+            type R = $fields;
+            #[inline]
+            fn set(&self, value: u64) {
+                // SAFETY: these registers control only this CPU's GIC
+                // interface, which the hypervisor owns at EL2.
                 unsafe {
                     asm!(concat!("msr ", $asm_name, ", {}"), in(reg) value, options(nostack))
                 };
@@ -169,7 +201,7 @@ system_register!(
     ICC_IGRPEN1_EL1: ICC_IGRPEN1_EL1::Register = "S3_0_C12_C12_7",
     write
 );
-system_register!(IccIar1El1, ICC_IAR1_EL1: ICC_INTID::Register = "S3_0_C12_C12_0", read);
-system_register!(IccEoir1El1, ICC_EOIR1_EL1: ICC_INTID::Register = "S3_0_C12_C12_1", write);
-system_register!(IccDirEl1, ICC_DIR_EL1: ICC_INTID::Register = "S3_0_C12_C11_1", write);
-system_register!(IccSgi1rEl1, ICC_SGI1R_EL1: ICC_SGI1R_EL1::Register = "S3_0_C12_C11_5", write);
+system_register!(IccIar1El1, ICC_IAR1_EL1: ICC_INTID::Register = "S3_0_C12_C12_0", ordered_read);
+system_register!(IccEoir1El1, ICC_EOIR1_EL1: ICC_INTID::Register = "S3_0_C12_C12_1", ordered_write);
+system_register!(IccDirEl1, ICC_DIR_EL1: ICC_INTID::Register = "S3_0_C12_C11_1", ordered_write);
+system_register!(IccSgi1rEl1, ICC_SGI1R_EL1: ICC_SGI1R_EL1::Register = "S3_0_C12_C11_5", ordered_write);
