@@ -5,6 +5,7 @@
 //! with `cargo test`; `arch` and the boot flow exist only on the target
 //! (`aarch64-unknown-none`).
 #![cfg_attr(not(test), no_std)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod balloon;
 pub mod console;

@@ -1,6 +1,7 @@
 //! The hypervisor image. Everything lives in the library; this binary only
 //! links it (its entry point is `_start` in `arch::aarch64::entry`).
 #![cfg_attr(target_os = "none", no_std, no_main)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 #[cfg(target_os = "none")]
 use hypervisor as _;

@@ -7,6 +7,7 @@
 //! Discovery is plain Rust over a byte slice, so it is unit-tested on the host
 //! against real trees (QEMU virt GICv2 and GICv3, the Raspberry Pi 4).
 #![cfg_attr(not(test), no_std)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod boards;
 mod discover;

@@ -6,49 +6,116 @@
 //! sure the transmitter and receiver are on.
 
 use core::fmt;
-use core::ptr::{read_volatile, write_volatile};
+
+use tock_registers::interfaces::{Readable, Writeable};
+use tock_registers::registers::{ReadOnly, ReadWrite};
+use tock_registers::{register_bitfields, register_structs};
 
 use crate::{Uart, UartKind};
 
-/// An MMIO register block at a fixed base.
-#[derive(Debug)]
-struct Regs {
-    base: usize,
+register_bitfields! {u32,
+    UARTDR [
+        /// The received or transmitted byte (the upper bits are error flags).
+        DATA OFFSET(0) NUMBITS(8) []
+    ],
+    UARTFR [
+        TXFF OFFSET(5) NUMBITS(1) [],
+        RXFE OFFSET(4) NUMBITS(1) [],
+        BUSY OFFSET(3) NUMBITS(1) []
+    ],
+    UARTLCR_H [
+        /// Stick parity.
+        SPS OFFSET(7) NUMBITS(1) [],
+        WLEN OFFSET(5) NUMBITS(2) [
+            Bits8 = 0b11
+        ],
+        FEN OFFSET(4) NUMBITS(1) [],
+        /// Two stop bits.
+        STP2 OFFSET(3) NUMBITS(1) [],
+        /// Even parity.
+        EPS OFFSET(2) NUMBITS(1) [],
+        /// Parity enable.
+        PEN OFFSET(1) NUMBITS(1) [],
+        /// Send break.
+        BRK OFFSET(0) NUMBITS(1) []
+    ],
+    UARTCR [
+        RXE OFFSET(9) NUMBITS(1) [],
+        TXE OFFSET(8) NUMBITS(1) [],
+        UARTEN OFFSET(0) NUMBITS(1) []
+    ],
+    AUX_MU_IO [
+        DATA OFFSET(0) NUMBITS(8) []
+    ],
+    AUX_MU_LSR [
+        /// Transmitter idle: FIFO empty and the last bit sent.
+        TX_IDLE OFFSET(6) NUMBITS(1) [],
+        /// Transmitter empty: the FIFO can take at least one byte.
+        TX_EMPTY OFFSET(5) NUMBITS(1) [],
+        DATA_READY OFFSET(0) NUMBITS(1) []
+    ],
+    AUX_MU_CNTL [
+        TX_EN OFFSET(1) NUMBITS(1) [],
+        RX_EN OFFSET(0) NUMBITS(1) []
+    ]
 }
 
-impl Regs {
-    fn read(&self, off: usize) -> u32 {
-        // SAFETY: the driver's constructor contract says `base` maps this
-        // device's registers, and every `off` used is a register inside it.
-        unsafe { read_volatile((self.base + off) as *const u32) }
+register_structs! {
+    /// The PL011 registers these drivers use.
+    Pl011Regs {
+        (0x00 => dr: ReadWrite<u32, UARTDR::Register>),
+        (0x04 => _reserved0),
+        (0x18 => fr: ReadOnly<u32, UARTFR::Register>),
+        (0x1c => _reserved1),
+        (0x2c => lcr_h: ReadWrite<u32, UARTLCR_H::Register>),
+        (0x30 => cr: ReadWrite<u32, UARTCR::Register>),
+        (0x34 => @END),
+    },
+    /// The mini UART's registers (from AUX_MU_IO).
+    AuxUartRegs {
+        (0x00 => io: ReadWrite<u32, AUX_MU_IO::Register>),
+        (0x04 => _reserved0),
+        (0x14 => lsr: ReadOnly<u32, AUX_MU_LSR::Register>),
+        (0x18 => _reserved1),
+        (0x20 => cntl: ReadWrite<u32, AUX_MU_CNTL::Register>),
+        (0x24 => @END),
+    }
+}
+
+/// An MMIO register block `T` at a fixed base (kept as an address so that a
+/// driver stays `Send` and `Sync` as before).
+struct Regs<T> {
+    base: usize,
+    block: core::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for Regs<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Regs({:#x})", self.base)
+    }
+}
+
+impl<T> Regs<T> {
+    const fn new(base: usize) -> Self {
+        Self {
+            base,
+            block: core::marker::PhantomData,
+        }
     }
 
-    fn write(&mut self, off: usize, v: u32) {
-        // SAFETY: as in `read`; registers are 32-bit and naturally aligned.
-        unsafe { write_volatile((self.base + off) as *mut u32, v) }
+    fn get(&self) -> &T {
+        // SAFETY: the driver's constructor contract says `base` maps this
+        // device's registers for as long as the driver lives; they are only
+        // accessed through volatile reads and writes of their own width.
+        unsafe { &*(self.base as *const T) }
     }
 }
 
 /// ARM PrimeCell PL011.
 #[derive(Debug)]
 pub struct Pl011 {
-    regs: Regs,
+    regs: Regs<Pl011Regs>,
 }
-
-const DR: usize = 0x00;
-const FR: usize = 0x18;
-const LCR_H: usize = 0x2c;
-const CR: usize = 0x30;
-const FR_BUSY: u32 = 1 << 3;
-const FR_RXFE: u32 = 1 << 4;
-const FR_TXFF: u32 = 1 << 5;
-const LCR_H_FEN: u32 = 1 << 4;
-const LCR_H_WLEN8: u32 = 0b11 << 5;
-/// Break, parity enable, even parity, two stop bits, word length, stick parity.
-const LCR_H_FRAME: u32 = 0b1 | 0b10 | 0b100 | 0b1000 | (0b11 << 5) | (1 << 7);
-const CR_UARTEN: u32 = 1 << 0;
-const CR_TXE: u32 = 1 << 8;
-const CR_RXE: u32 = 1 << 9;
 
 impl Pl011 {
     /// # Safety
@@ -58,44 +125,58 @@ impl Pl011 {
     /// else may drive the device meanwhile.
     pub const unsafe fn new(base: usize) -> Self {
         Self {
-            regs: Regs { base },
+            regs: Regs::new(base),
         }
     }
 
     /// Enables the UART, TX and RX; sets 8N1 with the FIFOs on if it was set
     /// otherwise. The baud divisors are left as the firmware set them.
     pub fn init(&mut self) {
-        let cr = self.regs.read(CR);
-        let lcr = self.regs.read(LCR_H);
-        let want = (lcr & !LCR_H_FRAME) | LCR_H_WLEN8 | LCR_H_FEN;
+        use UARTLCR_H::{BRK, EPS, FEN, PEN, SPS, STP2, WLEN};
+        let regs = self.regs.get();
+        let cr = regs.cr.extract();
+        let lcr = regs.lcr_h.get();
+        let want = (BRK::CLEAR
+            + PEN::CLEAR
+            + EPS::CLEAR
+            + STP2::CLEAR
+            + SPS::CLEAR
+            + WLEN::Bits8
+            + FEN::SET)
+            .modify(lcr);
         if lcr != want {
             // The TRM asks for the UART to be disabled, and idle, while the
             // line control register changes. BUSY stays set while a disabled
             // UART holds queued bytes, so wait only if it is sending.
-            if cr & CR_UARTEN != 0 {
+            if cr.is_set(UARTCR::UARTEN) {
                 self.flush();
             }
-            self.regs.write(CR, cr & !CR_UARTEN);
-            self.regs.write(LCR_H, want);
+            let regs = self.regs.get();
+            regs.cr.set((UARTCR::UARTEN::CLEAR).modify(cr.get()));
+            regs.lcr_h.set(want);
         }
-        self.regs.write(CR, cr | CR_UARTEN | CR_TXE | CR_RXE);
+        self.regs
+            .get()
+            .cr
+            .set(cr.get() | (UARTCR::UARTEN::SET + UARTCR::TXE::SET + UARTCR::RXE::SET).value);
     }
 
     pub fn put_byte(&mut self, b: u8) {
-        while self.regs.read(FR) & FR_TXFF != 0 {
+        let regs = self.regs.get();
+        while regs.fr.is_set(UARTFR::TXFF) {
             core::hint::spin_loop();
         }
-        self.regs.write(DR, b.into());
+        regs.dr.write(UARTDR::DATA.val(b.into()));
     }
 
     pub fn try_get_byte(&mut self) -> Option<u8> {
-        // The upper DR bits are error flags: the byte is the low 8.
-        (self.regs.read(FR) & FR_RXFE == 0).then(|| self.regs.read(DR) as u8)
+        let regs = self.regs.get();
+        (!regs.fr.is_set(UARTFR::RXFE)).then(|| regs.dr.read(UARTDR::DATA) as u8)
     }
 
     /// Waits until every queued byte has left the shift register.
     pub fn flush(&mut self) {
-        while self.regs.read(FR) & FR_BUSY != 0 {
+        while self.regs.get().fr.is_set(UARTFR::BUSY) {
             core::hint::spin_loop();
         }
     }
@@ -105,17 +186,8 @@ impl Pl011 {
 /// follows the VPU core clock, which the firmware fixes when it sets the baud.
 #[derive(Debug)]
 pub struct Bcm2835AuxUart {
-    regs: Regs,
+    regs: Regs<AuxUartRegs>,
 }
-
-const AUX_MU_IO: usize = 0x00;
-const AUX_MU_LSR: usize = 0x14;
-const AUX_MU_CNTL: usize = 0x20;
-const LSR_DATA_READY: u32 = 1 << 0;
-const LSR_TX_EMPTY: u32 = 1 << 5;
-const LSR_TX_IDLE: u32 = 1 << 6;
-const CNTL_RX_EN: u32 = 1 << 0;
-const CNTL_TX_EN: u32 = 1 << 1;
 
 impl Bcm2835AuxUart {
     /// # Safety
@@ -127,34 +199,38 @@ impl Bcm2835AuxUart {
     /// nothing else may drive the device meanwhile.
     pub const unsafe fn new(base: usize) -> Self {
         Self {
-            regs: Regs { base },
+            regs: Regs::new(base),
         }
     }
 
     /// Makes sure the transmitter and receiver are enabled; the baud rate and
     /// data size stay as the firmware set them.
     pub fn init(&mut self) {
-        let cntl = self.regs.read(AUX_MU_CNTL);
-        if cntl & (CNTL_RX_EN | CNTL_TX_EN) != CNTL_RX_EN | CNTL_TX_EN {
-            self.regs.write(AUX_MU_CNTL, cntl | CNTL_RX_EN | CNTL_TX_EN);
+        let cntl = &self.regs.get().cntl;
+        let enabled = AUX_MU_CNTL::RX_EN::SET + AUX_MU_CNTL::TX_EN::SET;
+        if !cntl.matches_all(enabled) {
+            cntl.set(cntl.get() | enabled.value);
         }
     }
 
     pub fn put_byte(&mut self, b: u8) {
-        // "Transmitter empty" means the FIFO can take at least one byte.
-        while self.regs.read(AUX_MU_LSR) & LSR_TX_EMPTY == 0 {
+        let regs = self.regs.get();
+        while !regs.lsr.is_set(AUX_MU_LSR::TX_EMPTY) {
             core::hint::spin_loop();
         }
-        self.regs.write(AUX_MU_IO, b.into());
+        regs.io.write(AUX_MU_IO::DATA.val(b.into()));
     }
 
     pub fn try_get_byte(&mut self) -> Option<u8> {
-        (self.regs.read(AUX_MU_LSR) & LSR_DATA_READY != 0).then(|| self.regs.read(AUX_MU_IO) as u8)
+        let regs = self.regs.get();
+        regs.lsr
+            .is_set(AUX_MU_LSR::DATA_READY)
+            .then(|| regs.io.read(AUX_MU_IO::DATA) as u8)
     }
 
     /// Waits until the FIFO is empty and the transmitter idle.
     pub fn flush(&mut self) {
-        while self.regs.read(AUX_MU_LSR) & LSR_TX_IDLE == 0 {
+        while !self.regs.get().lsr.is_set(AUX_MU_LSR::TX_IDLE) {
             core::hint::spin_loop();
         }
     }

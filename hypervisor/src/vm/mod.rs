@@ -18,6 +18,7 @@
 //!
 //! Beside it:
 //! - [`check`]: the `check` command's system-wide memory invariants.
+//! - [`controls`]: the EL2 control register values a guest runs under.
 //! - [`fault`]: bad guest accesses, the per-VM policy for them and their counters.
 //! - [`inject`]: the exception a guest gets for a bad access, as register values.
 //! - [`ratelimit`]: the token bucket for console lines a guest can trigger.
@@ -30,6 +31,7 @@ pub mod balloon_ctl;
 pub mod bus;
 pub mod check;
 pub mod console;
+pub mod controls;
 #[cfg(test)]
 mod core_tests;
 pub mod cpu;

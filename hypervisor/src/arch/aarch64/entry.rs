@@ -13,6 +13,8 @@
 
 use core::arch::global_asm;
 
+use aarch64_cpu::registers::{HCR_EL2, MAIR_EL2 as MAIR, SCTLR_EL2 as SCTLR, TCR_EL2 as TCR};
+
 use super::{MAX_CPUS, STACK_SIZE};
 
 /// MMU register values every CPU loads before it runs Rust code. Written by
@@ -52,11 +54,50 @@ pub struct EarlyTable(pub [u64; 512]);
 #[no_mangle]
 static mut EARLY_L1: EarlyTable = EarlyTable([0; 512]);
 
-/// MAIR_EL2: attribute 0 normal write-back, 1 device-nGnRE, 2 normal non-cacheable.
-pub const MAIR_EL2: u64 = 0xff | (0x04 << 8) | (0x44 << 16);
-/// SCTLR_EL2 RES1 bits, SA, and M, C, I.
-pub const SCTLR_EL2_ON: u64 = 0x30C5_0838 | (1 << 0) | (1 << 2) | (1 << 12);
+// The values the assembly below loads, from aarch64-cpu's named fields
+// (`|` of `.value`s: `+` on field values is not `const`).
 
+/// MAIR_EL2: attribute 0 normal write-back, 1 device-nGnRE, 2 normal
+/// non-cacheable (`crate::mm::pagetable::MemType`).
+pub const MAIR_EL2: u64 = MAIR::Attr0_Normal_Outer::WriteBack_NonTransient_ReadWriteAlloc.value
+    | MAIR::Attr0_Normal_Inner::WriteBack_NonTransient_ReadWriteAlloc.value
+    | MAIR::Attr1_Device::nonGathering_nonReordering_EarlyWriteAck.value
+    | MAIR::Attr2_Normal_Outer::NonCacheable.value
+    | MAIR::Attr2_Normal_Inner::NonCacheable.value;
+
+/// SCTLR_EL2 bits that are RES1 without VHE (4, 5, 11, 16, 18, 22, 23, 28,
+/// 29); aarch64-cpu names only EOS (11) and EIS (22) of them.
+const SCTLR_EL2_RES1: u64 = 0x30c5_0830;
+
+/// SCTLR_EL2 with the MMU on: stack alignment checked, data and
+/// instruction caches on.
+pub const SCTLR_EL2_ON: u64 = SCTLR_EL2_RES1
+    | SCTLR::SA::Enable.value
+    | SCTLR::M::Enable.value
+    | SCTLR::C::Cacheable.value
+    | SCTLR::I::Cacheable.value;
+
+/// TCR_EL2 bits that are RES1 without VHE (23 and 31), which aarch64-cpu
+/// does not name.
+const TCR_EL2_RES1: u64 = (1 << 31) | (1 << 23);
+
+/// TCR_EL2 but for PS (the boot code adds the CPU's PARange): a 39-bit
+/// address space (`crate::mm::pagetable::VA_LIMIT`), write-back
+/// write-allocate inner shareable walks, 4 KiB granule.
+pub const TCR_EL2_BASE: u64 = TCR_EL2_RES1
+    | TCR::T0SZ.val(25).value
+    | TCR::IRGN0::WriteBack_ReadAlloc_WriteAlloc_Cacheable.value
+    | TCR::ORGN0::WriteBack_ReadAlloc_WriteAlloc_Cacheable.value
+    | TCR::SH0::Inner.value
+    | TCR::TG0::KiB_4.value;
+
+const _: () = assert!(MAIR_EL2 == 0xff | (0x04 << 8) | (0x44 << 16));
+const _: () = assert!(SCTLR_EL2_ON == 0x30C5_0838 | (1 << 0) | (1 << 2) | (1 << 12));
+const _: () =
+    assert!(TCR_EL2_BASE == (25 | (1 << 8) | (1 << 10) | (3 << 12) | (1 << 31) | (1 << 23)));
+
+// Stays in assembly: it runs before relocation, with the MMU off and no
+// stack, where compiled Rust cannot run (see the module docs).
 global_asm!(
     r#"
 .equ MAX_CPUS, {max_cpus}
@@ -66,7 +107,7 @@ global_asm!(
 .equ SCTLR_VALUE, {sctlr}
 /* T0SZ 25 (512 GiB identity), inner/outer write-back, inner shareable, 4K
    granule, RES1 bits 31 and 23; PS is filled in from ID_AA64MMFR0_EL1. */
-.equ TCR_BASE, (25 | (1 << 8) | (1 << 10) | (3 << 12) | (1 << 31) | (1 << 23))
+.equ TCR_BASE, {tcr}
 /* Block descriptors: valid block, AF, AP[1] (RES1 at EL2); normal memory is
    inner shareable attribute 0, device memory attribute 1 with XN. */
 .equ BLOCK_NORMAL, (1 | (1 << 10) | (1 << 6) | (3 << 8) | (0 << 2))
@@ -214,7 +255,7 @@ secondary_entry:
 el2_cpu_setup:
     mov     x0, #0x33ff             /* CPTR_EL2: RES1 bits, TFP clear */
     msr     CPTR_EL2, x0
-    mov     x0, #(1 << 31)          /* HCR_EL2.RW */
+    mov     x0, #{hcr_boot}         /* HCR_EL2.RW */
     msr     HCR_EL2, x0
     adrp    x0, exception_vectors
     add     x0, x0, :lo12:exception_vectors
@@ -253,6 +294,8 @@ park_forever:
     stack_size = const STACK_SIZE,
     mair = const MAIR_EL2,
     sctlr = const SCTLR_EL2_ON,
+    tcr = const TCR_EL2_BASE,
+    hcr_boot = const HCR_EL2::RW::EL1IsAarch64.value,
 );
 
 extern "C" {

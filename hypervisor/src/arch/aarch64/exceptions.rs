@@ -39,6 +39,8 @@ impl fmt::Display for VectorKind {
     }
 }
 
+// Stays in assembly: the vectors save and restore every register before
+// and after any Rust code runs, with no stack frame set up for them.
 global_asm!(
     r#"
 .equ FRAME_SIZE, 0x120

@@ -13,11 +13,14 @@
 //! so an interrupt handed to a guest through a hardware-linked list register
 //! (the virtual timer) stays active until the guest's own EOI deactivates it.
 
-use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
+use tock_registers::interfaces::{Readable, Writeable};
+use tock_registers::registers::{ReadOnly, ReadWrite, WriteOnly};
+use tock_registers::{register_bitfields, register_structs, LocalRegisterCopy};
+
 use super::gic_v3 as v3;
-use crate::vgic::{lr_value, parse_lr, LrState, PendingIrq, LR_EOI, LR_HW};
+use crate::vgic::{lr_value, parse_lr, LrState, PendingIrq};
 
 /// 0: no GIC we drive; 2 or 3: the architecture version in use.
 static VERSION: AtomicU8 = AtomicU8::new(0);
@@ -30,44 +33,105 @@ static GICH: AtomicU64 = AtomicU64::new(0);
 static CPU_IF: [core::sync::atomic::AtomicU8; super::MAX_CPUS] =
     [const { core::sync::atomic::AtomicU8::new(0) }; super::MAX_CPUS];
 
-const GICD_CTLR: u64 = 0x000;
-const GICD_ISENABLER: u64 = 0x100;
-const GICD_IPRIORITYR: u64 = 0x400;
-const GICD_ITARGETSR: u64 = 0x800;
-const GICD_SGIR: u64 = 0xf00;
+register_bitfields! {u32,
+    GICD_CTLR [
+        /// Group 0 (no security extensions) or, in the non-secure view,
+        /// group 1: either way, forwarding on.
+        Enable OFFSET(0) NUMBITS(1) []
+    ],
+    GICD_SGIR [
+        CPUTargetList OFFSET(16) NUMBITS(8) [],
+        SGIINTID OFFSET(0) NUMBITS(4) []
+    ],
+    GICC_CTLR [
+        /// EOImode (non-secure): EOIR drops priority only, DIR deactivates.
+        EOImodeNS OFFSET(9) NUMBITS(1) [],
+        Enable OFFSET(0) NUMBITS(1) []
+    ],
+    GICC_PMR [
+        Priority OFFSET(0) NUMBITS(8) []
+    ],
+    GICC_IAR [
+        InterruptID OFFSET(0) NUMBITS(10) []
+    ],
+    GICH_HCR [
+        /// Underflow maintenance interrupt: at most one list register valid.
+        UIE OFFSET(1) NUMBITS(1) [],
+        En OFFSET(0) NUMBITS(1) []
+    ],
+    GICH_VTR [
+        /// Number of list registers minus one.
+        ListRegs OFFSET(0) NUMBITS(6) []
+    ],
+    /// The fields of a list register this module sets itself (the rest of
+    /// the encoding is `crate::vgic`'s).
+    GICH_LR [
+        HW OFFSET(31) NUMBITS(1) [],
+        /// With HW: the physical INTID (bits 19:10, which otherwise hold
+        /// EOI and the SGI source).
+        PhysicalID OFFSET(10) NUMBITS(10) []
+    ]
+}
 
-const GICC_CTLR: u64 = 0x00;
-const GICC_PMR: u64 = 0x04;
-const GICC_IAR: u64 = 0x0c;
-const GICC_EOIR: u64 = 0x10;
-const GICC_DIR: u64 = 0x1000;
-
-const GICH_HCR: u64 = 0x00;
-const GICH_VTR: u64 = 0x04;
-const GICH_VMCR: u64 = 0x08;
-const GICH_APR: u64 = 0xf0;
-const GICH_LR0: u64 = 0x100;
-
-/// GICH_HCR bits: enable, underflow (at most one LR valid) and
-/// no-pending maintenance interrupts.
-const HCR_EN: u32 = 1 << 0;
-const HCR_UIE: u32 = 1 << 1;
+register_structs! {
+    /// The GICv2 distributor, as far as the hypervisor uses it.
+    Distributor {
+        (0x000 => ctlr: ReadWrite<u32, GICD_CTLR::Register>),
+        (0x004 => _reserved0),
+        /// Set-enable bits; word 0 (SGIs and PPIs) is banked per CPU.
+        (0x100 => isenabler: [ReadWrite<u32>; 32]),
+        (0x180 => _reserved1),
+        /// One priority byte per interrupt, four to a word.
+        (0x400 => ipriorityr: [ReadWrite<u32>; 255]),
+        (0x7fc => _reserved2),
+        /// Words 0-7 read as the reading CPU's own interface bit per byte.
+        (0x800 => itargetsr: [ReadWrite<u32>; 255]),
+        (0xbfc => _reserved3),
+        (0xf00 => sgir: WriteOnly<u32, GICD_SGIR::Register>),
+        (0xf04 => @END),
+    },
+    /// The GICv2 CPU interface.
+    CpuInterface {
+        (0x0000 => ctlr: ReadWrite<u32, GICC_CTLR::Register>),
+        (0x0004 => pmr: ReadWrite<u32, GICC_PMR::Register>),
+        (0x0008 => _reserved0),
+        (0x000c => iar: ReadOnly<u32, GICC_IAR::Register>),
+        (0x0010 => eoir: WriteOnly<u32>),
+        (0x0014 => _reserved1),
+        (0x1000 => dir: WriteOnly<u32>),
+        (0x1004 => @END),
+    },
+    /// The GICv2 virtual interface control (GICH).
+    HypervisorInterface {
+        (0x000 => hcr: ReadWrite<u32, GICH_HCR::Register>),
+        (0x004 => vtr: ReadOnly<u32, GICH_VTR::Register>),
+        (0x008 => vmcr: ReadWrite<u32>),
+        (0x00c => _reserved0),
+        (0x0f0 => apr: ReadWrite<u32>),
+        (0x0f4 => _reserved1),
+        (0x100 => lr: [ReadWrite<u32, GICH_LR::Register>; 64]),
+        (0x200 => @END),
+    }
+}
 
 pub use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 
-fn reg(base: &AtomicU64, off: u64) -> *mut u32 {
-    (base.load(Ordering::Relaxed) + off) as *mut u32
+fn gicd() -> &'static Distributor {
+    // SAFETY: GICD holds the distributor's base once the version is 2: set
+    // (once, at boot) from the device tree's GIC node, mapped as device
+    // memory by the EL2 identity map for good. Likewise below.
+    unsafe { super::mmio_block(GICD.load(Ordering::Relaxed)) }
 }
 
-fn rd(base: &AtomicU64, off: u64) -> u32 {
-    // SAFETY: the base came from the device tree's GIC node and is mapped
-    // as device memory by the EL2 identity map; GIC registers are 32-bit.
-    unsafe { read_volatile(reg(base, off)) }
+fn gicc() -> &'static CpuInterface {
+    // SAFETY: GICC holds the CPU interface's base once the version is 2.
+    unsafe { super::mmio_block(GICC.load(Ordering::Relaxed)) }
 }
 
-fn wr(base: &AtomicU64, off: u64, v: u32) {
-    // SAFETY: as in `rd`.
-    unsafe { write_volatile(reg(base, off), v) }
+fn gich() -> &'static HypervisorInterface {
+    // SAFETY: GICH holds the virtual interface control's base once the
+    // version is 2.
+    unsafe { super::mmio_block(GICH.load(Ordering::Relaxed)) }
 }
 
 /// Whether the board's GIC gives us a hypervisor interface to use.
@@ -93,9 +157,7 @@ pub fn init_distributor(gicd: u64, gicc: u64, gich: u64) {
     GICD.store(gicd, Ordering::Relaxed);
     GICC.store(gicc, Ordering::Relaxed);
     GICH.store(gich, Ordering::Relaxed);
-    // Group 0 (no security extensions) or the non-secure group 1 view:
-    // bit 0 enables forwarding either way.
-    wr(&GICD, GICD_CTLR, 1);
+    self::gicd().ctlr.write(GICD_CTLR::Enable::SET);
 }
 
 /// The interrupts the hypervisor takes on every CPU.
@@ -113,19 +175,19 @@ pub fn init_cpu(cpu: usize) -> bool {
     }
     // Reads of ITARGETSR0..7 return the reading CPU's own interface bit.
     if let Some(slot) = CPU_IF.get(cpu) {
-        slot.store(rd(&GICD, GICD_ITARGETSR) as u8, Ordering::Relaxed);
+        slot.store(gicd().itargetsr[0].get() as u8, Ordering::Relaxed);
     }
     for intid in OWN_INTIDS {
         // Priority 0xa0 (bytes of IPRIORITYR), enable (banked per CPU).
-        let off = GICD_IPRIORITYR + (intid as u64 & !3);
+        let priority = &gicd().ipriorityr[intid as usize / 4];
         let shift = (intid % 4) * 8;
-        let v = rd(&GICD, off) & !(0xff << shift);
-        wr(&GICD, off, v | (0xa0 << shift));
-        wr(&GICD, GICD_ISENABLER, 1 << intid);
+        priority.set(priority.get() & !(0xff << shift) | (0xa0 << shift));
+        gicd().isenabler[0].set(1 << intid);
     }
-    wr(&GICC, GICC_PMR, 0xff);
-    // Enable (group 0 / non-secure group 1) and EOImode(NS) = 1.
-    wr(&GICC, GICC_CTLR, 1 | (1 << 9));
+    gicc().pmr.write(GICC_PMR::Priority.val(0xff));
+    gicc()
+        .ctlr
+        .write(GICC_CTLR::Enable::SET + GICC_CTLR::EOImodeNS::SET);
     reset_virtual_interface();
     true
 }
@@ -136,11 +198,11 @@ pub fn reset_virtual_interface() {
         return v3::reset_virtual_interface();
     }
     for i in 0..list_registers() {
-        wr(&GICH, GICH_LR0 + 4 * i as u64, 0);
+        clear_lr(i);
     }
-    wr(&GICH, GICH_APR, 0);
-    wr(&GICH, GICH_VMCR, 0);
-    wr(&GICH, GICH_HCR, HCR_EN);
+    gich().apr.set(0);
+    gich().vmcr.set(0);
+    gich().hcr.write(GICH_HCR::En::SET);
 }
 
 /// Number of list registers (GICH_VTR.ListRegs + 1).
@@ -148,7 +210,7 @@ pub fn list_registers() -> usize {
     if is_v3() {
         return v3::list_registers();
     }
-    ((rd(&GICH, GICH_VTR) & 0x3f) + 1) as usize
+    (gich().vtr.read(GICH_VTR::ListRegs) + 1) as usize
 }
 
 /// Acknowledge the highest pending interrupt: its INTID (1023: none) and
@@ -157,8 +219,8 @@ pub fn acknowledge() -> (u32, u32) {
     if is_v3() {
         return v3::acknowledge();
     }
-    let iar = rd(&GICC, GICC_IAR);
-    (iar & 0x3ff, iar)
+    let iar = gicc().iar.extract();
+    (iar.read(GICC_IAR::InterruptID), iar.get())
 }
 
 /// Priority drop (EOImode 1): the interrupt stays active.
@@ -166,7 +228,7 @@ pub fn end_of_interrupt(iar: u32) {
     if is_v3() {
         return v3::end_of_interrupt(iar);
     }
-    wr(&GICC, GICC_EOIR, iar);
+    gicc().eoir.set(iar);
 }
 
 /// Deactivate an interrupt the hypervisor handled itself.
@@ -174,7 +236,7 @@ pub fn deactivate(iar: u32) {
     if is_v3() {
         return v3::deactivate(iar);
     }
-    wr(&GICC, GICC_DIR, iar);
+    gicc().dir.set(iar);
 }
 
 /// Send SGI `KICK_SGI` to logical CPU `cpu` so it leaves its guest.
@@ -187,7 +249,9 @@ pub fn kick(cpu: usize) {
     }
     let mask = CPU_IF.get(cpu).map_or(0, |m| m.load(Ordering::Relaxed));
     if present() && mask != 0 {
-        wr(&GICD, GICD_SGIR, (u32::from(mask) << 16) | KICK_SGI);
+        gicd().sgir.write(
+            GICD_SGIR::CPUTargetList.val(u32::from(mask)) + GICD_SGIR::SGIINTID.val(KICK_SGI),
+        );
     }
 }
 
@@ -196,7 +260,7 @@ pub fn read_lr(i: usize) -> LrState {
     if is_v3() {
         return v3::read_lr(i);
     }
-    parse_lr(rd(&GICH, GICH_LR0 + 4 * i as u64))
+    parse_lr(gich().lr[i].get())
 }
 
 /// Make `irq` pending in list register `i`; with `hw`, linked to that
@@ -205,12 +269,11 @@ pub fn write_lr(i: usize, irq: &PendingIrq, hw: Option<u32>) {
     if is_v3() {
         return v3::write_lr(i, irq, hw);
     }
-    let mut value = lr_value(irq);
+    let mut value = LocalRegisterCopy::<u32, GICH_LR::Register>::new(lr_value(irq));
     if let Some(physical) = hw {
-        // PhysicalID in bits 19:10, which also hold EOI and the source.
-        value = (value & !(LR_EOI | (0x3ff << 10))) | LR_HW | ((physical & 0x3ff) << 10);
+        value.modify(GICH_LR::HW::SET + GICH_LR::PhysicalID.val(physical & 0x3ff));
     }
-    wr(&GICH, GICH_LR0 + 4 * i as u64, value);
+    gich().lr[i].set(value.get());
 }
 
 /// Empty list register `i`.
@@ -218,16 +281,19 @@ pub fn clear_lr(i: usize) {
     if is_v3() {
         return v3::clear_lr(i);
     }
-    wr(&GICH, GICH_LR0 + 4 * i as u64, 0);
+    gich().lr[i].set(0);
 }
 
 /// The virtual interface on, with the underflow maintenance interrupt
 /// (at most one list register valid) when `underflow`.
 pub fn enable_virtual_interface(underflow: bool) {
     if is_v3() {
-        let uie = if underflow { v3::HCR_UIE } else { 0 };
-        return v3::set_hcr(v3::HCR_EN | uie);
+        return v3::enable_virtual_interface(underflow);
     }
-    let uie = if underflow { HCR_UIE } else { 0 };
-    wr(&GICH, GICH_HCR, HCR_EN | uie);
+    let uie = if underflow {
+        GICH_HCR::UIE::SET
+    } else {
+        GICH_HCR::UIE::CLEAR
+    };
+    gich().hcr.write(GICH_HCR::En::SET + uie);
 }

@@ -10,9 +10,23 @@
 //! timer, handed to the guest through a hardware-linked list register, stays
 //! active until the guest deactivates it.
 
-use core::arch::asm;
-use core::ptr::{read_volatile, write_volatile};
 use core::sync::atomic::{AtomicU64, Ordering};
+
+use aarch64_cpu::asm::barrier;
+use aarch64_cpu::registers::{
+    ReadWriteable, Readable, Writeable, ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2,
+    ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2, ICH_LR13_EL2, ICH_LR14_EL2,
+    ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2, ICH_LR6_EL2,
+    ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2,
+};
+
+use tock_registers::registers::{ReadOnly, ReadWrite};
+use tock_registers::{register_bitfields, register_structs};
+
+use super::sysreg::{
+    ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1,
+    ICC_INTID, ICC_PMR_EL1, ICC_SGI1R_EL1,
+};
 
 use crate::vgic::{lr_value_v3, parse_lr_v3, LrState, PendingIrq};
 
@@ -20,67 +34,67 @@ static GICD: AtomicU64 = AtomicU64::new(0);
 static GICR: AtomicU64 = AtomicU64::new(0);
 static GICR_SIZE: AtomicU64 = AtomicU64::new(0);
 
-const GICD_CTLR: u64 = 0x0000;
-const CTLR_RWP: u32 = 1 << 31;
-/// EnableGrp0, EnableGrp1 and ARE in the one-security-state view; in the
-/// non-secure view of a two-state GIC the same bits are EnableGrp1(NS),
-/// EnableGrp1A and ARE_NS. Either way: group 1 forwarded, affinity routing.
-const CTLR_ENABLE: u32 = (1 << 0) | (1 << 1) | (1 << 4);
-
-const GICR_TYPER: u64 = 0x0008;
-const GICR_WAKER: u64 = 0x0014;
-const TYPER_VLPIS: u64 = 1 << 1;
-const TYPER_LAST: u64 = 1 << 4;
-const WAKER_PROCESSOR_SLEEP: u32 = 1 << 1;
-const WAKER_CHILDREN_ASLEEP: u32 = 1 << 2;
-const GICR_SGI: u64 = 0x1_0000;
-const GICR_IGROUPR0: u64 = GICR_SGI + 0x080;
-const GICR_ISENABLER0: u64 = GICR_SGI + 0x100;
-const GICR_IPRIORITYR: u64 = GICR_SGI + 0x400;
-
-/// ICH_HCR_EL2 bits: En and UIE, at the same places as GICH_HCR's.
-pub const HCR_EN: u64 = 1 << 0;
-pub const HCR_UIE: u64 = 1 << 1;
-
-fn mmio_read(addr: u64) -> u32 {
-    // SAFETY: addresses are inside the GIC regions the device tree gave,
-    // mapped as device memory by the EL2 identity map; registers are 32-bit.
-    unsafe { read_volatile(addr as *const u32) }
+register_bitfields! {u32,
+    GICD_CTLR [
+        /// Register write pending: the last CTLR write has not taken effect.
+        RWP OFFSET(31) NUMBITS(1) [],
+        /// ARE in the one-security-state view, ARE_NS in the non-secure one.
+        ARE OFFSET(4) NUMBITS(1) [],
+        /// EnableGrp1 (one security state) or EnableGrp1A (non-secure view).
+        EnableGrp1 OFFSET(1) NUMBITS(1) [],
+        /// EnableGrp0 (one security state) or EnableGrp1(NS) (non-secure view).
+        EnableGrp0 OFFSET(0) NUMBITS(1) []
+    ],
+    GICR_WAKER [
+        ChildrenAsleep OFFSET(2) NUMBITS(1) [],
+        ProcessorSleep OFFSET(1) NUMBITS(1) []
+    ]
 }
 
-fn mmio_read64(addr: u64) -> u64 {
-    // SAFETY: as in `mmio_read`; GICR_TYPER takes 64-bit reads.
-    unsafe { read_volatile(addr as *const u64) }
+register_bitfields! {u64,
+    GICR_TYPER [
+        /// Aff3.Aff2.Aff1.Aff0 of the CPU this redistributor serves.
+        Affinity OFFSET(32) NUMBITS(32) [],
+        /// The last redistributor of the region.
+        Last OFFSET(4) NUMBITS(1) [],
+        /// Virtual LPIs: the frame has two more 64 KiB pages.
+        VLPIS OFFSET(1) NUMBITS(1) []
+    ]
 }
 
-fn mmio_write(addr: u64, value: u32) {
-    // SAFETY: as in `mmio_read`.
-    unsafe { write_volatile(addr as *mut u32, value) }
+register_structs! {
+    /// The GICv3 distributor, as far as the hypervisor uses it.
+    Distributor {
+        (0x0000 => ctlr: ReadWrite<u32, GICD_CTLR::Register>),
+        (0x0004 => @END),
+    },
+    /// One redistributor frame: RD_base, then SGI_base 64 KiB on.
+    Redistributor {
+        (0x0_0000 => _reserved0),
+        (0x0_0008 => typer: ReadOnly<u64, GICR_TYPER::Register>),
+        (0x0_0010 => _reserved1),
+        (0x0_0014 => waker: ReadWrite<u32, GICR_WAKER::Register>),
+        (0x0_0018 => _reserved2),
+        /// SGIs and PPIs: group 1 when set.
+        (0x1_0080 => igroupr0: ReadWrite<u32>),
+        (0x1_0084 => _reserved3),
+        (0x1_0100 => isenabler0: ReadWrite<u32>),
+        (0x1_0104 => _reserved4),
+        /// One priority byte per SGI/PPI, four to a word.
+        (0x1_0400 => ipriorityr: [ReadWrite<u32>; 8]),
+        (0x1_0420 => @END),
+    }
 }
 
-macro_rules! sysreg_read {
-    ($name:literal) => {{
-        let value: u64;
-        // SAFETY: reading a GIC system register at EL2 (ICC_SRE_EL2.SRE is
-        // set before any of these is used) has no side effect beyond the
-        // one named by the register (acknowledge for IAR).
-        unsafe { asm!(concat!("mrs {}, ", $name), out(reg) value, options(nostack)) };
-        value
-    }};
-}
-
-macro_rules! sysreg_write {
-    ($name:literal, $value:expr) => {{
-        let value: u64 = $value;
-        // SAFETY: writing a GIC system register at EL2 changes only the GIC
-        // state of this CPU, which this module owns.
-        unsafe { asm!(concat!("msr ", $name, ", {}"), in(reg) value, options(nostack)) };
-    }};
+fn gicd() -> &'static Distributor {
+    // SAFETY: GICD holds the distributor's base once the version is 3, in
+    // the GIC regions the device tree gave, mapped as device memory by the
+    // EL2 identity map for good.
+    unsafe { super::mmio_block(GICD.load(Ordering::Relaxed)) }
 }
 
 fn isb() {
-    // SAFETY: a barrier.
-    unsafe { asm!("isb", options(nostack, nomem)) };
+    barrier::isb(barrier::SY);
 }
 
 /// Record the register bases and enable the distributor (boot CPU, once).
@@ -88,15 +102,18 @@ pub fn init_distributor(gicd: u64, gicr: u64, gicr_size: u64) {
     GICD.store(gicd, Ordering::Relaxed);
     GICR.store(gicr, Ordering::Relaxed);
     GICR_SIZE.store(gicr_size, Ordering::Relaxed);
-    mmio_write(gicd + GICD_CTLR, 0);
+    let gicd = self::gicd();
+    gicd.ctlr.set(0);
     wait_rwp(gicd);
-    mmio_write(gicd + GICD_CTLR, CTLR_ENABLE);
+    // Group 1 forwarded, affinity routing (whichever security view).
+    gicd.ctlr
+        .write(GICD_CTLR::EnableGrp0::SET + GICD_CTLR::EnableGrp1::SET + GICD_CTLR::ARE::SET);
     wait_rwp(gicd);
 }
 
-fn wait_rwp(gicd: u64) {
+fn wait_rwp(gicd: &Distributor) {
     for _ in 0..1_000_000 {
-        if mmio_read(gicd + GICD_CTLR) & CTLR_RWP == 0 {
+        if !gicd.ctlr.is_set(GICD_CTLR::RWP) {
             return;
         }
         core::hint::spin_loop();
@@ -104,21 +121,25 @@ fn wait_rwp(gicd: u64) {
 }
 
 /// This CPU's redistributor: the frame whose GICR_TYPER affinity is ours.
-fn own_redistributor() -> Option<u64> {
+fn own_redistributor() -> Option<&'static Redistributor> {
     let mpidr = super::mpidr();
     let affinity = ((mpidr >> 32) & 0xff) << 24 | (mpidr & 0xff_ffff);
     let base = GICR.load(Ordering::Relaxed);
     let end = base + GICR_SIZE.load(Ordering::Relaxed);
     let mut frame = base;
     while frame < end {
-        let typer = mmio_read64(frame + GICR_TYPER);
-        if typer >> 32 == affinity {
-            return Some(frame);
+        // SAFETY: `frame` starts a redistributor frame inside the region:
+        // the first, or the one after a frame whose TYPER said it was not
+        // the last.
+        let rd: &'static Redistributor = unsafe { super::mmio_block(frame) };
+        let typer = rd.typer.extract();
+        if typer.read(GICR_TYPER::Affinity) == affinity {
+            return Some(rd);
         }
-        if typer & TYPER_LAST != 0 {
+        if typer.is_set(GICR_TYPER::Last) {
             return None;
         }
-        frame += if typer & TYPER_VLPIS != 0 {
+        frame += if typer.is_set(GICR_TYPER::VLPIS) {
             0x4_0000
         } else {
             0x2_0000
@@ -132,38 +153,40 @@ fn own_redistributor() -> Option<u64> {
 /// our SGI and PPIs in group 1, the CPU interface on with EOImode 1, the
 /// virtual interface on. False if no redistributor matches this CPU.
 pub fn init_cpu(intids: &[u32], priority: u8) -> bool {
-    // ICC_SRE_EL2: SRE, DFB, DIB, Enable (EL1 may use ICC_SRE_EL1).
-    sysreg_write!("S3_4_C12_C9_5", 0xf);
+    // The system-register interface, IRQ/FIQ bypass off, and EL1 may use
+    // ICC_SRE_EL1.
+    ICC_SRE_EL2.write(
+        ICC_SRE_EL2::SRE::SET
+            + ICC_SRE_EL2::DFB::SET
+            + ICC_SRE_EL2::DIB::SET
+            + ICC_SRE_EL2::ENABLE::SET,
+    );
     isb();
     let Some(rd) = own_redistributor() else {
         return false;
     };
-    let waker = mmio_read(rd + GICR_WAKER);
-    mmio_write(rd + GICR_WAKER, waker & !WAKER_PROCESSOR_SLEEP);
+    rd.waker.modify(GICR_WAKER::ProcessorSleep::CLEAR);
     for _ in 0..1_000_000 {
-        if mmio_read(rd + GICR_WAKER) & WAKER_CHILDREN_ASLEEP == 0 {
+        if !rd.waker.is_set(GICR_WAKER::ChildrenAsleep) {
             break;
         }
         core::hint::spin_loop();
     }
-    let mut group = mmio_read(rd + GICR_IGROUPR0);
+    let mut group = rd.igroupr0.get();
     for &intid in intids {
         group |= 1 << intid;
-        let off = GICR_IPRIORITYR + u64::from(intid & !3);
+        let priorities = &rd.ipriorityr[intid as usize / 4];
         let shift = (intid % 4) * 8;
-        let v = mmio_read(rd + off) & !(0xff << shift);
-        mmio_write(rd + off, v | (u32::from(priority) << shift));
+        priorities.set(priorities.get() & !(0xff << shift) | (u32::from(priority) << shift));
     }
-    mmio_write(rd + GICR_IGROUPR0, group);
+    rd.igroupr0.set(group);
     let enable = intids.iter().fold(0u32, |m, &i| m | 1 << i);
-    mmio_write(rd + GICR_ISENABLER0, enable);
-    // ICC_PMR_EL1: everything passes; ICC_BPR1_EL1: no subpriority.
-    sysreg_write!("S3_0_C4_C6_0", 0xff);
-    sysreg_write!("S3_0_C12_C12_3", 0);
-    // ICC_CTLR_EL1: EOImode 1.
-    sysreg_write!("S3_0_C12_C12_4", 1 << 1);
-    // ICC_IGRPEN1_EL1: group 1 on.
-    sysreg_write!("S3_0_C12_C12_7", 1);
+    rd.isenabler0.set(enable);
+    // Every priority passes; no subpriority; EOImode 1; group 1 on.
+    ICC_PMR_EL1.write(ICC_PMR_EL1::Priority.val(0xff));
+    ICC_BPR1_EL1.write(ICC_BPR1_EL1::BinaryPoint.val(0));
+    ICC_CTLR_EL1.write(ICC_CTLR_EL1::EOImode::SET);
+    ICC_IGRPEN1_EL1.write(ICC_IGRPEN1_EL1::Enable::SET);
     isb();
     reset_virtual_interface();
     true
@@ -174,99 +197,146 @@ pub fn reset_virtual_interface() {
     for i in 0..list_registers() {
         write_lr_raw(i, 0);
     }
-    sysreg_write!("S3_4_C12_C8_0", 0); // ICH_AP0R0_EL2
-    sysreg_write!("S3_4_C12_C9_0", 0); // ICH_AP1R0_EL2
-    sysreg_write!("S3_4_C12_C11_7", 0); // ICH_VMCR_EL2
-    set_hcr(HCR_EN);
+    ICH_AP0R0_EL2.set(0);
+    ICH_AP1R0_EL2.set(0);
+    ICH_VMCR_EL2.set(0);
+    enable_virtual_interface(false);
 }
 
-pub fn set_hcr(value: u64) {
-    sysreg_write!("S3_4_C12_C11_0", value);
+/// The virtual interface on, with the underflow maintenance interrupt (at
+/// most one list register valid) when `underflow`.
+pub fn enable_virtual_interface(underflow: bool) {
+    let uie = if underflow {
+        ICH_HCR_EL2::UIE::SET
+    } else {
+        ICH_HCR_EL2::UIE::CLEAR
+    };
+    ICH_HCR_EL2.write(ICH_HCR_EL2::En::SET + uie);
     isb();
 }
 
 /// Number of list registers (ICH_VTR_EL2.ListRegs + 1).
 pub fn list_registers() -> usize {
-    ((sysreg_read!("S3_4_C12_C11_1") & 0x1f) + 1) as usize
+    (ICH_VTR_EL2.read(ICH_VTR_EL2::ListRegs) + 1) as usize
 }
 
 /// Acknowledge the highest pending group-1 interrupt: (INTID, IAR value).
 pub fn acknowledge() -> (u32, u32) {
-    let iar = sysreg_read!("S3_0_C12_C12_0") as u32;
-    (iar & 0xff_ffff, iar)
+    let iar = ICC_IAR1_EL1.get();
+    (ICC_INTID::INTID.read(iar) as u32, iar as u32)
 }
 
 /// Priority drop (EOImode 1).
 pub fn end_of_interrupt(iar: u32) {
-    sysreg_write!("S3_0_C12_C12_1", u64::from(iar));
+    ICC_EOIR1_EL1.set(u64::from(iar));
     isb();
 }
 
 /// Deactivate an interrupt.
 pub fn deactivate(iar: u32) {
-    sysreg_write!("S3_0_C12_C11_1", u64::from(iar));
+    ICC_DIR_EL1.set(u64::from(iar));
     isb();
 }
 
 /// Send SGI `sgi` to the CPU with this MPIDR.
 pub fn send_sgi(mpidr: u64, sgi: u32) {
-    let aff0 = mpidr & 0xff;
-    let value = ((mpidr >> 32) & 0xff) << 48
-        | ((mpidr >> 16) & 0xff) << 32
-        | ((mpidr >> 8) & 0xff) << 16
-        | (aff0 / 16) << 44
-        | u64::from(sgi & 0xf) << 24
-        | 1 << (aff0 % 16);
-    // SAFETY: orders earlier stores before the SGI becomes visible.
-    unsafe { asm!("dsb ishst", options(nostack)) };
-    sysreg_write!("S3_0_C12_C11_5", value); // ICC_SGI1R_EL1
+    use aarch64_cpu::registers::MPIDR_EL1::{Aff0, Aff1, Aff2, Aff3};
+    use ICC_SGI1R_EL1 as SGI1R;
+    let aff0 = Aff0.read(mpidr);
+    // Earlier stores are visible before the SGI is.
+    barrier::dsb(barrier::ISHST);
+    ICC_SGI1R_EL1.write(
+        SGI1R::Aff3.val(Aff3.read(mpidr))
+            + SGI1R::Aff2.val(Aff2.read(mpidr))
+            + SGI1R::Aff1.val(Aff1.read(mpidr))
+            + SGI1R::RS.val(aff0 / 16)
+            + SGI1R::INTID.val(u64::from(sgi))
+            + SGI1R::TargetList.val(1 << (aff0 % 16)),
+    );
     isb();
 }
 
-macro_rules! lr_access {
-    ($i:expr, $value:ident, $op:ident) => {
+/// List register `$i` (0-15) as `$reg` in `$body`; `$default` for others.
+/// aarch64-cpu has one unit type per list register, hence a match.
+macro_rules! with_lr {
+    ($i:expr, $reg:ident => $body:expr, $default:expr) => {
         match $i {
-            0 => $op!("S3_4_C12_C12_0", $value),
-            1 => $op!("S3_4_C12_C12_1", $value),
-            2 => $op!("S3_4_C12_C12_2", $value),
-            3 => $op!("S3_4_C12_C12_3", $value),
-            4 => $op!("S3_4_C12_C12_4", $value),
-            5 => $op!("S3_4_C12_C12_5", $value),
-            6 => $op!("S3_4_C12_C12_6", $value),
-            7 => $op!("S3_4_C12_C12_7", $value),
-            8 => $op!("S3_4_C12_C13_0", $value),
-            9 => $op!("S3_4_C12_C13_1", $value),
-            10 => $op!("S3_4_C12_C13_2", $value),
-            11 => $op!("S3_4_C12_C13_3", $value),
-            12 => $op!("S3_4_C12_C13_4", $value),
-            13 => $op!("S3_4_C12_C13_5", $value),
-            14 => $op!("S3_4_C12_C13_6", $value),
-            15 => $op!("S3_4_C12_C13_7", $value),
-            _ => Default::default(),
+            0 => {
+                let $reg = ICH_LR0_EL2;
+                $body
+            }
+            1 => {
+                let $reg = ICH_LR1_EL2;
+                $body
+            }
+            2 => {
+                let $reg = ICH_LR2_EL2;
+                $body
+            }
+            3 => {
+                let $reg = ICH_LR3_EL2;
+                $body
+            }
+            4 => {
+                let $reg = ICH_LR4_EL2;
+                $body
+            }
+            5 => {
+                let $reg = ICH_LR5_EL2;
+                $body
+            }
+            6 => {
+                let $reg = ICH_LR6_EL2;
+                $body
+            }
+            7 => {
+                let $reg = ICH_LR7_EL2;
+                $body
+            }
+            8 => {
+                let $reg = ICH_LR8_EL2;
+                $body
+            }
+            9 => {
+                let $reg = ICH_LR9_EL2;
+                $body
+            }
+            10 => {
+                let $reg = ICH_LR10_EL2;
+                $body
+            }
+            11 => {
+                let $reg = ICH_LR11_EL2;
+                $body
+            }
+            12 => {
+                let $reg = ICH_LR12_EL2;
+                $body
+            }
+            13 => {
+                let $reg = ICH_LR13_EL2;
+                $body
+            }
+            14 => {
+                let $reg = ICH_LR14_EL2;
+                $body
+            }
+            15 => {
+                let $reg = ICH_LR15_EL2;
+                $body
+            }
+            _ => $default,
         }
     };
 }
 
-macro_rules! lr_read_one {
-    ($name:literal, $unused:ident) => {
-        sysreg_read!($name)
-    };
-}
-
-macro_rules! lr_write_one {
-    ($name:literal, $value:ident) => {
-        sysreg_write!($name, $value)
-    };
-}
-
+/// The raw value of list register `i` (its encoding is `crate::vgic`'s).
 fn read_lr_raw(i: usize) -> u64 {
-    let unused = 0u64;
-    let _ = unused;
-    lr_access!(i, unused, lr_read_one)
+    with_lr!(i, lr => lr.get(), 0)
 }
 
 fn write_lr_raw(i: usize, value: u64) {
-    lr_access!(i, value, lr_write_one)
+    with_lr!(i, lr => lr.set(value), ())
 }
 
 pub fn read_lr(i: usize) -> LrState {

@@ -2,8 +2,10 @@
 //! (RAM normal write-back, everything else device) built by
 //! [`crate::mm::pagetable`], for this CPU and for every CPU started later.
 
-use core::arch::asm;
 use core::ptr::addr_of_mut;
+
+use aarch64_cpu::asm::barrier;
+use aarch64_cpu::registers::TTBR0_EL2;
 
 use platform::PhysRange;
 
@@ -35,20 +37,17 @@ pub fn init(ram: &[PhysRange]) -> Result<usize, MapError> {
     }
     let root = map.root();
     let used = map.tables_used();
-    // SAFETY: the new map is an identity map of the same memory with the
-    // same attributes for the image, stack and device tree, so switching
-    // TTBR0 under our feet is safe; the TLB is flushed right after.
+    // The new map is an identity map of the same memory with the same
+    // attributes for the image, stack and device tree, so switching TTBR0
+    // under our feet is safe; the TLB is flushed right after. The tables'
+    // stores complete before the switch.
+    barrier::dsb(barrier::ISHST);
+    TTBR0_EL2.set_baddr(root);
+    barrier::isb(barrier::SY);
+    super::invalidate_el2_tlb();
+    // SAFETY: MMU_CONFIG is read only by CPUs that start later, and by
+    // none while the boot CPU runs this.
     unsafe {
-        asm!(
-            "dsb ishst",
-            "msr TTBR0_EL2, {root}",
-            "isb",
-            "tlbi alle2",
-            "dsb ish",
-            "isb",
-            root = in(reg) root,
-            options(nostack)
-        );
         let config = addr_of_mut!(MMU_CONFIG);
         (*config).ttbr0 = root;
         super::clean_dcache_range(config as usize, core::mem::size_of_val(&*config));

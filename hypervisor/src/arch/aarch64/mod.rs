@@ -1,5 +1,12 @@
 //! AArch64 at EL2: boot entry, exception vectors, the EL2 MMU, CPU bring-up
 //! (PSCI and spin table), PSCI calls and small system-register helpers.
+//!
+//! System registers are read and written through aarch64-cpu's
+//! `registers::*` (and [`sysreg`] for those it lacks), fields by name.
+//! Instructions it has no helper for (cache and TLB maintenance, WFI/WFE)
+//! are small functions with their own `asm!` here and in [`vcpu`]; the
+//! entry, vector, world-switch and recovery code stays in `global_asm!`
+//! because it runs without a Rust stack or with the guest's registers live.
 
 pub mod entry;
 pub mod exceptions;
@@ -10,9 +17,17 @@ pub mod pmu;
 pub mod psci;
 pub mod recovery;
 pub mod smp;
+pub mod sysreg;
 pub mod vcpu;
 
 use core::arch::asm;
+
+use aarch64_cpu::asm::barrier;
+use aarch64_cpu::registers::{
+    Readable, Writeable, CNTFRQ_EL0, CNTHCTL_EL2, CNTHP_CTL_EL2, CNTPCT_EL0, MPIDR_EL1, TPIDR_EL2,
+};
+
+use sysreg::{CNTHCTL_EL2_EVENT_STREAM, CNTHP_TVAL_EL2, CTR_EL0};
 
 pub use platform::MAX_CPUS;
 
@@ -21,29 +36,21 @@ pub const STACK_SIZE: usize = 64 * 1024;
 
 /// The logical index of the calling CPU (kept in TPIDR_EL2 since boot).
 pub fn cpu_index() -> usize {
-    let v: u64;
-    // SAFETY: reading TPIDR_EL2 has no side effects.
-    unsafe { asm!("mrs {}, TPIDR_EL2", out(reg) v, options(nomem, nostack)) };
-    v as usize
+    TPIDR_EL2.get() as usize
 }
 
 /// MPIDR_EL1 affinity fields (Aff3..Aff0), as device trees write them.
 pub fn mpidr() -> u64 {
-    let v: u64;
-    // SAFETY: reading MPIDR_EL1 has no side effects.
-    unsafe { asm!("mrs {}, MPIDR_EL1", out(reg) v, options(nomem, nostack)) };
-    v & 0xff_00ff_ffff
+    use aarch64_cpu::registers::MPIDR_EL1::{Aff0, Aff1, Aff2, Aff3};
+    let v = MPIDR_EL1.extract();
+    (v.read(Aff3) << 32) | (v.read(Aff2) << 16) | (v.read(Aff1) << 8) | v.read(Aff0)
 }
 
 /// The physical counter (CNTPCT_EL0) and its frequency in Hz.
 pub fn counter() -> (u64, u64) {
-    let (count, freq): (u64, u64);
-    // SAFETY: reading the architected counter has no side effects.
-    unsafe {
-        asm!("isb", "mrs {}, CNTPCT_EL0", out(reg) count, options(nomem, nostack));
-        asm!("mrs {}, CNTFRQ_EL0", out(reg) freq, options(nomem, nostack));
-    }
-    (count, freq)
+    // The ISB keeps the counter read from happening early.
+    barrier::isb(barrier::SY);
+    (CNTPCT_EL0.get(), CNTFRQ_EL0.get())
 }
 
 /// Microseconds since the counter started (board power-on).
@@ -58,10 +65,7 @@ pub fn uptime_us() -> u64 {
 /// The smallest data cache line of this CPU, in bytes (CTR_EL0.DminLine):
 /// cache maintenance by VA must step by it or it skips lines.
 fn dcache_line() -> usize {
-    let ctr: u64;
-    // SAFETY: reading CTR_EL0 has no side effects.
-    unsafe { asm!("mrs {}, CTR_EL0", out(reg) ctr, options(nomem, nostack)) };
-    4 << ((ctr >> 16) & 0xf)
+    4 << CTR_EL0.read(CTR_EL0::DminLine)
 }
 
 /// Clean the data cache lines covering `[addr, addr + len)` to the point of
@@ -77,8 +81,7 @@ pub fn clean_dcache_range(addr: usize, len: usize) {
         unsafe { asm!("dc cvac, {}", in(reg) line, options(nostack)) };
         line += line_size;
     }
-    // SAFETY: a barrier has no memory-safety effect.
-    unsafe { asm!("dsb sy", options(nostack)) };
+    barrier::dsb(barrier::SY);
 }
 
 /// Invalidate every instruction cache to the point of unification on every
@@ -90,6 +93,27 @@ pub fn invalidate_icache_all() {
     // SAFETY: invalidating instruction caches only drops cached copies;
     // the barriers order it after the cleaning and before later fetches.
     unsafe { asm!("dsb ish", "ic ialluis", "dsb ish", "isb", options(nostack)) };
+}
+
+/// The MMIO register block (a tock-registers `register_structs!` type) at
+/// `addr`.
+///
+/// # Safety
+///
+/// `addr` must be the base of a `T` block that the EL2 identity map maps
+/// as device memory for the rest of the hypervisor's life.
+pub unsafe fn mmio_block<T>(addr: u64) -> &'static T {
+    // SAFETY: forwarded to our caller; the registers are only accessed
+    // through volatile reads and writes of their own width.
+    unsafe { &*(addr as *const T) }
+}
+
+/// Invalidate every EL2 TLB entry of this CPU and wait for it to finish
+/// (after the EL2 translation tables changed).
+pub fn invalidate_el2_tlb() {
+    // SAFETY: dropping TLB entries only makes the next walks read the
+    // tables; the barriers order it before later accesses.
+    unsafe { asm!("tlbi alle2", "dsb ish", "isb", options(nostack)) };
 }
 
 /// The idle wait of a CPU with nothing to do: until an interrupt (a kick)
@@ -124,20 +148,10 @@ pub fn wait_for_event() {
 /// event stream (CNTHCTL_EL2.EVNTEN) on bit 15 (with the counter at 25-100
 /// MHz, one event per 0.3-1.3 ms). Only for CPUs that never run a guest.
 pub fn enable_event_stream() {
-    const EVNTEN: u64 = 1 << 2;
-    const EVNTI_BIT15: u64 = 15 << 4;
-    // SAFETY: the event stream only generates wake-up events.
-    unsafe {
-        asm!(
-            "mrs {t}, CNTHCTL_EL2",
-            "orr {t}, {t}, {bits}",
-            "msr CNTHCTL_EL2, {t}",
-            "isb",
-            t = out(reg) _,
-            bits = in(reg) EVNTEN | EVNTI_BIT15,
-            options(nostack)
-        );
-    }
+    use CNTHCTL_EL2_EVENT_STREAM::{EVNTEN, EVNTI};
+    let event_stream = EVNTEN::SET + EVNTI.val(15);
+    CNTHCTL_EL2.set(event_stream.modify(CNTHCTL_EL2.get()));
+    barrier::isb(barrier::SY);
 }
 
 /// Sleep in WFI until an interrupt is pending or about `micros` pass (the
@@ -146,20 +160,19 @@ pub fn enable_event_stream() {
 pub fn wait_for_interrupt_or(micros: u64) {
     let (_, freq) = counter();
     let ticks = (freq * micros / 1_000_000).max(1);
-    // SAFETY: the EL2 timer is the hypervisor's own; WFI only waits.
-    unsafe {
-        asm!(
-            "msr CNTHP_TVAL_EL2, {ticks}",
-            "msr CNTHP_CTL_EL2, {on}",
-            "isb",
-            "wfi",
-            "msr CNTHP_CTL_EL2, xzr",
-            "isb",
-            ticks = in(reg) ticks,
-            on = in(reg) 1u64,
-            options(nomem, nostack)
-        );
-    }
+    // The EL2 timer is the hypervisor's own.
+    CNTHP_TVAL_EL2.set(ticks);
+    CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET);
+    barrier::isb(barrier::SY);
+    wait_for_interrupt();
+    CNTHP_CTL_EL2.set(0);
+    barrier::isb(barrier::SY);
+}
+
+/// Wait for an interrupt (WFI).
+fn wait_for_interrupt() {
+    // SAFETY: WFI only waits.
+    unsafe { asm!("wfi", options(nomem, nostack)) };
 }
 
 /// Stop the calling CPU for good, interrupts masked.

@@ -4,46 +4,36 @@
 //! only with `-icount` (which `cargo xtask bench` uses); elsewhere the
 //! counter may not count and reports say so.
 
-use core::arch::asm;
+use aarch64_cpu::asm::barrier;
+use aarch64_cpu::registers::{ReadWriteable, Readable, Writeable};
 
-const INST_RETIRED: u64 = 0x08;
-/// PMEVTYPER: P (don't count EL1), U (don't count EL0), NSH (count EL2).
-const FILTER_EL2_ONLY: u64 = (1 << 31) | (1 << 30) | (1 << 27);
+use super::sysreg::{
+    PMCEID0_EL0, PMCNTENSET_EL0, PMCR_EL0, PMEVCNTR0_EL0, PMSELR_EL0, PMXEVTYPER_EL0,
+};
 
-/// Set up counter 0 on this CPU.
+/// Set up counter 0 on this CPU: instructions retired at EL2 only.
 pub fn init() {
-    // SAFETY: the PMU registers only affect performance counting.
-    unsafe {
-        asm!(
-            "msr PMSELR_EL0, xzr",
-            "isb",
-            "msr PMXEVTYPER_EL0, {ty}",
-            "msr PMCNTENSET_EL0, {one}",
-            "mrs {tmp}, PMCR_EL0",
-            "orr {tmp}, {tmp}, #1",
-            "msr PMCR_EL0, {tmp}",
-            "isb",
-            ty = in(reg) INST_RETIRED | FILTER_EL2_ONLY,
-            one = in(reg) 1u64,
-            tmp = out(reg) _,
-            options(nostack)
-        );
-    }
+    PMSELR_EL0.write(PMSELR_EL0::SEL.val(0));
+    barrier::isb(barrier::SY);
+    PMXEVTYPER_EL0.write(
+        PMXEVTYPER_EL0::evtCount::InstRetired
+            + PMXEVTYPER_EL0::P::SET
+            + PMXEVTYPER_EL0::U::SET
+            + PMXEVTYPER_EL0::NSH::SET,
+    );
+    PMCNTENSET_EL0.write(PMCNTENSET_EL0::P0::SET);
+    PMCR_EL0.modify(PMCR_EL0::E::SET);
+    barrier::isb(barrier::SY);
 }
 
 /// Whether the PMU implements the instructions-retired event.
 pub fn counts_instructions() -> bool {
-    let ceid: u64;
-    // SAFETY: reading an ID register of the PMU has no side effects.
-    unsafe { asm!("mrs {}, PMCEID0_EL0", out(reg) ceid, options(nomem, nostack)) };
-    ceid & (1 << INST_RETIRED) != 0
+    PMCEID0_EL0.is_set(PMCEID0_EL0::INST_RETIRED)
 }
 
 /// Instructions retired at EL2 on this CPU (a 32-bit counter: use wrapping
 /// differences over short intervals).
+#[inline]
 pub fn instructions() -> u32 {
-    let v: u64;
-    // SAFETY: reading event counter 0 has no side effects.
-    unsafe { asm!("mrs {}, PMEVCNTR0_EL0", out(reg) v, options(nomem, nostack)) };
-    v as u32
+    PMEVCNTR0_EL0.get() as u32
 }

@@ -33,6 +33,8 @@ struct RecoveryPoint {
 
 const _: () = assert!(core::mem::size_of::<RecoveryPoint>() == 168);
 
+// Stays in assembly: saving and resuming a recovery point swaps the stack
+// pointer and callee-saved registers, which compiled code cannot do.
 global_asm!(
     r#"
 .section .text

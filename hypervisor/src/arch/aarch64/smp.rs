@@ -96,13 +96,7 @@ pub fn start(index: usize, cpu: &Cpu, psci_conduit: Option<PsciConduit>) -> Resu
             psci::cpu_on(conduit, cpu.mpidr, entry, index as u64).map_err(StartError::Psci)
         }
         EnableMethod::SpinTable { release_addr } => {
-            // SAFETY: the release address is in a page the frame table marks
-            // firmware-reserved, mapped as normal memory, 8-byte aligned per
-            // the spin-table binding; the CPU polls it with caches off.
-            unsafe { write_volatile(release_addr as *mut u64, entry) };
-            super::clean_dcache_range(release_addr as usize, 8);
-            // SAFETY: SEV only signals an event.
-            unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+            release_spinning_cpu(release_addr, entry);
             Ok(())
         }
         EnableMethod::None => Err(StartError::NoEnableMethod),
@@ -120,6 +114,19 @@ pub fn start(index: usize, cpu: &Cpu, psci_conduit: Option<PsciConduit>) -> Resu
         core::hint::spin_loop();
     }
     Ok(())
+}
+
+/// Send a CPU waiting in the spin table to `entry`: write its release
+/// address (one u64 in normal memory, not a register block), clean it to
+/// the point of coherency (the CPU polls it with caches off) and wake it.
+fn release_spinning_cpu(release_addr: u64, entry: u64) {
+    // SAFETY: the release address is in a page the frame table marks
+    // firmware-reserved, mapped as normal memory, 8-byte aligned per the
+    // spin-table binding.
+    unsafe { write_volatile(release_addr as *mut u64, entry) };
+    super::clean_dcache_range(release_addr as usize, 8);
+    // SAFETY: SEV only signals an event.
+    unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
 }
 
 impl CpuState {

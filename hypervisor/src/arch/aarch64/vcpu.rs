@@ -11,6 +11,17 @@
 
 use core::arch::{asm, global_asm};
 
+use aarch64_cpu::asm::barrier;
+use aarch64_cpu::registers::{
+    Readable, Writeable, AMAIR_EL1, CNTHCTL_EL2, CNTKCTL_EL1, CNTVOFF_EL2, CNTV_CTL_EL0,
+    CNTV_CVAL_EL0, CONTEXTIDR_EL1, CPACR_EL1, ELR_EL1, ESR_EL1, FAR_EL1, HCR_EL2, ID_AA64MMFR0_EL1,
+    ID_AA64MMFR1_EL1, MAIR_EL1, PAR_EL1, SCTLR_EL1, SPSR_EL1, SP_EL0, SP_EL1, TCR_EL1, TPIDRRO_EL0,
+    TPIDR_EL0, TPIDR_EL1, TTBR0_EL1, TTBR1_EL1, VBAR_EL1, VMPIDR_EL2, VTCR_EL2, VTTBR_EL2,
+};
+
+use super::sysreg::SCTLR_EL1_PAN;
+use crate::vm::controls;
+
 /// The guest registers the world switch saves and loads (portable, so the
 /// VM core can be tested on the host); the offsets below are the assembly's.
 pub use crate::vm::cpu::{GuestContext, SPSR_EL1H_MASKED};
@@ -181,71 +192,50 @@ pub fn run(ctx: &mut GuestContext) -> u64 {
     unsafe { enter_guest(ctx) }
 }
 
-/// HCR_EL2 while a guest runs: stage 2 on (VM), set/way invalidation
-/// upgraded (SWIO), forced broadcast (FB), inner-shareable barriers (BSU),
-/// WFI/WFE and SMC trapped, EL1 is AArch64 (RW).
-pub const HCR_GUEST: u64 =
-    (1 << 0) | (1 << 1) | (1 << 9) | (1 << 10) | (1 << 13) | (1 << 14) | (1 << 19) | (1 << 31);
-
-/// VTCR_EL2 for [`crate::mm::stage2`]: T0SZ 25, start at level 1, write-back
-/// inner shareable walks, 4 KiB granule, PS from the CPU, RES1 bit 31.
-pub fn vtcr() -> u64 {
-    let mmfr0: u64;
-    // SAFETY: reading an ID register has no side effects.
-    unsafe { asm!("mrs {}, ID_AA64MMFR0_EL1", out(reg) mmfr0, options(nomem, nostack)) };
-    let ps = (mmfr0 & 7).min(5);
-    25 | (1 << 6) | (1 << 8) | (1 << 10) | (3 << 12) | (ps << 16) | (1 << 31)
-}
-
-/// Point this CPU's stage 2 at a VM and set the controls a guest runs under.
-/// With `virtual_irqs`, physical IRQs and FIQs are routed to EL2 (HCR_EL2
-/// IMO/FMO), which also enables virtual interrupts from the list registers.
+/// Point this CPU's stage 2 at a VM and set the controls a guest runs under
+/// ([`controls`]). With `virtual_irqs`, physical IRQs and FIQs are routed to
+/// EL2, which also enables virtual interrupts from the list registers.
 pub fn load_vm_controls(vmid: u16, root: u64, vcpu_index: u64, virtual_irqs: bool) {
-    let hcr = HCR_GUEST | if virtual_irqs { (1 << 4) | (1 << 3) } else { 0 };
-    let vttbr = ((vmid as u64 & 0xff) << 48) | root;
-    // SAFETY: these registers only affect guest execution (EL1/EL0), which
-    // does not run on this CPU until `run`.
-    unsafe {
-        asm!(
-            "msr VTCR_EL2, {vtcr}",
-            "msr VTTBR_EL2, {vttbr}",
-            "msr VMPIDR_EL2, {vmpidr}",
-            "msr HCR_EL2, {hcr}",
-            "msr CNTHCTL_EL2, {cnthctl}",
-            "msr CNTVOFF_EL2, xzr",
-            "isb",
-            vtcr = in(reg) vtcr(),
-            vttbr = in(reg) vttbr,
-            vmpidr = in(reg) (1u64 << 31) | vcpu_index,
-            hcr = in(reg) hcr,
-            // EL1 may read the physical counter and use the physical timer.
-            cnthctl = in(reg) 3u64,
-            options(nostack)
-        );
-    }
+    // These registers only affect guest execution (EL1/EL0), which does not
+    // run on this CPU until `run`.
+    VTCR_EL2.set(controls::vtcr(
+        ID_AA64MMFR0_EL1.read(ID_AA64MMFR0_EL1::PARange),
+    ));
+    VTTBR_EL2.set(controls::vttbr(vmid, root));
+    VMPIDR_EL2.set(controls::vmpidr(vcpu_index));
+    HCR_EL2.set(controls::hcr(virtual_irqs));
+    CNTHCTL_EL2.set(controls::cnthctl());
+    CNTVOFF_EL2.set(0);
+    barrier::isb(barrier::SY);
 }
 
 /// Invalidate every stage-1 and stage-2 TLB entry of VM `vmid` on every CPU
 /// (one broadcast per batch of unmaps, never per page).
 pub fn flush_vm_tlb(vmid: u16) {
-    // SAFETY: VTTBR_EL2 is switched to the VMID only for the TLBI (which
-    // uses the current VMID) and restored; no guest runs on this CPU now.
+    // TLBI VMALLS12E1IS acts on the current VMID: VTTBR_EL2 is switched to
+    // `vmid` only for it and restored; no guest runs on this CPU now.
+    let saved = VTTBR_EL2.get();
+    VTTBR_EL2.set(controls::vttbr(vmid, 0));
+    barrier::isb(barrier::SY);
+    invalidate_current_vmid_tlb();
+    VTTBR_EL2.set(saved);
+    barrier::isb(barrier::SY);
+}
+
+/// TLBI VMALLS12E1IS, ordered after earlier table stores and completed.
+fn invalidate_current_vmid_tlb() {
+    // SAFETY: dropping TLB entries only makes the next walks read the
+    // tables; the barriers order it after the table stores and before
+    // later accesses.
     unsafe {
         asm!(
-            "mrs {saved}, VTTBR_EL2",
-            "msr VTTBR_EL2, {vttbr}",
-            "isb",
             "dsb ishst",
             "tlbi vmalls12e1is",
             "dsb ish",
             "isb",
-            "msr VTTBR_EL2, {saved}",
-            "isb",
-            saved = out(reg) _,
-            vttbr = in(reg) (vmid as u64 & 0xff) << 48,
             options(nostack)
-        );
-    }
+        )
+    };
 }
 
 /// The EL1 system registers a guest uses, loaded when its vCPU starts.
@@ -284,45 +274,42 @@ impl El1Regs {
         }
     }
 
-    /// Load these values into the CPU's EL1 registers.
+    /// Load these values into the CPU's EL1 registers (they only affect
+    /// the guest that runs next on this CPU).
     pub fn load(&self) {
-        // SAFETY: EL1 registers only affect the guest that runs next on this CPU.
-        unsafe {
-            asm!(
-                "msr SCTLR_EL1, {0}", "msr TTBR0_EL1, {1}", "msr TTBR1_EL1, {2}",
-                "msr TCR_EL1, {3}", "msr MAIR_EL1, {4}", "msr AMAIR_EL1, {5}",
-                "msr VBAR_EL1, {6}", "msr CONTEXTIDR_EL1, {7}",
-                in(reg) self.sctlr, in(reg) self.ttbr0, in(reg) self.ttbr1, in(reg) self.tcr,
-                in(reg) self.mair, in(reg) self.amair, in(reg) self.vbar, in(reg) self.contextidr,
-                options(nostack)
-            );
-            asm!(
-                "msr TPIDR_EL0, {0}", "msr TPIDRRO_EL0, {1}", "msr TPIDR_EL1, {2}",
-                "msr SP_EL0, {3}", "msr SP_EL1, {4}", "msr ELR_EL1, {5}", "msr SPSR_EL1, {6}",
-                "msr ESR_EL1, {7}",
-                in(reg) self.tpidr_el0, in(reg) self.tpidrro_el0, in(reg) self.tpidr_el1,
-                in(reg) self.sp_el0, in(reg) self.sp_el1, in(reg) self.elr_el1,
-                in(reg) self.spsr_el1, in(reg) self.esr_el1,
-                options(nostack)
-            );
-            asm!(
-                "msr FAR_EL1, {0}", "msr PAR_EL1, {1}", "msr CPACR_EL1, {2}",
-                "msr CNTKCTL_EL1, {3}", "msr CNTV_CTL_EL0, {4}", "msr CNTV_CVAL_EL0, {5}",
-                "isb",
-                in(reg) self.far_el1, in(reg) self.par_el1, in(reg) self.cpacr,
-                in(reg) self.cntkctl, in(reg) self.cntv_ctl, in(reg) self.cntv_cval,
-                options(nostack)
-            );
-        }
+        SCTLR_EL1.set(self.sctlr);
+        TTBR0_EL1.set(self.ttbr0);
+        TTBR1_EL1.set(self.ttbr1);
+        TCR_EL1.set(self.tcr);
+        MAIR_EL1.set(self.mair);
+        AMAIR_EL1.set(self.amair);
+        VBAR_EL1.set(self.vbar);
+        CONTEXTIDR_EL1.set(self.contextidr);
+        TPIDR_EL0.set(self.tpidr_el0);
+        TPIDRRO_EL0.set(self.tpidrro_el0);
+        TPIDR_EL1.set(self.tpidr_el1);
+        SP_EL0.set(self.sp_el0);
+        SP_EL1.set(self.sp_el1);
+        ELR_EL1.set(self.elr_el1);
+        SPSR_EL1.set(self.spsr_el1);
+        ESR_EL1.set(self.esr_el1);
+        FAR_EL1.set(self.far_el1);
+        PAR_EL1.set(self.par_el1);
+        CPACR_EL1.set(self.cpacr);
+        CNTKCTL_EL1.set(self.cntkctl);
+        CNTV_CTL_EL0.set(self.cntv_ctl);
+        CNTV_CVAL_EL0.set(self.cntv_cval);
+        barrier::isb(barrier::SY);
     }
 }
 
 /// Turn the EL1 virtual timer off (a guest left this CPU): its interrupt
-/// would otherwise keep waking the idle CPU.
+/// would otherwise keep waking the idle CPU. The virtual timer belongs to
+/// whichever guest runs here; none does now, and the next one loads its
+/// own timer state.
 pub fn disable_virtual_timer() {
-    // SAFETY: the virtual timer belongs to whichever guest runs here; none
-    // does now, and the next one loads its own timer state.
-    unsafe { asm!("msr CNTV_CTL_EL0, xzr", "isb", options(nomem, nostack)) };
+    CNTV_CTL_EL0.set(0);
+    barrier::isb(barrier::SY);
 }
 
 /// Deliver `exception` to the guest that just exited into `ctx`: its EL1
@@ -335,19 +322,11 @@ pub fn inject(
     far: Option<u64>,
     il32: bool,
 ) {
-    let (vbar, sctlr, mmfr1): (u64, u64, u64);
-    // SAFETY: reading the guest's EL1 registers and an ID register has no
-    // side effects.
-    unsafe {
-        asm!(
-            "mrs {0}, VBAR_EL1", "mrs {1}, SCTLR_EL1", "mrs {2}, ID_AA64MMFR1_EL1",
-            out(reg) vbar, out(reg) sctlr, out(reg) mmfr1,
-            options(nomem, nostack)
-        );
-    }
+    let vbar = VBAR_EL1.get();
     // PSTATE.PAN is set on entry to EL1 when the CPU has PAN
-    // (ID_AA64MMFR1_EL1.PAN) and SCTLR_EL1.SPAN (bit 23) is clear.
-    let set_pan = (mmfr1 >> 20) & 0xf != 0 && sctlr & (1 << 23) == 0;
+    // (ID_AA64MMFR1_EL1.PAN) and SCTLR_EL1.SPAN is clear.
+    let set_pan = ID_AA64MMFR1_EL1.read(ID_AA64MMFR1_EL1::PAN) != 0
+        && !SCTLR_EL1_PAN::SPAN.is_set(SCTLR_EL1.get());
     let trapped = crate::vm::inject::Trapped {
         pstate: ctx.spsr,
         pc: ctx.elr,
@@ -357,18 +336,13 @@ pub fn inject(
         set_pan,
     };
     let regs = crate::vm::inject::exception(exception, &trapped);
-    // SAFETY: the EL1 exception registers belong to the guest that runs on
-    // this CPU; writing them is what taking the exception would have done.
-    unsafe {
-        asm!(
-            "msr ESR_EL1, {esr}", "msr ELR_EL1, {elr}", "msr SPSR_EL1, {spsr}",
-            esr = in(reg) regs.esr_el1, elr = in(reg) regs.elr_el1,
-            spsr = in(reg) regs.spsr_el1,
-            options(nomem, nostack)
-        );
-        if let Some(far) = regs.far_el1 {
-            asm!("msr FAR_EL1, {}", in(reg) far, options(nomem, nostack));
-        }
+    // The EL1 exception registers belong to the guest that runs on this
+    // CPU; writing them is what taking the exception would have done.
+    ESR_EL1.set(regs.esr_el1);
+    ELR_EL1.set(regs.elr_el1);
+    SPSR_EL1.set(regs.spsr_el1);
+    if let Some(far) = regs.far_el1 {
+        FAR_EL1.set(far);
     }
     ctx.elr = regs.pc;
     ctx.spsr = regs.pstate;
