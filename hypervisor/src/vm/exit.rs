@@ -179,6 +179,11 @@ pub fn load_result(value: u64, width: u8, sign_extend: bool, sixty_four: bool) -
     if bits >= 64 {
         return value;
     }
+    // Not an access `decode` produces (1 << SAS is at least 1), but the
+    // sign extension below must not shift by 64 for it.
+    if bits == 0 {
+        return 0;
+    }
     let v = value & ((1 << bits) - 1);
     if !sign_extend {
         return v;
