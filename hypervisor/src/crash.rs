@@ -47,6 +47,12 @@ impl fmt::Display for Offset {
     }
 }
 
+/// Called by the EL2 vectors (`arch::aarch64::exceptions`) with the saved frame.
+#[no_mangle]
+extern "C" fn handle_exception(frame: &mut ExceptionFrame, kind: u64) {
+    exception(frame, VectorKind(kind));
+}
+
 pub fn exception(frame: &ExceptionFrame, kind: VectorKind) -> ! {
     let cpu = cpu_index();
     // On a CPU running a vCPU, this ends that VM only (returns otherwise).

@@ -13,6 +13,7 @@ pub mod limits;
 pub mod mm;
 pub mod pl011;
 pub mod report;
+pub mod size;
 
 #[cfg(target_os = "none")]
 pub mod arch;

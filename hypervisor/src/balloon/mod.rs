@@ -1513,7 +1513,7 @@ impl fmt::Display for InfoLines<'_> {
                 f,
                 "  deflated on OOM: {} pages ({})",
                 s.pages_deflated_on_oom,
-                crate::report::Size(s.pages_deflated_on_oom << BALLOON_PAGE_SHIFT)
+                crate::size::Size(s.pages_deflated_on_oom << BALLOON_PAGE_SHIFT)
             )?;
         }
         if has(F_PAGE_POISON) {
@@ -1530,7 +1530,7 @@ impl fmt::Display for InfoLines<'_> {
                 s.reports,
                 s.report_blocks,
                 s.pages_reported,
-                crate::report::Size(s.pages_reported << BALLOON_PAGE_SHIFT)
+                crate::size::Size(s.pages_reported << BALLOON_PAGE_SHIFT)
             )?;
         }
         if has(F_FREE_PAGE_HINT) {

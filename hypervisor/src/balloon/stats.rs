@@ -12,7 +12,7 @@
 
 use core::fmt;
 
-use crate::report::Size;
+use crate::size::Size;
 
 /// Size of one statistics entry in the buffer.
 pub const STAT_ENTRY_BYTES: u32 = 10;

@@ -203,7 +203,7 @@ pub fn report_hint_end(
     if let (true, Some(ended)) = (was_running, run.ended_us) {
         out.line(format_args!(
             "tidal: [{name}] balloon: free page hint {run}; {} ({} ms)",
-            crate::report::Size(run.pages_hinted * PAGE_SIZE),
+            crate::size::Size(run.pages_hinted * PAGE_SIZE),
             ended.saturating_sub(run.started_us) / 1000
         ));
     }
@@ -229,8 +229,8 @@ pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Resul
     writeln!(
         out,
         "  target {target} pages ({}), actual {actual} pages ({}), ballooned {} pages",
-        crate::report::Size(target * PAGE_SIZE),
-        crate::report::Size(actual * PAGE_SIZE),
+        crate::size::Size(target * PAGE_SIZE),
+        crate::size::Size(actual * PAGE_SIZE),
         dev.ballooned_pages()
     )?;
     writeln!(

@@ -134,11 +134,8 @@ exception_common:
 
 const _: () = assert!(core::mem::size_of::<ExceptionFrame>() == 0x120);
 
-/// Called by the vectors with the saved frame.
-#[no_mangle]
-extern "C" fn handle_exception(frame: &mut ExceptionFrame, kind: u64) {
-    crate::crash::exception(frame, VectorKind(kind));
-}
+// The vectors call `handle_exception(frame, kind)`: it is `crate::crash`'s
+// (what to do with an unexpected exception is not the arch layer's call).
 
 /// A short name for an exception class (ESR_EL2.EC).
 pub fn exception_class_name(esr: u64) -> &'static str {
