@@ -1,5 +1,6 @@
-//! Entering and leaving a guest: the world switch, the EL2 controls a guest
-//! runs under, and decoding why it left into one [`VcpuExit`].
+//! Entering and leaving a guest: the world switch, and loading the EL2
+//! controls a guest runs under (their values come from `vm::controls`; why
+//! it left is decoded by `vm::exit` from the syndrome saved here).
 //!
 //! `enter_guest` saves the host's callee-saved registers on the host stack,
 //! loads the guest's general and FP/SIMD registers and `eret`s. Any exception
