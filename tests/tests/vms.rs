@@ -351,7 +351,7 @@ fn failure_in_one_vm_ends_only_it(board: Board) {
     assert!(out.contains("a hypervisor failure is injected"), "{out}");
     ok(s.expect_since(
         &mut since,
-        r"tidal: \[alpha\] hypervisor failure in this VM's path: injected failure \('debug fail alpha'\) at hypervisor/src/vm/run\.rs:\d+; the VM is stopped",
+        r"tidal: \[alpha\] hypervisor failure in this VM's path: injected failure \('debug fail alpha'\) at hypervisor/src/run\.rs:\d+; the VM is stopped",
         STEP,
     ));
     ok(s.expect_since(
