@@ -21,7 +21,6 @@
 use crate::arch::{counter, counter_hz};
 use crate::hal::GuestHal;
 use crate::pool::{Carved, Pool};
-use crate::run::check_pattern;
 use crate::wait::Waiter;
 use core::cell::UnsafeCell;
 use core::ptr::NonNull;
@@ -241,7 +240,7 @@ pub fn run(
             }
         }
         if now >= next_check {
-            check_pattern(&mut pool);
+            pool.check_and_report();
             println!("working set ok ({work_checks} checks)");
             next_check = now + PATTERN_CHECK_S * hz;
         }
@@ -251,7 +250,7 @@ pub fn run(
             let p = balloon.poll_with(&mut frames, &mut waiter)?;
             if p.moved() > 0 && p.at_target() {
                 println!("balloon target={} actual={} pages", p.target, p.actual);
-                check_pattern(&mut pool);
+                pool.check_and_report();
             }
             if let Some(a) = balloon.answer_hint(&mut frames, BLOCK_ORDER, &mut waiter)? {
                 // The first `a.blocks` free blocks went: the host may have

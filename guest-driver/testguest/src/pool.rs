@@ -243,3 +243,25 @@ impl PageSource for Pool {
         self.add(index);
     }
 }
+
+impl Pool {
+    /// Check the pattern and say how it went (the line the tests look for:
+    /// `pattern ok` or `PATTERN MISMATCH`).
+    pub fn check_and_report(&mut self) {
+        match self.verify() {
+            Verdict::Ok { pages } => println!("pattern ok ({pages} pages)"),
+            Verdict::Mismatch {
+                addr,
+                expected,
+                found,
+            } => {
+                println!(
+                    "PATTERN MISMATCH at 0x{addr:x} (expected 0x{expected:x}, found 0x{found:x})"
+                )
+            }
+            Verdict::ChecksumMismatch { expected, found } => {
+                println!("PATTERN MISMATCH at 0x0 (checksum 0x{found:x}, expected 0x{expected:x})")
+            }
+        }
+    }
+}

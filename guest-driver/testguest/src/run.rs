@@ -3,7 +3,7 @@
 use crate::arch::{self, counter, counter_hz};
 use crate::board::{Board, GicInfo};
 use crate::hal::GuestHal;
-use crate::pool::{Pool, Verdict};
+use crate::pool::Pool;
 use crate::wait::Waiter;
 use core::ptr::NonNull;
 use guest_driver::virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
@@ -193,29 +193,11 @@ extern "C" fn rust_main(dtb: u64) -> ! {
     }
 }
 
-/// Check the pool's pattern and say how it went (the line the tests look
-/// for: `pattern ok` or `PATTERN MISMATCH`).
-pub(crate) fn check_pattern(pool: &mut Pool) {
-    match pool.verify() {
-        Verdict::Ok { pages } => println!("pattern ok ({pages} pages)"),
-        Verdict::Mismatch {
-            addr,
-            expected,
-            found,
-        } => {
-            println!("PATTERN MISMATCH at 0x{addr:x} (expected 0x{expected:x}, found 0x{found:x})")
-        }
-        Verdict::ChecksumMismatch { expected, found } => {
-            println!("PATTERN MISMATCH at 0x0 (checksum 0x{found:x}, expected 0x{expected:x})")
-        }
-    }
-}
-
 /// After the balloon reached its target: the summary, the pattern check, and
 /// the check of deflated pages.
 fn report(p: &Progress, pool: &mut Pool) {
     println!("balloon target={} actual={} pages", p.target, p.actual);
-    check_pattern(pool);
+    pool.check_and_report();
     let (deflated, nonzero) = pool.take_deflate_report();
     if deflated > 0 {
         match nonzero {
