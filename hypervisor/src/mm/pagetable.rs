@@ -1,28 +1,33 @@
-//! The hypervisor's own EL2 stage-1 identity map, as plain data.
+//! The hypervisor's own EL2 stage-1 identity map, built with the
+//! `aarch64-paging` crate from a fixed pool of tables.
 //!
-//! A 4 KiB-granule, 3-level table (level 1 root, 39-bit / 512 GiB address
-//! space) built in a fixed pool of tables. [`IdentityMap::map`] maps a range
-//! with the largest blocks its alignment allows and splits an existing block
-//! into a next-level table when a later range covers only part of it, so a
-//! caller can lay down "everything is device memory" and then overlay the RAM
-//! banks as normal memory. Table addresses are computed from the pool's base
-//! physical address, so the same code builds real tables on the target and
-//! checkable ones on the host.
+//! A 4 KiB-granule map with a level-1 root (39-bit / 512 GiB address space,
+//! TCR_EL2.T0SZ = 25). [`IdentityMap::map`] maps a range with the largest
+//! blocks its alignment allows, and a later range that covers only part of
+//! a block splits it (the crate does that), so a caller can lay down
+//! "everything is device memory" and then overlay the RAM banks as normal
+//! memory. What is ours: the table pool ([`TablePool`], as the crate's
+//! `Translation`: tables come from a static array, not a heap, because the
+//! map is built before the heap exists) and the two memory types. Table
+//! addresses are computed from the pool's base physical address, so the same
+//! code builds real tables on the target and checkable ones on the host.
 
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+use aarch64_paging::descriptor::{El23Attributes, PhysicalAddress};
+use aarch64_paging::paging::{Constraints, El2, MemoryRegion, PageTable, Translation};
+use aarch64_paging::Mapping;
 use platform::PhysRange;
 
 pub const ENTRIES: usize = 512;
 /// The address space the map covers: 2^39 bytes (TCR_EL2.T0SZ = 25).
 pub const VA_LIMIT: u64 = 1 << 39;
-
-const VALID: u64 = 1 << 0;
-const TABLE_OR_PAGE: u64 = 1 << 1;
-const AF: u64 = 1 << 10;
-/// AP[1] is RES1 in the EL2 translation regime.
-const AP1_RES1: u64 = 1 << 6;
-const SH_INNER: u64 = 3 << 8;
-const XN: u64 = 1 << 54;
-const ADDR_MASK: u64 = 0x0000_ffff_ffff_f000;
+/// The root table's level: one level-1 table covers [`VA_LIMIT`].
+const ROOT_LEVEL: usize = 1;
+/// The most tables one [`IdentityMap::map`] call can add: a level-2 and a
+/// level-3 table at each end of the range that is not block aligned.
+const TABLES_PER_RANGE: usize = 4;
 
 /// Memory types, as MAIR_EL2 attribute indexes (see `arch::aarch64::entry`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,10 +39,15 @@ pub enum MemType {
 }
 
 impl MemType {
-    fn leaf_bits(self) -> u64 {
+    /// The descriptor attributes: accessed, AP[1] (RES1 at EL2), the MAIR
+    /// index and shareability or execute-never.
+    fn attributes(self) -> El23Attributes {
+        let common = El23Attributes::VALID | El23Attributes::ACCESSED | El23Attributes::USER_RES1;
         match self {
-            MemType::Normal => AF | AP1_RES1 | SH_INNER,
-            MemType::Device => AF | AP1_RES1 | (1 << 2) | XN,
+            MemType::Normal => {
+                common | El23Attributes::ATTRIBUTE_INDEX_0 | El23Attributes::INNER_SHAREABLE
+            }
+            MemType::Device => common | El23Attributes::ATTRIBUTE_INDEX_1 | El23Attributes::XN,
         }
     }
 }
@@ -46,53 +56,102 @@ impl MemType {
 pub enum MapError {
     /// The range is not 4 KiB aligned or lies outside the 512 GiB map.
     BadRange(PhysRange),
-    /// The table pool is used up.
+    /// The table pool could not hold the tables one more range may need.
     OutOfTables,
+    /// `aarch64-paging` refused the mapping.
+    Paging,
 }
 
-/// A 4 KiB translation table.
-#[repr(C, align(4096))]
-#[derive(Clone)]
-pub struct Table(pub [u64; ENTRIES]);
+/// A 4 KiB translation table, as `aarch64-paging` lays it out.
+pub type Table = PageTable<El23Attributes>;
 
-impl Table {
-    pub const EMPTY: Table = Table([0; ENTRIES]);
-}
-
-/// An identity map under construction in `pool`, whose first table is the root.
-pub struct IdentityMap<'a> {
-    pool: &'a mut [Table],
-    pool_phys: u64,
+/// Tables for the map from a fixed array, identity-mapped (a table's
+/// address is its physical address). Tables are never given back: the map
+/// is built once.
+pub struct TablePool<'a> {
+    base: NonNull<Table>,
+    len: usize,
+    base_phys: u64,
     used: usize,
+    _pool: PhantomData<&'a mut [Table]>,
 }
 
-/// Bytes covered by one entry at `level` (1, 2 or 3).
-const fn entry_span(level: usize) -> u64 {
-    1 << (12 + 9 * (3 - level))
+impl<'a> TablePool<'a> {
+    /// `base_phys` is the physical address of `pool[0]`.
+    pub fn new(pool: &'a mut [Table], base_phys: u64) -> Self {
+        Self {
+            len: pool.len(),
+            // A pointer, not the slice: the crate keeps pointers to tables
+            // already handed out while later ones are taken.
+            base: NonNull::from(pool).cast(),
+            base_phys,
+            used: 0,
+            _pool: PhantomData,
+        }
+    }
+
+    fn left(&self) -> usize {
+        self.len - self.used
+    }
+}
+
+impl Translation<El23Attributes> for TablePool<'_> {
+    fn allocate_table(&mut self) -> (NonNull<Table>, PhysicalAddress) {
+        // The crate's allocation cannot fail: IdentityMap::map checks that
+        // enough tables are left before every range it maps.
+        assert!(self.used < self.len, "EL2 table pool used up");
+        // SAFETY: `used < len`, so the table is inside the pool this value
+        // borrows mutably, and no table past `used` was handed out before.
+        let table = unsafe { self.base.add(self.used) };
+        // SAFETY: as above; the table is exclusively ours until returned.
+        unsafe { table.write(Table::EMPTY) };
+        let phys = self.base_phys + self.used as u64 * 4096;
+        self.used += 1;
+        (table, PhysicalAddress(phys as usize))
+    }
+
+    unsafe fn deallocate_table(&mut self, _table: NonNull<Table>) {
+        // Kept: a table replaced by a block while the map is built stays
+        // used (never happens for the device-then-RAM order boot uses).
+    }
+
+    fn physical_to_virtual(&self, pa: PhysicalAddress) -> NonNull<Table> {
+        let index = (pa.0 as u64).wrapping_sub(self.base_phys) / 4096;
+        assert!(
+            index < self.used as u64,
+            "not a table of this pool: {:#x}",
+            pa.0
+        );
+        // SAFETY: `index < used <= len`: a table of the pool.
+        unsafe { self.base.add(index as usize) }
+    }
+}
+
+/// The identity map under construction, in a [`TablePool`].
+pub struct IdentityMap<'a> {
+    mapping: Mapping<TablePool<'a>, El2>,
 }
 
 impl<'a> IdentityMap<'a> {
-    /// `pool_phys` is the physical (= virtual) address of `pool[0]`.
+    /// A map with an empty root table, the first of `pool`; `pool_phys` is
+    /// the physical (= virtual) address of `pool[0]`.
     pub fn new(pool: &'a mut [Table], pool_phys: u64) -> Self {
         assert!(
             !pool.is_empty(),
             "identity map needs at least its root table"
         );
-        pool[0] = Table::EMPTY;
         Self {
-            pool,
-            pool_phys,
-            used: 1,
+            mapping: Mapping::new(TablePool::new(pool, pool_phys), ROOT_LEVEL, El2),
         }
     }
 
     /// Physical address of the root table, for TTBR0_EL2.
     pub fn root(&self) -> u64 {
-        self.pool_phys
+        self.mapping.root_address().0 as u64
     }
 
     pub fn tables_used(&self) -> usize {
-        self.used
+        self.mapping.translation().used
     }
 
     /// Map `range` to itself as `ty`, replacing whatever mapped it before.
@@ -100,61 +159,23 @@ impl<'a> IdentityMap<'a> {
         if !range.start.is_multiple_of(4096)
             || !range.end.is_multiple_of(4096)
             || range.end > VA_LIMIT
+            || range.start >= range.end
         {
             return Err(MapError::BadRange(range));
         }
-        let mut addr = range.start;
-        while addr < range.end {
-            addr = self.map_one(addr, range.end, ty)?;
-        }
-        Ok(())
-    }
-
-    /// Map the largest block that starts at `addr` and fits before `end`;
-    /// returns the address after it.
-    fn map_one(&mut self, addr: u64, end: u64, ty: MemType) -> Result<u64, MapError> {
-        let mut table = 0;
-        for level in 1..=3 {
-            let span = entry_span(level);
-            let index = ((addr / span) % ENTRIES as u64) as usize;
-            let fits = addr.is_multiple_of(span) && end - addr >= span;
-            // Level 1 and 2 entries may be blocks; level 3 entries are pages.
-            if fits {
-                let kind = if level == 3 { TABLE_OR_PAGE } else { 0 };
-                self.pool[table].0[index] = addr | ty.leaf_bits() | kind | VALID;
-                return Ok(addr + span);
-            }
-            table = self.next_table(table, index, level)?;
-        }
-        unreachable!("a level-3 page always fits a 4 KiB-aligned range")
-    }
-
-    /// The table that entry `index` of `table` points to, creating it (and
-    /// filling it with the equivalent smaller blocks if the entry was a block).
-    fn next_table(&mut self, table: usize, index: usize, level: usize) -> Result<usize, MapError> {
-        let entry = self.pool[table].0[index];
-        if entry & VALID != 0 && entry & TABLE_OR_PAGE != 0 {
-            let phys = entry & ADDR_MASK;
-            return Ok(((phys - self.pool_phys) / 4096) as usize);
-        }
-        if self.used == self.pool.len() {
+        if self.mapping.translation().left() < TABLES_PER_RANGE {
             return Err(MapError::OutOfTables);
         }
-        let new = self.used;
-        self.used += 1;
-        let child_span = entry_span(level + 1);
-        let child_kind = if level + 1 == 3 { TABLE_OR_PAGE } else { 0 };
-        for (i, slot) in self.pool[new].0.iter_mut().enumerate() {
-            *slot = if entry & VALID != 0 {
-                // Split: same attributes, smaller blocks.
-                let attrs = entry & !ADDR_MASK & !TABLE_OR_PAGE;
-                ((entry & ADDR_MASK) + i as u64 * child_span) | attrs | child_kind
-            } else {
-                0
-            };
-        }
-        self.pool[table].0[index] = (self.pool_phys + new as u64 * 4096) | TABLE_OR_PAGE | VALID;
-        Ok(new)
+        let region = MemoryRegion::new(range.start as usize, range.end as usize);
+        // No contiguous hint: the map is plain blocks and pages.
+        self.mapping
+            .map_range(
+                &region,
+                PhysicalAddress(range.start as usize),
+                ty.attributes(),
+                Constraints::NO_CONTIGUOUS_HINT,
+            )
+            .map_err(|_| MapError::Paging)
     }
 
     /// Walk the map: the memory type `addr` is mapped with, if any.
@@ -162,26 +183,27 @@ impl<'a> IdentityMap<'a> {
         if addr >= VA_LIMIT {
             return None;
         }
-        let mut table = 0;
-        for level in 1..=3 {
-            let index = ((addr / entry_span(level)) % ENTRIES as u64) as usize;
-            let entry = self.pool[table].0[index];
-            if entry & VALID == 0 {
-                return None;
-            }
-            let is_table = entry & TABLE_OR_PAGE != 0 && level < 3;
-            if !is_table {
-                let base = entry & ADDR_MASK;
-                debug_assert_eq!(base, addr & !(entry_span(level) - 1), "identity map");
-                return Some(if entry & XN != 0 {
+        let page = addr & !4095;
+        let mut found = None;
+        let region = MemoryRegion::new(page as usize, page as usize + 4096);
+        let _ = self.mapping.walk_range(&region, &mut |mr, desc, level| {
+            let leaf = level == 3 || !desc.is_table_or_page();
+            if desc.is_valid() && leaf {
+                let span = 1u64 << (12 + 9 * (3 - level));
+                debug_assert_eq!(
+                    desc.output_address().0 as u64,
+                    (mr.start().0 as u64) & !(span - 1),
+                    "identity map"
+                );
+                found = Some(if desc.flags().contains(El23Attributes::XN) {
                     MemType::Device
                 } else {
                     MemType::Normal
                 });
             }
-            table = (((entry & ADDR_MASK) - self.pool_phys) / 4096) as usize;
-        }
-        None
+            Ok(())
+        });
+        found
     }
 }
 
@@ -193,7 +215,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn pool(n: usize) -> Vec<Table> {
-        vec![Table::EMPTY; n]
+        (0..n).map(|_| Table::EMPTY).collect()
     }
 
     #[test]
@@ -260,5 +282,71 @@ mod tests {
             map.map(PhysRange::new(0, 4096), MemType::Normal),
             Err(MapError::OutOfTables)
         );
+    }
+
+    /// The raw descriptors, as the MMU reads them.
+    fn raw(table: &Table) -> [u64; ENTRIES] {
+        // SAFETY: a table is 512 64-bit descriptors (repr(C), 4 KiB), and
+        // no map that could change it is alive in the callers.
+        unsafe { core::ptr::read(table as *const Table as *const [u64; ENTRIES]) }
+    }
+
+    /// The descriptor bits the MMU sees: the values of the hand-written
+    /// map this replaced (AF, AP[1], MAIR index, shareability, XN).
+    #[test]
+    fn descriptors_have_the_attributes_the_mair_and_tcr_expect() {
+        let mut p = pool(8);
+        let base = p.as_ptr() as u64;
+        let mut map = IdentityMap::new(&mut p, base);
+        map.map(PhysRange::new(0, 4 * GIB), MemType::Device)
+            .unwrap();
+        map.map(PhysRange::new(GIB, GIB + 2 * MIB + 4096), MemType::Normal)
+            .unwrap();
+        drop(map);
+        let root = raw(&p[0]);
+        let (af, ap1, inner, xn, page) = (1 << 10, 1 << 6, 3 << 8, 1 << 54, 0b11);
+        assert_eq!(root[0], af | ap1 | (1 << 2) | xn | 1, "1 GiB device block");
+        assert_eq!(root[1] & 0b11, 0b11, "a table for the split GiB");
+        let level2 = raw(&p[1]);
+        assert_eq!(level2[0], GIB | af | ap1 | inner | 1, "2 MiB normal block");
+        let level3 = raw(&p[2]);
+        assert_eq!(level3[0], (GIB + 2 * MIB) | af | ap1 | inner | page);
+        assert_eq!(
+            level3[1],
+            (GIB + 2 * MIB + 4096) | af | ap1 | (1 << 2) | xn | page,
+            "the split block's rest keeps its device attributes"
+        );
+    }
+
+    proptest::proptest! {
+        /// Any sequence of overlays: every address has the type of the last
+        /// range that covered it, checked at every range edge and around it.
+        #[test]
+        fn lookup_matches_the_last_overlay(
+            ranges in proptest::collection::vec(
+                (0u64..4096, 1u64..2048, proptest::bool::ANY),
+                1..8,
+            ),
+        ) {
+            // Pages of 2 MiB granules and 4 KiB offsets in the first 8 GiB.
+            let to_addr = |n: u64| (n * 512 + (n % 7) * 3) * 4096 % (8 * GIB);
+            let mut p = pool(64);
+            let mut map = IdentityMap::new(&mut p, 0x8000_0000);
+            let mut applied = Vec::new();
+            for (start, len, normal) in ranges {
+                let start = to_addr(start);
+                let end = (start + len * 4096 * 37).min(8 * GIB);
+                let ty = if normal { MemType::Normal } else { MemType::Device };
+                if map.map(PhysRange::new(start, end), ty).is_ok() {
+                    applied.push((start, end, ty));
+                }
+            }
+            let model = |a: u64| applied.iter().rev().find(|r| r.0 <= a && a < r.1).map(|r| r.2);
+            for &(start, end, _) in &applied {
+                for a in [start, end - 4096, end, start.saturating_sub(4096), start + 4096] {
+                    proptest::prop_assert_eq!(map.lookup(a), model(a), "at {:#x}", a);
+                }
+            }
+        }
     }
 }

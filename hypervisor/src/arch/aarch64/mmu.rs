@@ -37,6 +37,9 @@ pub fn init(ram: &[PhysRange]) -> Result<usize, MapError> {
     }
     let root = map.root();
     let used = map.tables_used();
+    // The map is never changed after this: dropping its bookkeeping leaves
+    // the tables (in EL2_TABLES) in place, never marked active.
+    drop(map);
     // The new map is an identity map of the same memory with the same
     // attributes for the image, stack and device tree, so switching TTBR0
     // under our feet is safe; the TLB is flushed right after. The tables'
