@@ -13,6 +13,7 @@ pub mod balloon;
 pub mod console;
 pub mod limits;
 pub mod mm;
+pub mod mmio;
 pub mod pl011;
 pub mod report;
 pub mod size;

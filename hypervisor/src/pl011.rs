@@ -45,6 +45,8 @@
 //! register read as zero and ignore writes; they are counted in
 //! [`Pl011Counters`].
 
+use crate::mmio::{check_access, UP_TO_WORD};
+
 /// Data register.
 pub const UARTDR: u64 = 0x000;
 /// Receive status (read) / error clear (write).
@@ -310,7 +312,7 @@ impl Pl011 {
     /// Splits an access into its register's word offset and the byte shift
     /// within it, or None (counted) if the width or alignment is bad.
     fn locate(&mut self, offset: u64, width: u8) -> Option<(u64, u32)> {
-        if !matches!(width, 1 | 2 | 4) || !offset.is_multiple_of(u64::from(width)) {
+        if check_access(offset, width, UP_TO_WORD).is_err() {
             self.counters.bad_width += 1;
             return None;
         }

@@ -90,6 +90,8 @@ extern crate alloc;
 use alloc::vec::Vec;
 use core::fmt;
 
+use crate::mmio::{check_access, AccessFault, UP_TO_WORD};
+
 pub mod intid;
 mod lr;
 mod regs;
@@ -140,6 +142,16 @@ pub enum VgicError {
     Unaligned { offset: u64, width: u8 },
     /// Offset outside the distributor's 64 KiB window.
     OutOfWindow { offset: u64 },
+}
+
+impl VgicError {
+    /// The error for an access [`check_access`] refused.
+    fn refused(fault: AccessFault, offset: u64, width: u8) -> Self {
+        match fault {
+            AccessFault::BadWidth => VgicError::BadWidth { offset, width },
+            AccessFault::Unaligned => VgicError::Unaligned { offset, width },
+        }
+    }
 }
 
 impl fmt::Display for VgicError {
@@ -541,12 +553,8 @@ impl VDistributor {
             if offset >= GICD_WINDOW {
                 return Err(VgicError::OutOfWindow { offset });
             }
-            if !matches!(width, 1 | 2 | 4) {
-                return Err(VgicError::BadWidth { offset, width });
-            }
-            if !offset.is_multiple_of(u64::from(width)) {
-                return Err(VgicError::Unaligned { offset, width });
-            }
+            check_access(offset, width, UP_TO_WORD)
+                .map_err(|fault| VgicError::refused(fault, offset, width))?;
             if offset >= GICD_SIZE {
                 return Ok(Reg::Reserved);
             }

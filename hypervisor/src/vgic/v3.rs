@@ -38,6 +38,7 @@ use super::{
     VDistributor, VgicEffect, VgicError, VgicVersion, CTLR_ENABLE_GRP0, CTLR_ENABLE_GRP1,
     GICD_CTLR, GICD_ID_VALUES, GICD_IIDR, GICD_TYPER, IIDR_VALUE, PRIORITY_MASK, SGI_END, SPI_BASE,
 };
+use crate::mmio::check_access;
 
 /// Size of the distributor's register frame.
 pub const GICV3_DIST_WINDOW: u64 = 0x1_0000;
@@ -119,19 +120,14 @@ impl VDistributor {
             if self.version != VgicVersion::V3 || offset >= window {
                 return Err(VgicError::OutOfWindow { offset });
             }
-            let width_ok = match width {
-                4 => true,
-                8 => wide_ok,
-                1 => byte_ok,
-                _ => false,
+            let widths: &[u8] = match (wide_ok, byte_ok) {
+                (true, true) => &[1, 4, 8],
+                (true, false) => &[4, 8],
+                (false, true) => &[1, 4],
+                (false, false) => &[4],
             };
-            if !width_ok {
-                return Err(VgicError::BadWidth { offset, width });
-            }
-            if !offset.is_multiple_of(u64::from(width)) {
-                return Err(VgicError::Unaligned { offset, width });
-            }
-            Ok(())
+            check_access(offset, width, widths)
+                .map_err(|fault| VgicError::refused(fault, offset, width))
         })();
         if result.is_err() {
             self.counters.rejected += 1;

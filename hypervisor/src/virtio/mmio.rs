@@ -36,6 +36,8 @@ extern crate alloc;
 use alloc::vec::Vec;
 use core::fmt;
 
+use crate::mmio::{check_access, AccessFault, UP_TO_WORD};
+
 use super::queue::{Area, Virtqueue};
 use super::{
     DeviceError, DeviceErrorKind, GuestMemory, QueueId, VirtioDevice, VirtioDeviceIo,
@@ -739,24 +741,19 @@ impl<D: VirtioDevice> MmioTransport<D> {
 
 /// Registers below 0x100: aligned 32-bit accesses only.
 fn check_register_access(offset: u64, width: u8) -> Result<(), MmioError> {
-    if !matches!(width, 1 | 2 | 4) {
+    if check_access(offset, width, UP_TO_WORD) == Err(AccessFault::BadWidth) {
         return Err(MmioError::BadWidth { offset, width });
     }
-    if width != 4 || !offset.is_multiple_of(4) {
-        return Err(MmioError::NotWord { offset, width });
-    }
-    Ok(())
+    check_access(offset, width, &[4]).map_err(|_| MmioError::NotWord { offset, width })
 }
 
 /// Config space: 1, 2 or 4 bytes, naturally aligned, inside the window.
 /// Returns the offset relative to the config space.
 fn check_config_access(offset: u64, width: u8) -> Result<u64, MmioError> {
-    if !matches!(width, 1 | 2 | 4) {
-        return Err(MmioError::BadWidth { offset, width });
-    }
-    if !offset.is_multiple_of(u64::from(width)) {
-        return Err(MmioError::Unaligned { offset, width });
-    }
+    check_access(offset, width, UP_TO_WORD).map_err(|fault| match fault {
+        AccessFault::BadWidth => MmioError::BadWidth { offset, width },
+        AccessFault::Unaligned => MmioError::Unaligned { offset, width },
+    })?;
     if offset.saturating_add(u64::from(width)) > WINDOW_SIZE {
         return Err(MmioError::Unknown { offset });
     }
