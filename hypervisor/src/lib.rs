@@ -9,6 +9,7 @@
 #![cfg_attr(not(test), no_std)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod addr;
 pub mod balloon;
 pub mod console;
 pub mod limits;

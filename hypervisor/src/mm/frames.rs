@@ -28,7 +28,7 @@ use core::fmt;
 
 use platform::{PhysRange, MAX_RAM_BANKS};
 
-pub const PAGE_SIZE: u64 = 4096;
+pub use crate::addr::PAGE_SIZE;
 const PAGE_MASK: u64 = PAGE_SIZE - 1;
 
 /// First byte value of guest-owned frames (see the module docs).
