@@ -110,6 +110,7 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::ops::Range;
 
+use crate::addr::GuestAddr;
 use crate::virtio::{
     DescChain, DeviceError, DeviceErrorKind, GuestMemory, MmioTransport, TransportEvent,
     VirtioDevice, VirtioDeviceIo, Virtqueue, VIRTIO_F_VERSION_1,
@@ -1001,8 +1002,8 @@ impl Balloon {
 
     /// The PFN range of a block at `ipa`, `len` bytes, if it may be given
     /// back. `ipa + len` does not overflow (the queue parser checked).
-    fn check_block(&self, ipa: u64, len: u32) -> Result<Range<u64>, BlockReject> {
-        let end = ipa + u64::from(len);
+    fn check_block(&self, at: GuestAddr, len: u32) -> Result<Range<u64>, BlockReject> {
+        let (ipa, end) = (at.raw(), (at + u64::from(len)).raw());
         let ram_start = self.ram.start << BALLOON_PAGE_SHIFT;
         let ram_end = self.ram.end << BALLOON_PAGE_SHIFT;
         if ipa < ram_start || end > ram_end {

@@ -33,10 +33,10 @@ struct TestEnv {
 }
 
 impl GuestMemory for TestEnv {
-    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
         self.mem.read(ipa, buf)
     }
-    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
         self.mem.write(ipa, data)
     }
 }
