@@ -46,7 +46,7 @@
 //! of either space and stay plain integers.
 
 use core::fmt;
-use core::ops::Add;
+use core::ops::{Add, Sub};
 
 /// The translation granule of stage 2, the frame table and the balloon
 /// protocol: 4 KiB.
@@ -208,6 +208,16 @@ impl Add<u64> for GuestPfn {
     }
 }
 
+/// Pages from `base` up to `self`, for PFNs the hypervisor knows ordered
+/// (underflow panics, as for `u64`); [`GuestPfn::offset_from`] otherwise.
+impl Sub for GuestPfn {
+    type Output = u64;
+    #[inline(always)]
+    fn sub(self, base: Self) -> u64 {
+        self.0 - base.0
+    }
+}
+
 impl fmt::Display for GuestPfn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#x}", self.0)
@@ -245,6 +255,7 @@ mod tests {
         assert_eq!((pa + 0x1fff).page_base(), PhysAddr::new(0x8000_1000));
         assert_eq!(GuestPfn::from_wire(u32::MAX).raw(), 0xffff_ffff);
         assert_eq!(GuestPfn::new(7) + 3, GuestPfn::new(10));
+        assert_eq!(GuestPfn::new(7) - GuestPfn::new(3), 4);
         let pfns: Vec<_> = GuestPfn::iter(GuestPfn::new(3)..GuestPfn::new(6)).collect();
         assert_eq!(pfns, [GuestPfn::new(3), GuestPfn::new(4), GuestPfn::new(5)]);
     }

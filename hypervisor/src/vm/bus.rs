@@ -11,7 +11,7 @@ use super::memory::{GuestRam, HostMemory};
 use super::outbox::Outbox;
 use super::ratelimit::{GuestLines, LineKind, Permit};
 use super::state::Vm;
-use crate::addr::GuestAddr;
+use crate::addr::{GuestAddr, GuestPfn};
 use crate::vgic::{VgicEffect, VgicVersion, GICR_STRIDE, GICV3_DIST_WINDOW};
 use crate::virtio::mmio::MmioError;
 use crate::virtio::{GuestMemError, GuestMemory};
@@ -340,23 +340,23 @@ impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
 }
 
 impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
-    fn ram_pfns(&self) -> core::ops::Range<u64> {
+    fn ram_pfns(&self) -> core::ops::Range<GuestPfn> {
         self.ram.pfns()
     }
-    fn inflate(&mut self, pfns: &[u64]) {
+    fn inflate(&mut self, pfns: &[GuestPfn]) {
         self.ram.release(self.mem, pfns);
     }
-    fn deflate(&mut self, _pfns: &[u64]) {
+    fn deflate(&mut self, _pfns: &[GuestPfn]) {
         // Nothing to do now: each page is backed again (zeroed or poisoned)
         // on its next access.
     }
     fn now_us(&self) -> Option<u64> {
         Some(self.now_us)
     }
-    fn report(&mut self, blocks: &[core::ops::Range<u64>]) {
+    fn report(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
         self.ram.release_blocks(self.mem, blocks);
     }
-    fn hint(&mut self, blocks: &[core::ops::Range<u64>]) {
+    fn hint(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
         self.ram.release_blocks(self.mem, blocks);
     }
 }

@@ -269,7 +269,7 @@ mod tests {
             .expect("hypervisor pages");
         let mut a = GuestRam::new(&mut host, 0, 1, BASE, 64 * PAGE_SIZE).unwrap();
         a.populate(&mut host).unwrap();
-        a.release(&mut host, &[BASE.pfn().raw() + 3]);
+        a.release(&mut host, &[BASE.pfn() + 3]);
         let mut b = GuestRam::new(&mut host, 1, 2, BASE, 32 * PAGE_SIZE).unwrap();
         b.populate(&mut host).unwrap();
         b.destroy(&mut host);

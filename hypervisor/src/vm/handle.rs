@@ -269,7 +269,7 @@ fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: Guest
         return Outcome::Stop(why);
     }
     if let Some(balloon) = vm.balloon.as_mut() {
-        balloon.device_mut().page_refaulted(ipa.pfn().raw());
+        balloon.device_mut().page_refaulted(ipa.pfn());
     }
     Outcome::Continue
 }

@@ -147,8 +147,8 @@ impl GuestRam {
     }
 
     /// Guest page frame numbers of RAM: `[base / 4 KiB, end / 4 KiB)`.
-    pub fn pfns(&self) -> core::ops::Range<u64> {
-        self.base.pfn().raw()..(self.base + self.size).pfn().raw()
+    pub fn pfns(&self) -> core::ops::Range<GuestPfn> {
+        self.base.pfn()..(self.base + self.size).pfn()
     }
 
     /// Pass a device page through at `ipa` (not RAM: never a frame of ours).
@@ -212,14 +212,14 @@ impl GuestRam {
 
     /// Unmap the pages of these guest PFNs (those in RAM and backed), flush
     /// the TLB once, and give their frames back. Returns how many were freed.
-    pub fn release(&mut self, mem: &mut impl HostMemory, pfns: &[u64]) -> u64 {
+    pub fn release(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
         let mut frames: heapless::Vec<PhysAddr, 256> = heapless::Vec::new();
         let mut released = 0;
         for chunk in pfns.chunks(256) {
             for &pfn in chunk {
                 // A PFN whose address does not fit 64 bits is not RAM (a
                 // wrapped product could alias a real page).
-                let Some(ipa) = GuestPfn::new(pfn).addr().filter(|&a| self.contains(a)) else {
+                let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
                     continue;
                 };
                 if let Some(pa) = self.stage2.unmap(mem, ipa) {
@@ -258,11 +258,11 @@ impl GuestRam {
     pub fn release_blocks(
         &mut self,
         mem: &mut impl HostMemory,
-        blocks: &[core::ops::Range<u64>],
+        blocks: &[core::ops::Range<GuestPfn>],
     ) -> u64 {
-        let mut pfns: heapless::Vec<u64, 256> = heapless::Vec::new();
+        let mut pfns: heapless::Vec<GuestPfn, 256> = heapless::Vec::new();
         let mut released = 0;
-        for pfn in blocks.iter().flat_map(|b| b.clone()) {
+        for pfn in blocks.iter().flat_map(|b| GuestPfn::iter(b.clone())) {
             if pfns.push(pfn).is_err() {
                 released += self.release(mem, &pfns);
                 pfns.clear();
@@ -461,7 +461,7 @@ mod tests {
         ram.read(&mut host, BASE + 4090, &mut buf).unwrap();
         assert_eq!(&buf, b"straddles a page");
         let free_before = host.frames.free_pages();
-        let pfns: Vec<u64> = (BASE.pfn().raw()..BASE.pfn().raw() + 32).collect();
+        let pfns: Vec<GuestPfn> = GuestPfn::iter(BASE.pfn()..BASE.pfn() + 32).collect();
         assert_eq!(ram.release(&mut host, &pfns), 32);
         assert_eq!(host.flushes, 1, "one TLB flush for the whole batch");
         assert_eq!(host.frames.free_pages(), free_before + 32);
@@ -477,13 +477,14 @@ mod tests {
             })
         );
         assert_eq!(
-            ram.release(&mut host, &[0, u64::MAX, 0x0a000]),
+            ram.release(&mut host, &[0, u64::MAX, 0x0a000].map(GuestPfn::new)),
             0,
             "outside RAM: ignored"
         );
         // 2^52 + a RAM PFN: the product wraps to a RAM address; not RAM.
         let mapped = ram.mapped_pages();
-        assert_eq!(ram.release(&mut host, &[(1 << 52) + BASE.pfn().raw()]), 0);
+        let wraps = GuestPfn::new((1 << 52) + BASE.pfn().raw());
+        assert_eq!(ram.release(&mut host, &[wraps]), 0);
         assert_eq!(ram.mapped_pages(), mapped, "nothing released");
         ram.destroy(&mut host);
         assert_eq!(host.frames.guest_pages(1), 0);
@@ -498,7 +499,7 @@ mod tests {
         let mut ram = GuestRam::new(&mut host, 1, 1, BASE, 600 * PAGE_SIZE).unwrap();
         ram.populate(&mut host).unwrap();
         ram.write(&mut host, BASE, b"kept").unwrap();
-        let first = BASE.pfn().raw();
+        let first = BASE.pfn();
         let free_before = host.frames.free_pages();
         // Two blocks, 300 + 200 pages: more than one 256-page batch.
         let blocks = [first + 10..first + 310, first + 400..first + 600];
@@ -556,8 +557,8 @@ mod tests {
             let size = sizes[vm];
             match (rnd(10), vms[vm].as_mut()) {
                 (0..=3, Some(ram)) => {
-                    let pfns: Vec<u64> = (0..rnd(40))
-                        .map(|_| BASE.pfn().raw() + rnd(size / PAGE_SIZE + 8))
+                    let pfns: Vec<GuestPfn> = (0..rnd(40))
+                        .map(|_| BASE.pfn() + rnd(size / PAGE_SIZE + 8))
                         .collect();
                     ram.release(&mut host, &pfns);
                 }
@@ -674,7 +675,7 @@ mod tests {
             ram.check(&mut host),
             Err(OwnershipError::Foreign { owner: Some(2), .. })
         ));
-        let released = ram.release(&mut host, &[BASE.pfn().raw() + 5]);
+        let released = ram.release(&mut host, &[BASE.pfn() + 5]);
         assert_eq!(released, 0);
         assert_eq!(ram.stats.frames_leaked, 1);
         assert!(matches!(
