@@ -1,5 +1,5 @@
 //! Stage-2 translation tables of one VM, as plain data: guest-physical
-//! (IPA) pages to host frames, 4 KiB pages only (so any single page can be
+//! pages ([`GuestAddr`]) to host frames ([`PhysAddr`]), 4 KiB pages only (so any single page can be
 //! ballooned away), 39-bit IPA space starting at level 1 (VTCR_EL2.T0SZ = 25,
 //! SL0 = 1). Table memory comes from a [`TableMemory`], which on the target
 //! is the frame table plus the identity map and in tests is a plain vector,

@@ -1,5 +1,5 @@
-//! A VM's RAM: which guest pages are backed by which frames, through its
-//! stage-2 tables. Frames come from and go back to the frame table (through
+//! A VM's RAM: which guest pages ([`GuestAddr`], [`GuestPfn`]) are backed
+//! by which host frames ([`PhysAddr`]), through its stage-2 tables. Frames come from and go back to the frame table (through
 //! [`HostMemory`]); a guest page without a frame (ballooned, or never
 //! touched) is backed again, zeroed, on its next access. Unmapping is
 //! batched: one TLB invalidation per call, never per page.
