@@ -23,6 +23,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use arbitrary::Arbitrary;
+use hypervisor::addr::{GuestAddr, GuestPfn, PhysAddr};
 use hypervisor::balloon::testing::FakeBackend;
 use hypervisor::balloon::{Balloon, BalloonBackend, SUPPORTED_FEATURES};
 use hypervisor::mm::frames::{FrameError, FrameUse, PAGE_SIZE};
@@ -49,50 +50,50 @@ const BUFS: u64 = BASE + 8 * PAGE_SIZE;
 struct CheckedHost(FakeHost);
 
 impl CheckedHost {
-    fn check(&self, pa: u64, len: usize) {
+    fn check(&self, pa: PhysAddr, len: usize) {
         assert_eq!(
-            self.0.frame_owner(pa & !0xfff),
+            self.0.frame_owner(pa.page_base()),
             Some(VM),
             "host access to frame {pa:#x} the VM does not own"
         );
         assert!(
-            (pa & 0xfff) as usize + len <= 4096,
+            pa.page_offset() as usize + len <= 4096,
             "host access {pa:#x}+{len} crosses a frame"
         );
     }
 }
 
 impl TableMemory for CheckedHost {
-    fn alloc_table(&mut self) -> Option<u64> {
+    fn alloc_table(&mut self) -> Option<PhysAddr> {
         self.0.alloc_table()
     }
-    fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
+    fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
         self.0.free_table(pa)
     }
-    fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+    fn table(&mut self, pa: PhysAddr) -> &mut [u64; 512] {
         self.0.table(pa)
     }
 }
 
 impl HostMemory for CheckedHost {
-    fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
+    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
         self.0.alloc_frame(vm)
     }
-    fn free_frame(&mut self, vm: usize, pa: u64) -> Result<(), FrameError> {
+    fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         self.0.free_frame(vm, pa)
     }
-    fn read(&mut self, pa: u64, buf: &mut [u8]) {
+    fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         self.check(pa, buf.len());
         self.0.read(pa, buf)
     }
-    fn write(&mut self, pa: u64, data: &[u8]) {
+    fn write(&mut self, pa: PhysAddr, data: &[u8]) {
         self.check(pa, data.len());
         self.0.write(pa, data)
     }
     fn flush_tlb(&mut self, vmid: u16) {
         self.0.flush_tlb(vmid)
     }
-    fn frame_owner(&self, pa: u64) -> Option<usize> {
+    fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         self.0.frame_owner(pa)
     }
     fn frames_owned(&self, vm: usize) -> u64 {
@@ -110,7 +111,8 @@ struct Env<'a> {
     refaulted: Vec<u64>,
 }
 
-fn in_ram(ipa: u64, len: usize) -> bool {
+fn in_ram(ipa: GuestAddr, len: usize) -> bool {
+    let ipa = ipa.raw();
     ipa >= BASE
         && ipa
             .checked_add(len as u64)
@@ -118,7 +120,7 @@ fn in_ram(ipa: u64, len: usize) -> bool {
 }
 
 impl GuestMemory for Env<'_> {
-    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
         let r = self.ram.read(self.host, ipa, buf);
         assert_eq!(
             r.is_ok(),
@@ -131,7 +133,7 @@ impl GuestMemory for Env<'_> {
             len: buf.len(),
         })
     }
-    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
         let r = self.ram.write(self.host, ipa, data);
         assert_eq!(
             r.is_ok(),
@@ -147,24 +149,24 @@ impl GuestMemory for Env<'_> {
 }
 
 impl BalloonBackend for Env<'_> {
-    fn ram_pfns(&self) -> Range<u64> {
+    fn ram_pfns(&self) -> Range<GuestPfn> {
         self.ram.pfns()
     }
     fn now_us(&self) -> Option<u64> {
         Some(self.backend.now)
     }
-    fn inflate(&mut self, pfns: &[u64]) {
+    fn inflate(&mut self, pfns: &[GuestPfn]) {
         self.backend.inflate(pfns);
         self.ram.release(self.host, pfns);
     }
-    fn deflate(&mut self, pfns: &[u64]) {
+    fn deflate(&mut self, pfns: &[GuestPfn]) {
         self.backend.deflate(pfns);
     }
-    fn report(&mut self, blocks: &[Range<u64>]) {
+    fn report(&mut self, blocks: &[Range<GuestPfn>]) {
         self.backend.report(blocks);
         self.ram.release_blocks(self.host, blocks);
     }
-    fn hint(&mut self, blocks: &[Range<u64>]) {
+    fn hint(&mut self, blocks: &[Range<GuestPfn>]) {
         self.backend.hint(blocks);
         self.ram.release_blocks(self.host, blocks);
     }
@@ -180,7 +182,7 @@ impl DriverMemory for Env<'_> {
             let before = self.ram.stats.faults_backed;
             if self
                 .ram
-                .write(self.host, at, &data[done..done + n])
+                .write(self.host, GuestAddr::new(at), &data[done..done + n])
                 .is_err()
             {
                 return;
@@ -286,7 +288,7 @@ static HOST: Mutex<Option<CheckedHost>> = Mutex::new(None);
 fn mapped(ram: &GuestRam, host: &mut CheckedHost) -> BTreeSet<u64> {
     let mut set = BTreeSet::new();
     ram.for_each_mapped(host, |ipa, _| {
-        set.insert(ipa / PAGE_SIZE);
+        set.insert(ipa.pfn().raw());
     });
     set
 }
@@ -303,9 +305,10 @@ fuzz_target!(|input: (u8, Vec<Op>)| {
     );
 
     let offered = u64::from(offer) & SUPPORTED_FEATURES;
-    let mut ram = GuestRam::new(host, VM, 1, BASE, PAGES * PAGE_SIZE).unwrap();
+    let mut ram = GuestRam::new(host, VM, 1, GuestAddr::new(BASE), PAGES * PAGE_SIZE).unwrap();
     ram.populate(host).unwrap();
-    let mut t = MmioTransport::new(Balloon::new(offered, RAM_START..RAM_END).unwrap());
+    let ram_pfns = GuestPfn::new(RAM_START)..GuestPfn::new(RAM_END);
+    let mut t = MmioTransport::new(Balloon::new(offered, ram_pfns).unwrap());
     let mut env = Env {
         ram: &mut ram,
         host,
@@ -454,7 +457,7 @@ fuzz_target!(|input: (u8, Vec<Op>)| {
             }
         }
         for pfn in env.refaulted.drain(..) {
-            t.device_mut().page_refaulted(pfn);
+            t.device_mut().page_refaulted(GuestPfn::new(pfn));
         }
 
         // A page leaves the VM only by a valid request of this step.
@@ -542,7 +545,7 @@ fn check_balloon(t: &MmioTransport<Balloon>, env: &Env) {
     );
     for pfn in RAM_START..RAM_END {
         assert_eq!(
-            b.is_ballooned(pfn),
+            b.is_ballooned(GuestPfn::new(pfn)),
             env.backend.held.contains(&pfn),
             "PFN {pfn:#x}"
         );

@@ -37,8 +37,8 @@ fuzz_target!(|input: (u64, u64, u64, u64, u64)| {
             assert_eq!(esr & (1 << 6), 0, "a read is not a write");
             assert!(matches!(width, 1 | 2 | 4 | 8), "width {width}");
             assert!(reg <= 31, "register {reg}");
-            assert_eq!(ipa, ipa_expected);
-            assert!(ipa < 1 << 52);
+            assert_eq!(ipa.raw(), ipa_expected);
+            assert!(ipa.raw() < 1 << 52);
             let r = load_result(value, width, sign_extend, sixty_four);
             let bits = u32::from(width) * 8;
             if bits < 64 {
@@ -68,14 +68,14 @@ fuzz_target!(|input: (u64, u64, u64, u64, u64)| {
             assert_ne!(esr & (1 << 6), 0);
             assert!(matches!(width, 1 | 2 | 4 | 8), "width {width}");
             assert!(reg <= 31, "register {reg}");
-            assert_eq!(ipa, ipa_expected);
+            assert_eq!(ipa.raw(), ipa_expected);
         }
         VcpuExit::Abort {
             ipa, instruction, ..
         } => {
             assert!(ec == 0x24 || ec == 0x20);
             assert_eq!(instruction, ec == 0x20);
-            assert_eq!(ipa, ipa_expected);
+            assert_eq!(ipa.raw(), ipa_expected);
         }
         VcpuExit::Hvc { imm } => {
             assert_eq!(ec, 0x16);

@@ -12,6 +12,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
+use hypervisor::addr::GuestAddr;
 use hypervisor::virtio::queue::{Area, Virtqueue};
 use hypervisor::virtio::testing::VecMemory;
 use hypervisor::virtio::{GuestMemory, QueueError};
@@ -115,18 +116,22 @@ fuzz_target!(|ops: Vec<Op>| {
                 raw[8..12].copy_from_slice(&len.to_le_bytes());
                 raw[12..14].copy_from_slice(&flags.to_le_bytes());
                 raw[14..].copy_from_slice(&next.to_le_bytes());
-                let _ = mem.write(at, &raw);
+                let _ = mem.write(GuestAddr::new(at), &raw);
             }
             Op::Publish { head } => {
                 let size = u64::from(q.size().max(1));
                 let slot = u64::from(avail_idx) % size;
-                let _ = mem.write(avail.wrapping_add(4 + 2 * slot), &head.to_le_bytes());
+                let at = GuestAddr::new(avail.wrapping_add(4 + 2 * slot));
+                let _ = mem.write(at, &head.to_le_bytes());
                 avail_idx = avail_idx.wrapping_add(1);
-                let _ = mem.write(avail.wrapping_add(2), &avail_idx.to_le_bytes());
+                let _ = mem.write(
+                    GuestAddr::new(avail.wrapping_add(2)),
+                    &avail_idx.to_le_bytes(),
+                );
             }
             Op::AvailIdx { idx } => {
                 avail_idx = *idx;
-                let _ = mem.write(avail.wrapping_add(2), &idx.to_le_bytes());
+                let _ = mem.write(GuestAddr::new(avail.wrapping_add(2)), &idx.to_le_bytes());
             }
             Op::Configure {
                 num,
@@ -146,7 +151,7 @@ fuzz_target!(|ops: Vec<Op>| {
                     let ipa = addr.ipa();
                     q.set_area_half(area, false, ipa as u32);
                     q.set_area_half(area, true, (ipa >> 32) as u32);
-                    assert_eq!(q.area(area), ipa);
+                    assert_eq!(q.area(area), GuestAddr::new(ipa));
                     *slot = ipa;
                 }
             }
@@ -159,7 +164,7 @@ fuzz_target!(|ops: Vec<Op>| {
                         let size = q.size();
                         assert!(size.is_power_of_two() && size <= q.max_size());
                         for area in [Area::Descriptors, Area::Avail, Area::Used] {
-                            let start = q.area(area);
+                            let start = q.area(area).raw();
                             assert_eq!(start % area.align(), 0);
                             let end = start + area.len(size);
                             assert!(
@@ -212,8 +217,8 @@ fuzz_target!(|ops: Vec<Op>| {
                         for &(ipa, len) in mem.writes() {
                             let inside = chain.descriptors().iter().any(|d| {
                                 d.writable
-                                    && ipa >= d.ipa
-                                    && ipa + len as u64 <= d.ipa + u64::from(d.len)
+                                    && ipa >= d.ipa.raw()
+                                    && ipa + len as u64 <= d.ipa.raw() + u64::from(d.len)
                             });
                             assert!(
                                 inside,
@@ -254,7 +259,7 @@ fuzz_target!(|ops: Vec<Op>| {
 
 fn push_used(q: &mut Virtqueue, mem: &mut VecMemory, head: u16, written: u32, in_flight: &mut u32) {
     let before = q.used_idx();
-    let used = q.area(Area::Used);
+    let used = q.area(Area::Used).raw();
     match q.push_used(mem, head, written) {
         Ok(()) => {
             *in_flight -= 1;
@@ -267,7 +272,7 @@ fn push_used(q: &mut Virtqueue, mem: &mut VecMemory, head: u16, written: u32, in
                 );
             }
             let mut idx = [0u8; 2];
-            mem.read(used + 2, &mut idx).unwrap();
+            mem.read(GuestAddr::new(used + 2), &mut idx).unwrap();
             assert_eq!(u16::from_le_bytes(idx), q.used_idx());
         }
         Err(_) => assert_eq!(q.used_idx(), before),

@@ -12,6 +12,7 @@ use platform::uart::ConsoleUart;
 use platform::{boards, BoardInfo, PhysRange, PowerOff, MAX_CPUS};
 use spin::{Mutex, Once};
 
+use crate::addr::PhysAddr;
 use crate::arch::aarch64::{self, mmu, psci, smp};
 use crate::console::line::{Event, LineEditor};
 use crate::console::shell::{self, Command};
@@ -264,7 +265,7 @@ fn init_frames(board: &'static BoardInfo, load_addr: u64) {
         );
     };
     // SAFETY: the frame table just gave these frames to the heap alone.
-    unsafe { crate::heap::init(heap as usize, HEAP_SIZE as usize) };
+    unsafe { crate::heap::init(heap.raw() as usize, HEAP_SIZE as usize) };
     if let Err(e) = frames.check_invariants() {
         panic!("frame table broken right after boot: {e}");
     }
@@ -658,7 +659,7 @@ fn init_gic(board: &BoardInfo) {
         (platform::GicVersion::V2, Some(gicc), Some(gich), Some(gicv)) => {
             aarch64::gic::init_distributor(gic.distributor.start, gicc.start, gich.start);
             aarch64::gic::init_cpu(0);
-            vm::set_gicv(gicv.start);
+            vm::set_gicv(PhysAddr::new(gicv.start));
             println!(
                 "virtual GIC: GICv2 with {} list registers",
                 aarch64::gic::list_registers()

@@ -6,12 +6,13 @@
 
 use spin::Mutex;
 
+use crate::addr::PhysAddr;
 use crate::mm::frames::FrameUse;
 use crate::run::frames;
 
 /// Runs of pages `(address, pages)` held; bounded, so a hog of the whole
 /// pool needs no heap (runs are taken largest first).
-static HELD: Mutex<heapless::Vec<(u64, usize), 4096>> = Mutex::new(heapless::Vec::new());
+static HELD: Mutex<heapless::Vec<(PhysAddr, usize), 4096>> = Mutex::new(heapless::Vec::new());
 
 /// Run sizes tried, largest first.
 const RUNS: [usize; 4] = [512, 64, 8, 1];

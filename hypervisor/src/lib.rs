@@ -1,14 +1,16 @@
 //! The Tidal hypervisor, an EL2 firmware for 64-bit Arm boards.
 //!
-//! The portable core (memory accounting, page-table construction, the
-//! device models, the VM core over the `vm::cpu::PhysCpu` trait, the shell's
-//! parsing and the reports it prints) is plain Rust and is tested on the host
+//! The portable core (the address types of [`addr`], memory accounting,
+//! page-table construction, the device models, the VM core over the
+//! `vm::cpu::PhysCpu` trait, the shell's parsing and the reports it prints)
+//! is plain Rust and is tested on the host
 //! with `cargo test`; `arch`, the boot flow, the VM table and vCPU loop
 //! (`run`) and failure containment exist only on the target
 //! (`aarch64-unknown-none`).
 #![cfg_attr(not(test), no_std)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod addr;
 pub mod balloon;
 pub mod console;
 pub mod limits;

@@ -20,6 +20,7 @@ use guest_bundle::Bundle;
 use spin::mutex::{TicketMutex, TicketMutexGuard};
 use spin::{Mutex, MutexGuard};
 
+use crate::addr::PhysAddr;
 use crate::arch::aarch64::vcpu::{self, El1Regs};
 use crate::arch::aarch64::{self, gic, pmu, recovery};
 use crate::held::{self, Tracked};
@@ -56,8 +57,8 @@ static GIC_V3: AtomicBool = AtomicBool::new(false);
 
 /// Guests get a virtual GICv2 whose CPU interface is the host's GICV page
 /// at `pa` (the host has a GICv2 with GICH and GICV).
-pub fn set_gicv(pa: u64) {
-    GICV.store(pa, Ordering::Relaxed);
+pub fn set_gicv(pa: PhysAddr) {
+    GICV.store(pa.raw(), Ordering::Relaxed);
 }
 
 /// Guests get a virtual GICv3 (the host has a GICv3: its virtual CPU
@@ -72,7 +73,9 @@ fn guest_gic() -> GuestGic {
     if GIC_V3.load(Ordering::Relaxed) {
         GuestGic::V3
     } else if gicv != 0 {
-        GuestGic::V2 { gicv }
+        GuestGic::V2 {
+            gicv: PhysAddr::new(gicv),
+        }
     } else {
         GuestGic::None
     }
@@ -107,48 +110,51 @@ fn lock_vm(id: usize) -> Tracked<TicketMutexGuard<'static, Option<Vm>>> {
 #[derive(Default)]
 pub struct HostMem;
 
-fn zero_and_clean(pa: u64) {
+fn zero_and_clean(pa: PhysAddr) {
+    let pa = pa.raw() as usize;
     // SAFETY: `pa` is a whole frame the frame table just handed to us,
     // identity-mapped as normal memory.
     unsafe { core::ptr::write_bytes(pa as *mut u8, 0, PAGE_SIZE as usize) };
     // A guest with its MMU off reads memory uncached: make it see the zeros.
-    aarch64::clean_dcache_range(pa as usize, PAGE_SIZE as usize);
+    aarch64::clean_dcache_range(pa, PAGE_SIZE as usize);
 }
 
 impl TableMemory for HostMem {
-    fn alloc_table(&mut self) -> Option<u64> {
+    fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = frames().alloc(1, 1, FrameUse::PageTables)?;
         zero_and_clean(pa);
         Some(pa)
     }
-    fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
+    fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
         frames().free(pa, 1, FrameUse::PageTables)
     }
-    fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+    fn table(&mut self, pa: PhysAddr) -> &mut [u64; 512] {
         // SAFETY: `pa` is a table frame this VM's stage 2 owns (frame table
         // use PageTables), identity-mapped; the VM's lock serialises access.
-        unsafe { &mut *(pa as *mut [u64; 512]) }
+        unsafe { &mut *(pa.raw() as *mut [u64; 512]) }
     }
 }
 
 impl HostMemory for HostMem {
-    fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
+    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
         let pa = frames().alloc_guest(vm)?;
         zero_and_clean(pa);
         Some(pa)
     }
-    fn free_frame(&mut self, vm: usize, pa: u64) -> Result<(), FrameError> {
+    fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         frames().free_guest(vm, pa)
     }
-    fn read(&mut self, pa: u64, buf: &mut [u8]) {
+    fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
+        let pa = pa.raw() as usize;
         // SAFETY: `pa..pa + len` lies in one frame of this VM (GuestRam
         // splits at pages), identity-mapped.
         unsafe { core::ptr::copy_nonoverlapping(pa as *const u8, buf.as_mut_ptr(), buf.len()) };
     }
-    fn write(&mut self, pa: u64, data: &[u8]) {
+    fn write(&mut self, pa: PhysAddr, data: &[u8]) {
+        let pa = pa.raw() as usize;
         // SAFETY: as in `read`.
         unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), pa as *mut u8, data.len()) };
-        aarch64::clean_dcache_range(pa as usize, data.len());
+        aarch64::clean_dcache_range(pa, data.len());
     }
     fn flush_tlb(&mut self, vmid: u16) {
         vcpu::flush_vm_tlb(vmid);
@@ -157,7 +163,7 @@ impl HostMemory for HostMem {
         // (no CPU can fetch from them any more, so none comes back).
         aarch64::invalidate_icache_all();
     }
-    fn frame_owner(&self, pa: u64) -> Option<usize> {
+    fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         frames().guest_owner(pa)
     }
     fn frames_owned(&self, vm: usize) -> u64 {

@@ -110,6 +110,7 @@ use alloc::vec::Vec;
 use core::fmt;
 use core::ops::Range;
 
+use crate::addr::{GuestAddr, GuestPfn};
 use crate::virtio::{
     DescChain, DeviceError, DeviceErrorKind, GuestMemory, MmioTransport, TransportEvent,
     VirtioDevice, VirtioDeviceIo, Virtqueue, VIRTIO_F_VERSION_1,
@@ -243,7 +244,7 @@ pub trait BalloonBackend {
     /// Guest PFNs (IPA >> 12) that are guest RAM: [start, end). The balloon
     /// is created with this range ([`Balloon::new`]); debug builds check
     /// that it does not change.
-    fn ram_pfns(&self) -> Range<u64>;
+    fn ram_pfns(&self) -> Range<GuestPfn>;
     /// Monotonic time in microseconds: the clock the owner passes to
     /// [`MmioTransport::poll_balloon`] and
     /// [`MmioTransport::start_free_page_hint`]. Stamps statistics samples
@@ -257,25 +258,25 @@ pub trait BalloonBackend {
     /// with PFNs the device validated: in RAM, distinct, ascending, not
     /// ballooned (they may have been reported or hinted, i.e. be unmapped
     /// already).
-    fn inflate(&mut self, pfns: &[u64]);
+    fn inflate(&mut self, pfns: &[GuestPfn]);
     /// These pages may be used by the guest again (deflate): nothing needs
     /// to happen at once, the next access backs each page. Only with
     /// distinct, ascending, ballooned PFNs.
-    fn deflate(&mut self, pfns: &[u64]);
+    fn deflate(&mut self, pfns: &[GuestPfn]);
     /// The guest reported these blocks free (FREE_PAGE_REPORTING): give
     /// back every page of them. Blocks are PFN ranges, non-empty, ascending,
     /// disjoint, inside [`ram_pfns`](Self::ram_pfns), holding no ballooned
     /// page. Called once per report (up to [`QUEUE_SIZE`] blocks), before the
     /// report's buffer is returned to the guest. The default gives nothing
     /// back (the pages stay mapped: correct, but saves no memory).
-    fn report(&mut self, blocks: &[Range<u64>]) {
+    fn report(&mut self, blocks: &[Range<GuestPfn>]) {
         let _ = blocks;
     }
     /// The guest hinted these blocks free (FREE_PAGE_HINT): give back every
     /// page, with the guarantees of [`report`](Self::report). Until the
     /// run ends the hypervisor calls [`Balloon::page_refaulted`] for every
     /// page of the VM it backs again. The default gives nothing back.
-    fn hint(&mut self, blocks: &[Range<u64>]) {
+    fn hint(&mut self, blocks: &[Range<GuestPfn>]) {
         let _ = blocks;
     }
 }
@@ -424,7 +425,7 @@ pub struct Balloon {
     /// DRIVER_OK was set (and no reset since): `poison_val` is frozen.
     live: bool,
     /// Guest RAM in PFNs, clipped to what a 32-bit PFN can name.
-    ram: Range<u64>,
+    ram: Range<GuestPfn>,
     /// One bit per page of `ram`: ballooned.
     ballooned: Vec<u64>,
     ballooned_count: u64,
@@ -433,10 +434,10 @@ pub struct Balloon {
     hinted: Vec<u64>,
     hinted_count: u64,
     /// The current request's PFNs; allocated once, never grown.
-    pfns: Vec<u64>,
+    pfns: Vec<GuestPfn>,
     /// The current report's or hint's valid blocks; allocated once (a chain
     /// has at most QUEUE_SIZE descriptors), never grown.
-    blocks: Vec<Range<u64>>,
+    blocks: Vec<Range<GuestPfn>>,
     target: u32,
     actual: u32,
     poison_val: u32,
@@ -471,7 +472,7 @@ impl Balloon {
     /// A balloon offering `offered` (plus VERSION_1) for a VM whose RAM is
     /// the guest PFNs `ram` (what its backend's
     /// [`ram_pfns`](BalloonBackend::ram_pfns) reports).
-    pub fn new(offered: u64, ram: Range<u64>) -> Result<Self, BalloonError> {
+    pub fn new(offered: u64, ram: Range<GuestPfn>) -> Result<Self, BalloonError> {
         let unknown = offered & !SUPPORTED_FEATURES;
         if unknown != 0 {
             return Err(BalloonError::UnknownFeatures { bits: unknown });
@@ -492,7 +493,7 @@ impl Balloon {
         let oom = BalloonError::OutOfMemory {
             bytes: (words.saturating_add(hint_words)).saturating_mul(8)
                 + MAX_REQUEST_PFNS * 8
-                + usize::from(QUEUE_SIZE) * core::mem::size_of::<Range<u64>>(),
+                + usize::from(QUEUE_SIZE) * core::mem::size_of::<Range<GuestPfn>>(),
         };
         ballooned.try_reserve_exact(words).map_err(|_| oom)?;
         hinted.try_reserve_exact(hint_words).map_err(|_| oom)?;
@@ -582,12 +583,12 @@ impl Balloon {
     }
 
     /// Whether guest page `pfn` is ballooned.
-    pub fn is_ballooned(&self, pfn: u64) -> bool {
+    pub fn is_ballooned(&self, pfn: GuestPfn) -> bool {
         self.bit(pfn).is_some_and(|i| bit_test(&self.ballooned, i))
     }
 
     /// Guest RAM as the balloon tracks it, in PFNs.
-    pub fn ram_pfns(&self) -> Range<u64> {
+    pub fn ram_pfns(&self) -> Range<GuestPfn> {
         self.ram.clone()
     }
 
@@ -835,7 +836,7 @@ impl Balloon {
     /// Call it on every such fault (cheap when no run is going): if the page
     /// was hinted in the current run and not touched since, it counts as
     /// reused before DONE. Returns whether it did.
-    pub fn page_refaulted(&mut self, pfn: u64) -> bool {
+    pub fn page_refaulted(&mut self, pfn: GuestPfn) -> bool {
         if self.hinted_count == 0 {
             return false;
         }
@@ -985,7 +986,7 @@ impl Balloon {
         }
         self.blocks.sort_unstable_by_key(|r| r.start);
         let mut kept = 0;
-        let mut end = 0;
+        let mut end = GuestPfn::new(0);
         for i in 0..self.blocks.len() {
             let r = self.blocks[i].clone();
             if kept > 0 && r.start < end {
@@ -1001,10 +1002,10 @@ impl Balloon {
 
     /// The PFN range of a block at `ipa`, `len` bytes, if it may be given
     /// back. `ipa + len` does not overflow (the queue parser checked).
-    fn check_block(&self, ipa: u64, len: u32) -> Result<Range<u64>, BlockReject> {
-        let end = ipa + u64::from(len);
-        let ram_start = self.ram.start << BALLOON_PAGE_SHIFT;
-        let ram_end = self.ram.end << BALLOON_PAGE_SHIFT;
+    fn check_block(&self, at: GuestAddr, len: u32) -> Result<Range<GuestPfn>, BlockReject> {
+        let (ipa, end) = (at.raw(), (at + u64::from(len)).raw());
+        let ram_start = self.ram.start.raw() << BALLOON_PAGE_SHIFT;
+        let ram_end = self.ram.end.raw() << BALLOON_PAGE_SHIFT;
         if ipa < ram_start || end > ram_end {
             return Err(BlockReject::OutsideRam);
         }
@@ -1014,7 +1015,8 @@ impl Balloon {
         {
             return Err(BlockReject::Unaligned);
         }
-        let pfns = ipa >> BALLOON_PAGE_SHIFT..end >> BALLOON_PAGE_SHIFT;
+        let pfns =
+            GuestPfn::new(ipa >> BALLOON_PAGE_SHIFT)..GuestPfn::new(end >> BALLOON_PAGE_SHIFT);
         let bits = (pfns.start - self.ram.start) as usize..(pfns.end - self.ram.start) as usize;
         if self.ballooned_count != 0 && bits_any(&self.ballooned, bits) {
             return Err(BlockReject::Ballooned);
@@ -1025,7 +1027,7 @@ impl Balloon {
     // ---- Queues ------------------------------------------------------------
 
     /// Bit index of `pfn` in the bitmaps, if it is guest RAM.
-    fn bit(&self, pfn: u64) -> Option<usize> {
+    fn bit(&self, pfn: GuestPfn) -> Option<usize> {
         if self.ram.contains(&pfn) {
             usize::try_from(pfn - self.ram.start).ok()
         } else {
@@ -1123,8 +1125,9 @@ impl Balloon {
                 .map_err(DeviceErrorKind::Queue)?;
             for w in chunk[..got].chunks_exact(4) {
                 // Zero-extended: a PFN is never sign-extended into a huge one.
-                self.pfns
-                    .push(u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
+                self.pfns.push(GuestPfn::from_wire(u32::from_le_bytes([
+                    w[0], w[1], w[2], w[3],
+                ])));
             }
             if got < n {
                 break; // Cannot happen: `len` is the readable length.
@@ -1211,7 +1214,7 @@ impl Balloon {
 
     /// Give every ballooned page back to the guest and clear the bitmap.
     fn deflate_all<E: BalloonEnv + ?Sized>(&mut self, env: &mut E) {
-        let mut batch = [0u64; RESET_BATCH];
+        let mut batch = [GuestPfn::new(0); RESET_BATCH];
         let mut n = 0;
         let start = self.ram.start;
         for (w, word) in self.ballooned.iter_mut().enumerate() {
@@ -1238,8 +1241,8 @@ impl Balloon {
 /// The part of `ram` a guest can name: PFNs are 32-bit, so pages at and
 /// The part of `ram` a guest can name: PFNs are 32-bit, so pages at and
 /// above 2^32 (16 TiB) are never ballooned. An inverted range is empty.
-fn clip(ram: Range<u64>) -> Range<u64> {
-    let end = ram.end.min(1 << 32);
+fn clip(ram: Range<GuestPfn>) -> Range<GuestPfn> {
+    let end = ram.end.min(GuestPfn::new(1 << 32));
     ram.start.min(end)..end
 }
 

@@ -1,6 +1,8 @@
 //! Test helpers (host tests and the fuzz targets, feature `testing`): a
 //! recording [`BalloonBackend`](super::BalloonBackend) side that panics on
-//! any call the device must never make.
+//! any call the device must never make. It takes the backend's typed
+//! [`GuestPfn`]s and records them as plain numbers, so tests compare them
+//! with literals.
 
 extern crate alloc;
 
@@ -9,6 +11,15 @@ use alloc::vec::Vec;
 use core::ops::Range;
 
 use super::QUEUE_SIZE;
+use crate::addr::GuestPfn;
+
+fn raw(pfns: &[GuestPfn]) -> Vec<u64> {
+    pfns.iter().map(|p| p.raw()).collect()
+}
+
+fn raw_blocks(blocks: &[Range<GuestPfn>]) -> Vec<Range<u64>> {
+    blocks.iter().map(|b| b.start.raw()..b.end.raw()).collect()
+}
 
 /// Records backend calls and panics (fails the test, crashes the fuzz
 /// target) on any call that breaks the contracts of
@@ -81,8 +92,15 @@ impl FakeBackend {
         }
     }
 
+    /// RAM as [`BalloonBackend::ram_pfns`](super::BalloonBackend::ram_pfns)
+    /// answers it.
+    pub fn ram_pfns(&self) -> Range<GuestPfn> {
+        GuestPfn::new(self.ram.start)..GuestPfn::new(self.ram.end)
+    }
+
     /// Check and record an `inflate` call.
-    pub fn inflate(&mut self, pfns: &[u64]) {
+    pub fn inflate(&mut self, pfns: &[GuestPfn]) {
+        let pfns = &raw(pfns)[..];
         self.check_call(pfns);
         for p in pfns {
             assert!(
@@ -94,7 +112,8 @@ impl FakeBackend {
     }
 
     /// Check and record a `deflate` call.
-    pub fn deflate(&mut self, pfns: &[u64]) {
+    pub fn deflate(&mut self, pfns: &[GuestPfn]) {
+        let pfns = &raw(pfns)[..];
         self.check_call(pfns);
         for p in pfns {
             assert!(
@@ -106,14 +125,16 @@ impl FakeBackend {
     }
 
     /// Check and record a `report` call.
-    pub fn report(&mut self, blocks: &[Range<u64>]) {
+    pub fn report(&mut self, blocks: &[Range<GuestPfn>]) {
+        let blocks = &raw_blocks(blocks)[..];
         self.check_blocks(blocks);
         self.discard(blocks);
         self.reports.push(blocks.to_vec());
     }
 
     /// Check and record a `hint` call.
-    pub fn hint(&mut self, blocks: &[Range<u64>]) {
+    pub fn hint(&mut self, blocks: &[Range<GuestPfn>]) {
+        let blocks = &raw_blocks(blocks)[..];
         self.check_blocks(blocks);
         self.discard(blocks);
         self.hints.push(blocks.to_vec());

@@ -27,37 +27,42 @@ const QSIZE: u16 = 16;
 /// Where the test driver puts request buffers.
 const BUFS: u64 = BASE + 0x10000;
 
+/// A PFN range of the test's literals, as the balloon takes it.
+fn typed(r: Range<u64>) -> Range<GuestPfn> {
+    GuestPfn::new(r.start)..GuestPfn::new(r.end)
+}
+
 struct TestEnv {
     mem: VecMemory,
     backend: FakeBackend,
 }
 
 impl GuestMemory for TestEnv {
-    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
         self.mem.read(ipa, buf)
     }
-    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
         self.mem.write(ipa, data)
     }
 }
 
 impl BalloonBackend for TestEnv {
-    fn ram_pfns(&self) -> Range<u64> {
-        self.backend.ram.clone()
+    fn ram_pfns(&self) -> Range<GuestPfn> {
+        self.backend.ram_pfns()
     }
     fn now_us(&self) -> Option<u64> {
         self.backend.clock.then_some(self.backend.now)
     }
-    fn report(&mut self, blocks: &[Range<u64>]) {
+    fn report(&mut self, blocks: &[Range<GuestPfn>]) {
         self.backend.report(blocks);
     }
-    fn hint(&mut self, blocks: &[Range<u64>]) {
+    fn hint(&mut self, blocks: &[Range<GuestPfn>]) {
         self.backend.hint(blocks);
     }
-    fn inflate(&mut self, pfns: &[u64]) {
+    fn inflate(&mut self, pfns: &[GuestPfn]) {
         self.backend.inflate(pfns);
     }
-    fn deflate(&mut self, pfns: &[u64]) {
+    fn deflate(&mut self, pfns: &[GuestPfn]) {
         self.backend.deflate(pfns);
     }
 }
@@ -72,7 +77,7 @@ struct Rig {
 impl Rig {
     fn new(offered: u64) -> Rig {
         let ram = RAM_START..RAM_END;
-        let balloon = Balloon::new(offered, ram.clone()).expect("balloon");
+        let balloon = Balloon::new(offered, typed(ram.clone())).expect("balloon");
         let t = MmioTransport::new(balloon);
         let qs = (0..t.queues().len() as u64)
             .map(|q| {
@@ -138,7 +143,7 @@ impl Rig {
         assert_eq!(b.ballooned_pages(), self.env.backend.held.len() as u64);
         for pfn in RAM_START..RAM_END {
             assert_eq!(
-                b.is_ballooned(pfn),
+                b.is_ballooned(GuestPfn::new(pfn)),
                 self.env.backend.held.contains(&pfn),
                 "PFN {pfn:#x}"
             );
@@ -442,7 +447,7 @@ fn queue_index_mapping_for_all_feature_combinations() {
         let offered = if combo & 1 != 0 { F_STATS_VQ } else { 0 }
             | if combo & 2 != 0 { F_FREE_PAGE_HINT } else { 0 }
             | if combo & 4 != 0 { F_PAGE_REPORTING } else { 0 };
-        let b = Balloon::new(offered, RAM_START..RAM_END).unwrap();
+        let b = Balloon::new(offered, typed(RAM_START..RAM_END)).unwrap();
         let mut want = vec![Inflate, Deflate];
         if combo & 1 != 0 {
             want.push(Stats);
@@ -472,7 +477,7 @@ fn config_space() {
         (F_FREE_PAGE_HINT | F_PAGE_POISON, 16),
     ] {
         assert_eq!(
-            Balloon::new(offered, RAM_START..RAM_END)
+            Balloon::new(offered, typed(RAM_START..RAM_END))
                 .unwrap()
                 .config_size(),
             size
@@ -536,18 +541,18 @@ fn target_changes_bump_the_generation() {
 #[test]
 fn constructor() {
     assert_eq!(
-        Balloon::new(1 << 7, RAM_START..RAM_END).err(),
+        Balloon::new(1 << 7, typed(RAM_START..RAM_END)).err(),
         Some(BalloonError::UnknownFeatures { bits: 1 << 7 })
     );
-    let b = Balloon::new(F_MUST_TELL_HOST, RAM_START..RAM_END).unwrap();
+    let b = Balloon::new(F_MUST_TELL_HOST, typed(RAM_START..RAM_END)).unwrap();
     assert_eq!(b.offered_features(), F_MUST_TELL_HOST | F_VERSION_1);
     assert_eq!(b.device_id(), 5);
     // No RAM at all, or RAM beyond what a 32-bit PFN names.
     #[allow(clippy::reversed_empty_ranges)] // an inverted range from a backend
-    let b = Balloon::new(0, 10..5).unwrap();
-    assert_eq!(b.ram_pfns(), 5..5);
-    let b = Balloon::new(0, (1 << 32) - 4..(1 << 33)).unwrap();
-    assert_eq!(b.ram_pfns(), (1 << 32) - 4..1 << 32);
+    let b = Balloon::new(0, typed(10..5)).unwrap();
+    assert_eq!(b.ram_pfns(), typed(5..5));
+    let b = Balloon::new(0, typed((1 << 32) - 4..(1 << 33))).unwrap();
+    assert_eq!(b.ram_pfns(), typed((1 << 32) - 4..1 << 32));
     assert_eq!(format!("{}", feature_names(0)), "none");
     assert_eq!(
         format!("{}", feature_names(F_PAGE_REPORTING | 1 << 40)),
@@ -655,7 +660,7 @@ proptest! {
                 0 => { let _ = r.t.poll_balloon(&mut r.env, now); }
                 1 => { let _ = r.t.start_free_page_hint(now); }
                 2 => { let _ = r.t.stop_free_page_hint(now); }
-                3 => { r.t.device_mut().page_refaulted(RAM_START + u64::from(value >> 4) % 1024); }
+                3 => { r.t.device_mut().page_refaulted(GuestPfn::new(RAM_START + u64::from(value >> 4) % 1024)); }
                 4 => { let _ = r.t.request_balloon_stats(&mut r.env, now); }
                 _ => {}
             }

@@ -28,7 +28,9 @@ use core::fmt;
 
 use platform::{PhysRange, MAX_RAM_BANKS};
 
-pub const PAGE_SIZE: u64 = 4096;
+use crate::addr::PhysAddr;
+
+pub use crate::addr::PAGE_SIZE;
 const PAGE_MASK: u64 = PAGE_SIZE - 1;
 
 /// First byte value of guest-owned frames (see the module docs).
@@ -143,22 +145,22 @@ pub enum FrameError {
         use_: FrameUse,
     },
     Unaligned {
-        addr: u64,
+        addr: PhysAddr,
     },
     /// Some page of `[addr, addr + pages * PAGE_SIZE)` is not tracked RAM.
     NotInRam {
-        addr: u64,
+        addr: PhysAddr,
         pages: usize,
     },
     /// The page at `addr` is `found`, not `expected`.
     WrongUse {
-        addr: u64,
+        addr: PhysAddr,
         expected: FrameUse,
         found: FrameUse,
     },
     /// The byte for the page at `addr` encodes no [`FrameUse`].
     CorruptEntry {
-        addr: u64,
+        addr: PhysAddr,
         code: u8,
     },
     /// The incremental counter for `use_` disagrees with a recount.
@@ -174,7 +176,7 @@ pub enum FrameError {
     },
     /// The frame at `addr` is not VM `vm`'s (its byte is `code`).
     NotOwnedBy {
-        addr: u64,
+        addr: PhysAddr,
         vm: usize,
         code: u8,
     },
@@ -504,7 +506,7 @@ impl<'a> FrameTable<'a> {
     /// Next fit: the search starts where the previous allocation ended and
     /// wraps around once, so repeated single-page allocations cost O(1)
     /// amortised and a failed one costs a scan of the table.
-    pub fn alloc(&mut self, pages: usize, align_pages: usize, to: FrameUse) -> Option<u64> {
+    pub fn alloc(&mut self, pages: usize, align_pages: usize, to: FrameUse) -> Option<PhysAddr> {
         if to == FrameUse::Free || to == FrameUse::Guest {
             return None;
         }
@@ -512,7 +514,7 @@ impl<'a> FrameTable<'a> {
     }
 
     /// One free frame for guest RAM of VM `vm` (< [`MAX_VMS`]).
-    pub fn alloc_guest(&mut self, vm: usize) -> Option<u64> {
+    pub fn alloc_guest(&mut self, vm: usize) -> Option<PhysAddr> {
         if vm >= MAX_VMS {
             return None;
         }
@@ -521,12 +523,12 @@ impl<'a> FrameTable<'a> {
 
     /// Give a frame of VM `vm` back to the pool; an error (and no change) if
     /// the frame does not belong to that VM.
-    pub fn free_guest(&mut self, vm: usize, addr: u64) -> Result<(), FrameError> {
-        if addr & PAGE_MASK != 0 {
+    pub fn free_guest(&mut self, vm: usize, addr: PhysAddr) -> Result<(), FrameError> {
+        if !addr.is_page_aligned() {
             return Err(FrameError::Unaligned { addr });
         }
         let idx = self
-            .index_of(addr)
+            .index_of(addr.raw())
             .ok_or(FrameError::NotInRam { addr, pages: 1 })?;
         let code = self.entries[idx];
         if vm >= MAX_VMS || code != FIRST_GUEST_CODE + vm as u8 {
@@ -537,8 +539,8 @@ impl<'a> FrameTable<'a> {
     }
 
     /// The VM that owns the frame at `addr`, if a VM does.
-    pub fn guest_owner(&self, addr: u64) -> Option<usize> {
-        let code = self.entries[self.index_of(addr)?];
+    pub fn guest_owner(&self, addr: PhysAddr) -> Option<usize> {
+        let code = self.entries[self.index_of(addr.raw())?];
         (FrameUse::from_code(code) == Some(FrameUse::Guest))
             .then(|| (code - FIRST_GUEST_CODE) as usize)
     }
@@ -548,7 +550,7 @@ impl<'a> FrameTable<'a> {
         self.guest_counts.get(vm).copied().unwrap_or(0)
     }
 
-    fn alloc_code(&mut self, pages: usize, align_pages: usize, code: u8) -> Option<u64> {
+    fn alloc_code(&mut self, pages: usize, align_pages: usize, code: u8) -> Option<PhysAddr> {
         let align_pages = align_pages.max(1);
         if pages == 0 || !align_pages.is_power_of_two() {
             return None;
@@ -569,7 +571,7 @@ impl<'a> FrameTable<'a> {
         } else {
             idx + pages
         };
-        Some(self.addr_of(idx))
+        Some(PhysAddr::new(self.addr_of(idx)))
     }
 
     /// First fitting run at or after storage index `from`.
@@ -602,23 +604,29 @@ impl<'a> FrameTable<'a> {
         }
     }
 
-    /// Returns `pages` pages at `addr`, all currently `from`, to the free
-    /// pool. Errors (and changes nothing) if `addr` is unaligned, a page is
+    /// Returns `pages` pages at `start`, all currently `from`, to the free
+    /// pool. Errors (and changes nothing) if `start` is unaligned, a page is
     /// outside tracked RAM or not `from`, or `from` is `Free`.
-    pub fn free(&mut self, addr: u64, pages: usize, from: FrameUse) -> Result<(), FrameError> {
+    pub fn free(
+        &mut self,
+        start: PhysAddr,
+        pages: usize,
+        from: FrameUse,
+    ) -> Result<(), FrameError> {
+        let addr = start.raw();
         if from == FrameUse::Free {
             return Err(FrameError::InvalidUse {
                 op: "free",
                 use_: from,
             });
         }
-        if addr & PAGE_MASK != 0 {
-            return Err(FrameError::Unaligned { addr });
+        if !start.is_page_aligned() {
+            return Err(FrameError::Unaligned { addr: start });
         }
         if pages == 0 {
             return Ok(());
         }
-        let not_in_ram = FrameError::NotInRam { addr, pages };
+        let not_in_ram = FrameError::NotInRam { addr: start, pages };
         let end = (pages as u64)
             .checked_mul(PAGE_SIZE)
             .and_then(|len| addr.checked_add(len))
@@ -635,7 +643,7 @@ impl<'a> FrameTable<'a> {
             for idx in b.indexes(addr, end) {
                 let code = self.entries[idx];
                 if code != from as u8 {
-                    let page = self.addr_of(idx);
+                    let page = PhysAddr::new(self.addr_of(idx));
                     return Err(match FrameUse::from_code(code) {
                         Some(found) => FrameError::WrongUse {
                             addr: page,
@@ -657,8 +665,8 @@ impl<'a> FrameTable<'a> {
 
     /// The use of the page containing `addr`; `None` outside tracked RAM
     /// (including the partial pages at unaligned bank edges).
-    pub fn use_of(&self, addr: u64) -> Option<FrameUse> {
-        self.index_of(addr)
+    pub fn use_of(&self, addr: PhysAddr) -> Option<FrameUse> {
+        self.index_of(addr.raw())
             .and_then(|i| FrameUse::from_code(self.entries[i]))
     }
 
@@ -720,7 +728,7 @@ impl<'a> FrameTable<'a> {
                 match FrameUse::from_code(code) {
                     Some(u) => counted[u as usize] += 1,
                     None => {
-                        let addr = b.first + (idx - b.base) as u64 * PAGE_SIZE;
+                        let addr = PhysAddr::new(b.first + (idx - b.base) as u64 * PAGE_SIZE);
                         return Err(FrameError::CorruptEntry { addr, code });
                     }
                 }
@@ -782,6 +790,10 @@ impl Iterator for Runs<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pa(addr: u64) -> PhysAddr {
+        PhysAddr::new(addr)
+    }
 
     const MIB: u64 = 1 << 20;
 
@@ -889,14 +901,14 @@ mod tests {
         assert_eq!(t.free_pages(), 258);
         assert_eq!(t.total_pages(), 258);
         t.check_invariants().unwrap();
-        assert_eq!(t.use_of(0x4000_0100), None);
-        assert_eq!(t.use_of(0x4000_1000), Some(FrameUse::Free));
-        assert_eq!(t.use_of(0x400f_ffff), Some(FrameUse::Free));
-        assert_eq!(t.use_of(0x4010_0000), None);
-        assert_eq!(t.use_of(0x5000_3000), None);
-        assert_eq!(t.use_of(0x6000_0800), None);
-        assert_eq!(t.use_of(0), None);
-        assert_eq!(t.use_of(u64::MAX), None);
+        assert_eq!(t.use_of(pa(0x4000_0100)), None);
+        assert_eq!(t.use_of(pa(0x4000_1000)), Some(FrameUse::Free));
+        assert_eq!(t.use_of(pa(0x400f_ffff)), Some(FrameUse::Free));
+        assert_eq!(t.use_of(pa(0x4010_0000)), None);
+        assert_eq!(t.use_of(pa(0x5000_3000)), None);
+        assert_eq!(t.use_of(pa(0x6000_0800)), None);
+        assert_eq!(t.use_of(pa(0)), None);
+        assert_eq!(t.use_of(pa(u64::MAX)), None);
     }
 
     #[test]
@@ -935,9 +947,12 @@ mod tests {
         t.check_invariants().unwrap();
         for e in [
             FrameError::TooManyBanks { count: 9 },
-            FrameError::NotInRam { addr: 0, pages: 1 },
+            FrameError::NotInRam {
+                addr: pa(0),
+                pages: 1,
+            },
             FrameError::WrongUse {
-                addr: 0x1000,
+                addr: pa(0x1000),
                 expected: FrameUse::Heap,
                 found: FrameUse::Free,
             },
@@ -964,9 +979,9 @@ mod tests {
             t.mark(r(0x4000_0000, 0x4000_4000), FrameUse::DeviceTree),
             Ok(2)
         );
-        assert_eq!(t.use_of(0x4000_0000), Some(FrameUse::HypervisorImage));
-        assert_eq!(t.use_of(0x4000_1fff), Some(FrameUse::HypervisorImage));
-        assert_eq!(t.use_of(0x4000_2000), Some(FrameUse::DeviceTree));
+        assert_eq!(t.use_of(pa(0x4000_0000)), Some(FrameUse::HypervisorImage));
+        assert_eq!(t.use_of(pa(0x4000_1fff)), Some(FrameUse::HypervisorImage));
+        assert_eq!(t.use_of(pa(0x4000_2000)), Some(FrameUse::DeviceTree));
         // Same claim again: nothing changes.
         assert_eq!(
             t.mark(r(0x4000_0000, 0x4000_4000), FrameUse::DeviceTree),
@@ -1022,17 +1037,17 @@ mod tests {
         t.mark(r(0x4000_0000, 0x4000_3000), FrameUse::HypervisorImage)
             .unwrap();
         let a = t.alloc(1, 1, FrameUse::Allocated).unwrap();
-        assert_eq!(a, 0x4000_3000);
+        assert_eq!(a, pa(0x4000_3000));
         let b = t.alloc(1, 1, FrameUse::PageTables).unwrap();
-        assert_eq!(b, 0x4000_4000);
+        assert_eq!(b, pa(0x4000_4000));
         // 2 MiB aligned: skips to the next 2 MiB boundary.
         let c = t.alloc(16, 512, FrameUse::Heap).unwrap();
-        assert_eq!(c, 0x4020_0000);
+        assert_eq!(c, pa(0x4020_0000));
         assert_eq!(t.use_of(c + 15 * PAGE_SIZE), Some(FrameUse::Heap));
         assert_eq!(t.use_of(c + 16 * PAGE_SIZE), Some(FrameUse::Free));
         // 64 KiB aligned.
         let d = t.alloc(3, 16, FrameUse::Allocated).unwrap();
-        assert_eq!(d % (16 * PAGE_SIZE), 0);
+        assert_eq!(d.raw() % (16 * PAGE_SIZE), 0);
         assert_eq!(t.pages(FrameUse::Allocated), 4);
         t.check_invariants().unwrap();
         t.free(c, 16, FrameUse::Heap).unwrap();
@@ -1047,7 +1062,7 @@ mod tests {
         assert_eq!(t.alloc(1, 1, FrameUse::Free), None);
         assert_eq!(t.alloc(1, 1 << 62, FrameUse::Heap), None);
         assert_eq!(
-            t.alloc(1, 0, FrameUse::Heap).map(|a| a % PAGE_SIZE),
+            t.alloc(1, 0, FrameUse::Heap).map(|a| a.raw() % PAGE_SIZE),
             Some(0)
         );
     }
@@ -1059,18 +1074,18 @@ mod tests {
         let mut st = storage(&ram);
         let mut t = FrameTable::new(&ram, &mut st).unwrap();
         assert_eq!(t.alloc(5, 1, FrameUse::Heap), None);
-        assert_eq!(t.alloc(4, 1, FrameUse::Heap), Some(0x1000));
-        assert_eq!(t.alloc(4, 1, FrameUse::Heap), Some(0x5000));
+        assert_eq!(t.alloc(4, 1, FrameUse::Heap), Some(pa(0x1000)));
+        assert_eq!(t.alloc(4, 1, FrameUse::Heap), Some(pa(0x5000)));
         assert_eq!(t.alloc(1, 1, FrameUse::Heap), None);
         assert_eq!(t.free_pages(), 0);
-        t.free(0x2000, 2, FrameUse::Heap).unwrap();
-        assert_eq!(t.alloc(2, 2, FrameUse::Allocated), Some(0x2000));
+        t.free(pa(0x2000), 2, FrameUse::Heap).unwrap();
+        assert_eq!(t.alloc(2, 2, FrameUse::Allocated), Some(pa(0x2000)));
         assert_eq!(t.alloc(1, 1, FrameUse::Allocated), None);
         t.check_invariants().unwrap();
         // Freeing across the two banks at once is fine when every page matches.
-        t.free(0x4000, 2, FrameUse::Heap).unwrap();
-        assert_eq!(t.use_of(0x4000), Some(FrameUse::Free));
-        assert_eq!(t.use_of(0x5000), Some(FrameUse::Free));
+        t.free(pa(0x4000), 2, FrameUse::Heap).unwrap();
+        assert_eq!(t.use_of(pa(0x4000)), Some(FrameUse::Free));
+        assert_eq!(t.use_of(pa(0x5000)), Some(FrameUse::Free));
     }
 
     #[test]
@@ -1081,14 +1096,14 @@ mod tests {
         let got: Vec<_> = (0..8)
             .map(|_| t.alloc(1, 1, FrameUse::Allocated).unwrap())
             .collect();
-        assert_eq!(got, (0..8).map(|i| i * PAGE_SIZE).collect::<Vec<_>>());
-        t.free(3 * PAGE_SIZE, 1, FrameUse::Allocated).unwrap();
-        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(3 * PAGE_SIZE));
-        t.free(PAGE_SIZE, 1, FrameUse::Allocated).unwrap();
-        t.free(6 * PAGE_SIZE, 1, FrameUse::Allocated).unwrap();
+        assert_eq!(got, (0..8).map(|i| pa(i * PAGE_SIZE)).collect::<Vec<_>>());
+        t.free(pa(3 * PAGE_SIZE), 1, FrameUse::Allocated).unwrap();
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(pa(3 * PAGE_SIZE)));
+        t.free(pa(PAGE_SIZE), 1, FrameUse::Allocated).unwrap();
+        t.free(pa(6 * PAGE_SIZE), 1, FrameUse::Allocated).unwrap();
         // Cursor is after page 3: page 6 comes first, then page 1 after wrapping.
-        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(6 * PAGE_SIZE));
-        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(PAGE_SIZE));
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(pa(6 * PAGE_SIZE)));
+        assert_eq!(t.alloc(1, 1, FrameUse::Allocated), Some(pa(PAGE_SIZE)));
         assert_eq!(t.alloc(1, 1, FrameUse::Allocated), None);
     }
 
@@ -1104,14 +1119,20 @@ mod tests {
             (t.free(a, 4, FrameUse::Heap), "wrong use"),
             (t.free(a, 5, FrameUse::Allocated), "one page too many"),
             (t.free(a + 1, 1, FrameUse::Allocated), "unaligned"),
-            (t.free(0x11000, 1, FrameUse::Allocated), "gap between banks"),
-            (t.free(0x10000, 2, FrameUse::Allocated), "runs off the bank"),
-            (t.free(0, 1, FrameUse::Allocated), "below RAM"),
-            (t.free(!PAGE_MASK, 2, FrameUse::Allocated), "overflow"),
+            (
+                t.free(pa(0x11000), 1, FrameUse::Allocated),
+                "gap between banks",
+            ),
+            (
+                t.free(pa(0x10000), 2, FrameUse::Allocated),
+                "runs off the bank",
+            ),
+            (t.free(pa(0), 1, FrameUse::Allocated), "below RAM"),
+            (t.free(pa(!PAGE_MASK), 2, FrameUse::Allocated), "overflow"),
             (t.free(a, usize::MAX, FrameUse::Allocated), "huge"),
             (t.free(a, 1, FrameUse::Free), "free from free"),
             (
-                t.free(0x20000, 3, FrameUse::DeviceTree),
+                t.free(pa(0x20000), 3, FrameUse::DeviceTree),
                 "partly device tree",
             ),
         ];
@@ -1132,17 +1153,17 @@ mod tests {
             Err(FrameError::Unaligned { .. })
         ));
         assert!(matches!(
-            t.free(0x11000, 1, FrameUse::Allocated),
+            t.free(pa(0x11000), 1, FrameUse::Allocated),
             Err(FrameError::NotInRam { .. })
         ));
         // Wrong use in the middle of the range: the first pages are untouched too.
         assert!(matches!(
-            t.free(0x20000, 3, FrameUse::DeviceTree),
+            t.free(pa(0x20000), 3, FrameUse::DeviceTree),
             Err(FrameError::WrongUse {
-                addr: 0x22000,
+                addr,
                 found: FrameUse::Free,
                 ..
-            })
+            }) if addr == pa(0x22000)
         ));
         assert_eq!(snapshot(&t), before);
         t.check_invariants().unwrap();
@@ -1157,11 +1178,11 @@ mod tests {
         assert_eq!(
             t.check_invariants(),
             Err(FrameError::CorruptEntry {
-                addr: 3 * PAGE_SIZE,
+                addr: pa(3 * PAGE_SIZE),
                 code: 0x21
             })
         );
-        assert_eq!(t.use_of(3 * PAGE_SIZE), None);
+        assert_eq!(t.use_of(pa(3 * PAGE_SIZE)), None);
         t.entries[3] = FrameUse::Heap as u8;
         assert!(matches!(
             t.check_invariants(),
@@ -1204,7 +1225,7 @@ mod tests {
             FrameUse::GuestBundle,
         ];
         // What we believe we own: (addr, pages, use).
-        let mut owned: Vec<(u64, usize, FrameUse)> = Vec::new();
+        let mut owned: Vec<(PhysAddr, usize, FrameUse)> = Vec::new();
         let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
         for step in 0..20_000 {
             match rng.below(10) {
@@ -1214,7 +1235,7 @@ mod tests {
                     let u = uses[rng.below(4) as usize];
                     let free_before = t.free_pages();
                     if let Some(a) = t.alloc(pages, align, u) {
-                        assert_eq!(a % (align as u64 * PAGE_SIZE), 0);
+                        assert_eq!(a.raw() % (align as u64 * PAGE_SIZE), 0);
                         assert_eq!(t.free_pages(), free_before - pages as u64);
                         for i in 0..pages as u64 {
                             assert_eq!(t.use_of(a + i * PAGE_SIZE), Some(u));
@@ -1244,7 +1265,7 @@ mod tests {
                 }
                 _ => {
                     let addr = 0x4000_0000 + rng.below(0x4_1000_0000);
-                    let _ = t.use_of(addr);
+                    let _ = t.use_of(pa(addr));
                 }
             }
             assert_eq!(t.accounting().total(), total);
@@ -1276,7 +1297,7 @@ mod tests {
         for i in 0..n {
             assert_eq!(
                 t.alloc(1, 1, FrameUse::Allocated),
-                Some(i as u64 * PAGE_SIZE)
+                Some(pa(i as u64 * PAGE_SIZE))
             );
         }
         assert_eq!(t.alloc(1, 1, FrameUse::Allocated), None);

@@ -1,5 +1,5 @@
 //! Stage-2 translation tables of one VM, as plain data: guest-physical
-//! (IPA) pages to host frames, 4 KiB pages only (so any single page can be
+//! pages ([`GuestAddr`]) to host frames ([`PhysAddr`]), 4 KiB pages only (so any single page can be
 //! ballooned away), 39-bit IPA space starting at level 1 (VTCR_EL2.T0SZ = 25,
 //! SL0 = 1). Table memory comes from a [`TableMemory`], which on the target
 //! is the frame table plus the identity map and in tests is a plain vector,
@@ -11,11 +11,13 @@
 use tock_registers::fields::FieldValue;
 use tock_registers::{register_bitfields, LocalRegisterCopy};
 
+use crate::addr::{GuestAddr, PhysAddr};
 use crate::mm::frames::FrameError;
 
 /// IPA bits covered (T0SZ = 64 - 39).
 pub const IPA_BITS: u32 = 39;
-pub const IPA_LIMIT: u64 = 1 << IPA_BITS;
+/// The first IPA past the space (where [`Stage2::unmap_some`] ends).
+pub const IPA_LIMIT: GuestAddr = GuestAddr::new(1 << IPA_BITS);
 const PAGE: u64 = 4096;
 
 register_bitfields! [u64,
@@ -55,21 +57,21 @@ fn is_valid(entry: u64) -> bool {
 }
 
 /// The frame or table a descriptor points to.
-fn output_address(entry: u64) -> u64 {
-    Descriptor::new(entry).read(S2_DESC::OUTPUT_ADDR) << 12
+fn output_address(entry: u64) -> PhysAddr {
+    PhysAddr::new(Descriptor::new(entry).read(S2_DESC::OUTPUT_ADDR) << 12)
 }
 
-fn address(pa: u64) -> FieldValue<u64, S2_DESC::Register> {
-    S2_DESC::OUTPUT_ADDR.val(pa >> 12)
+fn address(pa: PhysAddr) -> FieldValue<u64, S2_DESC::Register> {
+    S2_DESC::OUTPUT_ADDR.val(pa.raw() >> 12)
 }
 
 /// A table descriptor pointing to the table at `pa`.
-fn table_descriptor(pa: u64) -> u64 {
+fn table_descriptor(pa: PhysAddr) -> u64 {
     (address(pa) + S2_DESC::TYPE::TableOrPage + S2_DESC::VALID::SET).value
 }
 
 /// A leaf descriptor passing a device page at `pa` through (the GICV page).
-pub fn device_page(pa: u64) -> u64 {
+pub fn device_page(pa: PhysAddr) -> u64 {
     (address(pa)
         + S2_DESC::AF::SET
         + S2_DESC::S2AP::ReadWrite
@@ -85,7 +87,7 @@ fn is_ram(entry: u64) -> bool {
 }
 
 /// A leaf descriptor mapping guest RAM at `pa`.
-pub fn ram_page(pa: u64) -> u64 {
+pub fn ram_page(pa: PhysAddr) -> u64 {
     (address(pa)
         + S2_DESC::AF::SET
         + S2_DESC::SH::Inner
@@ -99,22 +101,22 @@ pub fn ram_page(pa: u64) -> u64 {
 /// Where translation tables live.
 pub trait TableMemory {
     /// A zeroed 4 KiB table; its physical address.
-    fn alloc_table(&mut self) -> Option<u64>;
+    fn alloc_table(&mut self) -> Option<PhysAddr>;
     /// Give a table back; an error (a hypervisor bug: the frame table does
     /// not know it as a table) leaves the frame where it was.
-    fn free_table(&mut self, pa: u64) -> Result<(), FrameError>;
+    fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError>;
     /// The table at `pa` (returned by `alloc_table`).
-    fn table(&mut self, pa: u64) -> &mut [u64; 512];
+    fn table(&mut self, pa: PhysAddr) -> &mut [u64; 512];
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage2Error {
     /// The IPA is not page aligned or beyond the IPA space.
-    BadIpa(u64),
+    BadIpa(GuestAddr),
     /// No memory for a translation table.
     OutOfTables,
     /// The IPA is already mapped (to the frame given).
-    AlreadyMapped { ipa: u64, pa: u64 },
+    AlreadyMapped { ipa: GuestAddr, pa: PhysAddr },
 }
 
 impl core::fmt::Display for Stage2Error {
@@ -133,13 +135,13 @@ impl core::fmt::Display for Stage2Error {
 
 /// One VM's stage-2 tables.
 pub struct Stage2 {
-    root: u64,
+    root: PhysAddr,
     mapped: u64,
     tables: u64,
 }
 
-fn index(ipa: u64, level: u32) -> usize {
-    ((ipa >> (12 + 9 * (3 - level))) & 511) as usize
+fn index(ipa: GuestAddr, level: u32) -> usize {
+    ((ipa.raw() >> (12 + 9 * (3 - level))) & 511) as usize
 }
 
 impl Stage2 {
@@ -153,7 +155,7 @@ impl Stage2 {
     }
 
     /// Physical address of the root table, for VTTBR_EL2.
-    pub fn root(&self) -> u64 {
+    pub fn root(&self) -> PhysAddr {
         self.root
     }
 
@@ -167,8 +169,8 @@ impl Stage2 {
         self.tables
     }
 
-    fn check(ipa: u64) -> Result<(), Stage2Error> {
-        if !ipa.is_multiple_of(PAGE) || ipa >= IPA_LIMIT {
+    fn check(ipa: GuestAddr) -> Result<(), Stage2Error> {
+        if !ipa.is_page_aligned() || ipa >= IPA_LIMIT {
             return Err(Stage2Error::BadIpa(ipa));
         }
         Ok(())
@@ -178,9 +180,9 @@ impl Stage2 {
     fn leaf_table(
         &mut self,
         mem: &mut impl TableMemory,
-        ipa: u64,
+        ipa: GuestAddr,
         create: bool,
-    ) -> Result<Option<u64>, Stage2Error> {
+    ) -> Result<Option<PhysAddr>, Stage2Error> {
         let mut table = self.root;
         for level in 1..3 {
             let i = index(ipa, level);
@@ -204,8 +206,8 @@ impl Stage2 {
     pub fn map_device(
         &mut self,
         mem: &mut impl TableMemory,
-        ipa: u64,
-        pa: u64,
+        ipa: GuestAddr,
+        pa: PhysAddr,
     ) -> Result<(), Stage2Error> {
         self.set_leaf(mem, ipa, device_page(pa))
     }
@@ -214,8 +216,8 @@ impl Stage2 {
     pub fn map(
         &mut self,
         mem: &mut impl TableMemory,
-        ipa: u64,
-        pa: u64,
+        ipa: GuestAddr,
+        pa: PhysAddr,
     ) -> Result<(), Stage2Error> {
         self.set_leaf(mem, ipa, ram_page(pa))?;
         self.mapped += 1;
@@ -226,7 +228,7 @@ impl Stage2 {
     fn set_leaf(
         &mut self,
         mem: &mut impl TableMemory,
-        ipa: u64,
+        ipa: GuestAddr,
         descriptor: u64,
     ) -> Result<(), Stage2Error> {
         Self::check(ipa)?;
@@ -246,7 +248,7 @@ impl Stage2 {
 
     /// Unmap the page at `ipa`; the frame it mapped, if any. The caller
     /// invalidates the TLB before the frame is reused.
-    pub fn unmap(&mut self, mem: &mut impl TableMemory, ipa: u64) -> Option<u64> {
+    pub fn unmap(&mut self, mem: &mut impl TableMemory, ipa: GuestAddr) -> Option<PhysAddr> {
         Self::check(ipa).ok()?;
         let table = self.leaf_table(mem, ipa, false).ok()??;
         let slot = &mut mem.table(table)[index(ipa, 3)];
@@ -260,13 +262,15 @@ impl Stage2 {
     }
 
     /// The frame `ipa` maps to, if any.
-    pub fn lookup(&mut self, mem: &mut impl TableMemory, ipa: u64) -> Option<u64> {
+    pub fn lookup(&mut self, mem: &mut impl TableMemory, ipa: GuestAddr) -> Option<PhysAddr> {
         if ipa >= IPA_LIMIT {
             return None;
         }
-        let table = self.leaf_table(mem, ipa & !(PAGE - 1), false).ok()??;
+        let table = self.leaf_table(mem, ipa.page_base(), false).ok()??;
         let entry = mem.table(table)[index(ipa, 3)];
-        (is_valid(entry) && is_ram(entry)).then_some((output_address(entry)) | (ipa & (PAGE - 1)))
+        (is_valid(entry) && is_ram(entry)).then_some(PhysAddr::new(
+            output_address(entry).raw() | ipa.page_offset(),
+        ))
     }
 
     /// Call `f(mem, ipa, pa)` for every mapped page, in IPA order (`mem`
@@ -274,7 +278,7 @@ impl Stage2 {
     pub fn for_each_mapped<M: TableMemory>(
         &self,
         mem: &mut M,
-        mut f: impl FnMut(&mut M, u64, u64),
+        mut f: impl FnMut(&mut M, GuestAddr, PhysAddr),
     ) {
         for i1 in 0..512u64 {
             let e1 = mem.table(self.root)[i1 as usize];
@@ -291,7 +295,7 @@ impl Stage2 {
                     if is_valid(e3) && is_ram(e3) {
                         f(
                             mem,
-                            (i1 << 30) | (i2 << 21) | (i3 << 12),
+                            GuestAddr::new((i1 << 30) | (i2 << 21) | (i3 << 12)),
                             output_address(e3),
                         );
                     }
@@ -308,14 +312,14 @@ impl Stage2 {
     pub fn unmap_some<const N: usize>(
         &mut self,
         mem: &mut impl TableMemory,
-        cursor: &mut u64,
-        out: &mut heapless::Vec<u64, N>,
+        cursor: &mut GuestAddr,
+        out: &mut heapless::Vec<PhysAddr, N>,
     ) {
         const L1_SPAN: u64 = 1 << 30;
         const L2_SPAN: u64 = 1 << 21;
-        let next = |ipa: u64, span: u64| (ipa & !(span - 1)) + span;
+        let next = |ipa: GuestAddr, span: u64| GuestAddr::new((ipa.raw() & !(span - 1)) + span);
         while *cursor < IPA_LIMIT && !out.is_full() {
-            let ipa = *cursor & !(PAGE - 1);
+            let ipa = cursor.page_base();
             let e1 = mem.table(self.root)[index(ipa, 1)];
             if !is_valid(e1) {
                 *cursor = next(ipa, L1_SPAN);
@@ -382,32 +386,40 @@ pub mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    fn g(ipa: u64) -> GuestAddr {
+        GuestAddr::new(ipa)
+    }
+
+    fn p(pa: u64) -> PhysAddr {
+        PhysAddr::new(pa)
+    }
+
     /// Tables in a map keyed by fake physical addresses.
     #[derive(Default)]
     pub struct FakeTables {
-        pub tables: BTreeMap<u64, Box<[u64; 512]>>,
+        pub tables: BTreeMap<PhysAddr, Box<[u64; 512]>>,
         pub next: u64,
         pub limit: Option<usize>,
     }
 
     impl TableMemory for FakeTables {
-        fn alloc_table(&mut self) -> Option<u64> {
+        fn alloc_table(&mut self) -> Option<PhysAddr> {
             if self.limit.is_some_and(|l| self.tables.len() >= l) {
                 return None;
             }
             self.next += 4096;
-            let pa = 0x1_0000_0000 + self.next;
+            let pa = p(0x1_0000_0000 + self.next);
             self.tables.insert(pa, Box::new([0; 512]));
             Some(pa)
         }
-        fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
+        fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
             assert!(
                 self.tables.remove(&pa).is_some(),
                 "double free of table {pa:#x}"
             );
             Ok(())
         }
-        fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+        fn table(&mut self, pa: PhysAddr) -> &mut [u64; 512] {
             self.tables.get_mut(&pa).expect("not a table")
         }
     }
@@ -416,36 +428,38 @@ pub mod tests {
     fn map_lookup_unmap_destroy() {
         let mut mem = FakeTables::default();
         let mut s2 = Stage2::new(&mut mem).unwrap();
-        let ram = 0x4000_0000;
+        let ram = g(0x4000_0000);
         for i in 0..1024 {
-            s2.map(&mut mem, ram + i * PAGE, 0x8000_0000 + i * PAGE)
+            s2.map(&mut mem, ram + i * PAGE, p(0x8000_0000 + i * PAGE))
                 .unwrap();
         }
         assert_eq!(s2.mapped_pages(), 1024);
         assert_eq!(s2.tables(), 1 + 1 + 2, "root, one level-2, two level-3");
         assert_eq!(
             s2.lookup(&mut mem, ram + 5 * PAGE + 12),
-            Some(0x8000_5000 + 12)
+            Some(p(0x8000_5000 + 12))
         );
         assert_eq!(
-            s2.map(&mut mem, ram, 0x9000_0000),
+            s2.map(&mut mem, ram, p(0x9000_0000)),
             Err(Stage2Error::AlreadyMapped {
                 ipa: ram,
-                pa: 0x8000_0000
+                pa: p(0x8000_0000)
             })
         );
-        assert_eq!(s2.unmap(&mut mem, ram + 5 * PAGE), Some(0x8000_5000));
+        assert_eq!(s2.unmap(&mut mem, ram + 5 * PAGE), Some(p(0x8000_5000)));
         assert_eq!(s2.unmap(&mut mem, ram + 5 * PAGE), None);
         assert_eq!(s2.lookup(&mut mem, ram + 5 * PAGE), None);
-        assert_eq!(s2.lookup(&mut mem, 0x0900_0000), None);
+        assert_eq!(s2.lookup(&mut mem, g(0x0900_0000)), None);
         let mut seen = Vec::new();
         s2.for_each_mapped(&mut mem, |_, ipa, pa| seen.push((ipa, pa)));
         assert_eq!(seen.len(), 1023);
-        assert!(seen.iter().all(|&(ipa, pa)| pa - 0x8000_0000 == ipa - ram));
+        assert!(seen
+            .iter()
+            .all(|&(ipa, pa)| pa.raw() - 0x8000_0000 == ipa.raw() - ram.raw()));
         // Unmapped in batches of 100, in IPA order, the same frames.
-        let (mut cursor, mut batches) = (0, Vec::new());
+        let (mut cursor, mut batches) = (g(0), Vec::new());
         loop {
-            let mut batch: heapless::Vec<u64, 100> = heapless::Vec::new();
+            let mut batch: heapless::Vec<PhysAddr, 100> = heapless::Vec::new();
             s2.unmap_some(&mut mem, &mut cursor, &mut batch);
             if batch.is_empty() {
                 break;
@@ -472,43 +486,44 @@ pub mod tests {
         };
         let mut s2 = Stage2::new(&mut mem).unwrap();
         assert_eq!(
-            s2.map(&mut mem, 0x4000_0001, 0),
-            Err(Stage2Error::BadIpa(0x4000_0001))
+            s2.map(&mut mem, g(0x4000_0001), p(0)),
+            Err(Stage2Error::BadIpa(g(0x4000_0001)))
         );
         assert_eq!(
-            s2.map(&mut mem, IPA_LIMIT, 0),
+            s2.map(&mut mem, IPA_LIMIT, p(0)),
             Err(Stage2Error::BadIpa(IPA_LIMIT))
         );
         assert_eq!(
-            s2.map(&mut mem, 0x4000_0000, 0x1000),
+            s2.map(&mut mem, g(0x4000_0000), p(0x1000)),
             Err(Stage2Error::OutOfTables)
         );
-        assert_eq!(s2.unmap(&mut mem, !0xfff), None);
-        assert_eq!(s2.lookup(&mut mem, u64::MAX), None);
+        assert_eq!(s2.unmap(&mut mem, g(!0xfff)), None);
+        assert_eq!(s2.lookup(&mut mem, g(u64::MAX)), None);
     }
 
     #[test]
     fn device_pages_are_not_ram() {
         let mut mem = FakeTables::default();
         let mut s2 = Stage2::new(&mut mem).unwrap();
-        s2.map_device(&mut mem, 0x0801_0000, 0x0804_0000).unwrap();
-        s2.map(&mut mem, 0x4000_0000, 0x9000_0000).unwrap();
+        s2.map_device(&mut mem, g(0x0801_0000), p(0x0804_0000))
+            .unwrap();
+        s2.map(&mut mem, g(0x4000_0000), p(0x9000_0000)).unwrap();
         assert_eq!(s2.mapped_pages(), 1);
-        assert_eq!(s2.lookup(&mut mem, 0x0801_0000), None, "not RAM");
+        assert_eq!(s2.lookup(&mut mem, g(0x0801_0000)), None, "not RAM");
         assert_eq!(
-            s2.unmap(&mut mem, 0x0801_0000),
+            s2.unmap(&mut mem, g(0x0801_0000)),
             None,
             "the balloon cannot take it"
         );
-        assert!(s2.map(&mut mem, 0x0801_0000, 0x1000).is_err());
+        assert!(s2.map(&mut mem, g(0x0801_0000), p(0x1000)).is_err());
         let mut seen = Vec::new();
         s2.for_each_mapped(&mut mem, |_, ipa, _| seen.push(ipa));
-        assert_eq!(seen, [0x4000_0000]);
-        let mut frames: heapless::Vec<u64, 4> = heapless::Vec::new();
-        s2.unmap_some(&mut mem, &mut 0, &mut frames);
-        assert_eq!(frames, [0x9000_0000], "the device page is not RAM");
+        assert_eq!(seen, [g(0x4000_0000)]);
+        let mut frames: heapless::Vec<PhysAddr, 4> = heapless::Vec::new();
+        s2.unmap_some(&mut mem, &mut g(0), &mut frames);
+        assert_eq!(frames, [p(0x9000_0000)], "the device page is not RAM");
         assert_eq!(s2.destroy(&mut mem), Ok(0));
-        let d = device_page(0x0804_0000);
+        let d = device_page(p(0x0804_0000));
         assert_eq!(
             d,
             0x0040_0000_0804_0000 | 1 << 10 | 0b11 << 6 | 0b0001 << 2 | 0b11
@@ -518,8 +533,8 @@ pub mod tests {
 
     #[test]
     fn descriptor_bits() {
-        let d = ram_page(0x1234_5000);
-        assert_eq!(output_address(d), 0x1234_5000);
+        let d = ram_page(p(0x1234_5000));
+        assert_eq!(output_address(d), p(0x1234_5000));
         assert_eq!(d & 0b11, 0b11, "valid page");
         assert_eq!((d >> 2) & 0xf, 0xf, "normal write-back");
         assert_eq!((d >> 6) & 0b11, 0b11, "read-write");

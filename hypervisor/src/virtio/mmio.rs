@@ -819,6 +819,7 @@ pub const WRITABLE_REGISTERS: [u64; 19] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::addr::GuestAddr;
     use crate::virtio::testing::{
         driver_ok, handshake, read_reg, write_reg, DriverQueue, Sink, VecMemory,
     };
@@ -1107,7 +1108,7 @@ mod tests {
             error.kind,
             DeviceErrorKind::Queue(QueueError::Misaligned {
                 area: Area::Used,
-                ipa: BASE + 0x1002
+                ipa: GuestAddr::new(BASE + 0x1002)
             })
         );
         assert_eq!(

@@ -22,6 +22,8 @@
 
 use core::fmt;
 
+use crate::addr::GuestAddr;
+
 pub mod mmio;
 pub mod queue;
 #[cfg(any(test, feature = "testing"))]
@@ -43,16 +45,16 @@ pub trait GuestMemory {
     /// Copy `buf.len()` bytes starting at `ipa` into `buf`. `&mut self`
     /// because the hypervisor may have to back a ballooned page on first
     /// touch.
-    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError>;
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError>;
     /// Copy `data` to guest memory starting at `ipa`.
-    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError>;
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError>;
 }
 
 /// A guest memory access that is not entirely inside guest RAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GuestMemError {
     /// First IPA of the refused access.
-    pub ipa: u64,
+    pub ipa: GuestAddr,
     /// Its length in bytes.
     pub len: usize,
 }
@@ -62,7 +64,7 @@ impl fmt::Display for GuestMemError {
         write!(
             f,
             "IPA {} (+{} bytes) is not guest RAM",
-            Hex(self.ipa),
+            Hex(self.ipa.raw()),
             self.len
         )
     }
@@ -72,7 +74,7 @@ impl fmt::Display for GuestMemError {
 /// fetched once and then only the copy is used).
 pub(crate) fn read_le16<M: GuestMemory + ?Sized>(
     mem: &mut M,
-    ipa: u64,
+    ipa: GuestAddr,
 ) -> Result<u16, GuestMemError> {
     let mut b = [0u8; 2];
     mem.read(ipa, &mut b)?;
@@ -298,7 +300,7 @@ mod tests {
     #[test]
     fn errors_read_well() {
         let e = GuestMemError {
-            ipa: 0x8000_0000,
+            ipa: GuestAddr::new(0x8000_0000),
             len: 16,
         };
         assert_eq!(
@@ -311,7 +313,7 @@ mod tests {
             QueueError::DescriptorNotRam {
                 head: 3,
                 index: 3,
-                ipa: 0x8000_0000,
+                ipa: GuestAddr::new(0x8000_0000),
                 len: 4096,
             },
         );

@@ -29,6 +29,7 @@ use core::fmt;
 use core::sync::atomic::{fence, Ordering};
 
 use super::{read_le16, GuestMemError, GuestMemory, Hex};
+use crate::addr::GuestAddr;
 
 /// Largest queue size the split ring format allows.
 pub const MAX_QUEUE_SIZE: u16 = 32768;
@@ -95,9 +96,9 @@ pub enum QueueError {
     /// QueueNum is zero, above QueueNumMax, or not a power of two.
     BadSize { num: u32, max: u16 },
     /// An area's address is not aligned as the spec requires.
-    Misaligned { area: Area, ipa: u64 },
+    Misaligned { area: Area, ipa: GuestAddr },
     /// An area's end overflows the address space.
-    AreaOverflow { area: Area, ipa: u64 },
+    AreaOverflow { area: Area, ipa: GuestAddr },
     /// A ring access hit memory that is not guest RAM.
     RingNotRam { area: Area, err: GuestMemError },
     /// `avail.idx` is more than `size` entries ahead of the device.
@@ -123,7 +124,7 @@ pub enum QueueError {
     DescriptorOverflow {
         head: u16,
         index: u16,
-        ipa: u64,
+        ipa: GuestAddr,
         len: u32,
     },
     /// The chain's lengths add up to more than `u32::MAX` bytes.
@@ -134,7 +135,7 @@ pub enum QueueError {
     DescriptorNotRam {
         head: u16,
         index: u16,
-        ipa: u64,
+        ipa: GuestAddr,
         len: u32,
     },
     /// Device bug: a used element for a head outside the queue.
@@ -168,10 +169,10 @@ impl fmt::Display for QueueError {
                 write!(f, "queue size {num} is not a power of two between 1 and {max}")
             }
             QueueError::Misaligned { area, ipa } => {
-                write!(f, "{area} at IPA {} is not {}-byte aligned", Hex(*ipa), area.align())
+                write!(f, "{area} at IPA {} is not {}-byte aligned", Hex(ipa.raw()), area.align())
             }
             QueueError::AreaOverflow { area, ipa } => {
-                write!(f, "{area} at IPA {} runs past the end of the address space", Hex(*ipa))
+                write!(f, "{area} at IPA {} runs past the end of the address space", Hex(ipa.raw()))
             }
             QueueError::RingNotRam { area, err } => write!(f, "{area}: {err}"),
             QueueError::AvailTooFarAhead { avail_idx, last_avail_idx, size } => write!(
@@ -194,7 +195,7 @@ impl fmt::Display for QueueError {
             QueueError::DescriptorOverflow { index, ipa, len, .. } => write!(
                 f,
                 "descriptor {index} (IPA {}, {len} bytes) runs past the end of the address space",
-                Hex(*ipa)
+                Hex(ipa.raw())
             ),
             QueueError::ChainLengthOverflow { head } => {
                 write!(f, "chain from descriptor {head} is longer than 4 GiB in total")
@@ -206,7 +207,7 @@ impl fmt::Display for QueueError {
             QueueError::DescriptorNotRam { index, ipa, len, .. } => write!(
                 f,
                 "descriptor {index} points outside guest RAM (IPA {}, {len} bytes)",
-                Hex(*ipa)
+                Hex(ipa.raw())
             ),
             QueueError::UsedHeadOutOfRange { head, size } => {
                 write!(f, "device returned descriptor {head} of a queue of {size}")
@@ -222,7 +223,7 @@ impl fmt::Display for QueueError {
 pub struct Descriptor {
     /// Index in the descriptor table (for messages).
     pub index: u16,
-    pub ipa: u64,
+    pub ipa: GuestAddr,
     pub len: u32,
     /// Device-writable (VIRTQ_DESC_F_WRITE).
     pub writable: bool,
@@ -357,9 +358,9 @@ pub struct Virtqueue {
     /// The validated size while ready.
     size: u16,
     ready: bool,
-    desc: u64,
-    avail: u64,
-    used: u64,
+    desc: GuestAddr,
+    avail: GuestAddr,
+    used: GuestAddr,
     last_avail_idx: u16,
     used_idx: u16,
     /// Chains popped (head consumed) and not yet returned.
@@ -376,9 +377,9 @@ impl Virtqueue {
             num: 0,
             size: 0,
             ready: false,
-            desc: 0,
-            avail: 0,
-            used: 0,
+            desc: GuestAddr::new(0),
+            avail: GuestAddr::new(0),
+            used: GuestAddr::new(0),
             last_avail_idx: 0,
             used_idx: 0,
             in_flight: 0,
@@ -405,7 +406,7 @@ impl Virtqueue {
     }
 
     /// Address of `area` as configured.
-    pub fn area(&self, area: Area) -> u64 {
+    pub fn area(&self, area: Area) -> GuestAddr {
         match area {
             Area::Descriptors => self.desc,
             Area::Avail => self.avail,
@@ -438,11 +439,12 @@ impl Virtqueue {
             Area::Avail => &mut self.avail,
             Area::Used => &mut self.used,
         };
-        *slot = if high {
-            (*slot & 0xffff_ffff) | (u64::from(value) << 32)
+        let old = slot.raw();
+        *slot = GuestAddr::new(if high {
+            (old & 0xffff_ffff) | (u64::from(value) << 32)
         } else {
-            (*slot & !0xffff_ffff) | u64::from(value)
-        };
+            (old & !0xffff_ffff) | u64::from(value)
+        });
     }
 
     /// The driver wrote 1 to QueueReady: validate the configuration and start
@@ -462,7 +464,7 @@ impl Virtqueue {
         };
         for area in [Area::Descriptors, Area::Avail, Area::Used] {
             let ipa = self.area(area);
-            if !ipa.is_multiple_of(area.align()) {
+            if !ipa.raw().is_multiple_of(area.align()) {
                 return Err(QueueError::Misaligned { area, ipa });
             }
             let last = ipa
@@ -568,9 +570,10 @@ impl Virtqueue {
                     area: Area::Descriptors,
                     err,
                 })?;
-            let ipa = u64::from_le_bytes([
+            // The decode boundary: the guest's raw `addr` becomes an IPA.
+            let ipa = GuestAddr::new(u64::from_le_bytes([
                 raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7],
-            ]);
+            ]));
             let len = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
             let flags = u16::from_le_bytes([raw[12], raw[13]]);
             let next = u16::from_le_bytes([raw[14], raw[15]]);
@@ -697,7 +700,8 @@ mod tests {
         assert_eq!(chain.readable_len(), 10);
         assert_eq!(chain.writable_len(), 20);
         assert_eq!(q.in_flight(), 1);
-        mem.write(BASE + 0x4000, b"0123456789").unwrap();
+        mem.write(GuestAddr::new(BASE + 0x4000), b"0123456789")
+            .unwrap();
         let mut buf = [0u8; 4];
         assert_eq!(chain.read_readable_at(&mut mem, 8, &mut buf).unwrap(), 2);
         assert_eq!(&buf[..2], b"89");
@@ -719,8 +723,8 @@ mod tests {
             &mut mem,
             &[(BASE + 0x4000, 3, false), (BASE + 0x5000, 5, false)],
         );
-        mem.write(BASE + 0x4000, b"abc").unwrap();
-        mem.write(BASE + 0x5000, b"defgh").unwrap();
+        mem.write(GuestAddr::new(BASE + 0x4000), b"abc").unwrap();
+        mem.write(GuestAddr::new(BASE + 0x5000), b"defgh").unwrap();
         let chain = q.pop(&mut mem).unwrap().unwrap();
         let mut buf = [0u8; 8];
         assert_eq!(chain.read_readable(&mut mem, &mut buf).unwrap(), 8);
@@ -748,7 +752,7 @@ mod tests {
             q.enable(&mut mem),
             Err(QueueError::Misaligned {
                 area: Area::Descriptors,
-                ipa: BASE + 8
+                ipa: GuestAddr::new(BASE + 8)
             })
         );
         q.reset();
@@ -859,7 +863,7 @@ mod tests {
             Err(QueueError::DescriptorNotRam {
                 head: 0,
                 index: 0,
-                ipa: 0x8000_0000,
+                ipa: GuestAddr::new(0x8000_0000),
                 len: 4096
             })
         );
@@ -868,7 +872,8 @@ mod tests {
     #[test]
     fn avail_index_too_far_ahead() {
         let (mut mem, mut q, _dq) = setup(4);
-        mem.write(BASE + 0x1000 + 2, &5u16.to_le_bytes()).unwrap();
+        mem.write(GuestAddr::new(BASE + 0x1000 + 2), &5u16.to_le_bytes())
+            .unwrap();
         assert_eq!(
             q.pop(&mut mem),
             Err(QueueError::AvailTooFarAhead {
@@ -916,9 +921,9 @@ mod tests {
             let desc = BASE + (desc_off & !15);
             let avail = BASE + (avail_off & !1);
             let used = BASE + (used_off & !3);
-            let _ = mem.write(desc, &table[..16 * usize::from(size)]);
-            let _ = mem.write(avail + 4, &ring[..2 * usize::from(size)]);
-            let _ = mem.write(avail + 2, &avail_idx.to_le_bytes());
+            let _ = mem.write(GuestAddr::new(desc), &table[..16 * usize::from(size)]);
+            let _ = mem.write(GuestAddr::new(avail + 4), &ring[..2 * usize::from(size)]);
+            let _ = mem.write(GuestAddr::new(avail + 2), &avail_idx.to_le_bytes());
             let mut q = Virtqueue::new(16);
             q.set_num(u32::from(size));
             q.set_area_half(Area::Descriptors, false, desc as u32);

@@ -11,6 +11,7 @@ use super::queue::{Area, Virtqueue, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use super::{
     DeviceError, GuestMemError, GuestMemory, VirtioDevice, VirtioDeviceIo, VIRTIO_F_VERSION_1,
 };
+use crate::addr::GuestAddr;
 
 /// Guest RAM `[base, base + bytes.len())`. Records every write made through
 /// [`GuestMemory`] (the device's) and every access it refused, so tests can
@@ -66,7 +67,8 @@ impl VecMemory {
 }
 
 impl GuestMemory for VecMemory {
-    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+    fn read(&mut self, at: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
+        let ipa = at.raw();
         match self.range(ipa, buf.len()) {
             Some(r) => {
                 buf.copy_from_slice(&self.bytes[r]);
@@ -75,14 +77,15 @@ impl GuestMemory for VecMemory {
             None => {
                 self.refused.push((ipa, buf.len()));
                 Err(GuestMemError {
-                    ipa,
+                    ipa: at,
                     len: buf.len(),
                 })
             }
         }
     }
 
-    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+    fn write(&mut self, at: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
+        let ipa = at.raw();
         match self.range(ipa, data.len()) {
             Some(r) => {
                 self.bytes[r].copy_from_slice(data);
@@ -92,7 +95,7 @@ impl GuestMemory for VecMemory {
             None => {
                 self.refused.push((ipa, data.len()));
                 Err(GuestMemError {
-                    ipa,
+                    ipa: at,
                     len: data.len(),
                 })
             }
@@ -196,13 +199,14 @@ impl DriverQueue {
     /// Used elements `(id, len)` the device added since the last call.
     pub fn take_used<M: GuestMemory>(&mut self, mem: &mut M) -> Vec<(u32, u32)> {
         let mut idx = [0u8; 2];
-        mem.read(self.used + 2, &mut idx).expect("used ring in RAM");
+        mem.read(GuestAddr::new(self.used + 2), &mut idx)
+            .expect("used ring in RAM");
         let idx = u16::from_le_bytes(idx);
         let mut out = Vec::new();
         while self.used_seen != idx {
             let slot = u64::from(self.used_seen % self.size);
             let mut e = [0u8; 8];
-            mem.read(self.used + 4 + 8 * slot, &mut e)
+            mem.read(GuestAddr::new(self.used + 4 + 8 * slot), &mut e)
                 .expect("used ring in RAM");
             out.push((
                 u32::from_le_bytes([e[0], e[1], e[2], e[3]]),

@@ -11,6 +11,7 @@ use super::memory::{GuestRam, HostMemory};
 use super::outbox::Outbox;
 use super::ratelimit::{GuestLines, LineKind, Permit};
 use super::state::Vm;
+use crate::addr::{GuestAddr, GuestPfn};
 use crate::vgic::{VgicEffect, VgicVersion, GICR_STRIDE, GICV3_DIST_WINDOW};
 use crate::virtio::mmio::MmioError;
 use crate::virtio::{GuestMemError, GuestMemory};
@@ -42,12 +43,12 @@ impl Window {
 }
 
 /// `ipa - base` if `ipa` is in `base..base + size`.
-pub fn offset_in(ipa: u64, base: u64, size: u64) -> Option<u64> {
-    (ipa >= base && ipa - base < size).then(|| ipa - base)
+pub fn offset_in(ipa: GuestAddr, base: GuestAddr, size: u64) -> Option<u64> {
+    ipa.offset_from(base).filter(|&off| off < size)
 }
 
 /// The device window `ipa` is in, among the devices this VM has.
-pub fn route(vm: &Vm, ipa: u64) -> Option<Window> {
+pub fn route(vm: &Vm, ipa: GuestAddr) -> Option<Window> {
     if let Some(vgic) = vm.vgic.as_ref() {
         let v3 = vgic.version() == VgicVersion::V3;
         let dist_size = if v3 {
@@ -138,7 +139,7 @@ pub fn read(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
     vcpu: usize,
-    ipa: u64,
+    ipa: GuestAddr,
     width: u8,
 ) -> Result<u64, Refused> {
     let Some(window) = route(vm, ipa) else {
@@ -175,7 +176,7 @@ pub fn write(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
     vcpu: usize,
-    ipa: u64,
+    ipa: GuestAddr,
     width: u8,
     value: u64,
 ) -> Result<(), Refused> {
@@ -320,7 +321,7 @@ pub struct DeviceView<'a, M> {
 }
 
 impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
-    fn read(&mut self, ipa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
         self.ram
             .read(self.mem, ipa, buf)
             .map_err(|_| GuestMemError {
@@ -328,7 +329,7 @@ impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
                 len: buf.len(),
             })
     }
-    fn write(&mut self, ipa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
         self.ram
             .write(self.mem, ipa, data)
             .map_err(|_| GuestMemError {
@@ -339,23 +340,23 @@ impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
 }
 
 impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
-    fn ram_pfns(&self) -> core::ops::Range<u64> {
+    fn ram_pfns(&self) -> core::ops::Range<GuestPfn> {
         self.ram.pfns()
     }
-    fn inflate(&mut self, pfns: &[u64]) {
+    fn inflate(&mut self, pfns: &[GuestPfn]) {
         self.ram.release(self.mem, pfns);
     }
-    fn deflate(&mut self, _pfns: &[u64]) {
+    fn deflate(&mut self, _pfns: &[GuestPfn]) {
         // Nothing to do now: each page is backed again (zeroed or poisoned)
         // on its next access.
     }
     fn now_us(&self) -> Option<u64> {
         Some(self.now_us)
     }
-    fn report(&mut self, blocks: &[core::ops::Range<u64>]) {
+    fn report(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
         self.ram.release_blocks(self.mem, blocks);
     }
-    fn hint(&mut self, blocks: &[core::ops::Range<u64>]) {
+    fn hint(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
         self.ram.release_blocks(self.mem, blocks);
     }
 }

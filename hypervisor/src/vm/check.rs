@@ -246,9 +246,10 @@ pub fn write_result(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::addr::{GuestAddr, PhysAddr};
     use crate::vm::testing::FakeHost;
 
-    const BASE: u64 = 0x4000_0000;
+    const BASE: GuestAddr = GuestAddr::new(0x4000_0000);
 
     fn facts(host: &FakeHost) -> FrameFacts {
         FrameFacts::of(&host.frames, host.frames.total_pages() * PAGE_SIZE)
@@ -268,7 +269,7 @@ mod tests {
             .expect("hypervisor pages");
         let mut a = GuestRam::new(&mut host, 0, 1, BASE, 64 * PAGE_SIZE).unwrap();
         a.populate(&mut host).unwrap();
-        a.release(&mut host, &[BASE / PAGE_SIZE + 3]);
+        a.release(&mut host, &[BASE.pfn() + 3]);
         let mut b = GuestRam::new(&mut host, 1, 2, BASE, 32 * PAGE_SIZE).unwrap();
         b.populate(&mut host).unwrap();
         b.destroy(&mut host);
@@ -352,7 +353,7 @@ mod tests {
         // A broken frame table is reported too.
         let mut frames = facts(&host);
         frames.invariants = Err(FrameError::CorruptEntry {
-            addr: 0,
+            addr: PhysAddr::new(0),
             code: 0xff,
         });
         let lines = text(&check(&frames, &vms[..1], &mut host));

@@ -6,6 +6,7 @@
 use aarch64_cpu::registers::ID_AA64MMFR0_EL1::PARange;
 use aarch64_cpu::registers::{CNTHCTL_EL2, HCR_EL2, VMPIDR_EL2, VTCR_EL2, VTTBR_EL2};
 
+use crate::addr::PhysAddr;
 use crate::mm::stage2;
 
 /// HCR_EL2 while a guest runs: stage 2 on (VM), set/way invalidation
@@ -49,8 +50,8 @@ pub fn vtcr(pa_range: u64) -> u64 {
 
 /// VTTBR_EL2 for VM `vmid` (8 bits, VTCR_EL2.VS = 0) with its stage-2 root
 /// table at `root`.
-pub fn vttbr(vmid: u16, root: u64) -> u64 {
-    (VTTBR_EL2::VMID.val(u64::from(vmid) & 0xff) + VTTBR_EL2::BADDR.val(root >> 1)).value
+pub fn vttbr(vmid: u16, root: PhysAddr) -> u64 {
+    (VTTBR_EL2::VMID.val(u64::from(vmid) & 0xff) + VTTBR_EL2::BADDR.val(root.raw() >> 1)).value
 }
 
 /// VMPIDR_EL2: the MPIDR the guest's vCPU `vcpu_index` reads (Aff0 = index).
@@ -89,8 +90,8 @@ mod tests {
             assert_eq!(vtcr(ps), old, "PARange {ps}");
         }
         let root = 0x4123_4000;
-        assert_eq!(vttbr(3, root), (3 << 48) | root);
-        assert_eq!(vttbr(0x1ff, root), (0xff << 48) | root);
+        assert_eq!(vttbr(3, PhysAddr::new(root)), (3 << 48) | root);
+        assert_eq!(vttbr(0x1ff, PhysAddr::new(root)), (0xff << 48) | root);
         assert_eq!(vmpidr(2), (1 << 31) | 2);
         assert_eq!(cnthctl(), 3);
     }

@@ -21,6 +21,7 @@ use super::outbox::Notice;
 use super::psci;
 use super::state::{GuestGic, Power, Vm, VmState};
 use super::testing::FakeCpu;
+use crate::addr::{GuestAddr, PhysAddr};
 use crate::balloon::F_VERSION_1;
 use crate::mm::frames::PAGE_SIZE;
 use crate::virtio::mmio;
@@ -30,8 +31,8 @@ use crate::virtio::testing::{DriverMemory, DriverQueue};
 const BOARD_PAGES: u64 = 4096;
 /// RAM of the test VM (8 MiB).
 const VM_RAM: u64 = 8 << 20;
-const UART_DR: u64 = layout::UART_BASE;
-const UART_FR: u64 = layout::UART_BASE + 0x18;
+const UART_DR: GuestAddr = layout::UART_BASE;
+const UART_FR: GuestAddr = GuestAddr::new(layout::UART_BASE.raw() + 0x18);
 
 /// A kernel with an arm64 Image header (text_offset 0x1000, image_size 1 MiB).
 fn kernel() -> Vec<u8> {
@@ -88,7 +89,7 @@ fn exit(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, exit: VcpuExit) 
     handle::after_exit(vm, cpu, 0, ctx, exit, 0)
 }
 
-fn store(ipa: u64, width: u8) -> VcpuExit {
+fn store(ipa: GuestAddr, width: u8) -> VcpuExit {
     VcpuExit::MmioWrite {
         ipa,
         width,
@@ -97,7 +98,7 @@ fn store(ipa: u64, width: u8) -> VcpuExit {
     }
 }
 
-fn load(ipa: u64, width: u8) -> VcpuExit {
+fn load(ipa: GuestAddr, width: u8) -> VcpuExit {
     VcpuExit::MmioRead {
         ipa,
         width,
@@ -153,12 +154,15 @@ fn start_loads_the_kernel_initrd_and_tree_and_hands_vcpu_0_to_its_cpu() {
         .expect("tree in RAM");
     assert_eq!(magic, [0xd0, 0x0d, 0xfe, 0xed]);
     // The initrd starts at the first 2 MiB boundary past the kernel's footprint.
-    let initrd = (image.entry() + (1 << 20)).next_multiple_of(2 << 20);
+    let initrd = GuestAddr::new((image.entry() + (1 << 20)).raw().next_multiple_of(2 << 20));
     let mut first = [0u8; 1];
     ram.read(&mut cpu.host, initrd, &mut first).expect("initrd");
     assert_eq!(first, [0x5a]);
     let ctx = enter(&mut vm, &mut cpu, 0);
-    assert_eq!((ctx.elr, ctx.x[0]), (image.entry(), layout::RAM_BASE));
+    assert_eq!(
+        (ctx.elr, ctx.x[0]),
+        (image.entry().raw(), layout::RAM_BASE.raw())
+    );
     assert_check(&vm, &mut cpu);
 }
 
@@ -224,7 +228,12 @@ fn bad_accesses_get_aborts_counted_and_rate_limited_lines() {
     let pc = ctx.elr;
     ctx.far = 0x1234;
     assert_eq!(
-        exit(&mut vm, &mut cpu, &mut ctx, load(0x3000_0000, 4)),
+        exit(
+            &mut vm,
+            &mut cpu,
+            &mut ctx,
+            load(GuestAddr::new(0x3000_0000), 4)
+        ),
         Outcome::Continue
     );
     assert_eq!(
@@ -254,7 +263,12 @@ fn bad_accesses_get_aborts_counted_and_rate_limited_lines() {
     assert!(said[1].contains("virtio"), "{said:?}");
     // A flood: ten lines at once, then the rest held back.
     for _ in 0..100 {
-        exit(&mut vm, &mut cpu, &mut ctx, load(0x3000_0000, 4));
+        exit(
+            &mut vm,
+            &mut cpu,
+            &mut ctx,
+            load(GuestAddr::new(0x3000_0000), 4),
+        );
     }
     assert_eq!(cpu.injected.len(), 102, "every bad access gets its abort");
     assert!(lines(&mut vm).len() <= 10);
@@ -266,7 +280,12 @@ fn under_the_stop_policy_a_bad_access_stops_the_vm() {
     let (mut vm, mut cpu) = started_with(1, guest_bundle::bad_access::STOP, GuestGic::V3);
     assert_eq!(vm.on_bad_access, OnBadAccess::Stop);
     let mut ctx = enter(&mut vm, &mut cpu, 0);
-    let outcome = exit(&mut vm, &mut cpu, &mut ctx, store(0x3000_0000, 4));
+    let outcome = exit(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        store(GuestAddr::new(0x3000_0000), 4),
+    );
     assert!(matches!(outcome, Outcome::Stop(_)));
     assert!(cpu.injected.is_empty());
     lifecycle::begin_stop(&mut vm, &mut cpu, "test", false);
@@ -419,6 +438,7 @@ struct GuestStores<'a> {
 impl DriverMemory for GuestStores<'_> {
     fn poke(&mut self, ipa: u64, data: &[u8]) {
         let ram = self.vm.ram.as_mut().expect("RAM");
+        let ipa = GuestAddr::new(ipa);
         ram.translate_or_back(&mut self.cpu.host, ipa)
             .expect("backed");
         ram.write(&mut self.cpu.host, ipa, data).expect("in RAM");
@@ -441,7 +461,7 @@ fn virtio_read(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64)
 fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     let (mut vm, mut cpu) = started(1);
     let mut ctx = enter(&mut vm, &mut cpu, 0);
-    let rings = layout::RAM_BASE + VM_RAM - 0x10_0000;
+    let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
     let mut inflate = DriverQueue::new(16, rings, rings + 0x1000, rings + 0x2000);
     let deflate = DriverQueue::new(16, rings + 0x4000, rings + 0x5000, rings + 0x6000);
     // Probe, as Linux's virtio_mmio does, entirely through trapped accesses.
@@ -484,7 +504,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     assert_eq!(virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::CONFIG), 16);
     assert!(vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending()));
     // The guest inflates 16 pages in the middle of its RAM.
-    let first_pfn = (layout::RAM_BASE + (2 << 20) + (512 << 10)) / PAGE_SIZE;
+    let first_pfn = (layout::RAM_BASE + (2 << 20) + (512 << 10)).pfn().raw();
     let pfns: Vec<u8> = (0..16u32)
         .flat_map(|i| (first_pfn as u32 + i).to_le_bytes())
         .collect();
@@ -514,7 +534,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
 
     // The guest touches an inflated page again (deflate not told: a
     // migration-like refault): it is backed with a zeroed frame.
-    let ipa = first_pfn * PAGE_SIZE + 8;
+    let ipa = GuestAddr::new(first_pfn * PAGE_SIZE + 8);
     let fault = VcpuExit::Abort {
         ipa,
         write: true,
@@ -587,7 +607,7 @@ fn list_registers_carry_pending_interrupts_and_retire_them() {
 /// One arbitrary exit a hostile guest could cause.
 fn any_exit() -> impl Strategy<Value = VcpuExit> {
     let ipa = prop_oneof![
-        0u64..0x1_0000_0000,
+        (0u64..0x1_0000_0000).prop_map(GuestAddr::new),
         (0u64..0x1000).prop_map(|o| layout::GICD_BASE + o),
         (0u64..0x4_0000).prop_map(|o| layout::GICR_BASE + o),
         (0u64..0x1000).prop_map(|o| layout::UART_BASE + o),
@@ -665,7 +685,9 @@ proptest! {
         exits in proptest::collection::vec((any_exit(), any::<[u64; 4]>()), 1..200),
         gic_v2 in any::<bool>(),
     ) {
-        let gic = if gic_v2 { GuestGic::V2 { gicv: 0x0804_0000 } } else { GuestGic::V3 };
+        let gic = if gic_v2 { GuestGic::V2 {
+                gicv: PhysAddr::new(0x0804_0000),
+            } } else { GuestGic::V3 };
         let (mut vm, mut cpu) = started_with(2, 0, gic);
         let mut ctx = enter(&mut vm, &mut cpu, 0);
         for (exit, regs) in exits {

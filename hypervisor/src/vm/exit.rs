@@ -7,6 +7,8 @@
 //! instruction of an AArch32 EL0): the PC is stepped by that, never by a
 //! fixed 4.
 
+use crate::addr::GuestAddr;
+
 use super::syndrome::{fault_ipa, Syndrome, ESR, ISS_CALL, ISS_DATA_ABORT, ISS_SYSREG, ISS_WFX};
 use ESR::EC::Value as EC;
 
@@ -15,7 +17,7 @@ use ESR::EC::Value as EC;
 pub enum VcpuExit {
     /// A load the hypervisor must emulate: write the result to `reg`.
     MmioRead {
-        ipa: u64,
+        ipa: GuestAddr,
         width: u8,
         reg: u8,
         sign_extend: bool,
@@ -24,7 +26,7 @@ pub enum VcpuExit {
     },
     /// A store the hypervisor must emulate; the value is in `reg`.
     MmioWrite {
-        ipa: u64,
+        ipa: GuestAddr,
         width: u8,
         reg: u8,
         insn_len: u8,
@@ -33,7 +35,7 @@ pub enum VcpuExit {
     /// store (no valid ISV), or an instruction fetch: `write` is meaningful
     /// for data aborts only.
     Abort {
-        ipa: u64,
+        ipa: GuestAddr,
         write: bool,
         instruction: bool,
         fault: FaultKind,
@@ -236,7 +238,7 @@ mod tests {
         assert_eq!(
             exit,
             VcpuExit::MmioWrite {
-                ipa: 0x0a00_0050,
+                ipa: GuestAddr::new(0x0a00_0050),
                 width: 4,
                 reg: 3,
                 insn_len: 4
@@ -251,7 +253,7 @@ mod tests {
         assert_eq!(
             exit,
             VcpuExit::MmioRead {
-                ipa: 0x0900_0018,
+                ipa: GuestAddr::new(0x0900_0018),
                 width: 1,
                 reg: 7,
                 sign_extend: true,
@@ -297,7 +299,7 @@ mod tests {
         assert_eq!(
             decode(8, esr, 0x123, hp(0x4000_1000)),
             VcpuExit::Abort {
-                ipa: 0x4000_1123,
+                ipa: GuestAddr::new(0x4000_1123),
                 write: false,
                 instruction: false,
                 fault: FaultKind::Translation
@@ -337,9 +339,9 @@ mod tests {
             decode(8, (0x20 << 26) | 0b000110, 0, 0x1 << 4),
             VcpuExit::Abort {
                 instruction: true,
-                ipa: 0x1000,
+                ipa,
                 ..
-            }
+            } if ipa == GuestAddr::new(0x1000)
         ));
     }
 }

@@ -23,20 +23,22 @@ use vm_fdt::FdtWriter;
 
 /// Where things are on the guest board (`docs/GUEST-BOARD.md`).
 pub mod layout {
+    use crate::addr::GuestAddr;
+
     /// Guest RAM starts here (IPA).
-    pub const RAM_BASE: u64 = 0x4000_0000;
+    pub const RAM_BASE: GuestAddr = GuestAddr::new(0x4000_0000);
     /// GIC distributor.
-    pub const GICD_BASE: u64 = 0x0800_0000;
+    pub const GICD_BASE: GuestAddr = GuestAddr::new(0x0800_0000);
     /// GICv2 CPU interface.
-    pub const GICC_BASE: u64 = 0x0801_0000;
+    pub const GICC_BASE: GuestAddr = GuestAddr::new(0x0801_0000);
     /// GICv3 redistributors (one 128 KiB frame pair per vCPU).
-    pub const GICR_BASE: u64 = 0x080a_0000;
+    pub const GICR_BASE: GuestAddr = GuestAddr::new(0x080a_0000);
     /// The PL011 console and its SPI (INTID 33).
-    pub const UART_BASE: u64 = 0x0900_0000;
+    pub const UART_BASE: GuestAddr = GuestAddr::new(0x0900_0000);
     pub const UART_SPI: u32 = 1;
     /// Virtio-mmio device `n` is at `VIRTIO_BASE + VIRTIO_STRIDE * n`, SPI
     /// `VIRTIO_SPI_BASE + n`; device 0 is the balloon.
-    pub const VIRTIO_BASE: u64 = 0x0a00_0000;
+    pub const VIRTIO_BASE: GuestAddr = GuestAddr::new(0x0a00_0000);
     pub const VIRTIO_STRIDE: u64 = 0x200;
     pub const VIRTIO_SPI_BASE: u32 = 16;
     /// Virtio-mmio slots the board has (QEMU `virt` has 32 too).
@@ -52,7 +54,7 @@ pub const VIRTIO_MMIO_SLOTS: [(u64, u32); layout::VIRTIO_SLOTS] = {
     let mut n = 0;
     while n < layout::VIRTIO_SLOTS {
         slots[n] = (
-            layout::VIRTIO_BASE + layout::VIRTIO_STRIDE * n as u64,
+            layout::VIRTIO_BASE.raw() + layout::VIRTIO_STRIDE * n as u64,
             layout::VIRTIO_SPI_BASE + n as u32,
         );
         n += 1;
@@ -149,22 +151,22 @@ impl GuestBoard<'static> {
                     max: layout::VIRTIO_SLOTS,
                 })?;
         Ok(GuestBoard {
-            ram_base: layout::RAM_BASE,
+            ram_base: layout::RAM_BASE.raw(),
             ram_size,
             vcpus,
             bootargs: None,
             initrd: None,
             gic: match gic {
                 GicVersion::V2 => GuestGic::V2 {
-                    dist: layout::GICD_BASE,
-                    cpu: layout::GICC_BASE,
+                    dist: layout::GICD_BASE.raw(),
+                    cpu: layout::GICC_BASE.raw(),
                 },
                 GicVersion::V3 => GuestGic::V3 {
-                    dist: layout::GICD_BASE,
-                    redist: layout::GICR_BASE,
+                    dist: layout::GICD_BASE.raw(),
+                    redist: layout::GICR_BASE.raw(),
                 },
             },
-            uart: (layout::UART_BASE, layout::UART_SPI),
+            uart: (layout::UART_BASE.raw(), layout::UART_SPI),
             virtio_mmio,
             timer_ppis: layout::TIMER_PPIS,
         })

@@ -22,7 +22,7 @@ use super::memory::RamError;
 use super::psci::{self, PsciOutcome};
 use super::ratelimit::LineKind;
 use super::state::Vm;
-use crate::mm::frames::PAGE_SIZE;
+use crate::addr::GuestAddr;
 use crate::vgic::{ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
 
 /// Why a VM stopped after a hypervisor failure in its path.
@@ -254,7 +254,7 @@ fn psci_outcome(outcome: PsciOutcome) -> Outcome {
 
 /// A translation fault on a RAM page given back (balloon, reported,
 /// hinted): back it again, zeroed or with the guest's poison value.
-fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: u64) -> Outcome {
+fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: GuestAddr) -> Outcome {
     let fill = vm.balloon.as_ref().map_or(0, |b| b.device().page_fill());
     let Some(ram) = vm.ram.as_mut() else {
         return Outcome::Continue;
@@ -269,14 +269,14 @@ fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: u64) 
         return Outcome::Stop(why);
     }
     if let Some(balloon) = vm.balloon.as_mut() {
-        balloon.device_mut().page_refaulted(ipa / PAGE_SIZE);
+        balloon.device_mut().page_refaulted(ipa.pfn());
     }
     Outcome::Continue
 }
 
 /// The facts of a refused access, for the message and the exception.
 struct Access {
-    ipa: Option<u64>,
+    ipa: Option<GuestAddr>,
     write: bool,
     width: Option<u8>,
     il32: bool,
@@ -288,7 +288,7 @@ struct Access {
 
 impl Access {
     /// A load or store with a full syndrome (FAR_EL2 is valid then).
-    fn data(ipa: u64, write: bool, width: u8, insn_len: u8, far: u64) -> Self {
+    fn data(ipa: GuestAddr, write: bool, width: u8, insn_len: u8, far: u64) -> Self {
         Self {
             ipa: Some(ipa),
             write,

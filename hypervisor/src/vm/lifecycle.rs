@@ -7,6 +7,7 @@ use super::cpu::PhysCpu;
 use super::fdt::{self, layout, GuestBoard};
 use super::memory::GuestRam;
 use super::state::{GuestGic, Power, Vm, VmState};
+use crate::addr::GuestAddr;
 use crate::balloon::Balloon;
 use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
 use crate::mm::frames::PAGE_SIZE;
@@ -49,7 +50,7 @@ impl KernelImage {
     }
 
     /// The guest physical address the kernel is loaded at and entered.
-    pub fn entry(&self) -> u64 {
+    pub fn entry(&self) -> GuestAddr {
         layout::RAM_BASE + KERNEL_OFFSET + self.text_offset
     }
 }
@@ -153,12 +154,13 @@ fn load_images(
         let start = image
             .entry()
             .checked_add(image.footprint)
-            .and_then(|end| end.checked_next_multiple_of(2 << 20))
+            .and_then(|end| end.raw().checked_next_multiple_of(2 << 20))
+            .map(GuestAddr::new)
             .ok_or(too_big)?;
         ram.write(cpu.memory(), start, initrd)
             .map_err(|_| too_big)?;
         let end = start.checked_add(initrd.len() as u64).ok_or(too_big)?;
-        board.initrd = Some((start, end));
+        board.initrd = Some((start.raw(), end.raw()));
     }
     let dtb = fdt::build(&board).map_err(|_| "its device tree cannot be built")?;
     if dtb.len() as u64 > KERNEL_OFFSET {
@@ -274,8 +276,8 @@ pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
     let entry = match *vm.power.get(vcpu)? {
         Power::Starting { entry, context } => (entry, context),
         Power::On if vcpu == 0 => (
-            KernelImage::parse(vm.spec.kernel()).entry(),
-            layout::RAM_BASE,
+            KernelImage::parse(vm.spec.kernel()).entry().raw(),
+            layout::RAM_BASE.raw(),
         ),
         _ => return None,
     };

@@ -1,5 +1,5 @@
-//! A VM's RAM: which guest pages are backed by which frames, through its
-//! stage-2 tables. Frames come from and go back to the frame table (through
+//! A VM's RAM: which guest pages ([`GuestAddr`], [`GuestPfn`]) are backed
+//! by which host frames ([`PhysAddr`]), through its stage-2 tables. Frames come from and go back to the frame table (through
 //! [`HostMemory`]); a guest page without a frame (ballooned, or never
 //! touched) is backed again, zeroed, on its next access. Unmapping is
 //! batched: one TLB invalidation per call, never per page.
@@ -15,22 +15,23 @@
 //! and check that no frame is mapped into two VMs and that a VM maps only
 //! frames it owns.
 
+use crate::addr::{GuestAddr, GuestPfn, PhysAddr};
 use crate::mm::frames::{FrameError, PAGE_SIZE};
 use crate::mm::stage2::{Stage2, Stage2Error, TableMemory};
 
 /// What a VM's memory needs from the host.
 pub trait HostMemory: TableMemory {
     /// A zeroed frame owned by VM `vm`.
-    fn alloc_frame(&mut self, vm: usize) -> Option<u64>;
+    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr>;
     /// Give VM `vm`'s frame back to the pool (after the TLB flush); an
     /// error if the frame table does not record it as VM `vm`'s.
-    fn free_frame(&mut self, vm: usize, pa: u64) -> Result<(), FrameError>;
-    fn read(&mut self, pa: u64, buf: &mut [u8]);
-    fn write(&mut self, pa: u64, data: &[u8]);
+    fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError>;
+    fn read(&mut self, pa: PhysAddr, buf: &mut [u8]);
+    fn write(&mut self, pa: PhysAddr, data: &[u8]);
     /// Invalidate the TLBs of VMID `vmid` on every CPU.
     fn flush_tlb(&mut self, vmid: u16);
     /// The VM owning the frame at `pa`, per the frame table.
-    fn frame_owner(&self, pa: u64) -> Option<usize>;
+    fn frame_owner(&self, pa: PhysAddr) -> Option<usize>;
     /// Frames VM `vm` owns, per the frame table.
     fn frames_owned(&self, vm: usize) -> u64;
 }
@@ -39,12 +40,12 @@ pub trait HostMemory: TableMemory {
 pub enum RamError {
     /// No free frame left to back a guest page.
     OutOfMemory {
-        ipa: u64,
+        ipa: GuestAddr,
     },
     Stage2(Stage2Error),
     /// The IPA is not this VM's RAM.
     NotRam {
-        ipa: u64,
+        ipa: GuestAddr,
     },
 }
 
@@ -91,7 +92,7 @@ pub struct GuestRam {
     pub vm: usize,
     pub vmid: u16,
     /// IPA of the first byte of RAM, and its size; both page multiples.
-    pub base: u64,
+    pub base: GuestAddr,
     pub size: u64,
     stage2: Stage2,
     pub stats: RamStats,
@@ -108,7 +109,7 @@ impl GuestRam {
         mem: &mut impl HostMemory,
         vm: usize,
         vmid: u16,
-        base: u64,
+        base: GuestAddr,
         size: u64,
     ) -> Result<Self, RamError> {
         let stage2 = Stage2::new(mem).map_err(RamError::Stage2)?;
@@ -124,7 +125,7 @@ impl GuestRam {
         })
     }
 
-    pub fn stage2_root(&self) -> u64 {
+    pub fn stage2_root(&self) -> PhysAddr {
         self.stage2.root()
     }
 
@@ -140,21 +141,22 @@ impl GuestRam {
         self.stage2.tables()
     }
 
-    pub fn contains(&self, ipa: u64) -> bool {
-        ipa >= self.base && ipa - self.base < self.size
+    pub fn contains(&self, ipa: GuestAddr) -> bool {
+        ipa.offset_from(self.base)
+            .is_some_and(|off| off < self.size)
     }
 
     /// Guest page frame numbers of RAM: `[base / 4 KiB, end / 4 KiB)`.
-    pub fn pfns(&self) -> core::ops::Range<u64> {
-        self.base / PAGE_SIZE..(self.base + self.size) / PAGE_SIZE
+    pub fn pfns(&self) -> core::ops::Range<GuestPfn> {
+        self.base.pfn()..(self.base + self.size).pfn()
     }
 
     /// Pass a device page through at `ipa` (not RAM: never a frame of ours).
     pub fn map_device(
         &mut self,
         mem: &mut impl HostMemory,
-        ipa: u64,
-        pa: u64,
+        ipa: GuestAddr,
+        pa: PhysAddr,
     ) -> Result<(), RamError> {
         self.stage2
             .map_device(mem, ipa, pa)
@@ -172,7 +174,7 @@ impl GuestRam {
         Ok(())
     }
 
-    fn map_new(&mut self, mem: &mut impl HostMemory, ipa: u64) -> Result<u64, RamError> {
+    fn map_new(&mut self, mem: &mut impl HostMemory, ipa: GuestAddr) -> Result<PhysAddr, RamError> {
         let pa = mem
             .alloc_frame(self.vm)
             .ok_or(RamError::OutOfMemory { ipa })?;
@@ -188,16 +190,15 @@ impl GuestRam {
     pub fn translate_or_back(
         &mut self,
         mem: &mut impl HostMemory,
-        ipa: u64,
-    ) -> Result<u64, RamError> {
+        ipa: GuestAddr,
+    ) -> Result<PhysAddr, RamError> {
         if !self.contains(ipa) {
             return Err(RamError::NotRam { ipa });
         }
         if let Some(pa) = self.stage2.lookup(mem, ipa) {
             return Ok(pa);
         }
-        let page = ipa & !(PAGE_SIZE - 1);
-        let pa = self.map_new(mem, page)?;
+        let pa = self.map_new(mem, ipa.page_base())?;
         if self.page_fill != 0 {
             // Frames come zeroed; a poisoning guest expects its poison.
             let chunk: [u8; 256] = core::array::from_fn(|i| self.page_fill.to_le_bytes()[i % 4]);
@@ -206,19 +207,19 @@ impl GuestRam {
             }
         }
         self.stats.faults_backed += 1;
-        Ok(pa | (ipa & (PAGE_SIZE - 1)))
+        Ok(PhysAddr::new(pa.raw() | ipa.page_offset()))
     }
 
     /// Unmap the pages of these guest PFNs (those in RAM and backed), flush
     /// the TLB once, and give their frames back. Returns how many were freed.
-    pub fn release(&mut self, mem: &mut impl HostMemory, pfns: &[u64]) -> u64 {
-        let mut frames: heapless::Vec<u64, 256> = heapless::Vec::new();
+    pub fn release(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
+        let mut frames: heapless::Vec<PhysAddr, 256> = heapless::Vec::new();
         let mut released = 0;
         for chunk in pfns.chunks(256) {
             for &pfn in chunk {
                 // A PFN whose address does not fit 64 bits is not RAM (a
                 // wrapped product could alias a real page).
-                let Some(ipa) = pfn.checked_mul(PAGE_SIZE).filter(|&a| self.contains(a)) else {
+                let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
                     continue;
                 };
                 if let Some(pa) = self.stage2.unmap(mem, ipa) {
@@ -242,7 +243,7 @@ impl GuestRam {
 
     /// Give one unmapped frame back; false (and the frame counted as
     /// leaked, the error kept) if the frame table refuses it.
-    fn free_frame(&mut self, mem: &mut impl HostMemory, pa: u64) -> bool {
+    fn free_frame(&mut self, mem: &mut impl HostMemory, pa: PhysAddr) -> bool {
         match mem.free_frame(self.vm, pa) {
             Ok(()) => true,
             Err(e) => {
@@ -257,11 +258,11 @@ impl GuestRam {
     pub fn release_blocks(
         &mut self,
         mem: &mut impl HostMemory,
-        blocks: &[core::ops::Range<u64>],
+        blocks: &[core::ops::Range<GuestPfn>],
     ) -> u64 {
-        let mut pfns: heapless::Vec<u64, 256> = heapless::Vec::new();
+        let mut pfns: heapless::Vec<GuestPfn, 256> = heapless::Vec::new();
         let mut released = 0;
-        for pfn in blocks.iter().flat_map(|b| b.clone()) {
+        for pfn in blocks.iter().flat_map(|b| GuestPfn::iter(b.clone())) {
             if pfns.push(pfn).is_err() {
                 released += self.release(mem, &pfns);
                 pfns.clear();
@@ -280,7 +281,7 @@ impl GuestRam {
     pub fn read(
         &mut self,
         mem: &mut impl HostMemory,
-        ipa: u64,
+        ipa: GuestAddr,
         buf: &mut [u8],
     ) -> Result<(), RamError> {
         self.for_each_page(mem, ipa, buf.len(), |mem, pa, span| {
@@ -292,7 +293,7 @@ impl GuestRam {
     pub fn write(
         &mut self,
         mem: &mut impl HostMemory,
-        ipa: u64,
+        ipa: GuestAddr,
         data: &[u8],
     ) -> Result<(), RamError> {
         self.for_each_page(mem, ipa, data.len(), |mem, pa, span| {
@@ -305,15 +306,15 @@ impl GuestRam {
     fn for_each_page<M: HostMemory>(
         &mut self,
         mem: &mut M,
-        ipa: u64,
+        ipa: GuestAddr,
         len: usize,
-        mut f: impl FnMut(&mut M, u64, core::ops::Range<usize>),
+        mut f: impl FnMut(&mut M, PhysAddr, core::ops::Range<usize>),
     ) -> Result<(), RamError> {
         self.check_span(ipa, len)?;
         let mut done = 0;
         while done < len {
             let at = ipa + done as u64;
-            let n = (PAGE_SIZE - (at % PAGE_SIZE)).min((len - done) as u64) as usize;
+            let n = (PAGE_SIZE - at.page_offset()).min((len - done) as u64) as usize;
             let pa = self.translate_or_back(mem, at)?;
             f(mem, pa, done..done + n);
             done += n;
@@ -321,18 +322,23 @@ impl GuestRam {
         Ok(())
     }
 
-    fn check_span(&self, ipa: u64, len: usize) -> Result<(), RamError> {
+    fn check_span(&self, ipa: GuestAddr, len: usize) -> Result<(), RamError> {
         let end = ipa
             .checked_add(len as u64)
             .ok_or(RamError::NotRam { ipa })?;
-        if len > 0 && (!self.contains(ipa) || !self.contains(end - 1)) {
+        let last = GuestAddr::new(end.raw().wrapping_sub(1));
+        if len > 0 && (!self.contains(ipa) || !self.contains(last)) {
             return Err(RamError::NotRam { ipa });
         }
         Ok(())
     }
 
     /// Every (IPA, frame) mapped, in IPA order, for invariant checks.
-    pub fn for_each_mapped(&self, mem: &mut impl HostMemory, mut f: impl FnMut(u64, u64)) {
+    pub fn for_each_mapped(
+        &self,
+        mem: &mut impl HostMemory,
+        mut f: impl FnMut(GuestAddr, PhysAddr),
+    ) {
         self.stage2.for_each_mapped(mem, |_, ipa, pa| f(ipa, pa));
     }
 
@@ -374,10 +380,10 @@ impl GuestRam {
     /// can be reused): bounded memory whatever the guest's size. Frames the
     /// frame table refuses stay accounted to the VM and are reported.
     pub fn destroy(mut self, mem: &mut impl HostMemory) -> Teardown {
-        let mut cursor = 0;
+        let mut cursor = GuestAddr::new(0);
         let mut freed = 0;
         loop {
-            let mut batch: heapless::Vec<u64, FREE_BATCH> = heapless::Vec::new();
+            let mut batch: heapless::Vec<PhysAddr, FREE_BATCH> = heapless::Vec::new();
             self.stage2.unmap_some(mem, &mut cursor, &mut batch);
             if batch.is_empty() {
                 break;
@@ -406,8 +412,8 @@ impl GuestRam {
 pub enum OwnershipError {
     Foreign {
         vm: usize,
-        ipa: u64,
-        pa: u64,
+        ipa: GuestAddr,
+        pa: PhysAddr,
         owner: Option<usize>,
     },
     Unmapped {
@@ -440,7 +446,7 @@ mod tests {
     use crate::mm::frames::FrameUse;
     use crate::vm::testing::FakeHost;
 
-    const BASE: u64 = 0x4000_0000;
+    const BASE: GuestAddr = GuestAddr::new(0x4000_0000);
 
     #[test]
     fn populate_release_back_destroy() {
@@ -455,7 +461,7 @@ mod tests {
         ram.read(&mut host, BASE + 4090, &mut buf).unwrap();
         assert_eq!(&buf, b"straddles a page");
         let free_before = host.frames.free_pages();
-        let pfns: Vec<u64> = (BASE / PAGE_SIZE..BASE / PAGE_SIZE + 32).collect();
+        let pfns: Vec<GuestPfn> = GuestPfn::iter(BASE.pfn()..BASE.pfn() + 32).collect();
         assert_eq!(ram.release(&mut host, &pfns), 32);
         assert_eq!(host.flushes, 1, "one TLB flush for the whole batch");
         assert_eq!(host.frames.free_pages(), free_before + 32);
@@ -465,19 +471,20 @@ mod tests {
         assert_eq!(ram.stats.faults_backed, 2);
         ram.check(&mut host).unwrap();
         assert_eq!(
-            ram.read(&mut host, BASE + 64 * PAGE_SIZE - 2, &mut buf),
+            ram.read(&mut host, BASE + (64 * PAGE_SIZE - 2), &mut buf),
             Err(RamError::NotRam {
-                ipa: BASE + 64 * PAGE_SIZE - 2
+                ipa: BASE + (64 * PAGE_SIZE - 2)
             })
         );
         assert_eq!(
-            ram.release(&mut host, &[0, u64::MAX, 0x0a000]),
+            ram.release(&mut host, &[0, u64::MAX, 0x0a000].map(GuestPfn::new)),
             0,
             "outside RAM: ignored"
         );
         // 2^52 + a RAM PFN: the product wraps to a RAM address; not RAM.
         let mapped = ram.mapped_pages();
-        assert_eq!(ram.release(&mut host, &[(1 << 52) + BASE / PAGE_SIZE]), 0);
+        let wraps = GuestPfn::new((1 << 52) + BASE.pfn().raw());
+        assert_eq!(ram.release(&mut host, &[wraps]), 0);
         assert_eq!(ram.mapped_pages(), mapped, "nothing released");
         ram.destroy(&mut host);
         assert_eq!(host.frames.guest_pages(1), 0);
@@ -492,7 +499,7 @@ mod tests {
         let mut ram = GuestRam::new(&mut host, 1, 1, BASE, 600 * PAGE_SIZE).unwrap();
         ram.populate(&mut host).unwrap();
         ram.write(&mut host, BASE, b"kept").unwrap();
-        let first = BASE / PAGE_SIZE;
+        let first = BASE.pfn();
         let free_before = host.frames.free_pages();
         // Two blocks, 300 + 200 pages: more than one 256-page batch.
         let blocks = [first + 10..first + 310, first + 400..first + 600];
@@ -550,8 +557,8 @@ mod tests {
             let size = sizes[vm];
             match (rnd(10), vms[vm].as_mut()) {
                 (0..=3, Some(ram)) => {
-                    let pfns: Vec<u64> = (0..rnd(40))
-                        .map(|_| BASE / PAGE_SIZE + rnd(size / PAGE_SIZE + 8))
+                    let pfns: Vec<GuestPfn> = (0..rnd(40))
+                        .map(|_| BASE.pfn() + rnd(size / PAGE_SIZE + 8))
                         .collect();
                     ram.release(&mut host, &pfns);
                 }
@@ -668,7 +675,7 @@ mod tests {
             ram.check(&mut host),
             Err(OwnershipError::Foreign { owner: Some(2), .. })
         ));
-        let released = ram.release(&mut host, &[BASE / PAGE_SIZE + 5]);
+        let released = ram.release(&mut host, &[BASE.pfn() + 5]);
         assert_eq!(released, 0);
         assert_eq!(ram.stats.frames_leaked, 1);
         assert!(matches!(

@@ -11,6 +11,7 @@ use super::fdt::GicVersion;
 use super::memory::GuestRam;
 use super::outbox::Outbox;
 use super::ratelimit::GuestLines;
+use crate::addr::PhysAddr;
 use crate::balloon::Balloon;
 use crate::limits::{MAX_LRS, MAX_VCPUS};
 use crate::pl011::Pl011;
@@ -23,7 +24,7 @@ pub enum GuestGic {
     /// No GIC with a virtual interface: guests run without interrupts.
     None,
     /// A GICv2 whose CPU interface is the host's GICV page at `gicv`.
-    V2 { gicv: u64 },
+    V2 { gicv: PhysAddr },
     /// A GICv3: the virtual CPU interface is the ICC_* system registers.
     V3,
 }

@@ -7,6 +7,8 @@
 use tock_registers::register_bitfields;
 use tock_registers::LocalRegisterCopy;
 
+use crate::addr::GuestAddr;
+
 register_bitfields! [u64,
     /// ESR_ELx: the exception class, instruction length and the
     /// class-specific syndrome.
@@ -127,7 +129,7 @@ impl Syndrome {
 
 /// The IPA of a stage-2 abort: the page from HPFAR_EL2, the offset in it
 /// from FAR_EL2.
-pub fn fault_ipa(hpfar: u64, far: u64) -> u64 {
+pub fn fault_ipa(hpfar: u64, far: u64) -> GuestAddr {
     let hpfar: LocalRegisterCopy<u64, HPFAR::Register> = LocalRegisterCopy::new(hpfar);
-    (hpfar.read(HPFAR::FIPA) << 12) | (far & 0xfff)
+    GuestAddr::new((hpfar.read(HPFAR::FIPA) << 12) | (far & 0xfff))
 }

@@ -11,6 +11,7 @@ use alloc::vec::Vec;
 use platform::PhysRange;
 
 use super::memory::HostMemory;
+use crate::addr::PhysAddr;
 use crate::mm::frames::{FrameError, FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
 
@@ -58,36 +59,36 @@ impl FakeHost {
     }
 
     /// The index of the frame holding `pa` (which must be fake RAM).
-    fn frame(pa: u64) -> usize {
-        usize::try_from((pa - RAM_BASE) / PAGE_SIZE).expect("frame index fits usize")
+    fn frame(pa: PhysAddr) -> usize {
+        usize::try_from((pa.raw() - RAM_BASE) / PAGE_SIZE).expect("frame index fits usize")
     }
 }
 
 impl TableMemory for FakeHost {
-    fn alloc_table(&mut self) -> Option<u64> {
+    fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = self.frames.alloc(1, 1, FrameUse::PageTables)?;
         self.tables[Self::frame(pa)] = Some(Box::new([0; 512]));
         Some(pa)
     }
-    fn free_table(&mut self, pa: u64) -> Result<(), FrameError> {
+    fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
         self.frames.free(pa, 1, FrameUse::PageTables)?;
         self.tables[Self::frame(pa)].take().expect("table");
         Ok(())
     }
-    fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+    fn table(&mut self, pa: PhysAddr) -> &mut [u64; 512] {
         self.tables[Self::frame(pa)].as_mut().expect("table")
     }
 }
 
 impl HostMemory for FakeHost {
-    fn alloc_frame(&mut self, vm: usize) -> Option<u64> {
+    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
         let pa = self.frames.alloc_guest(vm)?;
         if self.keep_data {
             self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
         }
         Some(pa)
     }
-    fn free_frame(&mut self, vm: usize, pa: u64) -> Result<(), FrameError> {
+    fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         self.frames.free_guest(vm, pa)?;
         if self.keep_data {
             // Poison what the pool gets back: a VM must never see it again.
@@ -95,26 +96,26 @@ impl HostMemory for FakeHost {
         }
         Ok(())
     }
-    fn read(&mut self, pa: u64, buf: &mut [u8]) {
+    fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         if !self.keep_data {
             return buf.fill(0);
         }
         let page = self.data[Self::frame(pa)].as_ref().expect("guest page");
-        let off = (pa & 0xfff) as usize;
+        let off = pa.page_offset() as usize;
         buf.copy_from_slice(&page[off..off + buf.len()]);
     }
-    fn write(&mut self, pa: u64, data: &[u8]) {
+    fn write(&mut self, pa: PhysAddr, data: &[u8]) {
         if !self.keep_data {
             return;
         }
         let page = self.data[Self::frame(pa)].as_mut().expect("guest page");
-        let off = (pa & 0xfff) as usize;
+        let off = pa.page_offset() as usize;
         page[off..off + data.len()].copy_from_slice(data);
     }
     fn flush_tlb(&mut self, _vmid: u16) {
         self.flushes += 1;
     }
-    fn frame_owner(&self, pa: u64) -> Option<usize> {
+    fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         self.frames.guest_owner(pa)
     }
     fn frames_owned(&self, vm: usize) -> u64 {

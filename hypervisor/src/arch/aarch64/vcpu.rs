@@ -21,6 +21,7 @@ use aarch64_cpu::registers::{
 };
 
 use super::sysreg::SCTLR_EL1_PAN;
+use crate::addr::PhysAddr;
 use crate::vm::controls;
 
 /// The guest registers the world switch saves and loads (portable, so the
@@ -196,7 +197,7 @@ pub fn run(ctx: &mut GuestContext) -> u64 {
 /// Point this CPU's stage 2 at a VM and set the controls a guest runs under
 /// ([`controls`]). With `virtual_irqs`, physical IRQs and FIQs are routed to
 /// EL2, which also enables virtual interrupts from the list registers.
-pub fn load_vm_controls(vmid: u16, root: u64, vcpu_index: u64, virtual_irqs: bool) {
+pub fn load_vm_controls(vmid: u16, root: PhysAddr, vcpu_index: u64, virtual_irqs: bool) {
     // These registers only affect guest execution (EL1/EL0), which does not
     // run on this CPU until `run`.
     VTCR_EL2.set(controls::vtcr(
@@ -216,7 +217,7 @@ pub fn flush_vm_tlb(vmid: u16) {
     // TLBI VMALLS12E1IS acts on the current VMID: VTTBR_EL2 is switched to
     // `vmid` only for it and restored; no guest runs on this CPU now.
     let saved = VTTBR_EL2.get();
-    VTTBR_EL2.set(controls::vttbr(vmid, 0));
+    VTTBR_EL2.set(controls::vttbr(vmid, PhysAddr::new(0)));
     barrier::isb(barrier::SY);
     invalidate_current_vmid_tlb();
     VTTBR_EL2.set(saved);

@@ -572,11 +572,17 @@ fn hint_run_start_to_done() {
 
     // The guest takes two hinted pages back before DONE; other faults and a
     // second fault on the same page do not count.
-    assert!(r.t.device_mut().page_refaulted(FREE >> 12));
-    assert!(!r.t.device_mut().page_refaulted(FREE >> 12));
-    assert!(r.t.device_mut().page_refaulted((FREE >> 12) + 47));
-    assert!(!r.t.device_mut().page_refaulted((FREE >> 12) + 48));
-    assert!(!r.t.device_mut().page_refaulted(0));
+    assert!(r.t.device_mut().page_refaulted(GuestPfn::new(FREE >> 12)));
+    assert!(!r.t.device_mut().page_refaulted(GuestPfn::new(FREE >> 12)));
+    assert!(r
+        .t
+        .device_mut()
+        .page_refaulted(GuestPfn::new((FREE >> 12) + 47)));
+    assert!(!r
+        .t
+        .device_mut()
+        .page_refaulted(GuestPfn::new((FREE >> 12) + 48)));
+    assert!(!r.t.device_mut().page_refaulted(GuestPfn::new(0)));
     r.ack();
 
     // STOP from the driver: the device sets DONE and tells the driver.
@@ -591,7 +597,10 @@ fn hint_run_start_to_done() {
     assert_eq!(run.elapsed_us(1000 * SECOND), 3 * SECOND);
     assert_eq!(run.answered_us, Some(100 * SECOND));
     // After DONE the guest reuses the pages freely: not counted.
-    assert!(!r.t.device_mut().page_refaulted((FREE >> 12) + 1));
+    assert!(!r
+        .t
+        .device_mut()
+        .page_refaulted(GuestPfn::new((FREE >> 12) + 1)));
     let s = *r.balloon().stats();
     assert_eq!(
         (
@@ -732,8 +741,14 @@ fn hint_blocks_hostile() {
     assert_eq!(r.balloon().stats().blocks_rejected(), 4);
     // Inflating a hinted page takes it out of the run.
     r.send(0, &[(FREE >> 12) as u32 + 4]);
-    assert!(!r.t.device_mut().page_refaulted((FREE >> 12) + 4));
-    assert!(r.t.device_mut().page_refaulted((FREE >> 12) + 5));
+    assert!(!r
+        .t
+        .device_mut()
+        .page_refaulted(GuestPfn::new((FREE >> 12) + 4)));
+    assert!(r
+        .t
+        .device_mut()
+        .page_refaulted(GuestPfn::new((FREE >> 12) + 5)));
     r.check();
     assert!(!r.t.needs_reset());
 }
@@ -750,7 +765,7 @@ fn reset_abandons_the_hint_run_and_keeps_ids_fresh() {
     assert_eq!(r.balloon().hint_state(), HintState::Idle);
     let run = *r.balloon().hint_run().unwrap();
     assert_eq!((run.outcome, run.ended_us), (HintOutcome::Reset, Some(7)));
-    assert!(!r.t.device_mut().page_refaulted(FREE >> 12));
+    assert!(!r.t.device_mut().page_refaulted(GuestPfn::new(FREE >> 12)));
     assert_eq!(r.read_config(8, 4), 0);
     // A new driver gets a new id, never the one before.
     for q in &r.qs {
