@@ -25,8 +25,9 @@
 //! Each message starts with its name; `vm` is the VM's index in the bundle.
 //!
 //! - `exit vm vcpu KIND pc`: a vCPU left its guest ([`crate::vm::handle`],
-//!   before the exit is handled). KIND is [`crate::vm::exit::ExitKind`]; pc
-//!   is the guest's ELR_EL2.
+//!   before the exit is handled). KIND is [`crate::vm::exit::ExitKind`], as
+//!   handled: a load or store to a RAM page without a frame, which the
+//!   syndrome describes as MMIO, is an `Abort`. pc is the guest's ELR_EL2.
 //! - `mmio vm read|write ipa width device = value`: a device register
 //!   access emulated ([`crate::vm::handle`], once the device accepted it:
 //!   refused accesses are bad accesses, seen as their exit only). device is

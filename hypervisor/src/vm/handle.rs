@@ -53,13 +53,6 @@ pub fn after_exit(
     exit: VcpuExit,
     before: u32,
 ) -> Outcome {
-    trace_event!(
-        "exit vm{=usize} vcpu{=usize} {} pc={=u64:#x}",
-        vm.id,
-        vcpu,
-        exit.kind(),
-        ctx.elr
-    );
     let counted = vm.change.is_some() && balloon_work(vm, &exit);
     let mut outcome = handle(vm, cpu, vcpu, ctx, exit);
     if let Some(e) = vm.ram.as_ref().and_then(|r| r.frame_error) {
@@ -125,6 +118,13 @@ pub fn handle(
         }
         other => other,
     };
+    trace_event!(
+        "exit vm{=usize} vcpu{=usize} {} pc={=u64:#x}",
+        vm.id,
+        vcpu,
+        exit.kind(),
+        ctx.elr
+    );
     match exit {
         VcpuExit::MmioRead {
             ipa,
