@@ -246,7 +246,7 @@ fn trace(args: &[String]) -> Result<(), String> {
     }
     if board == Board::Raspi4b {
         return Err(format!(
-            "raspi4b's trace UART is not captured (its console is the mini UART); {USAGE}"
+            "the trace UART is captured on the virt boards only, as by `cargo xtask run`; {USAGE}"
         ));
     }
     setup::run()?;
