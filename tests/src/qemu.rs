@@ -387,7 +387,7 @@ mod tests {
         let traced = Artifacts::locate_trace();
         assert_eq!(traced.bundle, Artifacts::locate().bundle);
         if std::env::var_os("HV_TRACE_ELF").is_none() {
-            assert!(traced.elf.ends_with(&elf.strip_prefix("/w").unwrap()));
+            assert!(traced.elf.ends_with(elf.strip_prefix("/w").unwrap()));
         }
     }
 
