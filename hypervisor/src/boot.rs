@@ -187,14 +187,17 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     if let Some(frames) = FRAMES.get() {
         vm::init(bundle, frames);
     }
+    // Lines said under a VM's lock go through its outbox (printed after).
     vm::for_each(|vm| match vm::start(vm) {
-        Ok(()) => println!(
+        Ok(()) => vm.out.line(format_args!(
             "tidal: [{}] VM started on CPU {} with {} of RAM",
             vm.name,
             vm.cpu,
             report::Size(vm.ram_size)
-        ),
-        Err(e) => println!("tidal: [{}] VM not started: {e}", vm.name),
+        )),
+        Err(e) => vm
+            .out
+            .line(format_args!("tidal: [{}] VM not started: {e}", vm.name)),
     });
     println!("Type 'help' for the list of commands.");
     shell_loop(board)
@@ -567,7 +570,7 @@ fn list_vms() {
             .balloon
             .as_ref()
             .map_or(0, |b| b.device().ballooned_pages());
-        println!(
+        vm.out.line(format_args!(
             "{:<12} {:<9} {:<4} {:<11} {:<9} {:<10} {:<11} {:<7} {}",
             vm.name,
             vm.state.label(),
@@ -578,11 +581,14 @@ fn list_vms() {
             vm.on_bad_access.label(),
             vm.bad_access.injected,
             vm.starts
-        );
+        ));
     });
     vm::for_each(|vm| {
         if vm.bad_access.injected > 0 {
-            println!("  {}: exceptions injected: {}", vm.name, vm.bad_access);
+            vm.out.line(format_args!(
+                "  {}: exceptions injected: {}",
+                vm.name, vm.bad_access
+            ));
         }
     });
 }
@@ -595,13 +601,13 @@ fn vm_shares() {
             .ram
             .as_ref()
             .map_or((0, 0), |r| (r.mapped_pages(), r.table_pages()));
-        println!(
+        vm.out.line(format_args!(
             "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables",
             vm.name,
             vm.state.label(),
             mapped * PAGE_SIZE,
             report::Size(tables * PAGE_SIZE)
-        );
+        ));
     });
 }
 

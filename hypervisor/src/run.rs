@@ -379,7 +379,13 @@ pub fn check_system(ram_bytes: u64, out: &mut impl core::fmt::Write) {
         })
         .collect();
     let result = crate::vm::check::check(&facts, &vms, &mut HostMem);
-    let _ = crate::vm::check::write_result(out, &result);
+    // Printed once every VM's lock is released.
+    let mut text = alloc::string::String::new();
+    let _ = crate::vm::check::write_result(&mut text, &result);
+    drop(result);
+    drop(vms);
+    drop(guards);
+    let _ = out.write_str(&text);
 }
 
 /// Build a VM's memory and devices and hand it to its CPU.
@@ -602,7 +608,11 @@ fn run_vcpu(id: usize, vcpu: usize) {
                 // SAFETY: deliberately faults (no map covers `bad`): the
                 // exception handler contains it and never returns here.
                 let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
-                println!("unexpectedly read {v:#x}");
+                // Not printed here: the VM's lock is held.
+                vm.out.line(format_args!(
+                    "tidal: [{}] debug fail: unexpectedly read {v:#x}",
+                    vm.name
+                ));
             }
             panic!("injected failure ('debug fail {}')", vm.name);
         }

@@ -79,6 +79,28 @@ pub fn log_dir() -> PathBuf {
     dir
 }
 
+/// Where `cargo xtask` puts the trace build of the hypervisor (the `trace`
+/// feature, `DEFMT_LOG=trace`), relative to the workspace root: a target
+/// directory of its own.
+pub const TRACE_BUILD_DIR: &str = "target/trace-build";
+
+/// The trace build's raw Image and ELF under the workspace `root`.
+pub fn trace_build(root: &Path) -> (PathBuf, PathBuf) {
+    let release = root
+        .join(TRACE_BUILD_DIR)
+        .join("aarch64-unknown-none")
+        .join("release");
+    (release.join("hypervisor.bin"), release.join("hypervisor"))
+}
+
+/// `$var` taken relative to the workspace root, else `default`.
+fn path_from_env(var: &str, default: PathBuf) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(path) => workspace_root().join(path),
+        None => default,
+    }
+}
+
 /// The files a QEMU run needs, as built by `cargo xtask`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifacts {
@@ -100,18 +122,25 @@ impl Artifacts {
     pub fn locate() -> Artifacts {
         let target = target_dir();
         let release = target.join("aarch64-unknown-none").join("release");
-        let pick = |var: &str, default: PathBuf| match std::env::var_os(var) {
-            Some(path) => workspace_root().join(path),
-            None => default,
-        };
         Artifacts {
-            image: pick("HV_IMAGE", release.join("hypervisor.bin")),
-            elf: pick("HV_ELF", release.join("hypervisor")),
-            bundle: pick("HV_BUNDLE", target.join("guests.img")),
-            pi4_dtb: pick(
+            image: path_from_env("HV_IMAGE", release.join("hypervisor.bin")),
+            elf: path_from_env("HV_ELF", release.join("hypervisor")),
+            bundle: path_from_env("HV_BUNDLE", target.join("guests.img")),
+            pi4_dtb: path_from_env(
                 "HV_PI4_DTB",
                 target.join("fixtures").join("bcm2711-rpi-4-b.dtb"),
             ),
+        }
+    }
+
+    /// [`Artifacts::locate`] with the trace build's image and ELF instead:
+    /// `HV_TRACE_IMAGE` and `HV_TRACE_ELF`, else [`trace_build`]'s paths.
+    pub fn locate_trace() -> Artifacts {
+        let (image, elf) = trace_build(&workspace_root());
+        Artifacts {
+            image: path_from_env("HV_TRACE_IMAGE", image),
+            elf: path_from_env("HV_TRACE_ELF", elf),
+            ..Artifacts::locate()
         }
     }
 }
@@ -345,6 +374,21 @@ mod tests {
         let cmd = qemu_command(Board::VirtGicv2, &artifacts(), &opts);
         assert_eq!(cmd.get_program(), QEMU);
         assert_eq!(cmd.get_args().count(), 21);
+    }
+
+    #[test]
+    fn the_trace_build_has_its_own_target_directory() {
+        let (image, elf) = trace_build(Path::new("/w"));
+        assert_eq!(
+            image,
+            Path::new("/w/target/trace-build/aarch64-unknown-none/release/hypervisor.bin")
+        );
+        assert_eq!(elf, image.with_extension(""));
+        let traced = Artifacts::locate_trace();
+        assert_eq!(traced.bundle, Artifacts::locate().bundle);
+        if std::env::var_os("HV_TRACE_ELF").is_none() {
+            assert!(traced.elf.ends_with(elf.strip_prefix("/w").unwrap()));
+        }
     }
 
     #[test]

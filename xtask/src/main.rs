@@ -1,8 +1,9 @@
 //! `cargo xtask`: installs what is missing, builds the hypervisor image and
 //! the guest bundle, runs them in QEMU, and runs every test.
 //!
-//! Commands: `setup`, `build`, `run [--board B]`, `test`, `bench`, `fuzz`. Every command
-//! starts with `setup`, which is quick when everything is present.
+//! Commands: `setup`, `build`, `run [--board B]`, `trace [--board B] [--bundle NAME]`,
+//! `test`, `bench`, `fuzz`. Every command starts with `setup`, which is quick
+//! when everything is present.
 
 mod bench;
 mod fixtures;
@@ -25,8 +26,13 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("setup") => setup::run(),
-        Some("build") => setup::run().and_then(|_| build(&root()).map(|_| ())),
+        Some("build") => setup::run().and_then(|_| {
+            let root = root();
+            build(&root)?;
+            build_trace(&root).map(|_| ())
+        }),
         Some("run") => run(&args[1..]),
+        Some("trace") => trace(&args[1..]),
         Some("test") => test(&args[1..]),
         Some("fuzz") => setup::run().and_then(|_| fuzz::run(&root(), &args[1..])),
         Some("bench") => setup::run().and_then(|_| {
@@ -59,9 +65,16 @@ fn print_help() {
         "cargo xtask <command>
 
   setup              install what is missing (Rust target and components, QEMU, dtc, cpio)
-  build              build the hypervisor image and the guest bundle
+  build              build the hypervisor image and the guest bundle, and the trace
+                     build (below) in target/trace-build
   run [--board B]    build, then boot in QEMU with the console on this terminal
                      (B: virt-gicv2 (default), virt-gicv3, raspi4b; Ctrl-A X quits QEMU)
+  trace [--board B] [--bundle NAME]
+                     as run, with the trace build: the hot paths' trace events too
+                     (exits, MMIO, balloon batches, faults, TLB flushes); B: virt-gicv2
+                     (default) or virt-gicv3; NAME: a bundle of target/bundles (default:
+                     the demo bundle); at exit the trace is decoded to
+                     target/trace-<board>.log
   test               run every test, host and QEMU; ends with 'N passed, M failed'
   bench              balloon benchmarks: a bare-metal guest under QEMU -icount (table, and
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
@@ -111,37 +124,26 @@ fn build_id(root: &Path) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// `cargo build --release` for the target, with the build id and the
+/// defmt log filter `defmt_log`; the packages are the caller's to add.
+fn cargo_build_target(root: &Path, defmt_log: &str) -> Command {
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "--target", TARGET])
+        .env("TIDAL_BUILD_ID", build_id(root))
+        .env("DEFMT_LOG", defmt_log)
+        .current_dir(root);
+    cmd
+}
+
 /// Build the image (ELF and raw Image) and the guest bundle.
 fn build(root: &Path) -> Result<Artifacts, String> {
-    run_cmd(
-        cargo()
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "hypervisor",
-                "-p",
-                "testguest",
-                "--target",
-                TARGET,
-            ])
-            .env("TIDAL_BUILD_ID", build_id(root))
-            .env("DEFMT_LOG", "debug")
-            .current_dir(root),
-    )?;
+    run_cmd(cargo_build_target(root, "debug").args(["-p", "hypervisor", "-p", "testguest"]))?;
     let out = root.join("target").join(TARGET).join("release");
     let elf = out.join("hypervisor");
     let image = out.join("hypervisor.bin");
     let testguest = out.join("testguest.bin");
-    let objcopy = setup::llvm_tool("llvm-objcopy")?;
     for (from, to) in [(&elf, &image), (&out.join("testguest"), &testguest)] {
-        run_cmd(
-            Command::new(&objcopy)
-                .args(["-O", "binary"])
-                .arg(from)
-                .arg(to),
-        )?;
-        check_image_header(to)?;
+        raw_image(from, to)?;
     }
     // The Linux guest fixture: Debian's arm64 kernel and a busybox initramfs
     // (target/fixtures/linux/), for the configurations that name them.
@@ -161,6 +163,33 @@ fn build(root: &Path) -> Result<Artifacts, String> {
     artifacts.elf = elf;
     artifacts.bundle = bundle;
     Ok(artifacts)
+}
+
+/// `objcopy -O binary` of the ELF `from` to `to`, checked to be an Image.
+fn raw_image(from: &Path, to: &Path) -> Result<(), String> {
+    let objcopy = setup::llvm_tool("llvm-objcopy")?;
+    run_cmd(
+        Command::new(&objcopy)
+            .args(["-O", "binary"])
+            .arg(from)
+            .arg(to),
+    )?;
+    check_image_header(to)
+}
+
+/// The trace build of the hypervisor (raw Image, ELF): the `trace` feature
+/// with `DEFMT_LOG=trace`, in its own target directory so that neither
+/// build makes the other rebuild (`harness::trace_build` says where).
+fn build_trace(root: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let (image, elf) = harness::trace_build(root);
+    run_cmd(
+        cargo_build_target(root, "trace")
+            .args(["-p", "hypervisor", "--features", "hypervisor/trace"])
+            .arg("--target-dir")
+            .arg(root.join(harness::TRACE_BUILD_DIR)),
+    )?;
+    raw_image(&elf, &image)?;
+    Ok((image, elf))
 }
 
 /// The Image header must be at offset 0 (see linker/hypervisor.ld).
@@ -199,18 +228,62 @@ fn run(args: &[String]) -> Result<(), String> {
     if board == Board::Raspi4b {
         artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
     }
+    boot_interactive(&root, board, &artifacts)
+}
+
+/// `cargo xtask trace`: `run` with the trace build.
+fn trace(args: &[String]) -> Result<(), String> {
+    const USAGE: &str = "usage: cargo xtask trace [--board virt-gicv2|virt-gicv3] [--bundle NAME]";
+    let mut board = Board::VirtGicv2;
+    let mut bundle = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--board" => board = it.next().ok_or(USAGE)?.parse()?,
+            "--bundle" => bundle = Some(it.next().ok_or(USAGE)?.clone()),
+            other => return Err(format!("unknown option '{other}'; {USAGE}")),
+        }
+    }
+    if board == Board::Raspi4b {
+        return Err(format!(
+            "the trace UART is captured on the virt boards only, as by `cargo xtask run`; {USAGE}"
+        ));
+    }
+    setup::run()?;
+    let root = root();
+    let mut artifacts = build(&root)?;
+    (artifacts.image, artifacts.elf) = build_trace(&root)?;
+    if let Some(name) = bundle {
+        artifacts.bundle = root
+            .join("target")
+            .join("bundles")
+            .join(format!("{name}.img"));
+        if !artifacts.bundle.is_file() {
+            return Err(format!(
+                "no bundle {}: the names are those of guests/tests/*.toml",
+                artifacts.bundle.display()
+            ));
+        }
+    }
+    boot_interactive(&root, board, &artifacts)
+}
+
+/// Boot `artifacts` on `board` with the console on this terminal; on virt
+/// the trace UART goes to `target/trace-<board>.defmt`, decoded to
+/// `target/trace-<board>.log` once QEMU exits.
+fn boot_interactive(root: &Path, board: Board, artifacts: &Artifacts) -> Result<(), String> {
     let trace = root
         .join("target")
         .join(format!("trace-{}.defmt", board.name()));
-    let mut opts = QemuOptions::for_board(board, &artifacts);
+    let mut opts = QemuOptions::for_board(board, artifacts);
     opts.interactive = true;
     if board != Board::Raspi4b {
         opts.trace = Some(trace.clone());
     }
-    let mut cmd = harness::qemu_command(board, &artifacts, &opts);
+    let mut cmd = harness::qemu_command(board, artifacts, &opts);
     eprintln!(
         "xtask: {}",
-        harness::qemu_command_line(board, &artifacts, &opts)
+        harness::qemu_command_line(board, artifacts, &opts)
     );
     eprintln!("xtask: the console is this terminal; Ctrl-A X quits QEMU.");
     let status = cmd
@@ -254,6 +327,7 @@ fn test(args: &[String]) -> Result<(), String> {
     let root = root();
     let mut artifacts = build(&root)?;
     artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
+    let trace_build = build_trace(&root)?;
     let mut passed = 0u32;
     let mut failed = 0u32;
     let mut check = |name: &str, cmd: &mut Command| {
@@ -344,7 +418,7 @@ fn test(args: &[String]) -> Result<(), String> {
             failed += fuzz::TARGETS.len() as u32;
         }
     }
-    let (p, f) = cargo_test(&root, &artifacts)?;
+    let (p, f) = cargo_test(&root, &artifacts, &trace_build)?;
     passed += p;
     failed += f;
     println!("{passed} passed, {failed} failed");
@@ -356,9 +430,14 @@ fn test(args: &[String]) -> Result<(), String> {
 }
 
 /// `cargo test` over the workspace including the QEMU tests (marked
-/// `#[ignore]` so a plain `cargo test` stays host-only); returns the counts
-/// summed from every "test result:" line.
-fn cargo_test(root: &Path, artifacts: &Artifacts) -> Result<(u32, u32), String> {
+/// `#[ignore]` so a plain `cargo test` stays host-only), with the trace
+/// build's (image, ELF) too; returns the counts summed from every "test
+/// result:" line.
+fn cargo_test(
+    root: &Path,
+    artifacts: &Artifacts,
+    (trace_image, trace_elf): &(PathBuf, PathBuf),
+) -> Result<(u32, u32), String> {
     let output = cargo()
         .args([
             "test",
@@ -376,6 +455,8 @@ fn cargo_test(root: &Path, artifacts: &Artifacts) -> Result<(u32, u32), String> 
             root.join("target").join("bundles").join("pair.img"),
         )
         .env("HV_PI4_DTB", &artifacts.pi4_dtb)
+        .env("HV_TRACE_IMAGE", trace_image)
+        .env("HV_TRACE_ELF", trace_elf)
         .current_dir(root)
         .stderr(std::process::Stdio::inherit())
         .output()

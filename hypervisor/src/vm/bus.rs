@@ -12,6 +12,7 @@ use super::outbox::Outbox;
 use super::ratelimit::{GuestLines, LineKind, Permit};
 use super::state::Vm;
 use crate::addr::{GuestAddr, GuestPfn};
+use crate::trace::{self, trace_event};
 use crate::vgic::{VgicEffect, VgicVersion, GICR_STRIDE, GICV3_DIST_WINDOW};
 use crate::virtio::mmio::MmioError;
 use crate::virtio::{GuestMemError, GuestMemory};
@@ -339,24 +340,57 @@ impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
     }
 }
 
+impl<M> DeviceView<'_, M> {
+    /// The `inflate` or `deflate` trace event of one request's PFNs
+    /// (ascending); `released`: frames given back to the pool.
+    fn trace_pfns(&self, what: &str, pfns: &[GuestPfn], released: u64) {
+        trace_event!(
+            "{=str} vm{=usize} pages={=usize} pfns {=u64:#x}..={=u64:#x} runs={=usize} released={=u64}",
+            what,
+            self.ram.vm,
+            pfns.len(),
+            pfns.first().map_or(0, |p| p.raw()),
+            pfns.last().map_or(0, |p| p.raw()),
+            trace::runs(pfns),
+            released
+        );
+    }
+
+    /// The `report` or `hint` trace event of blocks given back.
+    fn trace_blocks(&self, what: &str, blocks: &[core::ops::Range<GuestPfn>], released: u64) {
+        trace_event!(
+            "{=str} vm{=usize} blocks={=usize} pages={=u64} released={=u64}",
+            what,
+            self.ram.vm,
+            blocks.len(),
+            blocks.iter().map(|b| b.end - b.start).sum::<u64>(),
+            released
+        );
+    }
+}
+
 impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
     fn ram_pfns(&self) -> core::ops::Range<GuestPfn> {
         self.ram.pfns()
     }
     fn inflate(&mut self, pfns: &[GuestPfn]) {
-        self.ram.release(self.mem, pfns);
+        let released = self.ram.release(self.mem, pfns);
+        self.trace_pfns("inflate", pfns, released);
     }
-    fn deflate(&mut self, _pfns: &[GuestPfn]) {
+    fn deflate(&mut self, pfns: &[GuestPfn]) {
         // Nothing to do now: each page is backed again (zeroed or poisoned)
         // on its next access.
+        self.trace_pfns("deflate", pfns, 0);
     }
     fn now_us(&self) -> Option<u64> {
         Some(self.now_us)
     }
     fn report(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
-        self.ram.release_blocks(self.mem, blocks);
+        let released = self.ram.release_blocks(self.mem, blocks);
+        self.trace_blocks("report", blocks, released);
     }
     fn hint(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
-        self.ram.release_blocks(self.mem, blocks);
+        let released = self.ram.release_blocks(self.mem, blocks);
+        self.trace_blocks("hint", blocks, released);
     }
 }

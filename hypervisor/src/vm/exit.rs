@@ -61,6 +61,40 @@ pub enum VcpuExit {
     Unknown { esr: u64 },
 }
 
+/// What kind of exit a [`VcpuExit`] is, without its fields: the `exit`
+/// trace event's (see `crate::trace`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(all(target_os = "none", feature = "trace"), derive(defmt::Format))]
+pub enum ExitKind {
+    MmioRead,
+    MmioWrite,
+    Abort,
+    Hvc,
+    Smc,
+    Wfi,
+    Wfe,
+    SysReg,
+    Interrupt,
+    Unknown,
+}
+
+impl VcpuExit {
+    pub fn kind(&self) -> ExitKind {
+        match self {
+            VcpuExit::MmioRead { .. } => ExitKind::MmioRead,
+            VcpuExit::MmioWrite { .. } => ExitKind::MmioWrite,
+            VcpuExit::Abort { .. } => ExitKind::Abort,
+            VcpuExit::Hvc { .. } => ExitKind::Hvc,
+            VcpuExit::Smc { .. } => ExitKind::Smc,
+            VcpuExit::Wait { wfe: false, .. } => ExitKind::Wfi,
+            VcpuExit::Wait { wfe: true, .. } => ExitKind::Wfe,
+            VcpuExit::SysReg { .. } => ExitKind::SysReg,
+            VcpuExit::Interrupt => ExitKind::Interrupt,
+            VcpuExit::Unknown { .. } => ExitKind::Unknown,
+        }
+    }
+}
+
 /// The kind of a stage-2 fault (DFSC/IFSC bits 5:2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultKind {
@@ -208,6 +242,26 @@ mod tests {
     /// HPFAR_EL2 for a fault at `ipa`.
     fn hp(ipa: u64) -> u64 {
         (ipa >> 12) << 4
+    }
+
+    #[test]
+    fn exit_kinds() {
+        assert_eq!(decode(8, 0x01 << 26, 0, 0).kind(), ExitKind::Wfi);
+        assert_eq!(decode(8, (0x01 << 26) | IL | 1, 0, 0).kind(), ExitKind::Wfe);
+        assert_eq!(decode(9, 0, 0, 0).kind(), ExitKind::Interrupt);
+        assert_eq!(decode(8, 0x16 << 26, 0, 0).kind(), ExitKind::Hvc);
+        assert_eq!(decode(8, 0x3f << 26, 0, 0).kind(), ExitKind::Unknown);
+        // A translation fault with a valid syndrome (ISV): a load, a store.
+        let isv = (1 << 24) | (2 << 22) | 0x07;
+        let load = decode(8, EC_DABT_LOW | IL | isv, 0x900_0000, hp(0x900_0000));
+        assert_eq!(load.kind(), ExitKind::MmioRead);
+        let store = decode(8, EC_DABT_LOW | IL | isv | (1 << 6), 0, hp(0x900_0000));
+        assert_eq!(store.kind(), ExitKind::MmioWrite);
+        // Without ISV: an abort to back or refuse.
+        assert_eq!(
+            decode(8, EC_DABT_LOW | IL | 0x07, 0, hp(0x4000_0000)).kind(),
+            ExitKind::Abort
+        );
     }
 
     #[test]

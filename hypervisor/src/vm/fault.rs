@@ -45,6 +45,7 @@ impl OnBadAccess {
 
 /// The emulated device window an access hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(all(target_os = "none", feature = "trace"), derive(defmt::Format))]
 pub enum Device {
     Virtio,
     GicDistributor,

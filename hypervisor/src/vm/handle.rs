@@ -23,6 +23,7 @@ use super::psci::{self, PsciOutcome};
 use super::ratelimit::LineKind;
 use super::state::Vm;
 use crate::addr::GuestAddr;
+use crate::trace::trace_event;
 use crate::vgic::{ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
 
 /// Why a VM stopped after a hypervisor failure in its path.
@@ -117,6 +118,13 @@ pub fn handle(
         }
         other => other,
     };
+    trace_event!(
+        "exit vm{=usize} vcpu{=usize} {} pc={=u64:#x}",
+        vm.id,
+        vcpu,
+        exit.kind(),
+        ctx.elr
+    );
     match exit {
         VcpuExit::MmioRead {
             ipa,
@@ -128,7 +136,10 @@ pub fn handle(
         } => {
             vm.exits.mmio += 1;
             match bus::read(vm, cpu, vcpu, ipa, width) {
-                Ok(value) => ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four)),
+                Ok(value) => {
+                    trace_mmio(vm, "read", ipa, width, value);
+                    ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four));
+                }
                 Err(refused) => {
                     let access = Access::data(ipa, false, width, insn_len, ctx.far);
                     return bad_access(vm, cpu, ctx, refused, access);
@@ -148,6 +159,7 @@ pub fn handle(
                 let access = Access::data(ipa, true, width, insn_len, ctx.far);
                 return bad_access(vm, cpu, ctx, refused, access);
             }
+            trace_mmio(vm, "write", ipa, width, value);
             ctx.elr += u64::from(insn_len);
         }
         VcpuExit::Abort {
@@ -243,6 +255,19 @@ pub fn handle(
     Outcome::Continue
 }
 
+/// The `mmio` trace event of an access the device accepted.
+fn trace_mmio(vm: &Vm, op: &str, ipa: GuestAddr, width: u8, value: u64) {
+    trace_event!(
+        "mmio vm{=usize} {=str} {=u64:#x} {=u8}B {} = {=u64:#x}",
+        vm.id,
+        op,
+        ipa.raw(),
+        width,
+        bus::route(vm, ipa).map(bus::Window::device),
+        value
+    );
+}
+
 fn psci_outcome(outcome: PsciOutcome) -> Outcome {
     match outcome {
         PsciOutcome::Answered => Outcome::Continue,
@@ -260,6 +285,7 @@ fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: Guest
         return Outcome::Continue;
     };
     ram.set_page_fill(fill);
+    let backed = ram.stats.faults_backed;
     if let Err(RamError::OutOfMemory { .. }) = ram.translate_or_back(cpu.memory(), ipa) {
         let why = "no free memory left to back its RAM";
         vm.out.line(format_args!(
@@ -268,6 +294,13 @@ fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: Guest
         ));
         return Outcome::Stop(why);
     }
+    trace_event!(
+        "fault-in vm{=usize} {=u64:#x} fresh={=bool} fill={=u32:#x}",
+        vm.id,
+        ipa.raw(),
+        ram.stats.faults_backed != backed,
+        fill
+    );
     if let Some(balloon) = vm.balloon.as_mut() {
         balloon.device_mut().page_refaulted(ipa.pfn());
     }

@@ -18,6 +18,7 @@
 use crate::addr::{GuestAddr, GuestPfn, PhysAddr};
 use crate::mm::frames::{FrameError, PAGE_SIZE};
 use crate::mm::stage2::{Stage2, Stage2Error, TableMemory};
+use crate::trace::trace_event;
 
 /// What a VM's memory needs from the host.
 pub trait HostMemory: TableMemory {
@@ -233,12 +234,24 @@ impl GuestRam {
             // The frames must not be reused before no CPU can reach them.
             mem.flush_tlb(self.vmid);
             self.stats.tlb_flushes += 1;
+            self.trace_flush(frames.len());
             for pa in frames.drain(..) {
                 released += u64::from(self.free_frame(mem, pa));
             }
         }
         self.stats.pages_released += released;
         released
+    }
+
+    /// The `tlb flush` trace event: `pages` unmapped, the whole VMID
+    /// invalidated.
+    fn trace_flush(&self, pages: usize) {
+        trace_event!(
+            "tlb flush vm{=usize} vmid={=u16} whole VMID, {=usize} pages unmapped",
+            self.vm,
+            self.vmid,
+            pages
+        );
     }
 
     /// Give one unmapped frame back; false (and the frame counted as
@@ -389,6 +402,7 @@ impl GuestRam {
                 break;
             }
             mem.flush_tlb(self.vmid);
+            self.trace_flush(batch.len());
             for pa in batch {
                 freed += u64::from(self.free_frame(mem, pa));
             }
