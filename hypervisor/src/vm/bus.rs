@@ -44,11 +44,13 @@ impl Window {
 }
 
 /// `ipa - base` if `ipa` is in `base..base + size`.
+#[inline]
 pub fn offset_in(ipa: GuestAddr, base: GuestAddr, size: u64) -> Option<u64> {
     ipa.offset_from(base).filter(|&off| off < size)
 }
 
 /// The device window `ipa` is in, among the devices this VM has.
+#[inline]
 pub fn route(vm: &Vm, ipa: GuestAddr) -> Option<Window> {
     if let Some(vgic) = vm.vgic.as_ref() {
         let v3 = vgic.version() == VgicVersion::V3;

@@ -82,6 +82,7 @@ pub fn after_exit(
 
 /// Whether an exit is part of moving the balloon: a balloon register access
 /// or a fault backing RAM.
+#[inline]
 fn balloon_work(vm: &Vm, exit: &VcpuExit) -> bool {
     match *exit {
         VcpuExit::MmioRead { ipa, .. }
@@ -279,6 +280,7 @@ fn psci_outcome(outcome: PsciOutcome) -> Outcome {
 
 /// A translation fault on a RAM page given back (balloon, reported,
 /// hinted): back it again, zeroed or with the guest's poison value.
+#[inline]
 fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: GuestAddr) -> Outcome {
     let fill = vm.balloon.as_ref().map_or(0, |b| b.device().page_fill());
     let Some(ram) = vm.ram.as_mut() else {

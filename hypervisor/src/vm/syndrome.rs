@@ -98,30 +98,36 @@ pub struct Syndrome {
 }
 
 impl Syndrome {
+    #[inline]
     pub fn new(esr: u64) -> Self {
         Self {
             esr: LocalRegisterCopy::new(esr),
         }
     }
 
+    #[inline]
     pub fn ec(&self) -> Option<ESR::EC::Value> {
         self.esr.read_as_enum(ESR::EC)
     }
 
     /// The ISS read as a data or instruction abort's.
+    #[inline]
     pub fn abort(&self) -> LocalRegisterCopy<u64, ISS_DATA_ABORT::Register> {
         LocalRegisterCopy::new(self.esr.read(ESR::ISS))
     }
 
     /// The ISS read as a trapped system register access's.
+    #[inline]
     pub fn sysreg(&self) -> LocalRegisterCopy<u64, ISS_SYSREG::Register> {
         LocalRegisterCopy::new(self.esr.read(ESR::ISS))
     }
 
+    #[inline]
     pub fn wfx(&self) -> LocalRegisterCopy<u64, ISS_WFX::Register> {
         LocalRegisterCopy::new(self.esr.read(ESR::ISS))
     }
 
+    #[inline]
     pub fn call(&self) -> LocalRegisterCopy<u64, ISS_CALL::Register> {
         LocalRegisterCopy::new(self.esr.read(ESR::ISS))
     }
@@ -129,6 +135,7 @@ impl Syndrome {
 
 /// The IPA of a stage-2 abort: the page from HPFAR_EL2, the offset in it
 /// from FAR_EL2.
+#[inline]
 pub fn fault_ipa(hpfar: u64, far: u64) -> GuestAddr {
     let hpfar: LocalRegisterCopy<u64, HPFAR::Register> = LocalRegisterCopy::new(hpfar);
     GuestAddr::new((hpfar.read(HPFAR::FIPA) << 12) | (far & 0xfff))
