@@ -13,6 +13,7 @@
 pub mod addr;
 pub mod balloon;
 pub mod console;
+pub mod hw;
 pub mod limits;
 pub mod mm;
 pub mod mmio;

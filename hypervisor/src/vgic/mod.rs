@@ -92,8 +92,6 @@ use core::fmt;
 
 use crate::mmio::{check_access, AccessFault, UP_TO_WORD};
 
-pub mod intid;
-mod lr;
 mod regs;
 #[cfg(test)]
 mod tests;
@@ -101,10 +99,11 @@ mod v3;
 #[cfg(test)]
 mod v3_tests;
 
-pub use lr::{
-    lr_value, lr_value_v3, parse_lr, parse_lr_v3, LrState, LrStatus, LR_ACTIVE, LR_CPUID_SHIFT,
-    LR_EOI, LR_GRP1, LR_HW, LR_PENDING, LR_PRIORITY_SHIFT, LR_VIRTUAL_ID_MASK,
+pub use crate::hw::gic_lr::{
+    lr_value, lr_value_v3, parse_lr, parse_lr_v3, LrState, LrStatus, PendingIrq, LR_ACTIVE,
+    LR_CPUID_SHIFT, LR_EOI, LR_GRP1, LR_HW, LR_PENDING, LR_PRIORITY_SHIFT, LR_VIRTUAL_ID_MASK,
 };
+pub use crate::hw::intid;
 pub use regs::*;
 pub use v3::{
     GICR_SGI_BASE, GICR_STRIDE, GICR_TYPER, GICR_WAKER, GICV3_DIST_WINDOW, ICC_ASGI1R_EL1,
@@ -194,21 +193,6 @@ impl VgicEffect {
     pub fn kicks(&self, vcpu: usize) -> bool {
         vcpu < 32 && self.kick & (1 << vcpu) != 0
     }
-}
-
-/// An interrupt to put into a list register.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PendingIrq {
-    pub intid: u32,
-    /// Priority (bits 7:3 significant).
-    pub priority: u8,
-    /// The CPU that sent it, for SGIs.
-    pub source_cpu: Option<u8>,
-    /// Level-sensitive: list it with the EOI bit and call
-    /// [`VDistributor::on_eoi`] at the maintenance interrupt.
-    pub is_level: bool,
-    /// Group 1 (the list register's Grp1 bit).
-    pub group1: bool,
 }
 
 /// Counters of guest accesses the model ignored or rejected.

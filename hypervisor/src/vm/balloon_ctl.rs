@@ -4,11 +4,11 @@
 
 use core::fmt::{self, Write as _};
 
-use super::bus::{DeviceView, Lines};
 use super::cpu::PhysCpu;
+use super::device_memory::DeviceView;
 use super::irq;
 use super::outbox::Outbox;
-use super::ratelimit::LineKind;
+use super::ratelimit::{LineKind, Lines};
 use super::state::{BalloonChange, Vm, VmState};
 use crate::balloon::{BalloonStats, HintError, HintRun, F_STATS_VQ};
 use crate::mm::frames::PAGE_SIZE;

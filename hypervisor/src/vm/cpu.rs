@@ -1,6 +1,6 @@
 //! What the VM core needs from the physical CPU it runs on, as one narrow
-//! trait ([`PhysCpu`]), and the guest registers a vCPU exit hands over
-//! ([`GuestContext`]).
+//! trait ([`PhysCpu`]); the guest registers a vCPU exit hands over
+//! ([`GuestContext`]) are defined in `crate::hw::context`.
 //!
 //! Everything else under `vm/` is plain Rust over plain data: the target
 //! implements [`PhysCpu`] with the GIC's virtual interface, the generic
@@ -8,63 +8,11 @@
 //! fuzz targets implement it with a fake that records what the VM core
 //! asked for (`vm::testing::FakeCpu`).
 
-use super::inject::GuestException;
 use super::memory::HostMemory;
+use crate::hw::inject::GuestException;
 use crate::vgic::{LrState, PendingIrq};
 
-/// Guest registers and the syndrome of the last exit. Field offsets are used
-/// by the world switch's assembly (`arch::aarch64::vcpu`, which checks them).
-#[repr(C, align(16))]
-#[derive(Clone)]
-pub struct GuestContext {
-    pub x: [u64; 31],
-    pub _pad: u64,
-    /// PC and PSTATE to return to.
-    pub elr: u64,
-    pub spsr: u64,
-    pub esr: u64,
-    pub far: u64,
-    pub hpfar: u64,
-    pub _pad2: u64,
-    /// q0-q31, then FPSR and FPCR.
-    pub fp: [u128; 32],
-    pub fpsr: u64,
-    pub fpcr: u64,
-}
-
-/// EL1h with D, A, I and F masked: how a guest kernel is entered.
-pub const SPSR_EL1H_MASKED: u64 = 0x3c5;
-
-impl GuestContext {
-    pub const fn new(pc: u64, x0: u64) -> Self {
-        let mut x = [0; 31];
-        x[0] = x0;
-        Self {
-            x,
-            _pad: 0,
-            elr: pc,
-            spsr: SPSR_EL1H_MASKED,
-            esr: 0,
-            far: 0,
-            hpfar: 0,
-            _pad2: 0,
-            fp: [0; 32],
-            fpsr: 0,
-            fpcr: 0,
-        }
-    }
-
-    /// Register `n` as an instruction operand: 31 is XZR.
-    pub fn reg(&self, n: u8) -> u64 {
-        self.x.get(n as usize).copied().unwrap_or(0)
-    }
-
-    pub fn set_reg(&mut self, n: u8, value: u64) {
-        if let Some(r) = self.x.get_mut(n as usize) {
-            *r = value;
-        }
-    }
-}
+pub use crate::hw::context::{GuestContext, SPSR_EL1H_MASKED};
 
 /// The physical CPU a vCPU's exits are handled on: the only things the VM
 /// core cannot do in plain Rust.

@@ -31,15 +31,14 @@ pub mod balloon_ctl;
 pub mod bus;
 pub mod check;
 pub mod console;
-pub mod controls;
 #[cfg(test)]
 mod core_tests;
 pub mod cpu;
+pub mod device_memory;
 pub mod exit;
 pub mod fault;
 pub mod fdt;
 pub mod handle;
-pub mod inject;
 pub mod irq;
 pub mod lifecycle;
 pub mod memory;
@@ -47,6 +46,7 @@ pub mod outbox;
 pub mod psci;
 pub mod ratelimit;
 pub mod state;
-pub mod syndrome;
+
+pub use crate::hw::{controls, inject, syndrome};
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -5,6 +5,8 @@
 //! flood of one kind does not hide the first lines of another. Plain data,
 //! tested on the host.
 
+use super::outbox::Outbox;
+
 /// Lines that may come at once.
 pub const BURST: u32 = 10;
 /// One more line may come after this long (microseconds).
@@ -118,6 +120,35 @@ impl GuestLines {
             .iter_mut()
             .map(RateLimit::take_suppressed)
             .sum()
+    }
+}
+
+/// The console lines of one VM that its guest can trigger: said within
+/// the VM's rate limit.
+pub struct Lines<'a> {
+    pub lines: &'a mut GuestLines,
+    pub out: &'a mut Outbox,
+    pub name: &'a str,
+    pub now_us: u64,
+}
+
+impl Lines<'_> {
+    /// Keep `tidal: [name] <args>` for the console, within the VM's rate
+    /// limit; the first line after a quiet spell says how many were held
+    /// back.
+    pub fn say(&mut self, kind: LineKind, args: core::fmt::Arguments<'_>) {
+        match self.lines.check(kind, self.now_us) {
+            Permit::Suppress => {}
+            Permit::Print { suppressed } => {
+                if suppressed > 0 {
+                    self.out.line(format_args!(
+                        "tidal: [{}] {suppressed} similar messages suppressed",
+                        self.name
+                    ));
+                }
+                self.out.line(format_args!("tidal: [{}] {args}", self.name));
+            }
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use super::fault::{BadAccessStats, OnBadAccess};
 use super::fdt::GicVersion;
 use super::memory::GuestRam;
 use super::outbox::Outbox;
-use super::ratelimit::GuestLines;
+use super::ratelimit::{GuestLines, Lines};
 use crate::addr::PhysAddr;
 use crate::balloon::Balloon;
 use crate::limits::{MAX_LRS, MAX_VCPUS};
@@ -213,5 +213,17 @@ impl Vm {
     /// VMID of its stage-2 tables (0 is the hypervisor's own).
     pub fn vmid(&self) -> u16 {
         self.id as u16 + 1
+    }
+}
+
+impl Vm {
+    /// This VM's rate-limited lines, at `now_us`.
+    pub fn lines_at(&mut self, now_us: u64) -> Lines<'_> {
+        Lines {
+            lines: &mut self.lines,
+            out: &mut self.out,
+            name: &self.name,
+            now_us,
+        }
     }
 }

@@ -20,7 +20,7 @@ use tock_registers::registers::{ReadOnly, ReadWrite, WriteOnly};
 use tock_registers::{register_bitfields, register_structs, LocalRegisterCopy};
 
 use super::gic_v3 as v3;
-use crate::vgic::{lr_value, parse_lr, LrState, PendingIrq};
+use crate::hw::gic_lr::{lr_value, parse_lr, LrState, PendingIrq};
 
 /// 0: no GIC we drive; 2 or 3: the architecture version in use.
 static VERSION: AtomicU8 = AtomicU8::new(0);
@@ -64,7 +64,7 @@ register_bitfields! {u32,
         ListRegs OFFSET(0) NUMBITS(6) []
     ],
     /// The fields of a list register this module sets itself (the rest of
-    /// the encoding is `crate::vgic`'s).
+    /// the encoding is `crate::hw::gic_lr`'s).
     GICH_LR [
         HW OFFSET(31) NUMBITS(1) [],
         /// With HW: the physical INTID (bits 19:10, which otherwise hold
@@ -114,7 +114,7 @@ register_structs! {
     }
 }
 
-pub use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
+pub use crate::hw::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 
 fn gicd() -> &'static Distributor {
     // SAFETY: GICD holds the distributor's base once the version is 2: set

@@ -28,7 +28,7 @@ use super::sysreg::{
     ICC_INTID, ICC_PMR_EL1, ICC_SGI1R_EL1,
 };
 
-use crate::vgic::{lr_value_v3, parse_lr_v3, LrState, PendingIrq};
+use crate::hw::gic_lr::{lr_value_v3, parse_lr_v3, LrState, PendingIrq};
 
 static GICD: AtomicU64 = AtomicU64::new(0);
 static GICR: AtomicU64 = AtomicU64::new(0);
@@ -330,7 +330,7 @@ macro_rules! with_lr {
     };
 }
 
-/// The raw value of list register `i` (its encoding is `crate::vgic`'s).
+/// The raw value of list register `i` (its encoding is `crate::hw::gic_lr`'s).
 fn read_lr_raw(i: usize) -> u64 {
     with_lr!(i, lr => lr.get(), 0)
 }

@@ -22,11 +22,11 @@ use aarch64_cpu::registers::{
 
 use super::sysreg::SCTLR_EL1_PAN;
 use crate::addr::PhysAddr;
-use crate::vm::controls;
+use crate::hw::controls;
 
 /// The guest registers the world switch saves and loads (portable, so the
 /// VM core can be tested on the host); the offsets below are the assembly's.
-pub use crate::vm::cpu::{GuestContext, SPSR_EL1H_MASKED};
+pub use crate::hw::context::{GuestContext, SPSR_EL1H_MASKED};
 
 const OFF_ELR: usize = 256;
 const OFF_ESR: usize = 272;
@@ -320,7 +320,7 @@ pub fn disable_virtual_timer() {
 /// it). `far`: the faulting address, if valid; `il32`: ESR_EL2.IL.
 pub fn inject(
     ctx: &mut GuestContext,
-    exception: crate::vm::inject::GuestException,
+    exception: crate::hw::inject::GuestException,
     far: Option<u64>,
     il32: bool,
 ) {
@@ -329,7 +329,7 @@ pub fn inject(
     // (ID_AA64MMFR1_EL1.PAN) and SCTLR_EL1.SPAN is clear.
     let set_pan = ID_AA64MMFR1_EL1.read(ID_AA64MMFR1_EL1::PAN) != 0
         && !SCTLR_EL1_PAN::SPAN.is_set(SCTLR_EL1.get());
-    let trapped = crate::vm::inject::Trapped {
+    let trapped = crate::hw::inject::Trapped {
         pstate: ctx.spsr,
         pc: ctx.elr,
         far,
@@ -337,7 +337,7 @@ pub fn inject(
         vbar,
         set_pan,
     };
-    let regs = crate::vm::inject::exception(exception, &trapped);
+    let regs = crate::hw::inject::exception(exception, &trapped);
     // The EL1 exception registers belong to the guest that runs on this
     // CPU; writing them is what taking the exception would have done.
     ESR_EL1.set(regs.esr_el1);

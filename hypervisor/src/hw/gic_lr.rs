@@ -11,7 +11,20 @@
 //!  HW  Grp1 State  Priority  -      PhysicalID[19:10]  VirtualID   (HW = 1)
 //! ```
 
-use super::PendingIrq;
+/// An interrupt to put into a list register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingIrq {
+    pub intid: u32,
+    /// Priority (bits 7:3 significant).
+    pub priority: u8,
+    /// The CPU that sent it, for SGIs.
+    pub source_cpu: Option<u8>,
+    /// Level-sensitive: list it with the EOI bit and call
+    /// `VDistributor::on_eoi` (vgic) at the maintenance interrupt.
+    pub is_level: bool,
+    /// Group 1 (the list register's Grp1 bit).
+    pub group1: bool,
+}
 
 /// HW: the virtual interrupt is backed by a physical one (never set here).
 pub const LR_HW: u32 = 1 << 31;

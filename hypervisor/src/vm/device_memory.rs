@@ -1,0 +1,90 @@
+//! Guest memory as an emulated device sees it ([`DeviceView`]): this VM's
+//! RAM only, read and written through its stage 2, and the balloon's
+//! backend (inflated, reported and hinted pages unmapped and given back).
+
+use super::memory::{GuestRam, HostMemory};
+use crate::addr::{GuestAddr, GuestPfn};
+use crate::trace::{self, trace_event};
+use crate::virtio::{GuestMemError, GuestMemory};
+
+/// Guest memory as a device sees it: this VM's RAM only.
+pub struct DeviceView<'a, M> {
+    pub ram: &'a mut GuestRam,
+    pub mem: &'a mut M,
+    /// The time of the access, for the devices' timestamps.
+    pub now_us: u64,
+}
+
+impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
+        self.ram
+            .read(self.mem, ipa, buf)
+            .map_err(|_| GuestMemError {
+                ipa,
+                len: buf.len(),
+            })
+    }
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
+        self.ram
+            .write(self.mem, ipa, data)
+            .map_err(|_| GuestMemError {
+                ipa,
+                len: data.len(),
+            })
+    }
+}
+
+impl<M> DeviceView<'_, M> {
+    /// The `inflate` or `deflate` trace event of one request's PFNs
+    /// (ascending); `released`: frames given back to the pool.
+    fn trace_pfns(&self, what: &str, pfns: &[GuestPfn], released: u64) {
+        trace_event!(
+            "{=str} vm{=usize} pages={=usize} pfns {=u64:#x}..={=u64:#x} runs={=usize} released={=u64}",
+            what,
+            self.ram.vm,
+            pfns.len(),
+            pfns.first().map_or(0, |p| p.raw()),
+            pfns.last().map_or(0, |p| p.raw()),
+            trace::runs(pfns),
+            released
+        );
+    }
+
+    /// The `report` or `hint` trace event of blocks given back.
+    fn trace_blocks(&self, what: &str, blocks: &[core::ops::Range<GuestPfn>], released: u64) {
+        trace_event!(
+            "{=str} vm{=usize} blocks={=usize} pages={=u64} released={=u64}",
+            what,
+            self.ram.vm,
+            blocks.len(),
+            blocks.iter().map(|b| b.end - b.start).sum::<u64>(),
+            released
+        );
+    }
+}
+
+impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
+    fn ram_pfns(&self) -> core::ops::Range<GuestPfn> {
+        self.ram.pfns()
+    }
+    fn inflate(&mut self, pfns: &[GuestPfn]) {
+        let released = self.ram.release(self.mem, pfns);
+        self.trace_pfns("inflate", pfns, released);
+    }
+    fn deflate(&mut self, pfns: &[GuestPfn]) {
+        // Nothing to do now: each page is backed again (zeroed or poisoned)
+        // on its next access.
+        self.trace_pfns("deflate", pfns, 0);
+    }
+    fn now_us(&self) -> Option<u64> {
+        Some(self.now_us)
+    }
+    fn report(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
+        let released = self.ram.release_blocks(self.mem, blocks);
+        self.trace_blocks("report", blocks, released);
+    }
+    fn hint(&mut self, blocks: &[core::ops::Range<GuestPfn>]) {
+        let released = self.ram.release_blocks(self.mem, blocks);
+        self.trace_blocks("hint", blocks, released);
+    }
+}
