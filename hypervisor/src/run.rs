@@ -423,7 +423,7 @@ pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
 /// The `info balloon` block of one VM, to print once its lock is released.
 pub fn balloon_info(vm: &mut Vm) -> alloc::string::String {
     let mut text = alloc::string::String::new();
-    let _ = balloon_ctl::write_info(vm, aarch64::uptime_us(), &mut text);
+    let _ = crate::vm::balloon_info::write_info(vm, aarch64::uptime_us(), &mut text);
     text
 }
 

@@ -12,8 +12,6 @@
 
 use core::fmt;
 
-use crate::size::Size;
-
 /// Size of one statistics entry in the buffer.
 pub const STAT_ENTRY_BYTES: u32 = 10;
 
@@ -112,16 +110,6 @@ impl StatsSample {
             .find(|t| t.name == name)
             .and_then(|t| self.get(t.tag))
     }
-
-    /// The `info balloon` lines for this sample, seen at `now_us`, when the
-    /// device polls every `interval_us` (0: polling off).
-    pub fn lines(&self, now_us: u64, interval_us: u64) -> StatsLines<'_> {
-        StatsLines {
-            sample: self,
-            now_us,
-            interval_us,
-        }
-    }
 }
 
 /// A duration in microseconds as seconds with one decimal ("2.5 s").
@@ -132,42 +120,5 @@ impl fmt::Display for Seconds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let tenths = self.0 / 100_000;
         write!(f, "{}.{} s", tenths / 10, tenths % 10)
-    }
-}
-
-/// The lines `info balloon <vm>` prints for a sample (see
-/// [`StatsSample::lines`]): a header with the sample's age and the polling
-/// interval, then one line per statistic the guest sent, in tag order,
-/// bytes as sizes, counts as numbers. Every line starts with two spaces and
-/// ends with a newline.
-pub struct StatsLines<'a> {
-    sample: &'a StatsSample,
-    now_us: u64,
-    interval_us: u64,
-}
-
-impl fmt::Display for StatsLines<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let age = Seconds(self.now_us.saturating_sub(self.sample.arrived_us));
-        write!(f, "  guest statistics, {age} old (")?;
-        if self.interval_us == 0 {
-            f.write_str("polling off")?;
-        } else {
-            write!(f, "polled every {}", Seconds(self.interval_us))?;
-        }
-        if self.sample.unknown_tags != 0 {
-            write!(f, "; {} unknown tags ignored", self.sample.unknown_tags)?;
-        }
-        f.write_str("):\n")?;
-        for t in &STAT_TABLE {
-            let Some(v) = self.sample.get(t.tag) else {
-                continue;
-            };
-            match t.unit {
-                StatUnit::Bytes => writeln!(f, "    {:<20} {}", t.name, Size(v))?,
-                StatUnit::Count => writeln!(f, "    {:<20} {v}", t.name)?,
-            }
-        }
-        Ok(())
     }
 }

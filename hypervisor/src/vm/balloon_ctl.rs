@@ -1,6 +1,7 @@
 //! The host's side of a VM's balloon: targets set from the shell,
 //! statistics requests and hinting runs, time-driven polling, the cost of
-//! each balloon change, and the `info balloon` text.
+//! each balloon change and its console lines (`info balloon` is
+//! `vm::balloon_info`).
 
 use core::fmt::{self, Write as _};
 
@@ -207,63 +208,4 @@ pub fn report_hint_end(
             ended.saturating_sub(run.started_us) / 1000
         ));
     }
-}
-
-/// The `info balloon` block of one VM.
-pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Result {
-    let Some(balloon) = vm.balloon.as_ref() else {
-        return match &vm.last_balloon_stats {
-            Some(stats) => writeln!(
-                out,
-                "{}: {}; {}; its balloon's last counters: {stats}",
-                vm.name,
-                vm.state.label(),
-                vm.last_stop
-            ),
-            None => writeln!(out, "{}: no balloon device ({})", vm.name, vm.state.label()),
-        };
-    };
-    let dev = balloon.device();
-    let (target, actual) = (u64::from(dev.target()), u64::from(dev.actual()));
-    writeln!(out, "{}: balloon ({})", vm.name, vm.state.label())?;
-    writeln!(
-        out,
-        "  target {target} pages ({}), actual {actual} pages ({}), ballooned {} pages",
-        crate::size::Size(target * PAGE_SIZE),
-        crate::size::Size(actual * PAGE_SIZE),
-        dev.ballooned_pages()
-    )?;
-    writeln!(
-        out,
-        "  features offered: {}; negotiated: {}",
-        crate::balloon::feature_names(balloon.offered_features()),
-        crate::balloon::feature_names(balloon.negotiated_features())
-    )?;
-    writeln!(out, "  {}", dev.stats())?;
-    write!(out, "{}", dev.info_lines(now_us))?;
-    if let Some(e) = balloon.last_error() {
-        writeln!(out, "  last device error: {e}")?;
-    }
-    let e = &vm.exits;
-    writeln!(
-        out,
-        "  exits: {} ({} MMIO, {} HVC/SMC, {} WFI/WFE, {} faults), {} EL2 instructions each on average",
-        e.total,
-        e.mmio,
-        e.hvc,
-        e.wfx,
-        e.faults,
-        e.instructions / e.total.max(1)
-    )?;
-    if let Some(ram) = vm.ram.as_ref() {
-        writeln!(
-            out,
-            "  memory: {} pages mapped, {} backed again on fault, {} released, {} TLB flushes",
-            ram.mapped_pages(),
-            ram.stats.faults_backed,
-            ram.stats.pages_released,
-            ram.stats.tlb_flushes
-        )?;
-    }
-    Ok(())
 }

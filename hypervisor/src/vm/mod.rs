@@ -28,6 +28,7 @@
 //! Plain Rust over plain data, tested on the host.
 
 pub mod balloon_ctl;
+pub mod balloon_info;
 pub mod bus;
 pub mod check;
 pub mod console;

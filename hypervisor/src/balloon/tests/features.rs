@@ -57,7 +57,14 @@ impl Rig {
     }
 
     fn info(&self) -> String {
-        format!("{}", self.balloon().info_lines(self.env.backend.now))
+        let mut text = String::new();
+        crate::vm::balloon_info::write_feature_lines(
+            &mut text,
+            self.balloon(),
+            self.env.backend.now,
+        )
+        .unwrap();
+        text
     }
 }
 
@@ -293,6 +300,11 @@ fn stats_buffer_stays_with_a_stopped_device_and_goes_with_a_reset() {
 
 #[test]
 fn stats_lines_for_info_balloon() {
+    let sample_text = |s: &StatsSample, now, interval| {
+        let mut text = String::new();
+        crate::vm::balloon_info::write_stats_sample(&mut text, s, now, interval).unwrap();
+        text
+    };
     let mut s = StatsSample::new(10 * SECOND);
     s.add_entries(&Rig::stats_buffer(&[
         (0, 0),
@@ -304,7 +316,7 @@ fn stats_lines_for_info_balloon() {
         (16, 5),
     ]));
     assert_eq!(
-        format!("{}", s.lines(12_500_000, 2 * SECOND)),
+        sample_text(&s, 12_500_000, 2 * SECOND),
         "  guest statistics, 2.5 s old (polled every 2.0 s; 1 unknown tags ignored):\n\
          \x20   swap_in              0 bytes\n\
          \x20   major_faults         12\n\
@@ -315,7 +327,7 @@ fn stats_lines_for_info_balloon() {
     );
     let empty = StatsSample::new(0);
     assert_eq!(
-        format!("{}", empty.lines(0, 0)),
+        sample_text(&empty, 0, 0),
         "  guest statistics, 0.0 s old (polling off):\n"
     );
 }

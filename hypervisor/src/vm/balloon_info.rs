@@ -1,0 +1,194 @@
+//! The text of `info balloon`: a VM's balloon device, its optional
+//! features, the guest's latest statistics and the VM's exit and memory
+//! counters, formatted from the state and counters the device and the VM
+//! keep (the device models print nothing themselves).
+
+use core::fmt;
+
+use super::state::Vm;
+use crate::addr::PAGE_SIZE;
+use crate::balloon::stats::{Seconds, StatUnit, StatsSample, STAT_TABLE};
+use crate::balloon::{
+    Balloon, HintOutcome, HintState, F_DEFLATE_ON_OOM, F_FREE_PAGE_HINT, F_PAGE_POISON,
+    F_PAGE_REPORTING, F_STATS_VQ,
+};
+use crate::size::Size;
+
+/// The `info balloon` block of one VM.
+pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Result {
+    let Some(balloon) = vm.balloon.as_ref() else {
+        return match &vm.last_balloon_stats {
+            Some(stats) => writeln!(
+                out,
+                "{}: {}; {}; its balloon's last counters: {stats}",
+                vm.name,
+                vm.state.label(),
+                vm.last_stop
+            ),
+            None => writeln!(out, "{}: no balloon device ({})", vm.name, vm.state.label()),
+        };
+    };
+    let dev = balloon.device();
+    let (target, actual) = (u64::from(dev.target()), u64::from(dev.actual()));
+    writeln!(out, "{}: balloon ({})", vm.name, vm.state.label())?;
+    writeln!(
+        out,
+        "  target {target} pages ({}), actual {actual} pages ({}), ballooned {} pages",
+        Size(target * PAGE_SIZE),
+        Size(actual * PAGE_SIZE),
+        dev.ballooned_pages()
+    )?;
+    writeln!(
+        out,
+        "  features offered: {}; negotiated: {}",
+        crate::balloon::feature_names(balloon.offered_features()),
+        crate::balloon::feature_names(balloon.negotiated_features())
+    )?;
+    writeln!(out, "  {}", dev.stats())?;
+    write_feature_lines(out, dev, now_us)?;
+    if let Some(e) = balloon.last_error() {
+        writeln!(out, "  last device error: {e}")?;
+    }
+    let e = &vm.exits;
+    writeln!(
+        out,
+        "  exits: {} ({} MMIO, {} HVC/SMC, {} WFI/WFE, {} faults), {} EL2 instructions each on average",
+        e.total,
+        e.mmio,
+        e.hvc,
+        e.wfx,
+        e.faults,
+        e.instructions / e.total.max(1)
+    )?;
+    if let Some(ram) = vm.ram.as_ref() {
+        writeln!(
+            out,
+            "  memory: {} pages mapped, {} backed again on fault, {} released, {} TLB flushes",
+            ram.mapped_pages(),
+            ram.stats.faults_backed,
+            ram.stats.pages_released,
+            ram.stats.tlb_flushes
+        )?;
+    }
+    Ok(())
+}
+
+/// What `info balloon <vm>` prints about the optional features at
+/// `now_us`: OOM deflates, page poison, reporting, hinting (state and
+/// latest run) and the latest guest statistics with their age. One line
+/// per item, each starting with two spaces and ending with a newline;
+/// features not negotiated are left out.
+pub fn write_feature_lines(f: &mut impl fmt::Write, b: &Balloon, now_us: u64) -> fmt::Result {
+    let s = b.stats();
+    let has = |feature| b.negotiated_features() & feature != 0;
+    if has(F_DEFLATE_ON_OOM) || s.pages_deflated_on_oom != 0 {
+        writeln!(
+            f,
+            "  deflated on OOM: {} pages ({})",
+            s.pages_deflated_on_oom,
+            Size(s.pages_deflated_on_oom.saturating_mul(PAGE_SIZE))
+        )?;
+    }
+    if has(F_PAGE_POISON) {
+        writeln!(
+            f,
+            "  page poison: {:#010x}; pages backed again are filled with it",
+            b.poison_val()
+        )?;
+    }
+    if has(F_PAGE_REPORTING) {
+        writeln!(
+            f,
+            "  free page reporting: {} reports, {} blocks, {} pages ({}) given back",
+            s.reports,
+            s.report_blocks,
+            s.pages_reported,
+            Size(s.pages_reported.saturating_mul(PAGE_SIZE))
+        )?;
+    }
+    if has(F_FREE_PAGE_HINT) {
+        let state = match b.hint_state() {
+            HintState::Idle => "idle",
+            HintState::Requested => "waiting for the driver",
+            HintState::Started => "hinting",
+            HintState::HostStopped => "stopping",
+            HintState::Done => "done",
+        };
+        write!(
+            f,
+            "  free page hinting: {state}, cmd id {}",
+            b.free_page_hint_cmd_id()
+        )?;
+        if s.hint_ids_stale + s.hint_buffers_stale != 0 {
+            write!(
+                f,
+                " ({} stale ids, {} stale hint buffers ignored)",
+                s.hint_ids_stale, s.hint_buffers_stale
+            )?;
+        }
+        match b.hint_run() {
+            Some(run) if run.outcome == HintOutcome::Running => {
+                writeln!(f, "; {run} so far, {}", Seconds(run.elapsed_us(now_us)))?
+            }
+            Some(run) => writeln!(f, "; last {run}")?,
+            None => writeln!(f, "; no run yet ('hint <vm>' starts one)")?,
+        }
+    }
+    if s.blocks_rejected() != 0 {
+        writeln!(
+            f,
+            "  free blocks rejected: {} outside RAM, {} unaligned, {} ballooned, {} overlapping",
+            s.blocks_rejected_outside_ram,
+            s.blocks_rejected_unaligned,
+            s.blocks_rejected_ballooned,
+            s.blocks_rejected_overlapping
+        )?;
+    }
+    match b.stats_sample() {
+        Some(sample) => write_stats_sample(f, sample, now_us, b.stats_interval_us())?,
+        None if has(F_STATS_VQ) => writeln!(f, "  guest statistics: none received yet")?,
+        None => {}
+    }
+    if s.stats_buffers_extra != 0 {
+        writeln!(
+            f,
+            "  {} extra statistics buffers returned unread",
+            s.stats_buffers_extra
+        )?;
+    }
+    Ok(())
+}
+
+/// The lines for a statistics sample seen at `now_us`, when the device
+/// polls every `interval_us` (0: polling off): a header with the sample's
+/// age and the polling interval, then one line per statistic the guest
+/// sent, in tag order, bytes as sizes, counts as numbers. Every line
+/// starts with two spaces and ends with a newline.
+pub fn write_stats_sample(
+    f: &mut impl fmt::Write,
+    sample: &StatsSample,
+    now_us: u64,
+    interval_us: u64,
+) -> fmt::Result {
+    let age = Seconds(now_us.saturating_sub(sample.arrived_us));
+    write!(f, "  guest statistics, {age} old (")?;
+    if interval_us == 0 {
+        f.write_str("polling off")?;
+    } else {
+        write!(f, "polled every {}", Seconds(interval_us))?;
+    }
+    if sample.unknown_tags != 0 {
+        write!(f, "; {} unknown tags ignored", sample.unknown_tags)?;
+    }
+    f.write_str("):\n")?;
+    for t in &STAT_TABLE {
+        let Some(v) = sample.get(t.tag) else {
+            continue;
+        };
+        match t.unit {
+            StatUnit::Bytes => writeln!(f, "    {:<20} {}", t.name, Size(v))?,
+            StatUnit::Count => writeln!(f, "    {:<20} {v}", t.name)?,
+        }
+    }
+    Ok(())
+}
