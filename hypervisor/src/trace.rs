@@ -6,7 +6,7 @@
 //!
 //! Only the target has a defmt logger, so only target-only code may call the
 //! defmt macros itself. Portable code (tested on the host) traces through
-//! [`trace_event!`], which is `defmt::trace!` on the target in a build with
+//! `trace_event!`, which is `defmt::trace!` on the target in a build with
 //! the `trace` feature, and nothing otherwise (its arguments are still type
 //! checked, inside an `if false`, and never evaluated).
 //!

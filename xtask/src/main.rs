@@ -376,6 +376,13 @@ fn test(args: &[String]) -> Result<(), String> {
             "warnings",
         ]),
     );
+    // Module docs name real items: a broken intra-doc link fails.
+    check(
+        "rustdoc (hypervisor, platform)",
+        cargo()
+            .args(["doc", "--no-deps", "-p", "hypervisor", "-p", "platform"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    );
     check(
         "clippy (aarch64-unknown-linux-musl)",
         cargo()

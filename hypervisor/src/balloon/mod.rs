@@ -92,7 +92,7 @@
 //!   a stage-2 fault, and [`Balloon::page_fill`] for what to fill it with.
 //! - [`Balloon::set_stats_interval`] for `balloon-stats`,
 //!   [`MmioTransport::start_free_page_hint`] for `hint` (then the interrupt
-//!   line), [`Balloon::info_lines`] for `info balloon`.
+//!   line); `vm::balloon_info` formats `info balloon` from its accessors.
 //! - The [`BalloonBackend`] methods, over its stage-2 tables and frames.
 //!
 //! # Reset

@@ -83,7 +83,7 @@ impl LrState {
 /// INTID as VirtualID, priority bits 7:3, the group, HW clear; the EOI bit
 /// for level-sensitive interrupts (so the hypervisor learns through a
 /// maintenance interrupt when the guest is done and can re-sample the line,
-/// see [`super::VDistributor::on_eoi`]); and the source CPU for an SGI.
+/// see `VDistributor::on_eoi` in vgic); and the source CPU for an SGI.
 pub fn lr_value(irq: &PendingIrq) -> u32 {
     let mut value = (irq.intid & LR_VIRTUAL_ID_MASK)
         | (u32::from(irq.priority >> 3) << LR_PRIORITY_SHIFT)
@@ -132,7 +132,7 @@ const LR3_EOI: u64 = 1 << 41;
 const LR3_PINTID_SHIFT: u32 = 32;
 const LR3_PINTID_MASK: u64 = 0x1fff;
 
-/// The ICH_LR<n>_EL2 value that makes `irq` pending in the guest. With
+/// The `ICH_LR<n>_EL2` value that makes `irq` pending in the guest. With
 /// `hw` the interrupt is linked to that physical INTID, whose deactivation
 /// the guest's own does (no EOI maintenance then). GICv3 SGIs carry no
 /// source CPU.
@@ -153,7 +153,7 @@ pub fn lr_value_v3(irq: &PendingIrq, hw: Option<u32>) -> u64 {
     value
 }
 
-/// Decode an ICH_LR<n>_EL2 value.
+/// Decode an `ICH_LR<n>_EL2` value.
 pub fn parse_lr_v3(value: u64) -> LrState {
     let hw = value & LR3_HW != 0;
     let state = match (value >> LR3_STATE_SHIFT) & 3 {

@@ -1,6 +1,6 @@
 //! The exception syndrome (ESR_ELx) and the fault address register
 //! HPFAR_EL2, as named fields (tock-registers bitfields; aarch64-cpu leaves
-//! ESR's ISS raw): what [`super::exit`] decodes a trap from and
+//! ESR's ISS raw): what `vm::exit` decodes a trap from and
 //! [`super::inject`] encodes an exception for the guest with. Plain values,
 //! so they are read and built on the host too (`Syndrome`).
 

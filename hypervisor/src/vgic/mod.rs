@@ -271,7 +271,7 @@ pub enum VgicVersion {
     V2,
     /// A GICv3 distributor (affinity routing always on, one security
     /// state) and one redistributor per vCPU; the CPU interface is the
-    /// hardware's virtual ICC_* system registers. See [`v3`].
+    /// hardware's virtual ICC_* system registers. See `vgic/v3.rs`.
     V3,
 }
 

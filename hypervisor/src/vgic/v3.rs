@@ -16,7 +16,7 @@
 //!   ICFGR words) read as zero and ignore writes, as do ITARGETSR, SGIR
 //!   and the SGI pending-source registers: the redistributors own INTIDs
 //!   0..32.
-//! - GICD_IROUTER<n> (0x6000 + 8n) takes 32- and 64-bit accesses. An SPI
+//! - `GICD_IROUTER<n>` (0x6000 + 8n) takes 32- and 64-bit accesses. An SPI
 //!   goes to the vCPU whose affinity it names (vCPU *v* has MPIDR Aff0 =
 //!   *v*, Aff1..3 = 0, as VMPIDR_EL2 says); Interrupt_Routing_Mode 1 (any
 //!   vCPU) delivers to the lowest-numbered one; a route that names no vCPU

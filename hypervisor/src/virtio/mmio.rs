@@ -5,7 +5,7 @@
 //! access widths, feature negotiation, the device status state machine, queue
 //! configuration registers, the interrupt status and the config generation.
 //! It hands config-space accesses to the device uninterpreted and hands queue
-//! notifications to [`VirtioDevice::notify`].
+//! notifications to [`VirtioDeviceIo::notify`].
 //!
 //! Rules it enforces, all against untrusted guest values:
 //!

@@ -196,7 +196,7 @@ pub enum FdtError {
     TooManyDevices { count: usize, max: usize },
     /// The blob would exceed the format's 4 GiB limit.
     TooLarge,
-    /// The writer refused the tree (a name, string or nesting [`check`]
+    /// The writer refused the tree (a name, string or nesting `check`
     /// should have ruled out): a bug here, reported rather than a panic.
     Refused { what: &'static str },
 }

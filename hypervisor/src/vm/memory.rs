@@ -11,7 +11,7 @@
 //! and the VM's run loop ends the VM with a report.
 //!
 //! Plain data over the [`HostMemory`] trait, so the host tests run random
-//! inflate / deflate / fault / stop sequences against a real [`FrameTable`]
+//! inflate / deflate / fault / stop sequences against a real `FrameTable`
 //! and check that no frame is mapped into two VMs and that a VM maps only
 //! frames it owns.
 
