@@ -3,5 +3,6 @@
 
 pub mod frames;
 pub mod layout;
+pub mod manager;
 pub mod pagetable;
 pub mod stage2;

@@ -1,0 +1,374 @@
+//! The policy's edge cases, one tick or a few at a time.
+
+use super::*;
+
+const WM: Watermarks = Watermarks {
+    min: 100,
+    low: 300,
+    high: 500,
+};
+const SIZE: Pages = 10_000;
+const TICK: u64 = 100_000;
+
+fn manager() -> Manager {
+    Manager::new(WM, Tunables::default())
+}
+
+/// A VM of `SIZE` pages with a working driver and no limits.
+fn vm(target: Pages, actual: Pages) -> VmInput {
+    VmInput {
+        size: SIZE,
+        backed: SIZE - actual,
+        target,
+        actual,
+        limits: Limits::unlimited(SIZE),
+        stats: None,
+        fault_ins: 0,
+        deflate_on_oom: 0,
+        driver: true,
+    }
+}
+
+/// Statistics of a guest with `free` and `caches` pages.
+fn guest(free: Pages, caches: Pages) -> Option<GuestStats> {
+    Some(GuestStats {
+        available: Some((free + caches) * PAGE_SIZE),
+        free: Some(free * PAGE_SIZE),
+        caches: Some(caches * PAGE_SIZE),
+        major_faults: Some(0),
+        oom_kills: Some(0),
+        alloc_stalls: Some(0),
+    })
+}
+
+fn raised(d: &Decisions, vms: &[VmInput]) -> Vec<Pages> {
+    d.targets
+        .iter()
+        .zip(vms)
+        .map(|(t, v)| t.map_or(0, |t| t.saturating_sub(v.target)))
+        .collect()
+}
+
+/// Applies the decisions to the inputs (the balloons have not moved).
+fn apply(d: &Decisions, vms: &mut [VmInput]) {
+    for (t, v) in d.targets.iter().zip(vms) {
+        if let Some(t) = t {
+            v.target = *t;
+        }
+    }
+}
+
+#[test]
+fn watermark_defaults_and_validation() {
+    // 1 GiB: 1%, 3%, 5%.
+    let w = Watermarks::for_ram(262_144);
+    assert_eq!((w.min, w.low, w.high), (2621, 7864, 13107));
+    assert_eq!(w.validate(262_144), Ok(()));
+    // A small pool keeps 1 MiB between watermarks.
+    let w = Watermarks::for_ram(4096);
+    assert_eq!((w.min, w.low, w.high), (256, 512, 768));
+    let bad = Watermarks {
+        min: 10,
+        low: 5,
+        high: 20,
+    };
+    let e = bad.validate(1000).unwrap_err();
+    assert_eq!(e, ConfigError::WatermarksOrder);
+    assert!(e.to_string().contains("min <= low <= high"));
+    assert_eq!(WM.validate(500), Err(ConfigError::WatermarkAboveRam));
+}
+
+#[test]
+fn limits_validation_says_what_to_change() {
+    let ok = Limits {
+        min: 10,
+        low: 20,
+        max: 100,
+        weight: 100,
+    };
+    assert_eq!(ok.validate(100), Ok(()));
+    let cases = [
+        (
+            Limits { min: 200, ..ok },
+            ConfigError::MinAboveMax,
+            "lower min",
+        ),
+        (
+            Limits { low: 200, ..ok },
+            ConfigError::LowAboveMax,
+            "lower low",
+        ),
+        (
+            Limits { min: 30, ..ok },
+            ConfigError::MinAboveLow,
+            "raise low",
+        ),
+        (
+            Limits { weight: 0, ..ok },
+            ConfigError::Weight,
+            "1 to 10000",
+        ),
+        (
+            Limits {
+                weight: 10_001,
+                ..ok
+            },
+            ConfigError::Weight,
+            "1 to 10000",
+        ),
+    ];
+    for (l, err, hint) in cases {
+        assert_eq!(l.validate(100), Err(err), "{l:?}");
+        assert!(err.to_string().contains(hint), "{err}");
+    }
+    assert_eq!(ok.validate(50), Err(ConfigError::MaxAboveSize));
+    assert_eq!(Limits::unlimited(SIZE).validate(SIZE), Ok(()));
+}
+
+#[test]
+fn reclaims_only_up_to_high_and_bails_out_while_in_flight() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    let d = m.tick(0, 200, &vms);
+    // high 500 - pool 200.
+    assert_eq!(raised(&d, &vms).iter().sum::<Pages>(), 300);
+    apply(&d, &mut vms);
+    // The balloons move a little: what is left in flight still covers it.
+    vms[0].actual += 10;
+    vms[1].actual += 10;
+    let d = m.tick(TICK, 220, &vms);
+    assert_eq!(d.targets, [None, None]);
+    assert_eq!(m.stats().bailouts, 1);
+    assert_eq!(m.stats().pages_reclaimed, 300);
+}
+
+#[test]
+fn no_reclaim_above_low_unless_already_reclaiming() {
+    let mut m = manager();
+    let vms = [vm(0, 0)];
+    // Between low and high, not reclaiming: nothing.
+    assert_eq!(m.tick(0, 400, &vms).targets, [None]);
+    // Below low: reclaim to high; then between low and high it goes on.
+    let d = m.tick(TICK, 250, &vms);
+    assert_eq!(d.targets, [Some(250)]);
+    let vms = [vm(250, 250)];
+    let d = m.tick(2 * TICK, 400, &vms);
+    assert_eq!(d.targets, [Some(350)]);
+}
+
+#[test]
+fn reclaim_is_inversely_proportional_to_weight() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    vms[1].limits.weight = 200;
+    let d = m.tick(0, 0, &vms);
+    let r = raised(&d, &vms);
+    assert_eq!(r.iter().sum::<Pages>(), 500);
+    // Twice the weight, half the reclaim (within rounding).
+    assert!(r[0].abs_diff(2 * r[1]) <= 2, "{r:?}");
+}
+
+#[test]
+fn free_and_caches_are_reclaimed_first() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    // The first reports 400 pages free or cached, the second nothing
+    // (but enough available not to be under pressure).
+    vms[0].stats = guest(100, 300);
+    vms[0].stats.as_mut().unwrap().available = Some(SIZE * PAGE_SIZE);
+    vms[1].stats = guest(0, 0);
+    vms[1].stats.as_mut().unwrap().available = Some(SIZE * PAGE_SIZE);
+    let d = m.tick(0, 200, &vms);
+    assert_eq!(raised(&d, &vms), [300, 0]);
+}
+
+#[test]
+fn low_protects_until_nobody_is_above_low() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    // The first VM may give only 50 pages above its low.
+    vms[0].limits = Limits {
+        min: 1000,
+        low: SIZE - 50,
+        max: SIZE,
+        weight: 100,
+    };
+    let d = m.tick(0, 0, &vms);
+    let r = raised(&d, &vms);
+    assert!(r[0] <= 50, "{r:?}");
+    assert_eq!(r.iter().sum::<Pages>(), 500);
+
+    // Both at their low: now below low, never below min.
+    let mut m = manager();
+    for v in &mut vms {
+        v.limits = Limits {
+            min: SIZE - 100,
+            low: SIZE,
+            max: SIZE,
+            weight: 100,
+        };
+    }
+    let d = m.tick(0, 0, &vms);
+    assert_eq!(raised(&d, &vms), [100, 100]);
+    assert_eq!(d.unmet, 300);
+}
+
+#[test]
+fn no_vm_starves_below_min_under_extreme_pressure() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0), vm(0, 0)];
+    for (i, v) in vms.iter_mut().enumerate() {
+        v.limits.min = 2000 * (i as Pages + 1);
+    }
+    for tick in 0..200 {
+        let d = m.tick(tick * TICK, 0, &vms);
+        apply(&d, &mut vms);
+        for v in &mut vms {
+            v.actual = v.target;
+        }
+    }
+    for v in &vms {
+        assert_eq!(v.target, SIZE - v.limits.min, "{v:?}");
+    }
+}
+
+#[test]
+fn max_raises_the_target() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0)];
+    vms[0].limits.max = SIZE - 700;
+    let d = m.tick(0, 10_000, &vms);
+    assert_eq!(d.targets, [Some(700)]);
+    // And pressure relief never gives beyond max.
+    let mut vms = [vm(700, 700)];
+    vms[0].limits.max = SIZE - 700;
+    vms[0].deflate_on_oom = 100;
+    let d = m.tick(TICK, 10_000, &vms);
+    assert_eq!(d.targets, [None]);
+}
+
+#[test]
+fn pressure_relief_comes_before_reclaim() {
+    let mut m = manager();
+    let mut vms = [vm(3000, 3000), vm(0, 0)];
+    vms[0].stats = guest(5000, 0);
+    vms[1].stats = guest(5000, 0);
+    m.tick(0, 1000, &vms);
+    // The first VM reports an OOM kill: it gets memory from the pool (down
+    // to min), and only the other one is reclaimed from.
+    vms = [vm(3000, 3000), vm(0, 0)];
+    vms[0].stats = guest(0, 0);
+    vms[0].stats.as_mut().unwrap().oom_kills = Some(1);
+    vms[1].stats = guest(5000, 0);
+    let d = m.tick(TICK, 250, &vms);
+    assert_eq!(d.targets[0], Some(3000 - 150), "pool 250 - min 100");
+    let r = raised(&d, &vms);
+    // What was given is pending: reclaim covers it too.
+    assert_eq!(r[1], 500 - 250 + 150);
+    assert!(m.vm_stats(0).under_pressure);
+    assert_eq!(m.vm_stats(0).pages_given, 150);
+}
+
+#[test]
+fn deflate_on_oom_is_accepted_not_reinflated() {
+    let mut m = manager();
+    let mut vms = [vm(3000, 3000)];
+    m.tick(0, 10_000, &vms);
+    // The guest deflated 256 pages on OOM: the target follows at once.
+    vms[0].actual = 2744;
+    vms[0].deflate_on_oom = 256;
+    let d = m.tick(TICK, 10_000, &vms);
+    let t = d.targets[0].unwrap();
+    assert!(t <= 2744, "{t}");
+}
+
+#[test]
+fn congestion_is_marked_skipped_and_cleared() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    let mut now = 0;
+    let d = m.tick(now, 0, &vms);
+    apply(&d, &mut vms);
+    let hung_target = vms[1].target;
+    assert!(hung_target > 0);
+    // The first balloon moves at once, the second never does.
+    vms[0].actual = vms[0].target;
+    let mut first_skip = None;
+    while now < 3_000_000 {
+        now += TICK;
+        // The pool gains what the first balloon gave back.
+        let d = m.tick(now, vms[0].actual, &vms);
+        if first_skip.is_none() && d.targets[0].is_some() {
+            first_skip = Some(now);
+        }
+        apply(&d, &mut vms);
+        vms[0].actual = vms[0].target;
+    }
+    // Its in-flight stopped counting after the progress window, and the
+    // other VM took over the need; never waited for the deadline.
+    assert_eq!(first_skip, Some(500_000));
+    assert_eq!(vms[0].target, 500);
+    assert!(m.vm_stats(1).congested);
+    assert_eq!(m.stats().congested_marks, 1);
+    assert!(m.stats().congested_skips > 0);
+    // It moves again: no longer congested.
+    vms[1].actual = 1;
+    m.tick(now + TICK, 500, &vms);
+    assert!(!m.vm_stats(1).congested);
+}
+
+#[test]
+fn no_driver_is_congested_at_once_and_never_picked() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(100, 0)];
+    vms[1].driver = false;
+    let d = m.tick(0, 0, &vms);
+    assert!(m.vm_stats(1).congested);
+    assert_eq!(raised(&d, &vms), [500, 0]);
+}
+
+#[test]
+fn in_flight_is_trimmed_once_above_high() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    let d = m.tick(0, 0, &vms);
+    apply(&d, &mut vms);
+    // Another VM freed memory: the pool is above high with 500 in flight;
+    // all the outstanding inflation beyond high goes.
+    vms[0].actual = 100;
+    let d = m.tick(TICK, 600, &vms);
+    apply(&d, &mut vms);
+    assert_eq!(vms[0].target, 100);
+    assert_eq!(vms[1].target, 0);
+    assert_eq!(m.stats().pages_trimmed, 400);
+    // Between low and high while reclaiming: what is in flight stays.
+    let mut m = manager();
+    let mut vms = [vm(0, 0)];
+    let d = m.tick(0, 0, &vms);
+    apply(&d, &mut vms);
+    vms[0].actual = 100;
+    let d = m.tick(TICK, 400, &vms);
+    assert_eq!(d.targets, [None]);
+    assert_eq!(m.stats().pages_trimmed, 0);
+}
+
+#[test]
+fn decisions_are_deterministic() {
+    let run = || {
+        let mut m = manager();
+        let mut vms = [vm(0, 0), vm(0, 0), vm(0, 0)];
+        vms[1].stats = guest(700, 300);
+        vms[2].limits.weight = 300;
+        let mut out = Vec::new();
+        for t in 0..20 {
+            let d = m.tick(t * TICK, 50 * t, &vms);
+            apply(&d, &mut vms);
+            for v in &mut vms {
+                v.actual = (v.actual + 37).min(v.target);
+            }
+            out.push(d);
+        }
+        (out, m.stats())
+    };
+    assert_eq!(run(), run());
+}
