@@ -37,8 +37,10 @@
 //!    gives)`, where in flight counts only VMs making progress. If nothing
 //!    is needed the tick is a bail-out. The need is spread over VMs not
 //!    under pressure, not stalled, with a driver: first what guests report
-//!    free or as caches above their `low`, then the rest above `low`, and
-//!    only when no VM has anything above its `low`, what lies between
+//!    free or as caches above their `low` (less a comfort reserve, and only
+//!    pages a frame backs), then, for VMs without statistics, the rest
+//!    above `low`; only in an emergency (the pool below its `min`) and
+//!    when no VM has anything left above its `low`, what lies between
 //!    `min` and `low`. Within each stage a VM's share is proportional to
 //!    its room divided by its weight (the most reclaimable first; weight
 //!    is cgroup's share of the resource, so a heavier VM gives less), and
@@ -260,9 +262,14 @@ pub struct Tunables {
     /// Stage-2 fault-ins in one tick from which a VM whose fault-in count is
     /// rising is under pressure (default 256, 1 MiB).
     pub fault_ins_per_tick: u64,
-    /// How far ahead pressure relief gives at the observed fault-in rate
-    /// (default 1 s).
+    /// How far ahead pressure relief gives at the observed fault-in rate,
+    /// and how soon a VM faulting at its rate must run out of available
+    /// memory to be under pressure (default 1 s).
     pub fault_in_horizon_us: u64,
+    /// A VM is not reclaimed from for this long after its last pressure
+    /// signal, so that what it was given or deflated on OOM is not taken
+    /// back at once (default 10 s).
+    pub pressure_hold_us: u64,
 }
 
 impl Default for Tunables {
@@ -276,6 +283,7 @@ impl Default for Tunables {
             major_faults_per_tick: 64,
             fault_ins_per_tick: 256,
             fault_in_horizon_us: 1_000_000,
+            pressure_hold_us: 10_000_000,
         }
     }
 }
@@ -341,12 +349,16 @@ struct VmState {
     seen: bool,
     last_actual: Pages,
     last_target: Pages,
-    /// When actual or target last moved.
-    last_move_us: u64,
+    /// Since when the VM owes its target without its balloon having moved:
+    /// since the target became outstanding or actual last moved. Raising
+    /// an outstanding target again does not restart it.
+    waiting_since: Option<u64>,
     prev_major: u64,
     prev_oom: u64,
     prev_stalls: u64,
     prev_fault_ins: Pages,
+    /// When the VM was last under pressure.
+    last_pressure_us: Option<u64>,
     stats: VmStats,
 }
 
@@ -364,13 +376,49 @@ struct Work {
     progressing: bool,
     congested: bool,
     pressure: bool,
+    /// Under pressure within the hold: not reclaimed from.
+    held: bool,
     /// Pages pressure relief wants to give.
     want: Pages,
-    /// Pages the guest reports free or as caches.
-    cheap: Pages,
+    /// With statistics: what a reclaim can take from the VM without putting
+    /// it under pressure or inflating pages no frame backs (see `observe`);
+    /// `None` without statistics.
+    reclaimable: Option<Pages>,
+    /// The target this tick started from.
+    start: Pages,
     /// Most pages this tick's reclaim may add.
     step: Pages,
     weight: u32,
+}
+
+/// What reclaim stage `stage` (see `Manager::reclaim`) may still take from
+/// a VM this tick, within its step if `stepped`.
+fn room(w: &Work, stage: u32, stepped: bool) -> Pages {
+    if w.held || w.congested {
+        return 0;
+    }
+    let above_low = w.low_ceiling.saturating_sub(w.target);
+    // Raised already this tick.
+    let claimed = w.target.saturating_sub(w.start);
+    let r = match (stage, w.reclaimable) {
+        (0, Some(r)) | (1, Some(r)) => above_low.min(r.saturating_sub(claimed)),
+        (0, None) => 0,
+        (1, None) => above_low,
+        _ => w.ceiling.saturating_sub(w.target),
+    };
+    match stepped {
+        true => r.min((w.start + w.step).saturating_sub(w.target)),
+        false => r,
+    }
+}
+
+/// How [`spread`] weighs VMs.
+#[derive(Debug, Clone, Copy)]
+enum Share {
+    /// A heavier VM gives less.
+    Reclaim,
+    /// A heavier VM gets more.
+    Relief,
 }
 
 /// The memory manager: call [`Manager::tick`] on every timer tick and pool
@@ -457,13 +505,26 @@ impl Manager {
                 .map(|(w, vm)| vm.actual.saturating_sub(w.target))
                 .sum()
         };
-        let mut budget = pool_free
+        let budget = pool_free
             .saturating_sub(self.watermarks.min)
             .saturating_sub(pending_gives(&work));
-        for w in work.iter_mut().filter(|w| w.pressure && !w.congested) {
-            let give = w.want.min(w.target - w.floor).min(budget);
+        // Shared by what each wants, times its weight, when the pool is
+        // short.
+        let room: Vec<Pages> = work
+            .iter()
+            .zip(vms)
+            .map(|(w, vm)| match w.pressure && !w.congested {
+                // Less what it was given and has not deflated yet.
+                true => w
+                    .want
+                    .saturating_sub(vm.actual.saturating_sub(w.target))
+                    .min(w.target - w.floor),
+                false => 0,
+            })
+            .collect();
+        let given = spread(budget, &room, &work, Share::Relief);
+        for (w, give) in work.iter_mut().zip(given) {
             w.target -= give;
-            budget -= give;
         }
 
         // Reclaim: below low start, at high stop; count what is in flight.
@@ -473,12 +534,16 @@ impl Manager {
             .filter(|(w, _)| w.progressing)
             .map(|(w, vm)| w.target.saturating_sub(vm.actual))
             .sum();
-        let effective = (pool_free + in_flight).saturating_sub(pending_gives(&work));
-        if pool_free < self.watermarks.low {
+        // Reclaim follows the pool itself: what was given is taken from it
+        // only as the guest touches it (and may never be), so pending gives
+        // are not reclaimed for in advance.
+        let projected = pool_free;
+        let effective = projected + in_flight;
+        if projected < self.watermarks.low {
             self.reclaiming = true;
         }
         let mut unmet = 0;
-        if pool_free >= self.watermarks.high {
+        if projected >= self.watermarks.high {
             self.reclaiming = false;
             let excess = effective.saturating_sub(self.watermarks.high);
             self.trim(&mut work, vms, excess.min(in_flight));
@@ -486,7 +551,7 @@ impl Manager {
             if effective >= self.watermarks.high {
                 self.stats.bailouts += 1;
             } else {
-                unmet = self.reclaim(&mut work, self.watermarks.high - effective);
+                unmet = self.reclaim(&mut work, self.watermarks.high - effective, pool_free);
             }
         }
 
@@ -508,7 +573,9 @@ impl Manager {
                 self.stats.pages_given += vm.target - w.target;
             }
             st.last_target = w.target;
-            st.last_move_us = now_us;
+            if vm.target == vm.actual {
+                st.waiting_since = Some(now_us);
+            }
             targets.push(Some(w.target));
         }
         Decisions { targets, unmet }
@@ -528,22 +595,25 @@ impl Manager {
                 seen: true,
                 last_actual: vm.actual,
                 last_target: vm.target,
-                last_move_us: now_us,
+                waiting_since: None,
                 prev_major: major,
                 prev_oom: oom,
                 prev_stalls: stalls,
                 prev_fault_ins: 0,
+                last_pressure_us: None,
                 stats: st.stats,
             };
         }
-        if vm.actual != st.last_actual || vm.target != st.last_target {
-            st.last_move_us = now_us;
-        }
         let outstanding = vm.target != vm.actual;
+        if !outstanding {
+            st.waiting_since = None;
+        } else if vm.actual != st.last_actual || st.waiting_since.is_none() {
+            st.waiting_since = Some(now_us);
+        }
         if !outstanding || vm.actual != st.last_actual {
             st.stats.congested = false;
         }
-        let idle_for = now_us.saturating_sub(st.last_move_us);
+        let idle_for = st.waiting_since.map_or(0, |w| now_us.saturating_sub(w));
         if outstanding
             && !st.stats.congested
             && (!vm.driver || idle_for >= t.congestion_deadline_us)
@@ -562,13 +632,26 @@ impl Manager {
         let low_available = stats
             .available
             .is_some_and(|a| a / PAGE_SIZE < has * t.comfort_permille / 1000);
-        let faulting = vm.fault_ins >= t.fault_ins_per_tick && vm.fault_ins > st.prev_fault_ins;
+        // Faulting in fast enough to run out of available memory within
+        // the horizon (or, without statistics, faulting in more and more).
+        let ahead = vm.fault_ins * t.fault_in_horizon_us / dt;
+        let runs_out = match stats.available {
+            Some(a) => ahead > a / PAGE_SIZE,
+            None => vm.fault_ins > st.prev_fault_ins,
+        };
+        let faulting = vm.fault_ins >= t.fault_ins_per_tick && runs_out;
         let pressure = vm.deflate_on_oom > 0
             || oom > st.prev_oom
             || stalls > st.prev_stalls
             || major.saturating_sub(st.prev_major) >= t.major_faults_per_tick
             || faulting
             || low_available;
+        if pressure {
+            st.last_pressure_us = Some(now_us);
+        }
+        let held = st
+            .last_pressure_us
+            .is_some_and(|p| now_us.saturating_sub(p) < t.pressure_hold_us);
         st.prev_major = major;
         st.prev_oom = oom;
         st.prev_stalls = stalls;
@@ -576,16 +659,29 @@ impl Manager {
         st.stats.under_pressure = pressure;
         let want = if pressure {
             let step = vm.size * t.give_step_permille / 1000;
-            let ahead = vm.fault_ins * t.fault_in_horizon_us / dt;
             let comfort = (has * t.comfort_permille / 1000)
                 .saturating_sub(stats.available.unwrap_or(u64::MAX) / PAGE_SIZE);
             step.max(ahead.min(step * 2)).max(comfort.min(step * 2))
         } else {
             0
         };
-        let cheap = match (stats.free, stats.caches) {
-            (None, None) => 0,
-            (f, c) => (f.unwrap_or(0) + c.unwrap_or(0)) / PAGE_SIZE,
+        // What the guest reports free or as caches, no more than its backed
+        // pages not in use (inflating a page no frame backs gives the pool
+        // nothing), less the comfort reserve and what the balloon is already
+        // due to take.
+        let reclaimable = match (stats.free, stats.caches) {
+            (None, None) => None,
+            (f, c) => {
+                let spare = (f.unwrap_or(0) + c.unwrap_or(0)) / PAGE_SIZE;
+                let used = vm.size.saturating_sub(vm.actual).saturating_sub(spare);
+                let backed_spare = vm.backed.saturating_sub(used);
+                Some(
+                    spare
+                        .min(backed_spare)
+                        .saturating_sub(has * t.comfort_permille / 1000)
+                        .saturating_sub(vm.target.saturating_sub(vm.actual)),
+                )
+            }
         };
         let l = vm.limits;
         Work {
@@ -596,56 +692,37 @@ impl Manager {
             progressing,
             congested: st.stats.congested || (outstanding && !progressing),
             pressure,
+            held,
             want,
-            cheap,
+            reclaimable,
+            start: vm.target,
             step: (vm.size * t.reclaim_step_permille / 1000).max(1),
             weight: l.weight.clamp(1, MAX_WEIGHT),
         }
     }
 
     /// Spreads `need` pages of reclaim; returns what could not be placed.
-    fn reclaim(&mut self, work: &mut [Work], mut need: Pages) -> Pages {
-        let skipped = work.iter().filter(|w| w.congested && !w.pressure).count();
+    fn reclaim(&mut self, work: &mut [Work], mut need: Pages, pool_free: Pages) -> Pages {
+        let skipped = work.iter().filter(|w| w.congested && !w.held).count();
         self.stats.congested_skips += skipped as u64;
-        let start: Vec<Pages> = work.iter().map(|w| w.target).collect();
-        // Stage 1: free and caches above low; 2: the rest above low; 3:
-        // above min, only once nothing is left above any VM's low.
+        // Stage 0: free and caches above low (VMs with statistics); 1: the
+        // rest above low (VMs without); 2: above min, only in an emergency
+        // (the pool below its min) and once no VM has anything left above
+        // its low. Short of an emergency, reclaiming what a guest needs
+        // would only put it under pressure and have relief give it back.
         for stage in 0..3 {
             if need == 0 {
                 break;
             }
-            let room: Vec<Pages> = work
-                .iter()
-                .zip(&start)
-                .map(|(w, &s)| {
-                    if w.pressure || w.congested {
-                        return 0;
-                    }
-                    let step_left = (s + w.step).saturating_sub(w.target);
-                    let above_low = w.low_ceiling.saturating_sub(w.target);
-                    let r = match stage {
-                        0 => {
-                            // Free and caches not yet claimed by this VM's
-                            // earlier raises.
-                            let claimed = w.target.saturating_sub(s);
-                            above_low.min(w.cheap.saturating_sub(claimed))
-                        }
-                        1 => above_low,
-                        _ => w.ceiling.saturating_sub(w.target),
-                    };
-                    r.min(step_left)
-                })
-                .collect();
             if stage == 2
-                && work
-                    .iter()
-                    .any(|w| w.low_ceiling > w.target && !w.congested && !w.pressure)
+                && (pool_free >= self.watermarks.min || work.iter().any(|w| room(w, 1, false) > 0))
             {
-                // Some VM is still above its low (stepping limits it this
-                // tick): nobody is reclaimed below low yet.
+                // Some VM still has pages above its low (its step limits it
+                // this tick): nobody is reclaimed below low yet.
                 break;
             }
-            let taken = spread(need, &room, work);
+            let rooms: Vec<Pages> = work.iter().map(|w| room(w, stage, true)).collect();
+            let taken = spread(need, &rooms, work, Share::Reclaim);
             for (w, t) in work.iter_mut().zip(&taken) {
                 w.target += t;
                 need -= t;
@@ -676,16 +753,21 @@ impl Manager {
 }
 
 /// Water-filling: `need` pages spread over VMs in proportion to
-/// `room / weight`, none above its room. Returns each VM's part; the sum is
+/// `room / weight` for a reclaim (`Share::Reclaim`), `room * weight` for
+/// relief (`Share::Relief`), none above its room. Returns each VM's part; the sum is
 /// `min(need, total room)`. Deterministic: remainders go by index.
-fn spread(need: Pages, room: &[Pages], work: &[Work]) -> Vec<Pages> {
+fn spread(need: Pages, room: &[Pages], work: &[Work], share: Share) -> Vec<Pages> {
     let mut taken = alloc::vec![0; room.len()];
     let mut left = need.min(room.iter().sum());
     while left > 0 {
         let keys: Vec<u128> = (0..room.len())
             .map(|i| {
                 let r = room[i] - taken[i];
-                u128::from(r) * u128::from(MAX_WEIGHT) / u128::from(work[i].weight)
+                let w = u128::from(work[i].weight);
+                match share {
+                    Share::Reclaim => u128::from(r) * u128::from(MAX_WEIGHT) / w,
+                    Share::Relief => u128::from(r) * w,
+                }
             })
             .collect();
         let total: u128 = keys.iter().sum();
