@@ -799,3 +799,5 @@ fn spread(need: Pages, room: &[Pages], work: &[Work], share: Share) -> Vec<Pages
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod sim_tests;
