@@ -2,8 +2,9 @@
 //! balloon target each VM should have, decided once per tick from plain data.
 //!
 //! It owns only its own bookkeeping: the per-VM history it needs to see
-//! progress and pressure (last balloon actual and target, when each last
-//! moved, the guest's cumulative counters at the previous tick), the
+//! progress and pressure (last balloon actual and target, since when it has
+//! owed its target, the guest's cumulative counters at the previous tick,
+//! when it was last under pressure), the
 //! congestion marks, and the counters of every decision ([`ManagerStats`],
 //! [`VmStats`]). It owns no page, no balloon and no VM: the caller (the VM
 //! loop, not yet wired) fills one [`VmInput`] per VM, passes the pool's free
@@ -14,10 +15,11 @@
 //! # Policy, in order, each [`Manager::tick`]
 //!
 //! 1. **Observe.** A VM whose balloon `actual` changed made progress. A VM
-//!    with an outstanding target (`target != actual`) is *stalled* once
-//!    neither its actual nor its target moved for
-//!    [`Tunables::progress_window_us`]: its outstanding pages stop counting
-//!    as in flight and it gets no new reclaim. After
+//!    with an outstanding target (`target != actual`) is *stalled* once its
+//!    actual has not moved for [`Tunables::progress_window_us`] since it
+//!    began to owe the target (raising the target again does not restart
+//!    the clock): its outstanding pages stop counting as in flight and it
+//!    gets no new reclaim. After
 //!    [`Tunables::congestion_deadline_us`] (at once without a driver) it is
 //!    marked *congested* (counted, shown). Both clear when actual moves
 //!    again, or when nothing is outstanding.
@@ -25,18 +27,24 @@
 //!    guest never has more than `max` pages (the target rises instead) and
 //!    never fewer than `min`.
 //! 3. **Pressure relief first.** A VM under pressure (deflate-on-OOM, new
-//!    OOM kills or allocation stalls, major faults over a threshold, a rising
-//!    stage-2 fault-in rate, or available memory under
+//!    OOM kills or allocation stalls, major faults over a threshold, stage-2
+//!    fault-ins fast enough to exhaust its available memory within
+//!    [`Tunables::fault_in_horizon_us`], or available memory under
 //!    [`Tunables::comfort_permille`] of what it has) gets its balloon lowered
-//!    from the pool, down to the pool's `min` watermark, up to its `max`.
-//!    Pages the guest deflated on OOM are accepted (the target follows), so
-//!    the driver never re-inflates them.
+//!    from the pool, down to the pool's `min` watermark, up to its `max`,
+//!    shared by want and weight when the pool is short, less what it was
+//!    given and has not deflated yet. Pages the guest deflated on OOM are
+//!    accepted (the target follows), so the driver never re-inflates them;
+//!    and a VM is not reclaimed from for [`Tunables::pressure_hold_us`]
+//!    after its last pressure signal.
 //! 4. **Reclaim, only what is needed.** Reclaim starts when the pool falls
 //!    below `low` and goes on until it is back at `high` (kswapd's
-//!    hysteresis). What is needed is `high - (pool + in flight - pending
-//!    gives)`, where in flight counts only VMs making progress. If nothing
-//!    is needed the tick is a bail-out. The need is spread over VMs not
-//!    under pressure, not stalled, with a driver: first what guests report
+//!    hysteresis). What is needed is `high - (pool + in flight)`, where in
+//!    flight counts only VMs making progress; pages given are not reclaimed
+//!    for in advance (the guest takes them from the pool only as it touches
+//!    them). If nothing is needed the tick is a bail-out. The need is
+//!    spread over VMs not held by pressure, not stalled, with a driver: first
+//!    what guests report
 //!    free or as caches above their `low` (less a comfort reserve, and only
 //!    pages a frame backs), then, for VMs without statistics, the rest
 //!    above `low`; only in an emergency (the pool below its `min`) and
@@ -46,8 +54,12 @@
 //!    is cgroup's share of the resource, so a heavier VM gives less), and
 //!    at most [`Tunables::reclaim_step_permille`] of its size per tick.
 //! 5. **Trim.** Once the pool is at or above `high`, outstanding inflation
-//!    beyond what is needed is cancelled (targets lowered toward actual,
+//!    of VMs making progress is cancelled (targets lowered toward actual,
 //!    largest first): no over-reclaim when several demands overlap.
+//!
+//! The simulation in `manager/sim_tests.rs` checks the claims
+//! against a naive controller (`cargo test -p hypervisor manager --
+//! --nocapture` prints the figures).
 //!
 //! Everything is integer arithmetic and deterministic; `alloc` only for the
 //! per-VM vectors.
