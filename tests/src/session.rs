@@ -377,6 +377,25 @@ impl Session {
         self.error(ErrorKind::Unexpected, format!("{}: {message}", self.name))
     }
 
+    /// Moves a bare-metal test guest's balloon to `mib` MiB (`balloon <vm>
+    /// <mib>M`) and waits until the guest says it reached that target and its
+    /// memory pattern is intact.
+    pub fn balloon_test_guest(
+        &mut self,
+        vm: &str,
+        mib: u64,
+        timeout: Duration,
+    ) -> Result<(), HarnessError> {
+        self.run(&format!("balloon {vm} {mib}M"), timeout)?;
+        let pages = mib * 256;
+        self.expect(
+            &format!(r"\[{vm}\] testguest: balloon target={pages} actual={pages} pages"),
+            timeout,
+        )?;
+        self.expect(&format!(r"\[{vm}\] testguest: pattern ok"), timeout)?;
+        Ok(())
+    }
+
     /// Sends `command`, waits for the next prompt and returns what was printed
     /// in between, without `\r` and without the echoed command line.
     pub fn run(&mut self, command: &str, timeout: Duration) -> Result<String, HarnessError> {

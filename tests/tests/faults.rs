@@ -84,12 +84,7 @@ fn stop_in_the_middle_of_an_inflate(board: Board) {
     ok(s.run("start alpha", COMMAND));
     ok(s.expect(r"\[alpha\] testguest: balloon at ", STEP));
     assert_eq!(category(&mut s, "guest RAM"), guest0);
-    ok(s.run("balloon alpha 64M", COMMAND));
-    ok(s.expect(
-        r"\[alpha\] testguest: balloon target=16384 actual=16384 pages",
-        STEP,
-    ));
-    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    ok(s.balloon_test_guest("alpha", 64, STEP));
     s.assert_check();
 }
 

@@ -79,12 +79,7 @@ fn virt_gicv2_trace_balloon_events() {
     for vm in ["alpha", "beta"] {
         ok(s.expect(&format!(r"\[{vm}\] testguest: balloon at "), STEP));
     }
-    ok(s.run("balloon alpha 16M", COMMAND));
-    ok(s.expect(
-        r"\[alpha\] testguest: balloon target=4096 actual=4096 pages",
-        STEP,
-    ));
-    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    ok(s.balloon_test_guest("alpha", 16, STEP));
     ok(s.run("balloon alpha 0", COMMAND));
     ok(s.expect(
         r"\[alpha\] testguest: balloon target=0 actual=0 pages",

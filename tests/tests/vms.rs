@@ -56,12 +56,7 @@ fn balloon_half_and_back(board: Board) {
     let mut s = boot(board, "balloon_half_and_back", None, &["alpha", "beta"]);
     let free0 = mem_category(&mut s, "free");
     // alpha has 256 MiB: balloon half of it.
-    ok(s.run("balloon alpha 128M", COMMAND));
-    ok(s.expect(
-        r"\[alpha\] testguest: balloon target=32768 actual=32768 pages",
-        STEP,
-    ));
-    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    ok(s.balloon_test_guest("alpha", 128, STEP));
     // beta kept running meanwhile.
     ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
     let free1 = mem_category(&mut s, "free");
@@ -77,12 +72,7 @@ fn balloon_half_and_back(board: Board) {
         "{info}"
     );
 
-    ok(s.run("balloon alpha 0", COMMAND));
-    ok(s.expect(
-        r"\[alpha\] testguest: balloon target=0 actual=0 pages",
-        STEP,
-    ));
-    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    ok(s.balloon_test_guest("alpha", 0, STEP));
     ok(s.expect(r"\[alpha\] testguest: deflated pages read zero", STEP));
     ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
     // The guest touched every page it got back: all are backed again.
@@ -319,12 +309,7 @@ fn hostile_guest_is_contained(board: Board) {
     ));
     // The other guest was never disturbed, and the hypervisor still answers.
     ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
-    ok(s.run("balloon beta 64M", COMMAND));
-    ok(s.expect(
-        r"\[beta\] testguest: balloon target=16384 actual=16384 pages",
-        STEP,
-    ));
-    ok(s.expect(r"\[beta\] testguest: pattern ok", STEP));
+    ok(s.balloon_test_guest("beta", 64, STEP));
     assert_eq!(mem_category(&mut s, "guest RAM"), 64 * MIB);
     let out = s.output();
     assert!(!out.contains("*** "), "the hypervisor crashed:\n{out}");
@@ -378,12 +363,7 @@ fn failure_in_one_vm_ends_only_it(board: Board) {
     ok(s.expect(r"\[alpha\] testguest: balloon at ", STEP));
     assert_eq!(mem_category(&mut s, "guest RAM"), guest0);
     // The new alpha works: its balloon moves and its memory is intact.
-    ok(s.run("balloon alpha 64M", COMMAND));
-    ok(s.expect(
-        r"\[alpha\] testguest: balloon target=16384 actual=16384 pages",
-        STEP,
-    ));
-    ok(s.expect(r"\[alpha\] testguest: pattern ok", STEP));
+    ok(s.balloon_test_guest("alpha", 64, STEP));
     s.assert_check();
     // An EL2 exception (a data abort in the hypervisor) in beta's path is
     // contained the same way.
