@@ -7,7 +7,8 @@
 //! [`entry`] are that layout. In short (all integers little-endian):
 //!
 //! ```text
-//! 0                 header (HEADER_SIZE = 64 bytes in version 1)
+//! 0                 header (HEADER_SIZE = 64 bytes, or HEADER_SIZE_POOL = 96
+//!                   with the pool watermarks; the writer always writes 96)
 //! vm_table_offset   vm_count entries of vm_entry_size (192) bytes each
 //! 4 KiB aligned     blobs (kernels, initrds, command lines), each 4 KiB aligned
 //! total_size        end; CRC-32 covers [header_size, total_size)
@@ -33,7 +34,7 @@ pub use crc::{crc32, Crc32};
 #[cfg(any(test, feature = "std"))]
 mod writer;
 #[cfg(any(test, feature = "std"))]
-pub use writer::{BundleBuilder, VmSpec};
+pub use writer::{BundleBuilder, PoolSpec, VmMemory, VmSpec};
 
 #[cfg(test)]
 mod tests;
@@ -43,9 +44,13 @@ pub const MAGIC: [u8; 8] = *b"TIDALBND";
 /// The format version this crate reads and writes. Readers reject any other
 /// version: a newer one may change the meaning of fields this reader knows.
 pub const VERSION: u32 = 1;
-/// Size of the version 1 header. A bundle may declare a larger `header_size`
-/// (a compatible extension): the extra bytes are ignored by this reader.
+/// Size of the version 1 header without extensions (the minimum). A bundle
+/// may declare a larger `header_size` (a compatible extension): bytes past
+/// [`HEADER_SIZE_POOL`] are ignored by this reader.
 pub const HEADER_SIZE: usize = 64;
+/// A `header_size` of at least this means the header carries the free page
+/// pool extension ([`header::POOL_MIN`] to [`header::POOL_RESERVED`]).
+pub const HEADER_SIZE_POOL: usize = 96;
 /// Size of a version 1 VM entry. A bundle may declare a larger
 /// `vm_entry_size`: the extra bytes of each entry are ignored by this reader.
 pub const VM_ENTRY_SIZE: usize = 192;
@@ -60,6 +65,13 @@ pub const NAME_LEN: usize = 32;
 pub const MAX_VMS: usize = 256;
 /// Header flags defined so far (none): any other bit is rejected.
 pub const KNOWN_FLAGS: u32 = 0;
+/// Memory limits (entry `mem_min`, `mem_low`, `mem_max`) and pool
+/// watermarks are multiples of this.
+pub const MEM_ALIGN: u64 = 4096;
+/// [`VmEntry::weight`] when the entry says 0.
+pub const DEFAULT_WEIGHT: u32 = 100;
+/// Largest memory weight.
+pub const MAX_WEIGHT: u32 = 10_000;
 
 /// Codes of [`VmEntry::on_bad_access`]: what a VM gets for an access the
 /// hypervisor refuses (a malformed device access, an address that is
@@ -82,13 +94,32 @@ pub mod devices {
     pub const KNOWN: u64 = BALLOON;
 }
 
+/// Bits of a VM entry's `mem_flags`.
+pub mod mem_flags {
+    /// All of the VM's RAM is backed when it starts and never reclaimed.
+    pub const PREALLOC: u32 = 1 << 0;
+    /// Every bit defined so far; any other bit is rejected.
+    pub const KNOWN: u32 = PREALLOC;
+}
+
+/// Bits of the header's `pool_flags` (pool extension).
+pub mod pool_flags {
+    /// When the free page pool is exhausted, stop the lowest-priority VM
+    /// instead of only making the faulting vCPU wait.
+    pub const STOP_LOWEST: u32 = 1 << 0;
+    /// Every bit defined so far; any other bit is rejected.
+    pub const KNOWN: u32 = STOP_LOWEST;
+}
+
 /// Byte offsets of the header fields.
 pub mod header {
     /// `[u8; 8]`, [`MAGIC`](crate::MAGIC).
     pub const MAGIC: usize = 0;
     /// `u32`, [`VERSION`](crate::VERSION).
     pub const VERSION: usize = 8;
-    /// `u32`, at least [`HEADER_SIZE`](crate::HEADER_SIZE), multiple of 8.
+    /// `u32`, at least [`HEADER_SIZE`](crate::HEADER_SIZE), multiple of 8;
+    /// at least [`HEADER_SIZE_POOL`](crate::HEADER_SIZE_POOL) when the pool
+    /// extension is present.
     pub const HEADER_SIZE: usize = 12;
     /// `u64`, bytes of the whole bundle.
     pub const TOTAL_SIZE: usize = 16;
@@ -106,6 +137,18 @@ pub mod header {
     pub const FLAGS: usize = 52;
     /// `[u8; 8]`, reserved, must be zero.
     pub const RESERVED: usize = 56;
+    // The pool extension, read only when `header_size` is at least
+    // [`HEADER_SIZE_POOL`](crate::HEADER_SIZE_POOL).
+    /// `u64` bytes each, the free page pool's watermarks: multiples of 4 KiB,
+    /// either all zero (the hypervisor derives them from RAM) or all
+    /// non-zero with `min <= low <= high`.
+    pub const POOL_MIN: usize = 64;
+    pub const POOL_LOW: usize = 72;
+    pub const POOL_HIGH: usize = 80;
+    /// `u32`, [`pool_flags`](crate::pool_flags) bits.
+    pub const POOL_FLAGS: usize = 88;
+    /// `[u8; 4]`, reserved, must be zero.
+    pub const POOL_RESERVED: usize = 92;
 }
 
 /// Byte offsets of the fields of a VM entry.
@@ -135,8 +178,20 @@ pub mod entry {
     pub const BALLOON_FEATURES: usize = 104;
     /// `u64`, [`devices`](crate::devices) bits.
     pub const DEVICES: usize = 112;
-    /// `[u8; 72]`, reserved, must be zero.
-    pub const RESERVED: usize = 120;
+    /// `u64`, bytes never reclaimed, multiple of 4 KiB (0: none).
+    pub const MEM_MIN: usize = 120;
+    /// `u64`, bytes reclaimed below only when no VM is above its own low,
+    /// multiple of 4 KiB, at least `mem_min` (0: same as `mem_min`).
+    pub const MEM_LOW: usize = 128;
+    /// `u64`, bytes never backed above, multiple of 4 KiB, at most
+    /// `ram_size` and at least the effective min and low (0: `ram_size`).
+    pub const MEM_MAX: usize = 136;
+    /// `u32`, reclaim weight, at most 10000 (0: the default, 100).
+    pub const MEM_WEIGHT: usize = 144;
+    /// `u32`, [`mem_flags`](crate::mem_flags) bits.
+    pub const MEM_FLAGS: usize = 148;
+    /// `[u8; 40]`, reserved, must be zero.
+    pub const RESERVED: usize = 152;
 }
 
 /// The fuzz entry point: the same as [`parse`], named so that a fuzz target
@@ -221,6 +276,42 @@ impl Blob {
     }
 }
 
+/// Which memory limit of a VM entry an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemField {
+    Min,
+    Low,
+    Max,
+}
+
+impl MemField {
+    pub const fn label(self) -> &'static str {
+        match self {
+            MemField::Min => "memory min",
+            MemField::Low => "memory low",
+            MemField::Max => "memory max",
+        }
+    }
+}
+
+/// Which pool watermark an error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolField {
+    Min,
+    Low,
+    High,
+}
+
+impl PoolField {
+    pub const fn label(self) -> &'static str {
+        match self {
+            PoolField::Min => "pool min",
+            PoolField::Low => "pool low",
+            PoolField::High => "pool high",
+        }
+    }
+}
+
 /// Why a name is not valid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameProblem {
@@ -298,6 +389,33 @@ pub enum VmError {
         initrd: u64,
         ram_size: u64,
     },
+    UnknownMemFlags {
+        flags: u32,
+    },
+    MemWeightOutOfRange {
+        weight: u32,
+    },
+    /// A memory limit is not a multiple of [`MEM_ALIGN`].
+    MemNotAligned {
+        field: MemField,
+        value: u64,
+    },
+    MemMaxAboveRam {
+        max: u64,
+        ram_size: u64,
+    },
+    /// `mem_low` is non-zero and below `mem_min`.
+    MemMinAboveLow {
+        min: u64,
+        low: u64,
+    },
+    /// `field` (min or low, effective value `value`) is above the effective
+    /// max (`max`; the RAM size when `mem_max` is 0).
+    MemAboveMax {
+        field: MemField,
+        value: u64,
+        max: u64,
+    },
 }
 
 /// Why a bundle was rejected.
@@ -361,6 +479,25 @@ pub enum BundleError {
     CrcMismatch {
         stored: u32,
         computed: u32,
+    },
+    UnknownPoolFlags {
+        flags: u32,
+    },
+    PoolNotAligned {
+        field: PoolField,
+        value: u64,
+    },
+    /// Some pool watermarks are zero (default) and others are not.
+    PoolPartlyZero {
+        min: u64,
+        low: u64,
+        high: u64,
+    },
+    /// Not `min <= low <= high`.
+    PoolOutOfOrder {
+        min: u64,
+        low: u64,
+        high: u64,
     },
     /// VM entry `index` is invalid; `name` is its name when that is readable.
     Vm {
@@ -468,6 +605,33 @@ impl fmt::Display for VmError {
                 "kernel ({kernel:#x} bytes) and initrd ({initrd:#x} bytes) do not fit in RAM \
                  ({ram_size:#x} bytes)"
             ),
+            VmError::UnknownMemFlags { flags } => write!(
+                f,
+                "memory flags {flags:#x} include unknown bits {:#x} (written by a newer tool?)",
+                flags & !mem_flags::KNOWN
+            ),
+            VmError::MemWeightOutOfRange { weight } => write!(
+                f,
+                "memory weight {weight} is out of range (1 to {MAX_WEIGHT}, or 0 for the default \
+                 {DEFAULT_WEIGHT})"
+            ),
+            VmError::MemNotAligned { field, value } => write!(
+                f,
+                "{} {value:#x} is not a multiple of {MEM_ALIGN:#x} bytes",
+                field.label()
+            ),
+            VmError::MemMaxAboveRam { max, ram_size } => write!(
+                f,
+                "memory max {max:#x} is more than the RAM size ({ram_size:#x} bytes)"
+            ),
+            VmError::MemMinAboveLow { min, low } => {
+                write!(f, "memory min {min:#x} is more than memory low {low:#x}")
+            }
+            VmError::MemAboveMax { field, value, max } => write!(
+                f,
+                "{} {value:#x} is more than memory max {max:#x}",
+                field.label()
+            ),
         }
     }
 }
@@ -567,6 +731,26 @@ impl fmt::Display for BundleError {
                 "CRC mismatch: header says {stored:#010x}, contents give {computed:#010x} \
                  (corrupted or truncated bundle)"
             ),
+            BundleError::UnknownPoolFlags { flags } => write!(
+                f,
+                "pool flags {flags:#x} include unknown bits {:#x} (written by a newer tool?)",
+                flags & !pool_flags::KNOWN
+            ),
+            BundleError::PoolNotAligned { field, value } => write!(
+                f,
+                "{} {value:#x} is not a multiple of {MEM_ALIGN:#x} bytes",
+                field.label()
+            ),
+            BundleError::PoolPartlyZero { min, low, high } => write!(
+                f,
+                "pool watermarks min {min:#x}, low {low:#x}, high {high:#x}: either all are 0 \
+                 (the default) or none"
+            ),
+            BundleError::PoolOutOfOrder { min, low, high } => write!(
+                f,
+                "pool watermarks min {min:#x}, low {low:#x}, high {high:#x} are not in order \
+                 (min <= low <= high)"
+            ),
             BundleError::Vm { index, name, error } => {
                 match name {
                     Some(n) => write!(f, "VM {index} (\"{n}\"): ")?,
@@ -653,6 +837,98 @@ fn check_scalars(
     Ok(())
 }
 
+/// The checks on an entry's memory limits (raw fields, 0 = default), in the
+/// order the reader applies them; `ram_size` is already valid.
+fn check_memory(
+    ram_size: u64,
+    min: u64,
+    low: u64,
+    max: u64,
+    weight: u32,
+    flags: u32,
+) -> Result<(), VmError> {
+    if flags & !mem_flags::KNOWN != 0 {
+        return Err(VmError::UnknownMemFlags { flags });
+    }
+    if weight > MAX_WEIGHT {
+        return Err(VmError::MemWeightOutOfRange { weight });
+    }
+    for (field, value) in [
+        (MemField::Min, min),
+        (MemField::Low, low),
+        (MemField::Max, max),
+    ] {
+        if !value.is_multiple_of(MEM_ALIGN) {
+            return Err(VmError::MemNotAligned { field, value });
+        }
+    }
+    if max > ram_size {
+        return Err(VmError::MemMaxAboveRam { max, ram_size });
+    }
+    if low != 0 && min > low {
+        return Err(VmError::MemMinAboveLow { min, low });
+    }
+    let max = effective_max(max, ram_size);
+    if min > max {
+        return Err(VmError::MemAboveMax {
+            field: MemField::Min,
+            value: min,
+            max,
+        });
+    }
+    let low = effective_low(low, min);
+    if low > max {
+        return Err(VmError::MemAboveMax {
+            field: MemField::Low,
+            value: low,
+            max,
+        });
+    }
+    Ok(())
+}
+
+fn effective_max(max: u64, ram_size: u64) -> u64 {
+    if max == 0 {
+        ram_size
+    } else {
+        max
+    }
+}
+
+fn effective_low(low: u64, min: u64) -> u64 {
+    if low == 0 {
+        min
+    } else {
+        low
+    }
+}
+
+/// The checks on the pool extension's flags and watermarks.
+fn check_pool(min: u64, low: u64, high: u64, flags: u32) -> Result<(), BundleError> {
+    if flags & !pool_flags::KNOWN != 0 {
+        return Err(BundleError::UnknownPoolFlags { flags });
+    }
+    for (field, value) in [
+        (PoolField::Min, min),
+        (PoolField::Low, low),
+        (PoolField::High, high),
+    ] {
+        if !value.is_multiple_of(MEM_ALIGN) {
+            return Err(BundleError::PoolNotAligned { field, value });
+        }
+    }
+    if min == 0 && low == 0 && high == 0 {
+        return Ok(());
+    }
+    if min == 0 || low == 0 || high == 0 {
+        return Err(BundleError::PoolPartlyZero { min, low, high });
+    }
+    if min > low || low > high {
+        return Err(BundleError::PoolOutOfOrder { min, low, high });
+    }
+    Ok(())
+}
+
 fn check_cmdline(b: &[u8]) -> Result<&str, VmError> {
     let s = core::str::from_utf8(b).map_err(|e| VmError::CmdlineNotUtf8 {
         valid_up_to: e.valid_up_to(),
@@ -688,6 +964,9 @@ pub struct Bundle<'a> {
     vm_count: usize,
     entry_size: usize,
     table_offset: usize,
+    /// Pool watermarks min, low, high (all zero: default or absent).
+    pool: [u64; 3],
+    pool_flags: u32,
 }
 
 /// One VM of a validated bundle.
@@ -704,6 +983,12 @@ pub struct VmEntry<'a> {
     balloon_features: u64,
     devices: u64,
     on_bad_access: u32,
+    /// The raw memory fields (0 = default).
+    mem_min: u64,
+    mem_low: u64,
+    mem_max: u64,
+    mem_weight: u32,
+    mem_flags: u32,
 }
 
 impl<'a> VmEntry<'a> {
@@ -755,6 +1040,48 @@ impl<'a> VmEntry<'a> {
     pub fn on_bad_access(&self) -> u32 {
         self.on_bad_access
     }
+    /// Bytes never reclaimed (0: none). A multiple of 4 KiB, at most
+    /// [`mem_low`](Self::mem_low).
+    pub fn mem_min(&self) -> u64 {
+        self.mem_min
+    }
+    /// Bytes reclaimed below only when no VM is above its own low: the
+    /// entry's `mem_low`, or [`mem_min`](Self::mem_min) when that is 0. At
+    /// most [`mem_max`](Self::mem_max).
+    pub fn mem_low(&self) -> u64 {
+        effective_low(self.mem_low, self.mem_min)
+    }
+    /// Bytes never backed above: the entry's `mem_max`, or the RAM size when
+    /// that is 0 (no limit).
+    pub fn mem_max(&self) -> u64 {
+        effective_max(self.mem_max, self.ram_size)
+    }
+    /// Reclaim weight, 1 to [`MAX_WEIGHT`] ([`DEFAULT_WEIGHT`] when the
+    /// entry says 0).
+    pub fn weight(&self) -> u32 {
+        if self.mem_weight == 0 {
+            DEFAULT_WEIGHT
+        } else {
+            self.mem_weight
+        }
+    }
+    /// [`mem_flags`] bits.
+    pub fn mem_flags(&self) -> u32 {
+        self.mem_flags
+    }
+    /// All RAM is backed at start and never reclaimed.
+    pub fn prealloc(&self) -> bool {
+        self.mem_flags & mem_flags::PREALLOC != 0
+    }
+    /// Bytes the VM is promised: the RAM size with [`prealloc`](Self::prealloc),
+    /// else [`mem_min`](Self::mem_min).
+    pub fn guaranteed(&self) -> u64 {
+        if self.prealloc() {
+            self.ram_size
+        } else {
+            self.mem_min
+        }
+    }
 }
 
 /// Parses and validates a bundle. `bytes` may be longer than the bundle (the
@@ -762,10 +1089,12 @@ impl<'a> VmEntry<'a> {
 ///
 /// Checks, in order: header (magic, version, flags, reserved bytes, header
 /// size, total size against `bytes`, entry size, VM count, VM table bounds),
-/// then the CRC of everything after the header, then each VM entry (name,
-/// uniqueness, reserved fields, RAM, vCPUs, affinity, devices, balloon
-/// features, blob offsets/sizes/alignment, command line, fit in RAM). The
-/// first failure is returned.
+/// the pool extension when `header_size >= 96` (reserved bytes, flags,
+/// watermarks), then the CRC of everything after the header, then each VM
+/// entry (name, reserved fields, RAM, vCPUs, affinity, `on_bad_access`,
+/// devices, balloon features, memory flags, weight and limits, blob
+/// offsets/sizes/alignment, command line, fit in RAM, then uniqueness of the
+/// name). The first failure is returned.
 pub fn parse(bytes: &[u8]) -> Result<Bundle<'_>, BundleError> {
     let hdr = match bytes.get(..HEADER_SIZE) {
         Some(h) => h,
@@ -863,6 +1192,27 @@ pub fn parse(bytes: &[u8]) -> Result<Bundle<'_>, BundleError> {
             })
         }
     }
+    // The pool extension. `bytes` is at least `header_size` long here.
+    let mut pool = [0u64; 3];
+    let mut pool_flags = 0;
+    if header_size >= HEADER_SIZE_POOL {
+        let ext = bytes.get(..HEADER_SIZE_POOL).unwrap_or(&[]);
+        if let Some(i) = ext
+            .get(header::POOL_RESERVED..HEADER_SIZE_POOL)
+            .and_then(|r| r.iter().position(|&b| b != 0))
+        {
+            return Err(BundleError::HeaderReservedNonZero {
+                offset: header::POOL_RESERVED + i,
+            });
+        }
+        pool = [
+            read_u64(ext, header::POOL_MIN),
+            read_u64(ext, header::POOL_LOW),
+            read_u64(ext, header::POOL_HIGH),
+        ];
+        pool_flags = read_u32(ext, header::POOL_FLAGS);
+        check_pool(pool[0], pool[1], pool[2], pool_flags)?;
+    }
     let stored = read_u32(hdr, header::CRC32);
     let computed = crc32(bytes.get(header_size..).unwrap_or(&[]));
     if stored != computed {
@@ -877,6 +1227,8 @@ pub fn parse(bytes: &[u8]) -> Result<Bundle<'_>, BundleError> {
         vm_count: count32 as usize,
         entry_size,
         table_offset: table_offset as usize,
+        pool,
+        pool_flags,
     };
     for index in 0..bundle.vm_count {
         let raw = bundle.raw_entry(index);
@@ -932,6 +1284,22 @@ impl<'a> Bundle<'a> {
     }
     pub fn find(&self, name: &str) -> Option<VmEntry<'a>> {
         self.vms().find(|vm| vm.name() == name)
+    }
+    /// The free page pool's watermarks `(min, low, high)` in bytes
+    /// (multiples of 4 KiB, non-zero, in order), or `None` when the bundle
+    /// leaves them to the hypervisor (no pool extension, or all zero).
+    pub fn pool_watermarks(&self) -> Option<(u64, u64, u64)> {
+        let [min, low, high] = self.pool;
+        (min != 0).then_some((min, low, high))
+    }
+    /// The [`pool_flags`] bits (0 without the pool extension).
+    pub fn pool_flags(&self) -> u32 {
+        self.pool_flags
+    }
+    /// When the pool is exhausted, stop the lowest-priority VM instead of
+    /// only waiting ([`pool_flags::STOP_LOWEST`]).
+    pub fn stop_lowest_when_exhausted(&self) -> bool {
+        self.pool_flags & pool_flags::STOP_LOWEST != 0
     }
 
     /// The first `VM_ENTRY_SIZE` bytes of entry `index` (empty if out of
@@ -1021,6 +1389,12 @@ impl<'a> Bundle<'a> {
             devs,
             on_bad_access,
         )?;
+        let mem_min = read_u64(raw, entry::MEM_MIN);
+        let mem_low = read_u64(raw, entry::MEM_LOW);
+        let mem_max = read_u64(raw, entry::MEM_MAX);
+        let mem_weight = read_u32(raw, entry::MEM_WEIGHT);
+        let mem_flags = read_u32(raw, entry::MEM_FLAGS);
+        check_memory(ram_size, mem_min, mem_low, mem_max, mem_weight, mem_flags)?;
         let kernel = self.blob(raw, Blob::Kernel, entry::KERNEL_OFFSET)?;
         let initrd = self.blob(raw, Blob::Initrd, entry::INITRD_OFFSET)?;
         let cmdline = self.blob(raw, Blob::Cmdline, entry::CMDLINE_OFFSET)?;
@@ -1038,6 +1412,11 @@ impl<'a> Bundle<'a> {
             balloon_features,
             devices: devs,
             on_bad_access,
+            mem_min,
+            mem_low,
+            mem_max,
+            mem_weight,
+            mem_flags,
         })
     }
 }

@@ -117,7 +117,7 @@ fn round_trip_stop_policy_and_old_bundles_read_as_abort() {
     // A bundle written before the field existed has zero there (it was
     // reserved and had to be zero): it reads as the default, abort.
     let bytes = build(&[spec("old")]);
-    assert_eq!(read_u32(&bytes, HEADER_SIZE + entry::ON_BAD_ACCESS), 0);
+    assert_eq!(read_u32(&bytes, E0 + entry::ON_BAD_ACCESS), 0);
     let b = parse(&bytes).unwrap();
     assert_eq!(b.vm(0).unwrap().on_bad_access(), bad_access::ABORT);
 }
@@ -140,16 +140,16 @@ fn round_trip_max_name_and_empty_cmdline() {
 
 #[test]
 fn larger_header_and_entries_are_accepted() {
-    // A compatible extension: header 128 bytes, entries 256 bytes; the extra
-    // bytes are ignored by a version 1 reader.
+    // A compatible extension: header 128 bytes, entries 256 bytes; the bytes
+    // past the pool extension and past 192 are ignored by a version 1 reader.
     let v1 = build(&[spec("a")]);
     let v1b = parse(&v1).unwrap();
     let vm = v1b.vms().next().unwrap();
     let (hs, es) = (128usize, 256usize);
     let mut out = vec![0u8; 8192];
-    out[..HEADER_SIZE].copy_from_slice(&v1[..HEADER_SIZE]);
-    out[HEADER_SIZE..hs].fill(0x77);
-    out[hs..hs + VM_ENTRY_SIZE].copy_from_slice(&v1[HEADER_SIZE..HEADER_SIZE + VM_ENTRY_SIZE]);
+    out[..HEADER_SIZE_POOL].copy_from_slice(&v1[..HEADER_SIZE_POOL]);
+    out[HEADER_SIZE_POOL..hs].fill(0x77);
+    out[hs..hs + VM_ENTRY_SIZE].copy_from_slice(&v1[E0..E0 + VM_ENTRY_SIZE]);
     out[hs + VM_ENTRY_SIZE..hs + es].fill(0x55);
     let k = out.len();
     out.extend_from_slice(vm.kernel());
@@ -179,6 +179,520 @@ fn larger_header_and_entries_are_accepted() {
 }
 
 // ---------------------------------------------------------------------------
+// Memory limits and the pool extension.
+
+const MIB: u64 = 1 << 20;
+
+fn build_mem(vms: &[(VmSpec, VmMemory)], pool: PoolSpec) -> Vec<u8> {
+    let mut bb = BundleBuilder::new();
+    bb.pool(pool).unwrap();
+    for (s, m) in vms {
+        bb.add_vm_with_memory(s.clone(), *m).unwrap();
+    }
+    bb.build()
+}
+
+/// Three VMs with limits set, defaulted, and preallocated.
+fn limited() -> Vec<(VmSpec, VmMemory)> {
+    vec![
+        (
+            spec("limited"),
+            VmMemory {
+                min: 8 * MIB,
+                low: 16 * MIB,
+                max: 48 * MIB,
+                weight: 250,
+                prealloc: false,
+            },
+        ),
+        (spec("defaults"), VmMemory::default()),
+        (
+            spec("rt"),
+            VmMemory {
+                min: 4096,
+                weight: MAX_WEIGHT,
+                prealloc: true,
+                ..VmMemory::default()
+            },
+        ),
+    ]
+}
+
+const POOL: PoolSpec = PoolSpec {
+    min: 16 * MIB,
+    low: 48 * MIB,
+    high: 80 * MIB,
+    stop_lowest: true,
+};
+
+#[test]
+fn round_trip_memory_limits_and_pool() {
+    let bytes = build_mem(&limited(), POOL);
+    assert_eq!(
+        read_u32(&bytes, header::HEADER_SIZE),
+        HEADER_SIZE_POOL as u32
+    );
+    assert_eq!(read_u64(&bytes, header::POOL_LOW), 48 * MIB);
+    assert_eq!(
+        read_u32(&bytes, header::POOL_FLAGS),
+        pool_flags::STOP_LOWEST
+    );
+    assert_eq!(read_u64(&bytes, E0 + entry::MEM_MAX), 48 * MIB);
+    assert_eq!(read_u32(&bytes, E0 + entry::MEM_WEIGHT), 250);
+    let b = parse(&bytes).unwrap();
+    assert_eq!(b.header_size(), HEADER_SIZE_POOL);
+    assert_eq!(b.pool_watermarks(), Some((16 * MIB, 48 * MIB, 80 * MIB)));
+    assert_eq!(b.pool_flags(), pool_flags::STOP_LOWEST);
+    assert!(b.stop_lowest_when_exhausted());
+
+    let l = b.find("limited").unwrap();
+    assert_eq!(
+        (l.mem_min(), l.mem_low(), l.mem_max(), l.weight()),
+        (8 * MIB, 16 * MIB, 48 * MIB, 250)
+    );
+    assert!(!l.prealloc());
+    assert_eq!(l.mem_flags(), 0);
+    assert_eq!(l.guaranteed(), 8 * MIB);
+
+    // All zero: no floor, low = min, max = RAM, weight 100.
+    let d = b.find("defaults").unwrap();
+    assert_eq!(
+        (d.mem_min(), d.mem_low(), d.mem_max(), d.weight()),
+        (0, 0, 64 * MIB, DEFAULT_WEIGHT)
+    );
+    assert!(!d.prealloc());
+    assert_eq!(d.guaranteed(), 0);
+
+    // Low defaults to min; prealloc guarantees all of RAM.
+    let r = b.find("rt").unwrap();
+    assert_eq!(
+        (r.mem_min(), r.mem_low(), r.mem_max(), r.weight()),
+        (4096, 4096, 64 * MIB, MAX_WEIGHT)
+    );
+    assert!(r.prealloc());
+    assert_eq!(r.mem_flags(), mem_flags::PREALLOC);
+    assert_eq!(r.guaranteed(), 64 * MIB);
+
+    // The default pool: the extension is written, all zero.
+    let bytes = build_mem(&limited(), PoolSpec::default());
+    let b = parse(&bytes).unwrap();
+    assert_eq!(b.header_size(), HEADER_SIZE_POOL);
+    assert_eq!(b.pool_watermarks(), None);
+    assert!(!b.stop_lowest_when_exhausted());
+    // Flags without watermarks are fine.
+    let stop = PoolSpec {
+        stop_lowest: true,
+        ..PoolSpec::default()
+    };
+    let b2 = build_mem(&[], stop);
+    let b2 = parse(&b2).unwrap();
+    assert_eq!(b2.pool_watermarks(), None);
+    assert!(b2.stop_lowest_when_exhausted());
+    // min = low = high is in order.
+    let flat = PoolSpec {
+        min: 4096,
+        low: 4096,
+        high: 4096,
+        stop_lowest: false,
+    };
+    let b3 = build_mem(&[], flat);
+    assert_eq!(
+        parse(&b3).unwrap().pool_watermarks(),
+        Some((4096, 4096, 4096))
+    );
+}
+
+#[test]
+fn old_bundles_read_with_memory_defaults() {
+    // A bundle written before the memory fields and the pool extension:
+    // header_size 64, the entry's bytes 120..192 zero. Bytes 64..96 are then
+    // not header (here garbage between header and table, covered by the CRC).
+    let mut bytes = build(&[spec("old")]);
+    assert!(bytes[E0 + entry::MEM_MIN..E0 + VM_ENTRY_SIZE]
+        .iter()
+        .all(|&b| b == 0));
+    put32(&mut bytes, header::HEADER_SIZE, HEADER_SIZE as u32);
+    bytes[HEADER_SIZE..HEADER_SIZE_POOL].fill(0xEE);
+    fix_crc(&mut bytes);
+    let b = parse(&bytes).unwrap();
+    assert_eq!(b.header_size(), HEADER_SIZE);
+    assert_eq!(b.pool_watermarks(), None);
+    assert_eq!(b.pool_flags(), 0);
+    assert!(!b.stop_lowest_when_exhausted());
+    let vm = b.vm(0).unwrap();
+    assert_eq!(vm.mem_min(), 0);
+    assert_eq!(vm.mem_low(), 0);
+    assert_eq!(vm.mem_max(), vm.ram_size());
+    assert_eq!(vm.weight(), DEFAULT_WEIGHT);
+    assert!(!vm.prealloc());
+    assert_eq!(vm.guaranteed(), 0);
+    // Between 64 and 96 the extension is absent too.
+    put32(&mut bytes, header::HEADER_SIZE, 88);
+    fix_crc(&mut bytes);
+    assert_eq!(parse(&bytes).unwrap().pool_watermarks(), None);
+}
+
+#[test]
+fn memory_corruptions() {
+    use MemField as F;
+    use VmError as V;
+    let ram = 64 * MIB;
+    let mem = |f: &dyn Fn(&mut Vec<u8>)| vm_err(0, true, f);
+    assert!(matches!(
+        mem(&|b| put32(b, E0 + entry::MEM_FLAGS, 2)),
+        V::UnknownMemFlags { flags: 2 }
+    ));
+    assert!(matches!(
+        mem(&|b| put32(b, E0 + entry::MEM_FLAGS, 1 << 31)),
+        V::UnknownMemFlags { .. }
+    ));
+    assert!(matches!(
+        mem(&|b| put32(b, E0 + entry::MEM_WEIGHT, MAX_WEIGHT + 1)),
+        V::MemWeightOutOfRange { weight: 10_001 }
+    ));
+    assert!(matches!(
+        mem(&|b| put64(b, E0 + entry::MEM_MIN, 4097)),
+        V::MemNotAligned {
+            field: F::Min,
+            value: 4097
+        }
+    ));
+    assert!(matches!(
+        mem(&|b| put64(b, E0 + entry::MEM_LOW, 100)),
+        V::MemNotAligned {
+            field: F::Low,
+            value: 100
+        }
+    ));
+    assert!(matches!(
+        mem(&|b| put64(b, E0 + entry::MEM_MAX, 1)),
+        V::MemNotAligned {
+            field: F::Max,
+            value: 1
+        }
+    ));
+    assert!(matches!(
+        mem(&|b| put64(b, E0 + entry::MEM_MAX, ram + 4096)),
+        V::MemMaxAboveRam { max, ram_size } if max == ram + 4096 && ram_size == ram
+    ));
+    assert!(matches!(
+        mem(&|b| {
+            put64(b, E0 + entry::MEM_MIN, 8192);
+            put64(b, E0 + entry::MEM_LOW, 4096);
+        }),
+        V::MemMinAboveLow {
+            min: 8192,
+            low: 4096
+        }
+    ));
+    // Min above the RAM size (max 0 means the RAM size).
+    assert!(matches!(
+        mem(&|b| put64(b, E0 + entry::MEM_MIN, ram + 4096)),
+        V::MemAboveMax { field: F::Min, max, .. } if max == ram
+    ));
+    assert!(matches!(
+        mem(&|b| {
+            put64(b, E0 + entry::MEM_MIN, 8192);
+            put64(b, E0 + entry::MEM_MAX, 4096);
+        }),
+        V::MemAboveMax {
+            field: F::Min,
+            value: 8192,
+            max: 4096
+        }
+    ));
+    assert!(matches!(
+        mem(&|b| {
+            put64(b, E0 + entry::MEM_LOW, 8 * MIB);
+            put64(b, E0 + entry::MEM_MAX, 4 * MIB);
+        }),
+        V::MemAboveMax {
+            field: F::Low,
+            value: 0x80_0000,
+            max: 0x40_0000
+        }
+    ));
+    // The reserved tail now starts at 152.
+    assert!(matches!(
+        mem(&|b| b[E0 + entry::RESERVED] = 1),
+        V::ReservedNonZero { offset: 152 }
+    ));
+    // Edge values that are valid: weight 10000, max = RAM, min = low = max.
+    let ok = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = build(&three());
+        f(&mut b);
+        fix_crc(&mut b);
+        parse(&b).map(|b| {
+            let v = b.vm(0).unwrap();
+            (v.mem_min(), v.mem_low(), v.mem_max(), v.weight())
+        })
+    };
+    assert_eq!(
+        ok(&|b| put32(b, E0 + entry::MEM_WEIGHT, MAX_WEIGHT)),
+        Ok((0, 0, ram, MAX_WEIGHT))
+    );
+    assert_eq!(
+        ok(&|b| {
+            put64(b, E0 + entry::MEM_MIN, ram);
+            put64(b, E0 + entry::MEM_LOW, ram);
+            put64(b, E0 + entry::MEM_MAX, ram);
+            put32(b, E0 + entry::MEM_WEIGHT, 1);
+        }),
+        Ok((ram, ram, ram, 1))
+    );
+}
+
+#[test]
+fn pool_corruptions() {
+    use BundleError as E;
+    use PoolField as F;
+    // The header is not covered by the CRC: no re-sealing needed.
+    let pool = |f: &dyn Fn(&mut Vec<u8>)| corrupt(false, f);
+    assert!(matches!(
+        pool(&|b| put32(b, header::POOL_FLAGS, 6)),
+        E::UnknownPoolFlags { flags: 6 }
+    ));
+    assert!(matches!(
+        pool(&|b| b[header::POOL_RESERVED + 1] = 1),
+        E::HeaderReservedNonZero { offset: 93 }
+    ));
+    assert!(matches!(
+        pool(&|b| put64(b, header::POOL_HIGH, 4095)),
+        E::PoolNotAligned {
+            field: F::High,
+            value: 4095
+        }
+    ));
+    assert!(matches!(
+        pool(&|b| put64(b, header::POOL_MIN, 4096)),
+        E::PoolPartlyZero {
+            min: 4096,
+            low: 0,
+            high: 0
+        }
+    ));
+    assert!(matches!(
+        pool(&|b| {
+            put64(b, header::POOL_MIN, 8192);
+            put64(b, header::POOL_HIGH, 8192);
+        }),
+        E::PoolPartlyZero { .. }
+    ));
+    assert!(matches!(
+        pool(&|b| {
+            put64(b, header::POOL_MIN, 3 * 4096);
+            put64(b, header::POOL_LOW, 2 * 4096);
+            put64(b, header::POOL_HIGH, 4 * 4096);
+        }),
+        E::PoolOutOfOrder { .. }
+    ));
+    assert!(matches!(
+        pool(&|b| {
+            put64(b, header::POOL_MIN, 4096);
+            put64(b, header::POOL_LOW, 3 * 4096);
+            put64(b, header::POOL_HIGH, 2 * 4096);
+        }),
+        E::PoolOutOfOrder {
+            min: 4096,
+            low: 0x3000,
+            high: 0x2000
+        }
+    ));
+    // With header_size 64 the same bytes are not read.
+    let mut b = build(&three());
+    put32(&mut b, header::POOL_FLAGS, 6);
+    put32(&mut b, header::HEADER_SIZE, HEADER_SIZE as u32);
+    fix_crc(&mut b);
+    assert!(parse(&b).is_ok());
+}
+
+#[test]
+fn memory_and_pool_error_messages() {
+    let m = corrupt(true, |b| {
+        put64(b, E1 + entry::MEM_MIN, 0x2000);
+        put64(b, E1 + entry::MEM_MAX, 0x1000);
+    })
+    .to_string();
+    assert_eq!(
+        m,
+        "VM 1 (\"bare-metal_1\"): memory min 0x2000 is more than memory max 0x1000"
+    );
+    let m = corrupt(true, |b| put64(b, E1 + entry::MEM_MAX, 0x4000)).to_string();
+    assert_eq!(
+        m,
+        "VM 1 (\"bare-metal_1\"): memory max 0x4000 is more than the RAM size (0x3000 bytes)"
+    );
+    let m = corrupt(true, |b| put64(b, E0 + entry::MEM_LOW, 0x1001)).to_string();
+    assert_eq!(
+        m,
+        "VM 0 (\"first\"): memory low 0x1001 is not a multiple of 0x1000 bytes"
+    );
+    let m = corrupt(true, |b| put32(b, E0 + entry::MEM_WEIGHT, 20_000)).to_string();
+    assert_eq!(
+        m,
+        "VM 0 (\"first\"): memory weight 20000 is out of range (1 to 10000, or 0 for the \
+         default 100)"
+    );
+    let m = corrupt(true, |b| put32(b, E0 + entry::MEM_FLAGS, 3)).to_string();
+    assert_eq!(
+        m,
+        "VM 0 (\"first\"): memory flags 0x3 include unknown bits 0x2 (written by a newer tool?)"
+    );
+    let m = corrupt(true, |b| {
+        put64(b, E0 + entry::MEM_MIN, 0x2000);
+        put64(b, E0 + entry::MEM_LOW, 0x1000);
+    })
+    .to_string();
+    assert_eq!(
+        m,
+        "VM 0 (\"first\"): memory min 0x2000 is more than memory low 0x1000"
+    );
+    let m = corrupt(false, |b| {
+        put64(b, header::POOL_MIN, 0x3000);
+        put64(b, header::POOL_LOW, 0x2000);
+        put64(b, header::POOL_HIGH, 0x4000);
+    })
+    .to_string();
+    assert_eq!(
+        m,
+        "pool watermarks min 0x3000, low 0x2000, high 0x4000 are not in order (min <= low <= high)"
+    );
+    let m = corrupt(false, |b| put64(b, header::POOL_LOW, 0x2000)).to_string();
+    assert_eq!(
+        m,
+        "pool watermarks min 0x0, low 0x2000, high 0x0: either all are 0 (the default) or none"
+    );
+    let m = corrupt(false, |b| put64(b, header::POOL_MIN, 0x10)).to_string();
+    assert_eq!(m, "pool min 0x10 is not a multiple of 0x1000 bytes");
+    let m = corrupt(false, |b| put32(b, header::POOL_FLAGS, 2)).to_string();
+    assert_eq!(
+        m,
+        "pool flags 0x2 include unknown bits 0x2 (written by a newer tool?)"
+    );
+}
+
+#[test]
+fn writer_rejects_bad_memory_limits_and_pools() {
+    let ram = 64 * MIB;
+    let add = |m: VmMemory| {
+        BundleBuilder::new()
+            .add_vm_with_memory(spec("vm"), m)
+            .map(|_| ())
+    };
+    let d = VmMemory::default();
+    assert!(add(d).is_ok());
+    for (bad, want) in [
+        (
+            VmMemory { min: 100, ..d },
+            "memory min 0x64 is not a multiple of 0x1000 bytes",
+        ),
+        (
+            VmMemory { max: ram * 2, ..d },
+            "memory max 0x8000000 is more than the RAM size (0x4000000 bytes)",
+        ),
+        (
+            VmMemory {
+                min: 2 * MIB,
+                low: MIB,
+                ..d
+            },
+            "memory min 0x200000 is more than memory low 0x100000",
+        ),
+        (
+            VmMemory {
+                min: 2 * MIB,
+                max: MIB,
+                ..d
+            },
+            "memory min 0x200000 is more than memory max 0x100000",
+        ),
+        (
+            VmMemory {
+                low: 2 * MIB,
+                max: MIB,
+                ..d
+            },
+            "memory low 0x200000 is more than memory max 0x100000",
+        ),
+        (
+            VmMemory {
+                weight: 10_001,
+                ..d
+            },
+            "memory weight 10001 is out of range",
+        ),
+    ] {
+        let e = add(bad).unwrap_err();
+        assert!(e.starts_with("VM 0 (\"vm\"): ") && e.contains(want), "{e}");
+    }
+    let mut bb = BundleBuilder::new();
+    for (bad, want) in [
+        (
+            PoolSpec {
+                min: 4096,
+                ..PoolSpec::default()
+            },
+            "either all are 0",
+        ),
+        (
+            PoolSpec {
+                min: 2 * MIB,
+                low: MIB,
+                high: 3 * MIB,
+                stop_lowest: false,
+            },
+            "are not in order",
+        ),
+        (
+            PoolSpec {
+                min: MIB,
+                low: 2 * MIB,
+                high: 3 * MIB + 1,
+                stop_lowest: false,
+            },
+            "pool high 0x300001 is not a multiple of 0x1000 bytes",
+        ),
+    ] {
+        let e = bb.pool(bad).map(|_| ()).unwrap_err();
+        assert!(e.contains(want), "{e}");
+    }
+    // A refused pool leaves the builder as it was.
+    assert_eq!(parse(&bb.build()).unwrap().pool_watermarks(), None);
+}
+
+#[test]
+fn memory_bundles_survive_truncation_and_flips() {
+    let base = build_mem(&limited(), POOL);
+    for len in (0..base.len()).step_by(97) {
+        assert!(parse(&base[..len]).is_err());
+    }
+    let mut rng = XorShift(0xDEAD_BEEF_1234_5678);
+    let mut vm_errors = 0;
+    for _ in 0..3000 {
+        let mut b = base.clone();
+        for _ in 0..1 + rng.below(3) {
+            // The pool extension and the memory fields of the entries.
+            let at = if rng.below(3) == 0 {
+                HEADER_SIZE + rng.below(HEADER_SIZE_POOL - HEADER_SIZE)
+            } else {
+                E0 + rng.below(3) * VM_ENTRY_SIZE + entry::MEM_MIN + rng.below(32)
+            };
+            b[at] = match rng.below(3) {
+                0 => b[at] ^ (1 << rng.below(8)),
+                1 => rng.next() as u8,
+                _ => [0, 0xFF, 0x10, 0x01][rng.below(4)],
+            };
+        }
+        fix_crc(&mut b);
+        if let Err(BundleError::Vm { .. }) = parse(&b) {
+            vm_errors += 1;
+        }
+        exercise(&b);
+    }
+    assert!(vm_errors > 500, "{vm_errors}");
+}
+
+// ---------------------------------------------------------------------------
 // One corruption per field.
 
 /// Applies `f` to a fresh 3-VM bundle, optionally re-seals the CRC, parses.
@@ -198,8 +712,9 @@ fn corrupt(fix: bool, f: impl FnOnce(&mut Vec<u8>)) -> BundleError {
     }
 }
 
-const E0: usize = HEADER_SIZE;
-const E1: usize = HEADER_SIZE + VM_ENTRY_SIZE;
+/// Where the writer puts the VM table: right after the 96-byte header.
+const E0: usize = HEADER_SIZE_POOL;
+const E1: usize = E0 + VM_ENTRY_SIZE;
 
 fn vm_err(index: usize, fix: bool, f: impl FnOnce(&mut Vec<u8>)) -> VmError {
     match corrupt(fix, f) {
@@ -599,7 +1114,16 @@ fn exercise(bytes: &[u8]) {
                 let _ = (vm.name(), vm.ram_size(), vm.vcpus(), vm.cpu_affinity());
                 let _ = (vm.kernel().len(), vm.initrd(), vm.cmdline(), vm.devices());
                 assert!(!vm.kernel().is_empty() && vm.vcpus() >= 1);
+                assert!(vm.mem_min() <= vm.mem_low());
+                assert!(vm.mem_low() <= vm.mem_max() && vm.mem_max() <= vm.ram_size());
+                assert!((1..=MAX_WEIGHT).contains(&vm.weight()));
+                assert!(vm.guaranteed() <= vm.ram_size());
+                let _ = vm.prealloc();
             }
+            if let Some((min, low, high)) = b.pool_watermarks() {
+                assert!(min != 0 && min <= low && low <= high);
+            }
+            let _ = b.stop_lowest_when_exhausted();
         }
         Err(e) => {
             let _ = e.to_string();

@@ -1,8 +1,9 @@
 //! The bundle writer (feature `std`), used by the host build tool.
 
 use crate::{
-    check_cmdline, check_fits, check_scalars, crc32, entry, header, is_valid_name, NameProblem,
-    VmError, BLOB_ALIGN, HEADER_SIZE, MAGIC, MAX_VMS, NAME_LEN, VERSION, VM_ENTRY_SIZE,
+    check_cmdline, check_fits, check_memory, check_pool, check_scalars, crc32, entry, header,
+    is_valid_name, mem_flags, pool_flags, NameProblem, VmError, BLOB_ALIGN, HEADER_SIZE_POOL,
+    MAGIC, MAX_VMS, NAME_LEN, VERSION, VM_ENTRY_SIZE,
 };
 
 /// One VM to put in a bundle.
@@ -31,10 +32,63 @@ pub struct VmSpec {
     pub on_bad_access: u32,
 }
 
+/// A VM's memory limits, as stored in its entry: 0 means the default, so
+/// `VmMemory::default()` is "no limits, weight 100, not preallocated".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmMemory {
+    /// Bytes never reclaimed; multiple of 4 KiB (0: none).
+    pub min: u64,
+    /// Bytes reclaimed below only when no VM is above its own low; multiple
+    /// of 4 KiB, at least `min` (0: same as `min`).
+    pub low: u64,
+    /// Bytes never backed above; multiple of 4 KiB, at most the RAM size and
+    /// at least `min` and `low` (0: the RAM size).
+    pub max: u64,
+    /// Reclaim weight, at most 10000 (0: the default, 100).
+    pub weight: u32,
+    /// All RAM backed at start ([`mem_flags::PREALLOC`]).
+    pub prealloc: bool,
+}
+
+impl VmMemory {
+    fn flags(&self) -> u32 {
+        if self.prealloc {
+            mem_flags::PREALLOC
+        } else {
+            0
+        }
+    }
+}
+
+/// The free page pool settings of the header's pool extension. The default
+/// (all zero, false) leaves the watermarks to the hypervisor and waits when
+/// the pool is exhausted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Watermarks in bytes, multiples of 4 KiB: all zero, or all non-zero
+    /// with `min <= low <= high`.
+    pub min: u64,
+    pub low: u64,
+    pub high: u64,
+    /// [`pool_flags::STOP_LOWEST`].
+    pub stop_lowest: bool,
+}
+
+impl PoolSpec {
+    fn flags(&self) -> u32 {
+        if self.stop_lowest {
+            pool_flags::STOP_LOWEST
+        } else {
+            0
+        }
+    }
+}
+
 /// Builds a bundle: `BundleBuilder::new().add_vm(spec)?...build()`.
 #[derive(Clone, Debug, Default)]
 pub struct BundleBuilder {
-    vms: Vec<VmSpec>,
+    vms: Vec<(VmSpec, VmMemory)>,
+    pool: PoolSpec,
 }
 
 fn align_up(x: usize) -> usize {
@@ -56,9 +110,27 @@ impl BundleBuilder {
         self.vms.is_empty()
     }
 
+    /// Sets the pool extension after checking it against the reader's
+    /// rules; on error nothing changes.
+    pub fn pool(&mut self, pool: PoolSpec) -> Result<&mut Self, String> {
+        check_pool(pool.min, pool.low, pool.high, pool.flags()).map_err(|e| e.to_string())?;
+        self.pool = pool;
+        Ok(self)
+    }
+
+    /// Adds a VM with the default memory limits; see
+    /// [`add_vm_with_memory`](Self::add_vm_with_memory).
+    pub fn add_vm(&mut self, spec: VmSpec) -> Result<&mut Self, String> {
+        self.add_vm_with_memory(spec, VmMemory::default())
+    }
+
     /// Adds a VM after checking it against every rule the reader applies; on
     /// error nothing is added and the message names the VM and the field.
-    pub fn add_vm(&mut self, spec: VmSpec) -> Result<&mut Self, String> {
+    pub fn add_vm_with_memory(
+        &mut self,
+        spec: VmSpec,
+        memory: VmMemory,
+    ) -> Result<&mut Self, String> {
         let who = if is_valid_name(&spec.name) {
             format!("VM {} (\"{}\")", self.vms.len(), spec.name)
         } else {
@@ -84,7 +156,7 @@ impl BundleBuilder {
             };
             return Err(err(VmError::BadName { raw, problem }));
         }
-        if let Some(first) = self.vms.iter().position(|v| v.name == spec.name) {
+        if let Some(first) = self.vms.iter().position(|(v, _)| v.name == spec.name) {
             return Err(err(VmError::DuplicateName { first }));
         }
         check_scalars(
@@ -94,6 +166,15 @@ impl BundleBuilder {
             spec.balloon_features,
             spec.devices,
             spec.on_bad_access,
+        )
+        .map_err(err)?;
+        check_memory(
+            spec.ram_size,
+            memory.min,
+            memory.low,
+            memory.max,
+            memory.weight,
+            memory.flags(),
         )
         .map_err(err)?;
         if spec.kernel.is_empty() {
@@ -107,20 +188,20 @@ impl BundleBuilder {
         }
         let initrd_len = spec.initrd.as_ref().map_or(0, |i| i.len()) as u64;
         check_fits(spec.kernel.len() as u64, initrd_len, spec.ram_size).map_err(err)?;
-        self.vms.push(spec);
+        self.vms.push((spec, memory));
         Ok(self)
     }
 
-    /// The bundle: header, VM table right after it, then each VM's kernel,
+    /// The bundle: header (always with the pool extension), VM table right after it, then each VM's kernel,
     /// initrd and command line, each starting on a 4 KiB boundary, the whole
     /// padded with zeros to a multiple of 4 KiB. Deterministic: the same VMs
     /// give the same bytes.
     pub fn build(&self) -> Vec<u8> {
-        let table_offset = HEADER_SIZE;
+        let table_offset = HEADER_SIZE_POOL;
         let table_size = self.vms.len() * VM_ENTRY_SIZE;
         let mut out = vec![0u8; align_up(table_offset + table_size)];
 
-        for (i, vm) in self.vms.iter().enumerate() {
+        for (i, (vm, mem)) in self.vms.iter().enumerate() {
             let mut e = [0u8; VM_ENTRY_SIZE];
             e[entry::NAME..entry::NAME + vm.name.len()].copy_from_slice(vm.name.as_bytes());
             put64(&mut e, entry::RAM_SIZE, vm.ram_size);
@@ -129,6 +210,11 @@ impl BundleBuilder {
             put64(&mut e, entry::BALLOON_FEATURES, vm.balloon_features);
             put64(&mut e, entry::DEVICES, vm.devices);
             put32(&mut e, entry::ON_BAD_ACCESS, vm.on_bad_access);
+            put64(&mut e, entry::MEM_MIN, mem.min);
+            put64(&mut e, entry::MEM_LOW, mem.low);
+            put64(&mut e, entry::MEM_MAX, mem.max);
+            put32(&mut e, entry::MEM_WEIGHT, mem.weight);
+            put32(&mut e, entry::MEM_FLAGS, mem.flags());
             let cmdline = vm.cmdline.as_deref().unwrap_or("").as_bytes();
             let blobs: [(usize, &[u8]); 3] = [
                 (entry::KERNEL_OFFSET, &vm.kernel),
@@ -152,14 +238,18 @@ impl BundleBuilder {
         let total = out.len();
         out[header::MAGIC..header::MAGIC + 8].copy_from_slice(&MAGIC);
         put32(&mut out, header::VERSION, VERSION);
-        put32(&mut out, header::HEADER_SIZE, HEADER_SIZE as u32);
+        put32(&mut out, header::HEADER_SIZE, HEADER_SIZE_POOL as u32);
         put64(&mut out, header::TOTAL_SIZE, total as u64);
         put32(&mut out, header::VM_COUNT, self.vms.len() as u32);
         put32(&mut out, header::VM_ENTRY_SIZE, VM_ENTRY_SIZE as u32);
         put64(&mut out, header::VM_TABLE_OFFSET, table_offset as u64);
         put64(&mut out, header::VM_TABLE_SIZE, table_size as u64);
         put32(&mut out, header::FLAGS, 0);
-        let crc = crc32(&out[HEADER_SIZE..]);
+        put64(&mut out, header::POOL_MIN, self.pool.min);
+        put64(&mut out, header::POOL_LOW, self.pool.low);
+        put64(&mut out, header::POOL_HIGH, self.pool.high);
+        put32(&mut out, header::POOL_FLAGS, self.pool.flags());
+        let crc = crc32(&out[HEADER_SIZE_POOL..]);
         put32(&mut out, header::CRC32, crc);
         debug_assert!(crate::parse(&out).is_ok());
         out
@@ -178,7 +268,7 @@ pub(crate) fn put64(b: &mut [u8], off: usize, v: u64) {
 /// edited (tests use it to reach the checks behind the CRC).
 #[cfg(test)]
 pub(crate) fn fix_crc(b: &mut [u8]) {
-    if b.len() < HEADER_SIZE {
+    if b.len() < crate::HEADER_SIZE {
         return;
     }
     let hs = crate::read_u32(b, header::HEADER_SIZE) as usize;

@@ -14,7 +14,23 @@
 //! cmdline = "pattern"     # optional
 //! [vm.balloon]            # optional; absent: no balloon device
 //! features = ["must-tell-host"]
+//! [vm.memory]             # optional; every key optional
+//! min = "128M"            # never reclaimed below (default none)
+//! low = "256M"            # reclaimed below only when no VM is above its low (default min)
+//! max = "768M"            # never backed above (default ram)
+//! weight = 100            # 1 to 10000 (default 100)
+//! prealloc = false        # true: all RAM backed at start
+//!
+//! [pool]                  # optional; the hypervisor's free page pool
+//! min = "16M"             # watermarks: all three or none (default: from RAM)
+//! low = "48M"
+//! high = "80M"
+//! when_exhausted = "wait" # or "stop-lowest"
 //! ```
+//!
+//! RAM may be overcommitted: the VMs' `ram` may add up to more than the board
+//! has, but what they are guaranteed (`memory.min`, or `ram` with
+//! `prealloc`) may not exceed [`MAX_GUARANTEED`].
 //!
 //! [`build_bundle`] parses and validates one file and returns the bundle
 //! bytes; [`build_all`] writes `target/guests.img` from `guests/demo.toml` and
@@ -24,7 +40,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use guest_bundle::{bad_access, devices, BundleBuilder, VmSpec};
+use guest_bundle::{
+    bad_access, devices, BundleBuilder, PoolSpec, VmMemory, VmSpec, MAX_WEIGHT, MEM_ALIGN,
+};
 
 /// The name `kernel` takes for the test guest built from `guest-driver/testguest`.
 pub const TESTGUEST: &str = "testguest";
@@ -40,10 +58,15 @@ pub const MAX_CPUS: u32 = 8;
 /// and the guest board puts the kernel at RAM base + 2 MiB).
 pub const RAM_GRANULE: u64 = 2 << 20;
 
-/// Most RAM all VMs of one configuration may have together: the boards have
-/// 2 GiB (QEMU `-m 2G`, the Raspberry Pi 4 model in QEMU), and the
-/// hypervisor, its frame table, the bundle and the firmware need the rest.
-pub const MAX_TOTAL_RAM: u64 = 1536 << 20;
+/// Most memory all VMs of one configuration may be guaranteed together (the
+/// sum of `memory.min`, or of `ram` for VMs with `memory.prealloc`): the
+/// boards have 2 GiB (QEMU `-m 2G`, the Raspberry Pi 4 model in QEMU), and
+/// the hypervisor, its frame table, the bundle and the firmware need the
+/// rest. The sum of `ram` itself is not limited (overcommit).
+pub const MAX_GUARANTEED: u64 = 1536 << 20;
+
+/// Most RAM one VM may have (a sanity limit).
+pub const MAX_VM_RAM: u64 = 8 << 30;
 
 /// Longest command line (Linux arm64's `COMMAND_LINE_SIZE` is 2048 including
 /// the terminating NUL).
@@ -68,7 +91,7 @@ pub const BALLOON_FEATURES: [(&str, u32); 6] = [
 // ------------------------------------------------------------- file format
 
 /// Keys a `[[vm]]` table may have.
-const VM_KEYS: [&str; 9] = [
+const VM_KEYS: [&str; 10] = [
     "name",
     "ram",
     "vcpus",
@@ -78,7 +101,32 @@ const VM_KEYS: [&str; 9] = [
     "cmdline",
     "balloon",
     "on_bad_access",
+    "memory",
 ];
+
+/// Keys a `[vm.memory]` table may have.
+const MEMORY_KEYS: [&str; 5] = ["min", "low", "max", "weight", "prealloc"];
+
+/// Keys the `[pool]` table may have.
+const POOL_KEYS: [&str; 4] = ["min", "low", "high", "when_exhausted"];
+
+/// Values of `[pool] when_exhausted` and whether they set the bundle's
+/// stop-lowest flag.
+const EXHAUSTED_POLICIES: [(&str, bool); 2] = [("wait", false), ("stop-lowest", true)];
+
+/// A size as written (for messages) and its value in bytes.
+type Size = (String, u64);
+
+/// One `[vm.memory]` table, types checked, values not yet validated.
+#[derive(Debug, Default)]
+struct MemoryConfig {
+    min: Option<Size>,
+    low: Option<Size>,
+    max: Option<Size>,
+    /// 1 to `MAX_WEIGHT`.
+    weight: Option<u32>,
+    prealloc: bool,
+}
 
 /// Values of `on_bad_access` and their bundle codes.
 const BAD_ACCESS_POLICIES: [(&str, u32); 2] =
@@ -101,6 +149,8 @@ struct VmConfig {
     balloon: Option<Vec<String>>,
     /// A [`bad_access`] code (default abort).
     on_bad_access: u32,
+    /// `[vm.memory]`, or the defaults.
+    memory: MemoryConfig,
 }
 
 /// `value` for a message: `string "1"`, `integer 5`, `array [1, 2]`.
@@ -110,6 +160,210 @@ fn describe(value: &toml::Value) -> String {
 
 fn wrong_type(key: &str, want: &str, value: &toml::Value) -> String {
     format!("{key} must be {want}, found {}", describe(value))
+}
+
+/// A size field (`"256M"` or an integer number of bytes); `key` names it in
+/// messages.
+fn size_field(key: &str, value: &toml::Value) -> Result<Size, String> {
+    match value {
+        toml::Value::String(text) => parse_size(text)
+            .map(|n| (text.clone(), n))
+            .map_err(|e| format!("{key} {e}")),
+        toml::Value::Integer(n) => u64::try_from(*n)
+            .map(|b| (n.to_string(), b))
+            .map_err(|_| format!("{key} {n} is negative")),
+        other => Err(wrong_type(
+            key,
+            "a size such as \"256M\" or an integer number of bytes",
+            other,
+        )),
+    }
+}
+
+/// `Err` when `size` (field `key`) is not a multiple of 4 KiB, saying what
+/// to write instead.
+fn check_granule(key: &str, (text, value): &Size) -> Result<(), String> {
+    if value.is_multiple_of(MEM_ALIGN) {
+        return Ok(());
+    }
+    let up = value.div_ceil(MEM_ALIGN).saturating_mul(MEM_ALIGN);
+    Err(format!(
+        "{key} \"{text}\" is not a multiple of 4 KiB; use \"{}\"",
+        format_size(up)
+    ))
+}
+
+impl MemoryConfig {
+    /// Reads `[vm.memory]`; `Err` names the field.
+    fn from_value(value: &toml::Value) -> Result<MemoryConfig, String> {
+        let toml::Value::Table(t) = value else {
+            return Err(wrong_type("memory", "a table ([vm.memory])", value));
+        };
+        if let Some(k) = t.keys().find(|k| !MEMORY_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "unknown field `memory.{k}`; [vm.memory] has {}",
+                MEMORY_KEYS.join(", ")
+            ));
+        }
+        let size = |key: &str| {
+            t.get(key)
+                .map(|v| size_field(&format!("memory.{key}"), v))
+                .transpose()
+        };
+        let weight = match t.get("weight") {
+            None => None,
+            Some(v) => match v.as_integer() {
+                Some(n) if (1..=i64::from(MAX_WEIGHT)).contains(&n) => Some(n as u32),
+                Some(n) => {
+                    return Err(format!(
+                        "memory.weight {n} is out of range; use 1 to {MAX_WEIGHT} (default 100)"
+                    ))
+                }
+                None => return Err(wrong_type("memory.weight", "an integer", v)),
+            },
+        };
+        let prealloc = match t.get("prealloc") {
+            None => false,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(other) => return Err(wrong_type("memory.prealloc", "true or false", other)),
+        };
+        Ok(MemoryConfig {
+            min: size("min")?,
+            low: size("low")?,
+            max: size("max")?,
+            weight,
+            prealloc,
+        })
+    }
+
+    /// Validates the limits against `ram` (already valid, written as
+    /// `ram_text`) and returns them as the bundle stores them.
+    fn check(&self, ram: u64, ram_text: &str) -> Result<VmMemory, String> {
+        for (key, size) in [
+            ("memory.min", &self.min),
+            ("memory.low", &self.low),
+            ("memory.max", &self.max),
+        ] {
+            if let Some(size) = size {
+                check_granule(key, size)?;
+            }
+        }
+        if let Some((text, max)) = &self.max {
+            if *max == 0 {
+                return Err(format!(
+                    "memory.max \"{text}\" is zero; leave it out for no limit below ram"
+                ));
+            }
+            if *max > ram {
+                return Err(format!(
+                    "memory.max \"{text}\" is more than ram \"{ram_text}\"; use at most \"{}\"",
+                    format_size(ram)
+                ));
+            }
+        }
+        if let (Some((min_text, min)), Some((low_text, low))) = (&self.min, &self.low) {
+            if min > low {
+                return Err(format!(
+                    "memory.min \"{min_text}\" is more than memory.low \"{low_text}\""
+                ));
+            }
+        }
+        let (max_key, max_text, max) = match &self.max {
+            Some((text, max)) => ("memory.max", text.as_str(), *max),
+            None => ("ram", ram_text, ram),
+        };
+        for (key, size) in [("memory.min", &self.min), ("memory.low", &self.low)] {
+            if let Some((text, value)) = size {
+                if *value > max {
+                    return Err(format!(
+                        "{key} \"{text}\" is more than {max_key} \"{max_text}\""
+                    ));
+                }
+            }
+        }
+        let bytes = |s: &Option<Size>| s.as_ref().map_or(0, |(_, n)| *n);
+        Ok(VmMemory {
+            min: bytes(&self.min),
+            low: bytes(&self.low),
+            max: bytes(&self.max),
+            weight: self.weight.unwrap_or(0),
+            prealloc: self.prealloc,
+        })
+    }
+}
+
+/// Reads and validates the top-level `[pool]` table; `Err` names the field.
+fn pool_from_value(value: &toml::Value) -> Result<PoolSpec, String> {
+    let toml::Value::Table(t) = value else {
+        return Err(format!(
+            "must be a table ([pool]), found {}",
+            describe(value)
+        ));
+    };
+    if let Some(k) = t.keys().find(|k| !POOL_KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field `{k}`; [pool] has {}",
+            POOL_KEYS.join(", ")
+        ));
+    }
+    let stop_lowest = match t.get("when_exhausted") {
+        None => false,
+        Some(toml::Value::String(word)) => EXHAUSTED_POLICIES
+            .iter()
+            .find(|(w, _)| w == word)
+            .map(|&(_, stop)| stop)
+            .ok_or_else(|| {
+                format!(
+                    "when_exhausted \"{word}\" is unknown; it is \"wait\" (the default) or \"stop-lowest\""
+                )
+            })?,
+        Some(other) => return Err(wrong_type("when_exhausted", "a string", other)),
+    };
+    let mut marks = Vec::new();
+    for key in ["min", "low", "high"] {
+        let size = t.get(key).map(|v| size_field(key, v)).transpose()?;
+        if let Some(size) = &size {
+            check_granule(key, size)?;
+            if size.1 == 0 {
+                return Err(format!(
+                    "{key} \"{}\" is zero; leave min, low and high out for the defaults (1%, 3% and 5% of RAM)",
+                    size.0
+                ));
+            }
+        }
+        marks.push((key, size));
+    }
+    let missing: Vec<&str> = marks
+        .iter()
+        .filter(|(_, s)| s.is_none())
+        .map(|(k, _)| *k)
+        .collect();
+    if missing.len() == 3 {
+        return Ok(PoolSpec {
+            stop_lowest,
+            ..PoolSpec::default()
+        });
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "{} missing; give all of min, low and high, or none for the defaults (1%, 3% and 5% of RAM)",
+            missing.join(" and ")
+        ));
+    }
+    let get = |i: usize| marks[i].1.clone().unwrap_or_default();
+    let ((min_text, min), (low_text, low), (high_text, high)) = (get(0), get(1), get(2));
+    if low < min {
+        return Err(format!("low \"{low_text}\" is below min \"{min_text}\""));
+    }
+    if high < low {
+        return Err(format!("high \"{high_text}\" is below low \"{low_text}\""));
+    }
+    Ok(PoolSpec {
+        min,
+        low,
+        high,
+        stop_lowest,
+    })
 }
 
 impl VmConfig {
@@ -207,6 +461,10 @@ impl VmConfig {
             }
             Some(other) => return Err(wrong_type("balloon", "a table ([vm.balloon])", other)),
         };
+        let memory = match t.get("memory") {
+            None => MemoryConfig::default(),
+            Some(v) => MemoryConfig::from_value(v)?,
+        };
         Ok(VmConfig {
             name,
             ram_text,
@@ -218,6 +476,7 @@ impl VmConfig {
             cmdline,
             balloon,
             on_bad_access,
+            memory,
         })
     }
 }
@@ -343,11 +602,14 @@ pub fn bundle_from_str(
     testguest_image: &Path,
     load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<Vec<u8>, String> {
-    let specs = specs_from_str(text, file, root, testguest_image, load)?;
+    let (specs, pool) = specs_from_str(text, file, root, testguest_image, load)?;
     let mut builder = BundleBuilder::new();
-    for spec in specs {
+    builder
+        .pool(pool)
+        .map_err(|e| format!("{file}: bundle writer refused {e}"))?;
+    for (spec, memory) in specs {
         builder
-            .add_vm(spec)
+            .add_vm_with_memory(spec, memory)
             .map_err(|e| format!("{file}: bundle writer refused {e}"))?;
     }
     Ok(builder.build())
@@ -359,14 +621,14 @@ fn specs_from_str(
     root: &Path,
     testguest_image: &Path,
     load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
-) -> Result<Vec<VmSpec>, String> {
+) -> Result<(Vec<(VmSpec, VmMemory)>, PoolSpec), String> {
     let doc: toml::Table = toml::from_str(text).map_err(|e| {
         let msg = e.to_string();
         format!("{file}: {}", msg.trim_end())
     })?;
-    if let Some(k) = doc.keys().find(|k| k.as_str() != "vm") {
+    if let Some(k) = doc.keys().find(|k| !matches!(k.as_str(), "vm" | "pool")) {
         return Err(format!(
-            "{file}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables"
+            "{file}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables and an optional [pool] table"
         ));
     }
     let tables = match doc.get("vm") {
@@ -408,7 +670,7 @@ fn specs_from_str(
 
     let mut names: HashMap<&str, usize> = HashMap::new();
     let mut cpu_owner: HashMap<u32, &str> = HashMap::new();
-    let mut total_ram: u64 = 0;
+    let mut guaranteed: u64 = 0;
     let mut specs = Vec::with_capacity(vms.len());
 
     for (index, vm) in vms.iter().enumerate() {
@@ -433,12 +695,31 @@ fn specs_from_str(
                 "{who}: ram \"{ram_text}\" is not a multiple of 2 MiB"
             ));
         }
-        total_ram = total_ram.saturating_add(ram);
-        if total_ram > MAX_TOTAL_RAM {
+        if ram > MAX_VM_RAM {
             return Err(format!(
-                "{who}: ram \"{ram_text}\" brings the total of all VMs to {}, more than the {} the boards can give guests",
-                format_size(total_ram),
-                format_size(MAX_TOTAL_RAM)
+                "{who}: ram \"{ram_text}\" is more than a VM may have; use at most \"{}\"",
+                format_size(MAX_VM_RAM)
+            ));
+        }
+
+        // Memory limits, and what all VMs are guaranteed together.
+        let memory = vm
+            .memory
+            .check(ram, ram_text)
+            .map_err(|e| format!("{who}: {e}"))?;
+        let promised = if memory.prealloc { ram } else { memory.min };
+        guaranteed = guaranteed.saturating_add(promised);
+        if guaranteed > MAX_GUARANTEED {
+            let what = if memory.prealloc {
+                format!("memory.prealloc = true (all of ram \"{ram_text}\")")
+            } else {
+                let text = vm.memory.min.as_ref().map_or("", |(t, _)| t.as_str());
+                format!("memory.min \"{text}\"")
+            };
+            return Err(format!(
+                "{who}: {what} brings the memory guaranteed to all VMs to {}, more than the {} the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)",
+                format_size(guaranteed),
+                format_size(MAX_GUARANTEED)
             ));
         }
 
@@ -600,20 +881,27 @@ fn specs_from_str(
             }
         };
 
-        specs.push(VmSpec {
-            name: vm.name.clone(),
-            ram_size: ram,
-            vcpus: vm.vcpus,
-            cpu_affinity: affinity,
-            kernel,
-            initrd,
-            cmdline,
-            balloon_features,
-            devices,
-            on_bad_access: vm.on_bad_access,
-        });
+        specs.push((
+            VmSpec {
+                name: vm.name.clone(),
+                ram_size: ram,
+                vcpus: vm.vcpus,
+                cpu_affinity: affinity,
+                kernel,
+                initrd,
+                cmdline,
+                balloon_features,
+                devices,
+                on_bad_access: vm.on_bad_access,
+            },
+            memory,
+        ));
     }
-    Ok(specs)
+    let pool = match doc.get("pool") {
+        None => PoolSpec::default(),
+        Some(v) => pool_from_value(v).map_err(|e| format!("{file}: pool: {e}"))?,
+    };
+    Ok((specs, pool))
 }
 
 /// `Err` says what is wrong with a VM name.
@@ -909,6 +1197,24 @@ kernel = "testguest"
                     ]
                 ),
                 linux_alone("linux-stats", quiet),
+                (
+                    "overcommit".into(),
+                    vec![
+                        ("vma".into(), 1024, 2, p(quiet)),
+                        ("vmb".into(), 1024, 4, p(quiet)),
+                        ("vmc".into(), 1024, 8, p(quiet)),
+                        ("beta".into(), 128, 16, p("pattern"))
+                    ]
+                ),
+                (
+                    "overcommit-static".into(),
+                    vec![
+                        ("vma".into(), 600, 2, p(quiet)),
+                        ("vmb".into(), 600, 4, p(quiet)),
+                        ("vmc".into(), 600, 8, p(quiet)),
+                        ("beta".into(), 64, 16, p("pattern"))
+                    ]
+                ),
                 ("pair".into(), pair),
                 (
                     "wild".into(),
@@ -982,7 +1288,11 @@ on_bad_access = "stop"
             (one_with("ram = \"3M\""), "t.toml: VM \"alpha\": ram \"3M\" is not a multiple of 2 MiB"),
             (one_with("ram = \"0M\""), "t.toml: VM \"alpha\": ram \"0M\" is zero"),
             (one_with("ram = \"lots\""), "t.toml: VM \"alpha\": ram \"lots\" is not a size"),
-            (one_with("ram = \"2G\""), "t.toml: VM \"alpha\": ram \"2G\" brings the total of all VMs to 2G"),
+            (one_with("ram = \"9G\""), "t.toml: VM \"alpha\": ram \"9G\" is more than a VM may have; use at most \"8G\""),
+            (
+                one_with("ram = \"2G\"") + "[vm.memory]\nprealloc = true\n",
+                "t.toml: VM \"alpha\": memory.prealloc = true (all of ram \"2G\") brings the memory guaranteed to all VMs to 2G, more than the 1536M the boards can guarantee",
+            ),
             (one_with("ram = \"2M\""), "t.toml: VM \"alpha\": ram \"2M\" is too small"),
             (one_with("name = \"Alpha\""), "t.toml: VM 0: name \"Alpha\" contains 'A'"),
             (one_with("name = \"\""), "t.toml: VM 0: name \"\" is empty"),
@@ -1063,6 +1373,183 @@ on_bad_access = "stop"
                 "config:\n{text}\nwant: {want}\ngot:  {got}"
             );
         }
+    }
+
+    /// `ONE` with a `[vm.memory]` table of `lines` (and `ram` set).
+    fn memory(ram: &str, lines: &str) -> String {
+        format!(
+            "{}[vm.memory]\n{lines}\n",
+            one_with(&format!("ram = \"{ram}\""))
+        )
+    }
+
+    /// `ONE` with a `[pool]` table of `lines`.
+    fn pool(lines: &str) -> String {
+        format!("{ONE}\n[pool]\n{lines}\n")
+    }
+
+    #[test]
+    fn memory_and_pool_errors() {
+        let v = "t.toml: VM \"alpha\": ";
+        let cases: Vec<(String, String)> = vec![
+            (memory("512M", "max = \"900M\""), format!("{v}memory.max \"900M\" is more than ram \"512M\"; use at most \"512M\"")),
+            (memory("512M", "max = \"0\""), format!("{v}memory.max \"0\" is zero; leave it out")),
+            (memory("512M", "min = \"300M\"\nmax = \"256M\""), format!("{v}memory.min \"300M\" is more than memory.max \"256M\"")),
+            (memory("512M", "min = \"600M\""), format!("{v}memory.min \"600M\" is more than ram \"512M\"")),
+            (memory("512M", "low = \"300M\"\nmax = \"256M\""), format!("{v}memory.low \"300M\" is more than memory.max \"256M\"")),
+            (memory("512M", "min = \"300M\"\nlow = \"256M\""), format!("{v}memory.min \"300M\" is more than memory.low \"256M\"")),
+            (memory("512M", "min = \"1000\""), format!("{v}memory.min \"1000\" is not a multiple of 4 KiB; use \"4K\"")),
+            (memory("512M", "low = 6000"), format!("{v}memory.low \"6000\" is not a multiple of 4 KiB; use \"8K\"")),
+            (memory("512M", "max = \"255M\"\nmin = \"4097\""), format!("{v}memory.min \"4097\" is not a multiple of 4 KiB; use \"8K\"")),
+            (memory("512M", "min = \"lots\""), format!("{v}memory.min \"lots\" is not a size")),
+            (memory("512M", "min = -4096"), format!("{v}memory.min -4096 is negative")),
+            (memory("512M", "max = 1.5"), format!("{v}memory.max must be a size such as \"256M\" or an integer number of bytes, found float 1.5")),
+            (memory("512M", "weight = 0"), format!("{v}memory.weight 0 is out of range; use 1 to 10000 (default 100)")),
+            (memory("512M", "weight = 10001"), format!("{v}memory.weight 10001 is out of range")),
+            (memory("512M", "weight = \"heavy\""), format!("{v}memory.weight must be an integer, found string \"heavy\"")),
+            (memory("512M", "prealloc = \"yes\""), format!("{v}memory.prealloc must be true or false, found string \"yes\"")),
+            (memory("512M", "maximum = \"1G\""), format!("{v}unknown field `memory.maximum`; [vm.memory] has min, low, max, weight, prealloc")),
+            (one_with("memory = 5"), format!("{v}memory must be a table ([vm.memory]), found integer 5")),
+            (pool("min = \"16M\"\nlow = \"8M\"\nhigh = \"80M\""), "t.toml: pool: low \"8M\" is below min \"16M\"".into()),
+            (pool("min = \"16M\"\nlow = \"48M\"\nhigh = \"32M\""), "t.toml: pool: high \"32M\" is below low \"48M\"".into()),
+            (pool("low = \"48M\""), "t.toml: pool: min and high missing; give all of min, low and high, or none for the defaults (1%, 3% and 5% of RAM)".into()),
+            (pool("min = \"16M\"\nlow = \"48M\""), "t.toml: pool: high missing".into()),
+            (pool("min = \"0\"\nlow = \"48M\"\nhigh = \"80M\""), "t.toml: pool: min \"0\" is zero; leave min, low and high out for the defaults".into()),
+            (pool("min = \"16M\"\nlow = \"48M\"\nhigh = \"81001K\""), "t.toml: pool: high \"81001K\" is not a multiple of 4 KiB; use \"81004K\"".into()),
+            (pool("min = \"many\""), "t.toml: pool: min \"many\" is not a size".into()),
+            (pool("when_exhausted = \"kill\""), "t.toml: pool: when_exhausted \"kill\" is unknown; it is \"wait\" (the default) or \"stop-lowest\"".into()),
+            (pool("when_exhausted = 1"), "t.toml: pool: when_exhausted must be a string, found integer 1".into()),
+            (pool("size = \"1M\""), "t.toml: pool: unknown field `size`; [pool] has min, low, high, when_exhausted".into()),
+            (format!("pool = 5\n{ONE}"), "t.toml: pool: must be a table ([pool]), found integer 5".into()),
+        ];
+        for (text, want) in cases {
+            let got = err(&text);
+            assert!(
+                got.contains(&want),
+                "config:\n{text}\nwant: {want}\ngot:  {got}"
+            );
+        }
+    }
+
+    /// Three VMs of `ram` on CPUs 1 to 3, each with the `[vm.memory]` lines
+    /// `memory[i]` (none when empty).
+    fn three_vms(ram: &str, memory: [&str; 3]) -> String {
+        let mut text = String::new();
+        for (i, m) in memory.iter().enumerate() {
+            text += &format!(
+                "[[vm]]\nname = \"vm{i}\"\nram = \"{ram}\"\nvcpus = 1\ncpus = [{}]\nkernel = \"testguest\"\n",
+                i + 1
+            );
+            if !m.is_empty() {
+                text += &format!("[vm.memory]\n{m}\n");
+            }
+        }
+        text
+    }
+
+    #[test]
+    fn overcommit_is_accepted_up_to_the_guarantee() {
+        // 3 GiB of RAM on a 2 GiB board: fine, nothing is guaranteed.
+        let b = build(&three_vms("1G", ["", "", ""])).unwrap();
+        let b = guest_bundle::parse(&b).unwrap();
+        assert_eq!(b.vms().map(|v| v.ram_size()).sum::<u64>(), 3 << 30);
+        assert!(b.vms().all(|v| v.guaranteed() == 0));
+        // Exactly 1536M guaranteed: 1G preallocated and 512M of min.
+        let ok = three_vms(
+            "1G",
+            ["prealloc = true", "min = \"256M\"", "min = \"256M\""],
+        );
+        let b = build(&ok).unwrap();
+        let b = guest_bundle::parse(&b).unwrap();
+        assert_eq!(b.vms().map(|v| v.guaranteed()).sum::<u64>(), MAX_GUARANTEED);
+        // 4 KiB more, and the VM that crosses the line is named.
+        let over = three_vms(
+            "1G",
+            ["prealloc = true", "min = \"256M\"", "min = \"262148K\""],
+        );
+        assert_eq!(
+            err(&over),
+            "t.toml: VM \"vm2\": memory.min \"262148K\" brings the memory guaranteed to all VMs to 1572868K, more than the 1536M the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)"
+        );
+        // The per-VM ceiling.
+        let b = build(&one_with("ram = \"8G\"")).unwrap();
+        assert_eq!(
+            guest_bundle::parse(&b).unwrap().vm(0).unwrap().ram_size(),
+            MAX_VM_RAM
+        );
+    }
+
+    #[test]
+    fn memory_and_pool_round_trip() {
+        let text = three_vms(
+            "512M",
+            [
+                "min = \"128M\"\nlow = \"256M\"\nmax = \"384M\"\nweight = 250",
+                "prealloc = true",
+                "min = 1048576",
+            ],
+        ) + "[pool]\nmin = \"16M\"\nlow = \"48M\"\nhigh = \"80M\"\nwhen_exhausted = \"stop-lowest\"\n";
+        let bytes = build(&text).unwrap();
+        let b = guest_bundle::parse(&bytes).unwrap();
+        assert_eq!(b.pool_watermarks(), Some((16 << 20, 48 << 20, 80 << 20)));
+        assert!(b.stop_lowest_when_exhausted());
+        let v = b.vm(0).unwrap();
+        assert_eq!(
+            (
+                v.mem_min(),
+                v.mem_low(),
+                v.mem_max(),
+                v.weight(),
+                v.prealloc()
+            ),
+            (128 << 20, 256 << 20, 384 << 20, 250, false)
+        );
+        assert_eq!(v.guaranteed(), 128 << 20);
+        let v = b.vm(1).unwrap();
+        assert_eq!(
+            (
+                v.mem_min(),
+                v.mem_low(),
+                v.mem_max(),
+                v.weight(),
+                v.prealloc()
+            ),
+            (0, 0, 512 << 20, 100, true)
+        );
+        assert_eq!(v.guaranteed(), 512 << 20);
+        let v = b.vm(2).unwrap();
+        assert_eq!(
+            (v.mem_min(), v.mem_low(), v.mem_max()),
+            (1 << 20, 1 << 20, 512 << 20)
+        );
+
+        // Without [pool] and [vm.memory]: every default.
+        let b = build(ONE).unwrap();
+        let b = guest_bundle::parse(&b).unwrap();
+        assert_eq!(b.pool_watermarks(), None);
+        assert!(!b.stop_lowest_when_exhausted());
+        let v = b.vm(0).unwrap();
+        assert_eq!(
+            (
+                v.mem_min(),
+                v.mem_low(),
+                v.mem_max(),
+                v.weight(),
+                v.prealloc()
+            ),
+            (0, 0, 64 << 20, 100, false)
+        );
+        // An empty [vm.memory] and a [pool] with only the policy.
+        let b = build(&(memory("64M", "") + "[pool]\nwhen_exhausted = \"wait\"\n")).unwrap();
+        let b = guest_bundle::parse(&b).unwrap();
+        assert_eq!(b.pool_watermarks(), None);
+        assert!(!b.stop_lowest_when_exhausted());
+        assert_eq!(b.vm(0).unwrap().mem_max(), 64 << 20);
+        // [pool] may come before the VMs.
+        let b = build(&format!("[pool]\nwhen_exhausted = \"stop-lowest\"\n{ONE}")).unwrap();
+        assert!(guest_bundle::parse(&b)
+            .unwrap()
+            .stop_lowest_when_exhausted());
     }
 
     #[test]
