@@ -26,7 +26,7 @@ use arbitrary::Arbitrary;
 use hypervisor::addr::{GuestAddr, GuestPfn, PhysAddr};
 use hypervisor::balloon::testing::FakeBackend;
 use hypervisor::balloon::{Balloon, BalloonBackend, SUPPORTED_FEATURES};
-use hypervisor::mm::frames::{FrameError, FrameUse, PAGE_SIZE};
+use hypervisor::mm::frames::{FrameError, FrameUse, Shortfall, PAGE_SIZE};
 use hypervisor::mm::stage2::TableMemory;
 use hypervisor::virtio::mmio::{self, MmioTransport};
 use hypervisor::virtio::testing::{driver_ok, handshake, DriverMemory, DriverQueue};
@@ -98,6 +98,12 @@ impl HostMemory for CheckedHost {
     }
     fn frames_owned(&self, vm: usize) -> u64 {
         self.0.frames_owned(vm)
+    }
+    fn pool_free(&self) -> u64 {
+        self.0.pool_free()
+    }
+    fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
+        self.0.guarantee(vm, pages)
     }
 }
 

@@ -18,7 +18,9 @@ use crate::console::line::{Event, LineEditor};
 use crate::console::shell::{self, Command};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::find_hole;
+use crate::mm::manager::Watermarks;
 use crate::run as vm;
+use crate::vm::manage;
 use crate::{print, println, report};
 
 /// The hypervisor refuses to run with less RAM than this.
@@ -186,6 +188,7 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     start_secondaries(board);
     if let Some(frames) = FRAMES.get() {
         vm::init(bundle, frames);
+        init_manager(&bundle, frames);
     }
     // Lines said under a VM's lock go through its outbox (printed after).
     vm::for_each(|vm| match vm::start(vm) {
@@ -349,6 +352,46 @@ extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
     vm::cpu_loop(index)
 }
 
+/// Start the memory manager with the bundle's pool watermarks (or the
+/// defaults for this RAM), and say what the board commits.
+fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &Mutex<FrameTable<'static>>) {
+    let (total, free) = {
+        let f = frames.lock();
+        (f.total_pages(), f.free_pages())
+    };
+    let defaults = Watermarks::for_ram(total);
+    let watermarks = match bundle.pool_watermarks() {
+        None => defaults,
+        Some((min, low, high)) => {
+            let w = Watermarks {
+                min: min / PAGE_SIZE,
+                low: low / PAGE_SIZE,
+                high: high / PAGE_SIZE,
+            };
+            match w.validate(total) {
+                Ok(()) => w,
+                Err(e) => {
+                    println!("memory manager: the bundle's pool watermarks are refused ({e}); using the defaults");
+                    defaults
+                }
+            }
+        }
+    };
+    let stop_lowest = bundle.stop_lowest_when_exhausted();
+    vm::init_manager(watermarks, stop_lowest);
+    let committed: u64 = bundle.vms().map(|v| v.ram_size()).sum();
+    let size = |pages: u64| report::Size(pages * PAGE_SIZE);
+    println!(
+        "memory manager: {} of guest RAM committed, {} free in the pool; watermarks min {}, low {}, high {}; when exhausted: {}",
+        report::Size(committed),
+        size(free),
+        size(watermarks.min),
+        size(watermarks.low),
+        size(watermarks.high),
+        if stop_lowest { "stop the lowest-weight VM" } else { "the faulting vCPU waits" }
+    );
+}
+
 fn shell_loop(board: &BoardInfo) -> ! {
     aarch64::enable_event_stream();
     let mut editor = LineEditor::new();
@@ -359,6 +402,7 @@ fn shell_loop(board: &BoardInfo) -> ! {
             // steal cycles (or, under QEMU, instruction counts) from the
             // CPUs running guests.
             aarch64::idle_wait(1000);
+            vm::memory_tick();
             continue;
         };
         // Ctrl-] gives the keyboard back to the shell.
@@ -411,6 +455,7 @@ fn run(cmd: Command, board: &BoardInfo) {
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
             let _ = report::write_accounting(&mut Console, &acc, ram);
             vm_shares();
+            let _ = manage::write_pool(&mut Console, &vm::pool_view(ram));
             match check {
                 Ok(()) => println!("frame table invariants: ok"),
                 Err(e) => println!("frame table invariants: VIOLATED: {e}"),
@@ -454,15 +499,57 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::Balloon { vm: name, bytes } => {
             let pages = bytes / PAGE_SIZE;
-            match vm::with_vm(name, |vm| vm::set_balloon(vm, pages)) {
+            let set = vm::with_vm(name, |vm| {
+                vm::set_balloon(vm, pages).map(|()| vm.managed.manual = true)
+            });
+            match set {
                 None => no_such_vm(name),
                 Some(Err(e)) => println!("{name}: cannot set the balloon: {e}"),
                 Some(Ok(())) => println!(
-                    "{name}: balloon target {pages} pages ({}); the guest moves towards it",
+                    "{name}: balloon target {pages} pages ({}); the guest moves towards it; the memory manager leaves this balloon alone until 'balloon {name} auto'",
                     report::Size(pages * PAGE_SIZE)
                 ),
             }
         }
+        Command::BalloonAuto { vm: name } => {
+            match vm::with_vm(name, |vm| core::mem::take(&mut vm.managed.manual)) {
+                None => no_such_vm(name),
+                Some(_) => println!(
+                    "{name}: the memory manager moves this balloon again ('mm' shows its decisions)"
+                ),
+            }
+        }
+        Command::Mm { raw } => {
+            let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
+            let pool = vm::pool_view(ram);
+            let rows = vm::mm_rows();
+            let rows: heapless::Vec<(&str, _), { crate::limits::MAX_GUESTS }> =
+                rows.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+            let _ = if raw {
+                manage::write_mm_raw(&mut Console, &pool, &rows)
+            } else {
+                let stats = vm::with_manager(|mm| mm.manager.stats()).unwrap_or_default();
+                manage::write_mm(&mut Console, &pool, &stats, &rows)
+            };
+        }
+        Command::SetLimit {
+            vm: name,
+            field,
+            value,
+        } => match vm::with_vm(name, |vm| vm::set_limit(vm, field, value)) {
+            None => no_such_vm(name),
+            Some(Err(e)) => println!(
+                "{name}: cannot set memory {}: {e}; type 'mm' to see its limits",
+                field.name()
+            ),
+            Some(Ok(l)) => println!(
+                "{name}: memory min {}, low {}, max {}, weight {}; the memory manager applies them at its next tick",
+                report::Size(l.min * PAGE_SIZE),
+                report::Size(l.low * PAGE_SIZE),
+                report::Size(l.max * PAGE_SIZE),
+                l.weight
+            ),
+        },
         Command::InfoBalloon { vm: Some(name) } => {
             match vm::with_vm(name, vm::balloon_info) {
                 Some(text) => print!("{text}"),
@@ -562,7 +649,7 @@ fn no_such_vm(name: &str) {
 
 fn list_vms() {
     println!(
-        "name         state     cpu  RAM         mapped    ballooned  bad access  aborts  starts"
+        "name         state     cpu  RAM         backed    ballooned  bad access  aborts  starts"
     );
     vm::for_each(|vm| {
         let mapped = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
@@ -583,6 +670,9 @@ fn list_vms() {
             vm.starts
         ));
     });
+    for (name, row) in vm::mm_rows().iter() {
+        let _ = manage::write_vm_memory(&mut Console, name, row);
+    }
     vm::for_each(|vm| {
         if vm.bad_access.injected > 0 {
             vm.out.line(format_args!(

@@ -15,6 +15,8 @@ pub const FRAMES: u32 = 1 << 0;
 pub const CONSOLE: u32 = 1 << 1;
 /// The console's open live line (taken only under [`CONSOLE`]).
 pub const OPEN_LINE: u32 = 1 << 2;
+/// The memory manager (`run`'s tick and the `mm` command).
+pub const MANAGER: u32 = 1 << 3;
 /// First bit of the VM locks: VM `id` is bit `VM_BASE + id`.
 const VM_BASE: u32 = 8;
 

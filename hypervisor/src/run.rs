@@ -25,7 +25,8 @@ use crate::arch::aarch64::vcpu::{self, El1Regs};
 use crate::arch::aarch64::{self, gic, pmu, recovery};
 use crate::held::{self, Tracked};
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
-use crate::mm::frames::{FrameError, FrameTable, FrameUse, PAGE_SIZE};
+use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
+use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
 use crate::mm::stage2::TableMemory;
 use crate::println;
 use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
@@ -38,6 +39,7 @@ use crate::vm::handle::{self, Outcome, FAILURE};
 use crate::vm::inject::GuestException;
 use crate::vm::irq;
 use crate::vm::lifecycle;
+use crate::vm::manage;
 use crate::vm::memory::HostMemory;
 use crate::vm::outbox::Notice;
 use crate::vm::state::{GuestGic, Power};
@@ -137,7 +139,16 @@ impl TableMemory for HostMem {
 
 impl HostMemory for HostMem {
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
-        let pa = frames().alloc_guest(vm)?;
+        let (pa, free) = {
+            let mut table = frames();
+            (table.alloc_guest(vm), table.unreserved_free())
+        };
+        // Below the low watermark (or out of frames): the manager ticks at
+        // the next chance rather than at its next period.
+        if pa.is_none() || free < POOL_LOW.load(Ordering::Relaxed) {
+            POOL_EVENT.store(true, Ordering::Relaxed);
+        }
+        let pa = pa?;
         zero_and_clean(pa);
         Some(pa)
     }
@@ -168,6 +179,12 @@ impl HostMemory for HostMem {
     }
     fn frames_owned(&self, vm: usize) -> u64 {
         frames().guest_pages(vm)
+    }
+    fn pool_free(&self) -> u64 {
+        frames().unreserved_free()
+    }
+    fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
+        frames().guarantee(vm, pages)
     }
 }
 
@@ -445,6 +462,7 @@ pub fn cpu_loop(cpu: usize) -> ! {
         if slot == NO_VM {
             // A start or CPU_ON kicks this CPU; 10 ms bounds a missed kick.
             aarch64::idle_wait(10_000);
+            memory_tick();
             continue;
         }
         let (id, vcpu) = (slot / MAX_VCPUS, slot % MAX_VCPUS);
@@ -511,6 +529,10 @@ unsafe fn release_held(held: u32) {
             unsafe { table.force_unlock() };
         }
     }
+    if held & held::MANAGER != 0 {
+        // SAFETY: as above.
+        unsafe { MANAGER.force_unlock() };
+    }
 }
 
 /// Back in the CPU loop after a failure in VM `id`'s path: stop the VM as
@@ -552,6 +574,7 @@ fn end_failed_vm(cpu: usize, id: usize, vcpu: usize) {
         vm.balloon = None;
         vm.vgic = None;
         vm.inside = 0;
+        let _ = frames().guarantee(id, 0);
         vm.power = [Power::Off; MAX_VCPUS];
         vm.state = VmState::Failed;
         vm.last_stop = "a hypervisor failure, and its pages could not be freed";
@@ -618,7 +641,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         }
         let outcome = handle::after_exit(vm, &mut cpu, vcpu, &mut ctx, exit, before);
         let left = match outcome {
-            Outcome::Continue | Outcome::Idle => false,
+            Outcome::Continue | Outcome::Idle | Outcome::WaitMemory => false,
             Outcome::Stop(why) => {
                 lifecycle::begin_stop(vm, &mut cpu, why, false);
                 true
@@ -642,6 +665,12 @@ fn run_vcpu(id: usize, vcpu: usize) {
             // Any pending physical interrupt (even masked at EL2) ends
             // the wait; it is taken as soon as the guest runs again.
             aarch64::wait_for_interrupt_or(10_000);
+        }
+        memory_tick();
+        if outcome == Outcome::WaitMemory {
+            // No frame for its fault: only this vCPU waits (no lock held),
+            // then retries the access.
+            aarch64::idle_wait(1_000);
         }
     }
 }
@@ -744,3 +773,226 @@ pub fn input_to_focus(byte: u8) -> bool {
 
 /// The focused VM whose console read nothing for five seconds (NO_VM: none).
 static INPUT_STALLED: AtomicUsize = AtomicUsize::new(NO_VM);
+
+// ------------------------------------------------------------ memory manager
+
+/// How often the memory manager ticks (oVirt MOM: 10 s; ChromeOS
+/// concierge: 1 s; ours converges within 1 s of a demand spike).
+pub const TICK_US: u64 = 100_000;
+
+/// The memory manager and what its tick keeps between rounds. Lock order:
+/// the manager, then a VM (only ever tried: a busy VM keeps its last input
+/// and gets its decision at a later tick), then the frame table.
+pub struct MemoryManager {
+    pub manager: Manager,
+    /// Each VM's start count at the last tick: a VM that stopped or
+    /// restarted since is forgotten.
+    starts: [u64; MAX_GUESTS],
+    managed: [bool; MAX_GUESTS],
+    /// The last input read from each VM (reused while its lock is busy).
+    inputs: [VmInput; MAX_GUESTS],
+    /// `when_exhausted = "stop-lowest"`: stop the lowest-weight VM when a
+    /// vCPU has waited a second for a frame.
+    pub stop_lowest: bool,
+    pub exhausted_stops: u64,
+}
+
+static MANAGER: TicketMutex<Option<MemoryManager>> = TicketMutex::new(None);
+static NEXT_TICK_US: AtomicU64 = AtomicU64::new(0);
+/// The pool fell below its low watermark (or ran out): tick now.
+static POOL_EVENT: AtomicBool = AtomicBool::new(false);
+static POOL_LOW: AtomicU64 = AtomicU64::new(0);
+
+/// Start the memory manager over the frame table (after [`init`]): guest
+/// frames beyond a guarantee stop at the `min` watermark.
+pub fn init_manager(watermarks: Watermarks, stop_lowest: bool) {
+    frames().set_guest_floor(watermarks.min);
+    POOL_LOW.store(watermarks.low, Ordering::Relaxed);
+    *lock_manager() = Some(MemoryManager {
+        manager: Manager::new(watermarks, Tunables::default()),
+        starts: [0; MAX_GUESTS],
+        managed: [false; MAX_GUESTS],
+        inputs: [VmInput::default(); MAX_GUESTS],
+        stop_lowest,
+        exhausted_stops: 0,
+    });
+}
+
+fn lock_manager() -> Tracked<TicketMutexGuard<'static, Option<MemoryManager>>> {
+    Tracked::new(MANAGER.lock(), held::MANAGER)
+}
+
+/// Call `f` with the memory manager (the `mm` and `set` commands).
+pub fn with_manager<R>(f: impl FnOnce(&mut MemoryManager) -> R) -> Option<R> {
+    lock_manager().as_mut().map(f)
+}
+
+/// Try VM `id`'s lock without waiting.
+fn try_lock_vm(id: usize) -> Option<Tracked<TicketMutexGuard<'static, Option<Vm>>>> {
+    VMS.get(id)?
+        .try_lock()
+        .map(|g| Tracked::new(g, held::vm(id)))
+}
+
+/// One tick of the memory manager if one is due (every [`TICK_US`], or at
+/// once after a pool event), from any CPU's loop with no lock held. One
+/// CPU ticks at a time; the others go on at once. Nothing here waits for
+/// a VM: a VM whose lock is busy is skipped this round.
+pub fn memory_tick() {
+    let now = aarch64::uptime_us();
+    let due = NEXT_TICK_US.load(Ordering::Relaxed);
+    if now < due && !POOL_EVENT.load(Ordering::Relaxed) {
+        return;
+    }
+    if NEXT_TICK_US
+        .compare_exchange(due, now + TICK_US, Ordering::AcqRel, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    POOL_EVENT.store(false, Ordering::Relaxed);
+    let Some(guard) = MANAGER.try_lock() else {
+        return;
+    };
+    let mut guard = Tracked::new(guard, held::MANAGER);
+    let Some(mm) = guard.as_mut() else { return };
+    let mut longest_wait = 0;
+    for id in 0..MAX_GUESTS {
+        let Some(mut vm_guard) = try_lock_vm(id) else {
+            continue;
+        };
+        let Some(vm) = vm_guard.as_mut() else {
+            continue;
+        };
+        let managed = manage::is_managed(vm);
+        if (mm.managed[id] && !managed) || vm.starts != mm.starts[id] {
+            mm.manager.forget(id);
+        }
+        mm.managed[id] = managed;
+        mm.starts[id] = vm.starts;
+        mm.inputs[id] = manage::input(vm);
+        longest_wait = longest_wait.max(manage::longest_wait_us(vm, now).unwrap_or(0));
+    }
+    let pool = frames().unreserved_free();
+    let decisions = mm.manager.tick(now, pool, &mm.inputs);
+    for (id, target) in decisions.targets.iter().enumerate() {
+        let Some(target) = *target else { continue };
+        let Some(mut vm_guard) = try_lock_vm(id) else {
+            continue;
+        };
+        let Some(vm) = vm_guard.as_mut() else {
+            continue;
+        };
+        manage::apply(vm, &mut TargetCpu::new(), target);
+        let pending = take_pending(vm);
+        drop(vm_guard);
+        show(pending);
+    }
+    if mm.stop_lowest && longest_wait >= manage::WAIT_ANNOUNCE_US && stop_lowest_weight() {
+        mm.exhausted_stops += 1;
+    }
+}
+
+/// The pool is exhausted and a vCPU has waited a second: stop the running
+/// VM with the lowest weight (the most backed among equals), unless a VM
+/// is already stopping. True if one was stopped.
+fn stop_lowest_weight() -> bool {
+    let mut victim: Option<(usize, u32, u64)> = None;
+    for id in 0..MAX_GUESTS {
+        let Some(vm_guard) = try_lock_vm(id) else {
+            return false;
+        };
+        let Some(vm) = vm_guard.as_ref() else {
+            continue;
+        };
+        match vm.state {
+            VmState::StopRequested => return false,
+            VmState::Running => {}
+            _ => continue,
+        }
+        let weight = vm.managed.limits.weight;
+        let backed = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
+        let lower = victim.is_none_or(|(_, w, b)| weight < w || (weight == w && backed > b));
+        if lower {
+            victim = Some((id, weight, backed));
+        }
+    }
+    let Some((id, _, _)) = victim else {
+        return false;
+    };
+    let Some(mut vm_guard) = try_lock_vm(id) else {
+        return false;
+    };
+    let Some(vm) = vm_guard.as_mut() else {
+        return false;
+    };
+    vm.out.line(format_args!(
+        "tidal: [{}] stopping the VM: the pool is exhausted, a vCPU has waited a second for memory, and it has the lowest weight (when_exhausted = \"stop-lowest\")",
+        vm.name
+    ));
+    lifecycle::begin_stop(
+        vm,
+        &mut TargetCpu::new(),
+        "stopped by the memory manager: the pool was exhausted",
+        false,
+    );
+    let pending = take_pending(vm);
+    drop(vm_guard);
+    show(pending);
+    true
+}
+
+/// The pool as `mm` and `mem` show it (`physical_bytes`: the board's RAM).
+pub fn pool_view(physical_bytes: u64) -> manage::PoolView {
+    let (watermarks, stop_lowest, exhausted_stops) =
+        with_manager(|mm| (mm.manager.watermarks(), mm.stop_lowest, mm.exhausted_stops))
+            .unwrap_or_default();
+    let (total, free, reserved, backed) = {
+        let f = frames();
+        (
+            f.total_pages(),
+            f.free_pages(),
+            f.reserved(),
+            f.pages(FrameUse::Guest),
+        )
+    };
+    let (mut committed, mut committed_running) = (0, 0);
+    for_each(|vm| {
+        committed += vm.ram_size / PAGE_SIZE;
+        if vm.ram.is_some() {
+            committed_running += vm.ram_size / PAGE_SIZE;
+        }
+    });
+    manage::PoolView {
+        physical_bytes,
+        total,
+        free,
+        reserved,
+        committed,
+        committed_running,
+        backed,
+        watermarks,
+        stop_lowest,
+        exhausted_stops,
+    }
+}
+
+/// Every VM's `mm` row, in table order.
+pub fn mm_rows() -> heapless::Vec<(heapless::String<32>, manage::VmRow), MAX_GUESTS> {
+    let stats: [VmStats; MAX_GUESTS] =
+        with_manager(|mm| core::array::from_fn(|id| mm.manager.vm_stats(id))).unwrap_or_default();
+    let mut rows = heapless::Vec::new();
+    for_each(|vm| {
+        let _ = rows.push((vm.name.clone(), manage::row(vm, stats[vm.id % MAX_GUESTS])));
+    });
+    rows
+}
+
+/// `set <vm> <field> <value>` (see [`manage::set_limit`]).
+pub fn set_limit(
+    vm: &mut Vm,
+    field: manage::LimitField,
+    value: u64,
+) -> Result<crate::mm::manager::Limits, manage::LimitError> {
+    manage::set_limit(vm, &mut TargetCpu::new(), field, value)
+}

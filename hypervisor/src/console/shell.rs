@@ -16,8 +16,23 @@ pub enum Command<'a> {
         vm: &'a str,
         bytes: u64,
     },
+    /// Hand a VM's balloon back to the memory manager.
+    BalloonAuto {
+        vm: &'a str,
+    },
     InfoBalloon {
         vm: Option<&'a str>,
+    },
+    /// The memory manager: the pool, its watermarks, every VM's memory and
+    /// limits, and the manager's counters (`raw`: in pages, for scripts).
+    Mm {
+        raw: bool,
+    },
+    /// Change a VM's memory limit (`value` in bytes, or the weight).
+    SetLimit {
+        vm: &'a str,
+        field: crate::vm::manage::LimitField,
+        value: u64,
     },
     /// Poll a VM's balloon statistics every `seconds` (0: stop polling).
     BalloonStats {
@@ -95,7 +110,19 @@ pub const COMMANDS: &[CommandInfo] = &[
     },
     CommandInfo {
         usage: "balloon <vm> <size>",
-        summary: "set a VM's balloon to <size> (K, M or G suffix; 0 gives all back)",
+        summary: "set a VM's balloon to <size> (K, M or G suffix; 0 gives all back); the memory manager leaves it alone then",
+    },
+    CommandInfo {
+        usage: "balloon <vm> auto",
+        summary: "hand a VM's balloon back to the memory manager",
+    },
+    CommandInfo {
+        usage: "mm [raw]",
+        summary: "the memory manager: pool and watermarks, each VM's backed, ballooned and returned memory, limits, decisions",
+    },
+    CommandInfo {
+        usage: "set <vm> <min|low|max|weight> <value>",
+        summary: "change a VM's memory limit (e.g. set linux max 768M; weight 1-10000, default 100)",
     },
     CommandInfo {
         usage: "info balloon [vm]",
@@ -147,6 +174,8 @@ pub const COMMANDS: &[CommandInfo] = &[
     },
 ];
 
+const SET_USAGE: &str = "set <vm> <min|low|max|weight> <value> (e.g. set linux max 768M)";
+
 const DEBUG_USAGE: &str =
     "debug fault | debug panic | debug fail <vm> [abort] | debug hog <size|all> | debug unhog";
 
@@ -157,6 +186,7 @@ pub enum ParseError<'a> {
     Usage(&'static str),
     BadSize(&'a str),
     BadSeconds(&'a str),
+    BadWeight(&'a str),
 }
 
 impl core::fmt::Display for ParseError<'_> {
@@ -172,6 +202,10 @@ impl core::fmt::Display for ParseError<'_> {
             ParseError::BadSize(text) => write!(
                 f,
                 "'{text}' is not a size: write bytes, or a number with K, M or G (e.g. 128M)"
+            ),
+            ParseError::BadWeight(text) => write!(
+                f,
+                "'{text}' is not a weight: write a whole number from 1 to 10000 (default 100)"
             ),
             ParseError::BadSeconds(text) => write!(
                 f,
@@ -205,11 +239,12 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             one_vm("console <vm>", rest, words.next()).map(|vm| Some(Command::Console { vm }))
         }
         "balloon" => match (rest, words.next(), words.next()) {
+            (Some(vm), Some("auto"), None) => Ok(Some(Command::BalloonAuto { vm })),
             (Some(vm), Some(size), None) => {
                 let bytes = parse_size(size).ok_or(ParseError::BadSize(size))?;
                 Ok(Some(Command::Balloon { vm, bytes }))
             }
-            _ => Err(ParseError::Usage("balloon <vm> <size>")),
+            _ => Err(ParseError::Usage("balloon <vm> <size|auto>")),
         },
         "balloon-stats" => match (rest, words.next(), words.next()) {
             (Some(vm), Some("now"), None) => Ok(Some(Command::StatsNow { vm })),
@@ -226,6 +261,25 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
                 None => Err(ParseError::Usage("on-bad-access <vm> <abort|stop>")),
             },
             _ => Err(ParseError::Usage("on-bad-access <vm> <abort|stop>")),
+        },
+        "mm" | "memory" => match (rest, words.next()) {
+            (None, _) => Ok(Some(Command::Mm { raw: false })),
+            (Some("raw"), None) => Ok(Some(Command::Mm { raw: true })),
+            _ => Err(ParseError::Usage("mm [raw]")),
+        },
+        "set" => match (rest, words.next(), words.next(), words.next()) {
+            (Some(vm), Some(word), Some(value), None) => {
+                let field = crate::vm::manage::LimitField::parse(word)
+                    .ok_or(ParseError::Usage(SET_USAGE))?;
+                let value = match field {
+                    crate::vm::manage::LimitField::Weight => {
+                        u64::from(parse_seconds(value).ok_or(ParseError::BadWeight(value))?)
+                    }
+                    _ => parse_size(value).ok_or(ParseError::BadSize(value))?,
+                };
+                Ok(Some(Command::SetLimit { vm, field, value }))
+            }
+            _ => Err(ParseError::Usage(SET_USAGE)),
         },
         "info" => match (rest, words.next(), words.next()) {
             (Some("balloon"), vm, None) => Ok(Some(Command::InfoBalloon { vm })),
@@ -311,9 +365,48 @@ mod tests {
                 .replace("<size|all>", "all")
                 .replace("[abort]", "abort")
                 .replace("<abort|stop>", "stop")
-                .replace("[vm]", "beta");
+                .replace("[vm]", "beta")
+                .replace("[raw]", "raw")
+                .replace("<min|low|max|weight> <value>", "max 768M");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
+        use crate::vm::manage::LimitField;
+        assert_eq!(
+            parse("set linux max 768M"),
+            Ok(Some(Command::SetLimit {
+                vm: "linux",
+                field: LimitField::Max,
+                value: 768 << 20
+            }))
+        );
+        assert_eq!(
+            parse("set linux weight 200"),
+            Ok(Some(Command::SetLimit {
+                vm: "linux",
+                field: LimitField::Weight,
+                value: 200
+            }))
+        );
+        assert_eq!(
+            parse("set linux weight 2M"),
+            Err(ParseError::BadWeight("2M"))
+        );
+        assert_eq!(
+            parse("set linux max lots"),
+            Err(ParseError::BadSize("lots"))
+        );
+        assert_eq!(
+            parse("set linux colour 1"),
+            Err(ParseError::Usage(SET_USAGE))
+        );
+        assert_eq!(parse("set linux max"), Err(ParseError::Usage(SET_USAGE)));
+        assert_eq!(parse("mm"), Ok(Some(Command::Mm { raw: false })));
+        assert_eq!(parse("memory raw"), Ok(Some(Command::Mm { raw: true })));
+        assert_eq!(parse("mm now"), Err(ParseError::Usage("mm [raw]")));
+        assert_eq!(
+            parse("balloon linux auto"),
+            Ok(Some(Command::BalloonAuto { vm: "linux" }))
+        );
         assert_eq!(parse("  mem  "), Ok(Some(Command::Mem)));
         assert_eq!(parse("check"), Ok(Some(Command::Check)));
         assert_eq!(parse("check all").unwrap_err().to_string(), "usage: check");
@@ -439,7 +532,19 @@ mod tests {
             assert!(s.contains(c.usage));
         }
         // Summaries line up after the longest usage.
-        assert!(s.contains("  balloon-stats <vm> <seconds|now> ask a VM's guest"));
-        assert!(s.contains("  hint <vm>                        ask a VM's guest to hint"));
+        let column = |usage: &str, summary: &str| {
+            let line = s
+                .lines()
+                .find(|l| l.starts_with(&format!("  {usage} ")))
+                .unwrap();
+            assert!(line.contains(summary), "{line}");
+            line.find(summary).unwrap()
+        };
+        let width = COMMANDS.iter().map(|c| c.usage.len()).max().unwrap();
+        assert_eq!(
+            column("balloon-stats <vm> <seconds|now>", "ask a VM's guest"),
+            width + 3
+        );
+        assert_eq!(column("hint <vm>", "ask a VM's guest to hint"), width + 3);
     }
 }

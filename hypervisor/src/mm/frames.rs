@@ -185,6 +185,11 @@ pub enum FrameError {
         counted: u64,
         recorded: u64,
     },
+    /// The frames held for guarantees disagree with a recount.
+    ReservedMismatch {
+        counted: u64,
+        recorded: u64,
+    },
 }
 
 impl fmt::Display for FrameError {
@@ -259,6 +264,10 @@ impl fmt::Display for FrameError {
             } => write!(
                 f,
                 "VM {vm} owns {recorded} frames by its counter, a recount finds {counted}"
+            ),
+            FrameError::ReservedMismatch { counted, recorded } => write!(
+                f,
+                "{recorded} free frames are held for guarantees by the counter, a recount finds {counted}"
             ),
             FrameError::AccountingMismatch { accounted, ram } => write!(
                 f,
@@ -354,6 +363,25 @@ pub struct FrameTable<'a> {
     hint: usize,
     /// Frames owned by each VM (the split of the `Guest` count).
     guest_counts: [u64; MAX_VMS],
+    /// Frames each VM is guaranteed (its `min`, or all its RAM with
+    /// prealloc): kept free for it until it owns that many.
+    guaranteed: [u64; MAX_VMS],
+    /// Free frames held for guarantees: the sum over VMs of what they are
+    /// guaranteed and do not own yet. Kept in step by `set_code`.
+    reserved: u64,
+    /// A guest frame beyond a guarantee is refused once the unreserved free
+    /// frames are down to this (the pool's `min` watermark: the reserve
+    /// for stage-2 tables and the hypervisor's own needs).
+    guest_floor: u64,
+}
+
+/// Why [`FrameTable::guarantee`] refused: the frames missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shortfall {
+    /// Frames that would have to be free for the guarantee.
+    pub needed: u64,
+    /// Frames free and not held for other guarantees, above the floor.
+    pub available: u64,
 }
 
 impl<'a> FrameTable<'a> {
@@ -418,6 +446,9 @@ impl<'a> FrameTable<'a> {
             partial_bytes,
             hint: 0,
             guest_counts: [0; MAX_VMS],
+            guaranteed: [0; MAX_VMS],
+            reserved: 0,
+            guest_floor: 0,
         })
     }
 
@@ -452,7 +483,15 @@ impl<'a> FrameTable<'a> {
                 self.counts[u as usize] = self.counts[u as usize].wrapping_add_signed(delta);
                 if u == FrameUse::Guest {
                     let vm = (code - FIRST_GUEST_CODE) as usize;
-                    self.guest_counts[vm] = self.guest_counts[vm].wrapping_add_signed(delta);
+                    let before = self.guest_counts[vm];
+                    let after = before.wrapping_add_signed(delta);
+                    self.guest_counts[vm] = after;
+                    // A frame below the VM's guarantee was held in `reserved`.
+                    if delta > 0 && before < self.guaranteed[vm] {
+                        self.reserved -= 1;
+                    } else if delta < 0 && after < self.guaranteed[vm] {
+                        self.reserved += 1;
+                    }
                 }
             }
         }
@@ -513,12 +552,70 @@ impl<'a> FrameTable<'a> {
         self.alloc_code(pages, align_pages, to as u8)
     }
 
-    /// One free frame for guest RAM of VM `vm` (< [`MAX_VMS`]).
+    /// One free frame for guest RAM of VM `vm` (< [`MAX_VMS`]): from its
+    /// guarantee while it owns less, else only while the free frames not
+    /// held for guarantees are above the guest floor.
     pub fn alloc_guest(&mut self, vm: usize) -> Option<PhysAddr> {
         if vm >= MAX_VMS {
             return None;
         }
+        if self.guest_counts[vm] >= self.guaranteed[vm]
+            && self.unreserved_free() <= self.guest_floor
+        {
+            return None;
+        }
         self.alloc_code(1, 1, FIRST_GUEST_CODE + vm as u8)
+    }
+
+    /// Guarantee VM `vm` `pages` frames (0 drops its guarantee): what it
+    /// does not own yet is held free for it. Refused, with nothing
+    /// changed, if the frames are not there beside the other guarantees
+    /// and the guest floor.
+    pub fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
+        let Some(&old) = self.guaranteed.get(vm) else {
+            return Err(Shortfall {
+                needed: pages,
+                available: 0,
+            });
+        };
+        let owned = self.guest_counts[vm];
+        let (held, want) = (old.saturating_sub(owned), pages.saturating_sub(owned));
+        if want > held {
+            let available = self.unreserved_free().saturating_sub(self.guest_floor);
+            if want - held > available {
+                return Err(Shortfall {
+                    needed: want - held,
+                    available,
+                });
+            }
+        }
+        self.reserved = self.reserved - held + want;
+        self.guaranteed[vm] = pages;
+        Ok(())
+    }
+
+    /// Frames guaranteed to VM `vm`.
+    pub fn guaranteed(&self, vm: usize) -> u64 {
+        self.guaranteed.get(vm).copied().unwrap_or(0)
+    }
+
+    /// Free frames held for guarantees.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Free frames not held for a guarantee: what the pool can give.
+    pub fn unreserved_free(&self) -> u64 {
+        self.free_pages().saturating_sub(self.reserved)
+    }
+
+    /// Where guest frames beyond a guarantee stop (see `guest_floor`).
+    pub fn set_guest_floor(&mut self, pages: u64) {
+        self.guest_floor = pages;
+    }
+
+    pub fn guest_floor(&self) -> u64 {
+        self.guest_floor
     }
 
     /// Give a frame of VM `vm` back to the pool; an error (and no change) if
@@ -722,6 +819,15 @@ impl<'a> FrameTable<'a> {
                 recorded: self.guest_counts[vm],
             });
         }
+        let reserved: u64 = (0..MAX_VMS)
+            .map(|vm| self.guaranteed[vm].saturating_sub(guests[vm]))
+            .sum();
+        if reserved != self.reserved {
+            return Err(FrameError::ReservedMismatch {
+                counted: reserved,
+                recorded: self.reserved,
+            });
+        }
         for b in self.banks() {
             for idx in b.base..b.base + b.pages {
                 let code = self.entries[idx];
@@ -845,6 +951,60 @@ mod tests {
         assert_eq!(FrameUse::from_code(FIRST_GUEST_CODE), Some(FrameUse::Guest));
         let past = FIRST_GUEST_CODE + MAX_VMS as u8;
         assert_eq!(FrameUse::from_code(past), None);
+    }
+
+    #[test]
+    fn guarantees_hold_frames_and_the_floor_stops_the_rest() {
+        let ram = [r(0, 64 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        t.set_guest_floor(4);
+        // VM 0 is guaranteed 20 frames: 60 - 20 = 40 unreserved above a floor of 4.
+        t.guarantee(0, 20).unwrap();
+        assert_eq!((t.reserved(), t.unreserved_free()), (20, 44));
+        // VM 1 takes frames until only the floor is left unreserved.
+        let mut taken = 0;
+        while t.alloc_guest(1).is_some() {
+            taken += 1;
+        }
+        assert_eq!(taken, 40);
+        assert_eq!(t.unreserved_free(), 4);
+        // VM 0 still gets its 20, from its guarantee, and not one more.
+        for _ in 0..20 {
+            assert!(t.alloc_guest(0).is_some());
+        }
+        assert_eq!(t.reserved(), 0);
+        assert_eq!(t.alloc_guest(0), None);
+        // A new guarantee that does not fit is refused, naming the shortfall.
+        assert_eq!(
+            t.guarantee(2, 10),
+            Err(Shortfall {
+                needed: 10,
+                available: 0
+            })
+        );
+        assert_eq!(t.guaranteed(2), 0);
+        t.check_invariants().unwrap();
+        // Frames VM 0 gives back below its guarantee are held for it again.
+        let f = t.alloc_code(1, 1, FIRST_GUEST_CODE); // a frame of VM 0 past the floor
+        assert!(f.is_some());
+        t.free_guest(0, f.unwrap()).unwrap();
+        t.check_invariants().unwrap();
+        let owned: Vec<_> = (0..64)
+            .map(|i| pa(i * PAGE_SIZE))
+            .filter(|&a| t.guest_owner(a) == Some(0))
+            .take(5)
+            .collect();
+        for a in &owned {
+            t.free_guest(0, *a).unwrap();
+        }
+        assert_eq!(t.reserved(), 5);
+        assert_eq!(t.unreserved_free(), 4);
+        t.check_invariants().unwrap();
+        // Dropping the guarantee releases them.
+        t.guarantee(0, 0).unwrap();
+        assert_eq!((t.reserved(), t.unreserved_free()), (0, 9));
+        t.check_invariants().unwrap();
     }
 
     #[test]

@@ -113,7 +113,7 @@ impl fmt::Display for ConfigError {
 
 /// The pool's watermarks, in pages: below `low` reclaim starts, it stops at
 /// `high`; `min` is the reserve pressure relief never gives away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Watermarks {
     /// The reserve: memory given to VMs under pressure never takes the pool
     /// below it.
@@ -173,6 +173,13 @@ pub struct Limits {
     pub weight: u32,
 }
 
+impl Default for Limits {
+    /// [`Limits::unlimited`] for a VM of no size (an empty input).
+    fn default() -> Self {
+        Self::unlimited(0)
+    }
+}
+
 impl Limits {
     /// No protection and no cap: `min = low = 0`, `max = size`, weight 100.
     pub fn unlimited(size: Pages) -> Self {
@@ -226,7 +233,7 @@ pub struct GuestStats {
 
 /// What the caller tells the manager about one VM each tick. The VM's
 /// identity is its index in the slice passed to [`Manager::tick`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VmInput {
     /// The VM's RAM size.
     pub size: Pages,
@@ -246,6 +253,8 @@ pub struct VmInput {
     pub deflate_on_oom: Pages,
     /// Whether a balloon driver runs (the device is live).
     pub driver: bool,
+    /// Whether a vCPU waits for a frame (the pool at its floor): pressure.
+    pub waiting: bool,
 }
 
 /// The manager's knobs. [`Tunables::default`] documents each default.
@@ -653,6 +662,7 @@ impl Manager {
         };
         let faulting = vm.fault_ins >= t.fault_ins_per_tick && runs_out;
         let pressure = vm.deflate_on_oom > 0
+            || vm.waiting
             || oom > st.prev_oom
             || stalls > st.prev_stalls
             || major.saturating_sub(st.prev_major) >= t.major_faults_per_tick

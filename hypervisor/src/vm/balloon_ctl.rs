@@ -10,6 +10,7 @@ use super::device_memory::DeviceView;
 use super::irq;
 use super::outbox::Outbox;
 use super::ratelimit::{LineKind, Lines};
+pub use super::state::SetBy;
 use super::state::{BalloonChange, Vm, VmState};
 use crate::balloon::{BalloonStats, HintError, HintRun, F_STATS_VQ};
 use crate::mm::frames::PAGE_SIZE;
@@ -103,6 +104,16 @@ pub fn start_hint(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<u32, HintStartE
 
 /// Set the balloon target of a VM, in 4 KiB pages, and tell the driver.
 pub fn set_target(vm: &mut Vm, cpu: &mut impl PhysCpu, pages: u64) -> Result<(), &'static str> {
+    set_target_by(vm, cpu, pages, SetBy::Shell)
+}
+
+/// [`set_target`], saying who set it.
+pub fn set_target_by(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    pages: u64,
+    by: SetBy,
+) -> Result<(), &'static str> {
     if vm.state != VmState::Running {
         return Err("it is not running (type 'start <vm>' first)");
     }
@@ -124,6 +135,7 @@ pub fn set_target(vm: &mut Vm, cpu: &mut impl PhysCpu, pages: u64) -> Result<(),
         ended: 0,
         instructions: 0,
         exits: 0,
+        by,
     });
     Ok(())
 }
@@ -142,6 +154,9 @@ pub fn finish_change(vm: &mut Vm, cpu: &impl PhysCpu) {
     let change = *change;
     vm.change = None;
     vm.last_change = Some(change);
+    if change.by == SetBy::Manager {
+        return;
+    }
     let micros = (change.ended - change.started) as u128 * 1_000_000 / freq.max(1) as u128;
     let pages = change.pages();
     let rate = (pages as u128 * 1_000_000).checked_div(micros).unwrap_or(0);

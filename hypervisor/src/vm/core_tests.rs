@@ -4,7 +4,7 @@
 //! the balloon moving pages in and out of the pool, stops and resets, and
 //! a hostile guest's arbitrary exits.
 
-use guest_bundle::{BundleBuilder, VmSpec};
+use guest_bundle::{BundleBuilder, VmMemory, VmSpec};
 use proptest::prelude::*;
 
 use super::balloon_ctl;
@@ -17,13 +17,14 @@ use super::handle::{self, Outcome};
 use super::inject::GuestException;
 use super::irq;
 use super::lifecycle::{self, KernelImage, KERNEL_OFFSET};
+use super::manage;
 use super::outbox::Notice;
 use super::psci;
 use super::state::{GuestGic, Power, Vm, VmState};
 use super::testing::FakeCpu;
 use crate::addr::{GuestAddr, PhysAddr};
 use crate::balloon::F_VERSION_1;
-use crate::mm::frames::PAGE_SIZE;
+use crate::mm::frames::{FrameUse, PAGE_SIZE};
 use crate::virtio::mmio;
 use crate::virtio::testing::{DriverMemory, DriverQueue};
 
@@ -44,21 +45,34 @@ fn kernel() -> Vec<u8> {
     k
 }
 
-/// A bundle of one VM, `vcpus` vCPUs on CPUs 1.., with a balloon.
+/// A bundle of one VM, `vcpus` vCPUs on CPUs 1.., with a balloon, all its
+/// RAM backed at start (prealloc: the tests below count every page).
 fn spec(vcpus: u32, on_bad_access: u32) -> guest_bundle::VmEntry<'static> {
+    let memory = VmMemory {
+        prealloc: true,
+        ..VmMemory::default()
+    };
+    spec_with(vcpus, on_bad_access, memory)
+}
+
+/// [`spec`] with these memory settings.
+fn spec_with(vcpus: u32, on_bad_access: u32, memory: VmMemory) -> guest_bundle::VmEntry<'static> {
     let bytes = BundleBuilder::new()
-        .add_vm(VmSpec {
-            name: "guest".into(),
-            ram_size: VM_RAM,
-            vcpus,
-            cpu_affinity: ((1u64 << vcpus) - 1) << 1,
-            kernel: kernel(),
-            initrd: Some(vec![0x5a; 3000]),
-            cmdline: Some("console=ttyAMA0".into()),
-            balloon_features: F_VERSION_1,
-            devices: guest_bundle::devices::BALLOON,
-            on_bad_access,
-        })
+        .add_vm_with_memory(
+            VmSpec {
+                name: "guest".into(),
+                ram_size: VM_RAM,
+                vcpus,
+                cpu_affinity: ((1u64 << vcpus) - 1) << 1,
+                kernel: kernel(),
+                initrd: Some(vec![0x5a; 3000]),
+                cmdline: Some("console=ttyAMA0".into()),
+                balloon_features: F_VERSION_1,
+                devices: guest_bundle::devices::BALLOON,
+                on_bad_access,
+            },
+            memory,
+        )
         .expect("valid VM")
         .build();
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -695,7 +709,7 @@ proptest! {
             let outcome = handle::after_exit(&mut vm, &mut cpu, 0, &mut ctx, exit, 0);
             let _ = vm.out.take();
             match outcome {
-                Outcome::Continue | Outcome::Idle => {}
+                Outcome::Continue | Outcome::Idle | Outcome::WaitMemory => {}
                 Outcome::Stop(why) => {
                     lifecycle::begin_stop(&mut vm, &mut cpu, why, false);
                     break;
@@ -725,4 +739,108 @@ proptest! {
         prop_assert!(cpu.host.frames.check_invariants().is_ok());
         assert_check(&vm, &mut cpu);
     }
+}
+
+/// Without prealloc only what the loader wrote is backed; a first touch
+/// backs one page more.
+#[test]
+fn ram_is_backed_on_first_touch() {
+    let mut vm = Vm::new(0, spec_with(1, 0, VmMemory::default()), GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    let loaded = cpu.host.frames.guest_pages(0);
+    // The device tree's page, the kernel's two (its bytes, not its 1 MiB
+    // footprint), the initrd's one.
+    assert_eq!(loaded, 4, "pages backed at load");
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let ipa = layout::RAM_BASE + (6 << 20);
+    let touch = VcpuExit::Abort {
+        ipa,
+        write: true,
+        instruction: false,
+        fault: FaultKind::Translation,
+    };
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, touch), Outcome::Continue);
+    assert_eq!(cpu.host.frames.guest_pages(0), loaded + 1);
+    assert_check(&vm, &mut cpu);
+}
+
+/// A VM whose guaranteed memory the pool cannot hold is refused, saying by
+/// how much, and takes nothing.
+#[test]
+fn a_guarantee_the_pool_cannot_hold_is_refused() {
+    let memory = VmMemory {
+        min: VM_RAM,
+        ..VmMemory::default()
+    };
+    let mut vm = Vm::new(0, spec_with(1, 0, memory), GuestGic::V3);
+    // 1024 pages of board, 2048 guaranteed.
+    let mut cpu = FakeCpu::new(1024);
+    let free = cpu.host.frames.free_pages();
+    let e = lifecycle::start(&mut vm, &mut cpu).unwrap_err();
+    assert!(e.contains("guaranteed memory cannot be backed"), "{e}");
+    let said = lines(&mut vm).join("\n");
+    assert!(
+        said.contains("cannot guarantee its 8 MiB (memory min): 4 MiB short"),
+        "{said}"
+    );
+    assert_eq!(vm.state, VmState::Stopped);
+    assert_eq!(cpu.host.frames.free_pages(), free);
+    assert_eq!(cpu.host.frames.reserved(), 0);
+}
+
+/// With the pool at its floor only the faulting vCPU waits: the fault is
+/// retried, the console says so after a second, and once a frame is free
+/// the access goes through.
+#[test]
+fn a_fault_with_the_pool_at_its_floor_waits_and_then_goes_through() {
+    let mut vm = Vm::new(0, spec_with(1, 0, VmMemory::default()), GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    let _ = lines(&mut vm);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    // Everything but 8 frames taken; the floor is 8.
+    let mut hog = Vec::new();
+    while cpu.host.frames.free_pages() > 8 {
+        hog.push(cpu.host.frames.alloc(1, 1, FrameUse::Allocated).unwrap());
+    }
+    cpu.host.frames.set_guest_floor(8);
+    let touch = VcpuExit::Abort {
+        ipa: layout::RAM_BASE + (6 << 20),
+        write: true,
+        instruction: false,
+        fault: FaultKind::Translation,
+    };
+    let pc = ctx.elr;
+    assert_eq!(
+        exit(&mut vm, &mut cpu, &mut ctx, touch),
+        Outcome::WaitMemory
+    );
+    assert_eq!(ctx.elr, pc, "the access is retried");
+    assert!(vm.managed.waiting());
+    assert!(lines(&mut vm).is_empty(), "nothing said before a second");
+    cpu.now_us += 1_200_000;
+    assert_eq!(
+        exit(&mut vm, &mut cpu, &mut ctx, touch),
+        Outcome::WaitMemory
+    );
+    let said = lines(&mut vm).join("\n");
+    assert!(
+        said.contains("vCPU 0 waits for memory: the pool is at its min watermark"),
+        "{said}"
+    );
+    assert!(manage::input(&mut vm).waiting, "the manager sees the wait");
+    cpu.host
+        .frames
+        .free(hog.pop().unwrap(), 1, FrameUse::Allocated)
+        .unwrap();
+    cpu.now_us += 300_000;
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, touch), Outcome::Continue);
+    let said = lines(&mut vm).join("\n");
+    assert!(
+        said.contains("vCPU 0 got memory after waiting 1500 ms"),
+        "{said}"
+    );
+    assert!(!vm.managed.waiting());
+    assert_eq!((vm.managed.waits_begun, vm.managed.waits_long), (1, 1));
 }

@@ -18,7 +18,8 @@ use super::exit::{il32, load_result, FaultKind, VcpuExit};
 use super::fault::{BadAccessKind, OnBadAccess};
 use super::inject::GuestException;
 use super::irq;
-use super::memory::RamError;
+use super::manage;
+use super::memory::{HostMemory as _, RamError};
 use super::psci::{self, PsciOutcome};
 use super::ratelimit::LineKind;
 use super::state::Vm;
@@ -35,6 +36,9 @@ pub enum Outcome {
     Continue,
     /// The guest executed WFI: sleep until an interrupt could be for it.
     Idle,
+    /// No frame for a fault (the pool at its floor): wait a moment and
+    /// retry the access; only this vCPU waits.
+    WaitMemory,
     /// This vCPU turned itself off (PSCI CPU_OFF).
     VcpuOff,
     Stop(&'static str),
@@ -172,7 +176,7 @@ pub fn handle(
             vm.exits.faults += 1;
             let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
             if in_ram && fault == FaultKind::Translation {
-                return back_page(vm, cpu, ctx, ipa);
+                return back_page(vm, cpu, vcpu, ctx, ipa);
             }
             let kind = if instruction && !in_ram {
                 BadAccessKind::InstructionFetch
@@ -278,24 +282,46 @@ fn psci_outcome(outcome: PsciOutcome) -> Outcome {
     }
 }
 
-/// A translation fault on a RAM page given back (balloon, reported,
-/// hinted): back it again, zeroed or with the guest's poison value.
+/// A translation fault on a RAM page not backed (never touched, or given
+/// back: balloon, reported, hinted): back it, zeroed or with the guest's
+/// poison value. With no frame to be had (the pool at its floor), the
+/// vCPU waits and retries; the memory manager sees the wait as pressure.
 #[inline]
-fn back_page(vm: &mut Vm, cpu: &mut impl PhysCpu, ctx: &GuestContext, ipa: GuestAddr) -> Outcome {
+fn back_page(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ctx: &GuestContext,
+    ipa: GuestAddr,
+) -> Outcome {
     let fill = vm.balloon.as_ref().map_or(0, |b| b.device().page_fill());
     let Some(ram) = vm.ram.as_mut() else {
         return Outcome::Continue;
     };
     ram.set_page_fill(fill);
     let backed = ram.stats.faults_backed;
-    if let Err(RamError::OutOfMemory { .. }) = ram.translate_or_back(cpu.memory(), ipa) {
-        let why = "no free memory left to back its RAM";
-        vm.out.line(format_args!(
-            "tidal: [{}] stopping the VM: {why}: IPA {ipa:#x}, PC {:#x}",
-            vm.name, ctx.elr
-        ));
-        return Outcome::Stop(why);
+    match ram.translate_or_back(cpu.memory(), ipa) {
+        Ok(_) => {}
+        Err(RamError::OutOfMemory { .. }) => {
+            let (now, free) = (cpu.uptime_us(), cpu.memory().pool_free());
+            manage::frame_wait(vm, vcpu, now, free);
+            return Outcome::WaitMemory;
+        }
+        Err(e) => {
+            let why = "its RAM could not be mapped";
+            vm.out.line(format_args!(
+                "tidal: [{}] stopping the VM: {why}: IPA {ipa:#x}, PC {:#x}: {e}",
+                vm.name, ctx.elr
+            ));
+            return Outcome::Stop(why);
+        }
     }
+    if vm.managed.waits.get(vcpu).is_some_and(Option::is_some) {
+        manage::frame_served(vm, vcpu, cpu.uptime_us());
+    }
+    let Some(ram) = vm.ram.as_ref() else {
+        return Outcome::Continue;
+    };
     trace_event!(
         "fault-in vm{=usize} {=u64:#x} fresh={=bool} fill={=u32:#x}",
         vm.id,

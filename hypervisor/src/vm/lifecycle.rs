@@ -1,16 +1,19 @@
-//! A VM's lifecycle: start (RAM backed and mapped, kernel, initrd and
-//! device tree loaded, devices made, vCPU 0 handed to its CPU), the vCPUs
+//! A VM's lifecycle: start (its guaranteed memory held for it, RAM backed
+//! on first touch or all at once with prealloc, kernel, initrd and device
+//! tree loaded, devices made, vCPU 0 handed to its CPU), the vCPUs
 //! entering and leaving, and the stop that the last vCPU out finishes by
 //! giving every page back (and starting again after a guest's reset).
 
 use super::cpu::PhysCpu;
 use super::fdt::{self, layout, GuestBoard};
-use super::memory::GuestRam;
+use super::manage;
+use super::memory::{GuestRam, HostMemory as _};
 use super::state::{GuestGic, Power, Vm, VmState};
 use crate::addr::GuestAddr;
 use crate::balloon::Balloon;
 use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
 use crate::mm::frames::PAGE_SIZE;
+use crate::size::Size;
 use crate::vgic::intid::VTIMER_PPI;
 use crate::vgic::VDistributor;
 use crate::virtio::mmio::MmioTransport;
@@ -77,13 +80,36 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
         return Err("its vCPU count and CPU list disagree, or it asks for more than 4 vCPUs");
     }
     let vmid = vm.vmid();
-    let mut ram = GuestRam::new(cpu.memory(), vm.id, vmid, layout::RAM_BASE, spec.ram_size())
-        .map_err(|_| "no memory")?;
-    if let Err(e) = ram.populate(cpu.memory()) {
-        vm.out.line(format_args!("tidal: [{}] {e}", vm.name));
-        give_back(vm, cpu, ram);
-        return Err("not enough free memory for its RAM");
+    // Its guaranteed memory (all of it with prealloc, else its min) is held
+    // for it first, or it is not started: nothing else is disturbed.
+    let guaranteed = manage::guaranteed(vm, &vm.managed.limits);
+    if let Err(short) = cpu.memory().guarantee(vm.id, guaranteed) {
+        vm.out.line(format_args!(
+            "tidal: [{}] cannot guarantee its {} ({}): {} short, {} free beside the other VMs' guarantees and the pool's min reserve; stop a VM, lower its memory min, or turn prealloc off",
+            vm.name,
+            Size(guaranteed * PAGE_SIZE),
+            if spec.prealloc() { "prealloc = true" } else { "memory min" },
+            Size(short.needed.saturating_sub(short.available) * PAGE_SIZE),
+            Size(short.available * PAGE_SIZE)
+        ));
+        return Err("its guaranteed memory cannot be backed (see the line above)");
     }
+    let Ok(mut ram) = GuestRam::new(cpu.memory(), vm.id, vmid, layout::RAM_BASE, spec.ram_size())
+    else {
+        let _ = cpu.memory().guarantee(vm.id, 0);
+        return Err("no memory for its stage-2 tables");
+    };
+    // Backed on first touch, unless it asks for all of it now.
+    if spec.prealloc() {
+        if let Err(e) = ram.populate(cpu.memory()) {
+            vm.out.line(format_args!("tidal: [{}] {e}", vm.name));
+            give_back(vm, cpu, ram);
+            return Err("not enough free memory for its RAM");
+        }
+    }
+    vm.managed.waits = Default::default();
+    vm.managed.faults_seen = 0;
+    vm.managed.oom_deflated_seen = 0;
     vm.vgic = None;
     vm.listed = [[None; MAX_LRS]; MAX_VCPUS];
     vm.power = [Power::Off; MAX_VCPUS];
@@ -199,6 +225,8 @@ pub fn begin_stop(vm: &mut Vm, cpu: &mut impl PhysCpu, why: &'static str, restar
 /// refuses (a hypervisor bug) stay accounted to the VM and are reported.
 fn give_back(vm: &mut Vm, cpu: &mut impl PhysCpu, ram: GuestRam) -> u64 {
     let teardown = ram.destroy(cpu.memory());
+    // Dropping a guarantee always succeeds.
+    let _ = cpu.memory().guarantee(vm.id, 0);
     if let Some(e) = teardown.error {
         vm.out.line(format_args!(
             "tidal: [{}] {} frames could not be returned to the pool and stay accounted to it (a hypervisor bug; 'check' shows them): {e}",

@@ -16,7 +16,7 @@
 //! frames it owns.
 
 use crate::addr::{GuestAddr, GuestPfn, PhysAddr};
-use crate::mm::frames::{FrameError, PAGE_SIZE};
+use crate::mm::frames::{FrameError, Shortfall, PAGE_SIZE};
 use crate::mm::stage2::{Stage2, Stage2Error, TableMemory};
 use crate::trace::trace_event;
 
@@ -35,6 +35,11 @@ pub trait HostMemory: TableMemory {
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize>;
     /// Frames VM `vm` owns, per the frame table.
     fn frames_owned(&self, vm: usize) -> u64;
+    /// Free frames the pool can give (not held for a VM's guarantee).
+    fn pool_free(&self) -> u64;
+    /// Guarantee VM `vm` `pages` frames (0: none); refused, naming the
+    /// shortfall, if the pool cannot hold them for it.
+    fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

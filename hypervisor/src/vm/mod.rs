@@ -42,6 +42,7 @@ pub mod fdt;
 pub mod handle;
 pub mod irq;
 pub mod lifecycle;
+pub mod manage;
 pub mod memory;
 pub mod outbox;
 pub mod psci;

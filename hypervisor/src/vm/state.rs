@@ -14,6 +14,8 @@ use super::ratelimit::{GuestLines, Lines};
 use crate::addr::PhysAddr;
 use crate::balloon::Balloon;
 use crate::limits::{MAX_LRS, MAX_VCPUS};
+use crate::mm::frames::PAGE_SIZE;
+use crate::mm::manager::{Limits, DEFAULT_WEIGHT};
 use crate::pl011::Pl011;
 use crate::vgic::VDistributor;
 use crate::virtio::mmio::MmioTransport;
@@ -88,6 +90,65 @@ pub struct ExitStats {
     pub total: u64,
 }
 
+/// A vCPU waiting for a frame: since when, and whether the console was told.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameWait {
+    pub since_us: u64,
+    pub announced: bool,
+}
+
+/// What the manager keeps on each VM between ticks, and its waits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Managed {
+    /// Limits in pages (from the configuration; `set` changes them).
+    pub limits: Limits,
+    /// `balloon <vm> <size>` from the shell: the manager leaves this VM's
+    /// balloon alone until `balloon <vm> auto`.
+    pub manual: bool,
+    /// Stage-2 fault-ins and deflate-on-OOM pages at the last tick.
+    pub faults_seen: u64,
+    pub oom_deflated_seen: u64,
+    /// Per vCPU: the wait for a frame in progress.
+    pub waits: [Option<FrameWait>; MAX_VCPUS],
+    /// Waits that began, and those that lasted past a second (`vm::manage`).
+    pub waits_begun: u64,
+    pub waits_long: u64,
+}
+
+impl Managed {
+    /// From the configuration's limits (bytes) for a VM of `size` bytes.
+    pub fn from_config(size: u64, min: u64, low: u64, max: u64, weight: u32) -> Self {
+        let pages = |b: u64| b / PAGE_SIZE;
+        let max = if max == 0 { size } else { max };
+        let weight = if weight == 0 { DEFAULT_WEIGHT } else { weight };
+        Self {
+            limits: Limits {
+                min: pages(min),
+                low: pages(low.max(min)),
+                max: pages(max),
+                weight,
+            },
+            ..Self::default()
+        }
+    }
+
+    /// Whether a vCPU waits for a frame now.
+    pub fn waiting(&self) -> bool {
+        self.waits.iter().any(Option::is_some)
+    }
+}
+
+/// Who set a balloon target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetBy {
+    /// `balloon <vm> <size>`: the console says when it is reached, and
+    /// what it cost.
+    Shell,
+    /// The memory manager, every tick it changes its mind: counted by
+    /// `mm`, no console line.
+    Manager,
+}
+
 /// One move of the balloon to a new target, measured for `info balloon`
 /// and the benchmark.
 #[derive(Clone, Copy, Debug)]
@@ -102,6 +163,8 @@ pub struct BalloonChange {
     /// register accesses and faults backing RAM, world switch included.
     pub instructions: u64,
     pub exits: u64,
+    /// The shell or the memory manager.
+    pub by: SetBy,
 }
 
 impl BalloonChange {
@@ -161,6 +224,8 @@ pub struct Vm {
     pub focused: bool,
     /// Console text produced under the VM's lock, printed once it is released.
     pub out: Outbox,
+    /// Its limits and what the memory manager keeps on it (`vm::manage`).
+    pub managed: Managed,
 }
 
 impl Vm {
@@ -207,6 +272,13 @@ impl Vm {
             lines: GuestLines::new(),
             focused: false,
             out: Outbox::new(),
+            managed: Managed::from_config(
+                spec.ram_size(),
+                spec.mem_min(),
+                spec.mem_low(),
+                spec.mem_max(),
+                spec.weight(),
+            ),
         }
     }
 

@@ -12,7 +12,7 @@ use platform::PhysRange;
 
 use super::memory::HostMemory;
 use crate::addr::PhysAddr;
-use crate::mm::frames::{FrameError, FrameTable, FrameUse, PAGE_SIZE};
+use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
 
 /// Physical address of the fake RAM.
@@ -120,6 +120,12 @@ impl HostMemory for FakeHost {
     }
     fn frames_owned(&self, vm: usize) -> u64 {
         self.frames.guest_pages(vm)
+    }
+    fn pool_free(&self) -> u64 {
+        self.frames.unreserved_free()
+    }
+    fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
+        self.frames.guarantee(vm, pages)
     }
 }
 

@@ -221,6 +221,7 @@ impl Guest {
             fault_ins: self.fault_ins,
             deflate_on_oom: self.oom_deflated,
             driver: true,
+            waiting: false,
         };
         self.fault_ins = 0;
         self.oom_deflated = 0;

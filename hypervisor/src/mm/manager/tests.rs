@@ -26,6 +26,7 @@ fn vm(target: Pages, actual: Pages) -> VmInput {
         fault_ins: 0,
         deflate_on_oom: 0,
         driver: true,
+        waiting: false,
     }
 }
 

@@ -1,0 +1,463 @@
+//! A VM as the memory manager ([`crate::mm::manager`]) sees and changes
+//! it: the [`VmInput`] read from its RAM and balloon each tick, the
+//! balloon targets the manager sets, the limits the shell changes, and the
+//! vCPUs that wait for a frame when the pool is at its floor. The manager
+//! itself, its lock and its tick are the target's (`crate::run`).
+//!
+//! A VM the manager must leave alone (stopped, without a balloon, or
+//! ballooned by hand from the shell) gives an empty input: size 0, so no
+//! decision can touch it.
+
+use core::fmt;
+
+use super::balloon_ctl;
+use super::cpu::PhysCpu;
+use super::memory::HostMemory as _;
+pub use super::state::{FrameWait, Managed};
+use super::state::{Vm, VmState};
+use crate::balloon::stats::StatsSample;
+use crate::mm::frames::PAGE_SIZE;
+use crate::mm::manager::{GuestStats, Limits, ManagerStats, Pages, VmInput, VmStats, Watermarks};
+use crate::virtio::mmio::STATUS_DRIVER_OK;
+
+/// How long a vCPU waits for a frame before the console says so.
+pub const WAIT_ANNOUNCE_US: u64 = 1_000_000;
+
+/// Whether the manager may move VM `vm`'s balloon.
+pub fn is_managed(vm: &Vm) -> bool {
+    vm.state == VmState::Running && !vm.managed.manual && vm.ram.is_some() && vm.balloon.is_some()
+}
+
+/// The guest's statistics as the manager reads them.
+fn guest_stats(sample: &StatsSample) -> GuestStats {
+    let v = |tag: usize| sample.values[tag];
+    GuestStats {
+        free: v(4),
+        available: v(6),
+        caches: v(7),
+        major_faults: v(2),
+        oom_kills: v(10),
+        alloc_stalls: v(11),
+    }
+}
+
+/// This tick's input for VM `vm` (empty if the manager leaves it alone);
+/// the fault-in and deflate-on-OOM counts are since the previous call.
+pub fn input(vm: &mut Vm) -> VmInput {
+    let managed = is_managed(vm);
+    let (Some(ram), Some(balloon)) = (vm.ram.as_ref(), vm.balloon.as_ref()) else {
+        return VmInput::default();
+    };
+    let faults = ram.stats.faults_backed;
+    let deflated = balloon.device().stats().pages_deflated_on_oom;
+    let fault_ins = faults.saturating_sub(vm.managed.faults_seen);
+    let deflate_on_oom = deflated.saturating_sub(vm.managed.oom_deflated_seen);
+    vm.managed.faults_seen = faults;
+    vm.managed.oom_deflated_seen = deflated;
+    if !managed {
+        return VmInput::default();
+    }
+    let device = balloon.device();
+    VmInput {
+        size: ram.pages(),
+        backed: ram.mapped_pages(),
+        target: u64::from(device.target()),
+        actual: u64::from(device.actual()),
+        limits: vm.managed.limits,
+        stats: device.stats_sample().map(guest_stats),
+        fault_ins,
+        deflate_on_oom,
+        driver: balloon.status() & STATUS_DRIVER_OK != 0 && !balloon.needs_reset(),
+        waiting: vm.managed.waiting(),
+    }
+}
+
+/// Set the balloon target the manager decided (quietly: the console gets
+/// no line per move; `mm` counts them).
+pub fn apply(vm: &mut Vm, cpu: &mut impl PhysCpu, target: Pages) {
+    if is_managed(vm) {
+        let _ = balloon_ctl::set_target_by(vm, cpu, target, balloon_ctl::SetBy::Manager);
+    }
+}
+
+/// A limit the shell's `set <vm> <limit> <value>` changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitField {
+    Min,
+    Low,
+    Max,
+    Weight,
+}
+
+impl LimitField {
+    pub fn parse(word: &str) -> Option<Self> {
+        match word {
+            "min" => Some(Self::Min),
+            "low" => Some(Self::Low),
+            "max" => Some(Self::Max),
+            "weight" => Some(Self::Weight),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Min => "min",
+            Self::Low => "low",
+            Self::Max => "max",
+            Self::Weight => "weight",
+        }
+    }
+}
+
+/// Why `set` refused a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitError {
+    /// A size that is not a multiple of 4 KiB.
+    NotPages,
+    /// The limits would contradict each other or the VM's size.
+    Config(crate::mm::manager::ConfigError),
+    /// Raising `min` needs frames the pool does not have free.
+    CannotGuarantee { needed: Pages, available: Pages },
+}
+
+impl fmt::Display for LimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotPages => f.write_str("a size must be a multiple of 4K (e.g. 768M)"),
+            Self::Config(e) => write!(f, "{e}"),
+            Self::CannotGuarantee { needed, available } => write!(
+                f,
+                "the pool cannot guarantee {} more ({} free beside the other guarantees and the pool's min reserve)",
+                crate::size::Size(needed * PAGE_SIZE),
+                crate::size::Size(available * PAGE_SIZE)
+            ),
+        }
+    }
+}
+
+/// The limits `vm` would have with `field` set to `value` (bytes, or the
+/// weight), checked against each other and its size.
+pub fn with_limit(vm: &Vm, field: LimitField, value: u64) -> Result<Limits, LimitError> {
+    let mut l = vm.managed.limits;
+    let pages = || {
+        if !value.is_multiple_of(PAGE_SIZE) {
+            Err(LimitError::NotPages)
+        } else {
+            Ok(value / PAGE_SIZE)
+        }
+    };
+    match field {
+        LimitField::Min => l.min = pages()?,
+        LimitField::Low => l.low = pages()?,
+        LimitField::Max => l.max = pages()?,
+        LimitField::Weight => l.weight = u32::try_from(value).unwrap_or(u32::MAX),
+    }
+    l.validate(vm.ram_size / PAGE_SIZE)
+        .map_err(LimitError::Config)?;
+    Ok(l)
+}
+
+/// Pages VM `vm` is guaranteed with limits `l`: all of its RAM with
+/// prealloc, else its `min`.
+pub fn guaranteed(vm: &Vm, l: &Limits) -> Pages {
+    if vm.spec.prealloc() {
+        vm.ram_size / PAGE_SIZE
+    } else {
+        l.min
+    }
+}
+
+/// vCPU `vcpu` found no frame for a fault (the pool at its floor): it
+/// waits, retrying the access; after [`WAIT_ANNOUNCE_US`] the console says
+/// which VM and why, once per wait.
+pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
+    let Some(slot) = vm.managed.waits.get_mut(vcpu) else {
+        return;
+    };
+    let wait = slot.get_or_insert_with(|| {
+        vm.managed.waits_begun += 1;
+        FrameWait {
+            since_us: now_us,
+            announced: false,
+        }
+    });
+    if !wait.announced && now_us.saturating_sub(wait.since_us) >= WAIT_ANNOUNCE_US {
+        wait.announced = true;
+        vm.managed.waits_long += 1;
+        vm.out.line(format_args!(
+            "tidal: [{}] vCPU {vcpu} waits for memory: the pool is at its min watermark ({} free) and no VM has given any back yet; the memory manager is reclaiming ('mm' shows it)",
+            vm.name,
+            crate::size::Size(pool_free * PAGE_SIZE)
+        ));
+    }
+}
+
+/// vCPU `vcpu`'s fault was served: its wait, if any, is over.
+#[inline]
+pub fn frame_served(vm: &mut Vm, vcpu: usize, now_us: u64) {
+    let Some(wait) = vm.managed.waits.get_mut(vcpu).and_then(Option::take) else {
+        return;
+    };
+    if wait.announced {
+        vm.out.line(format_args!(
+            "tidal: [{}] vCPU {vcpu} got memory after waiting {} ms",
+            vm.name,
+            now_us.saturating_sub(wait.since_us) / 1000
+        ));
+    }
+}
+
+/// How long VM `vm`'s longest current wait for a frame has lasted.
+pub fn longest_wait_us(vm: &Vm, now_us: u64) -> Option<u64> {
+    vm.managed
+        .waits
+        .iter()
+        .flatten()
+        .map(|w| now_us.saturating_sub(w.since_us))
+        .max()
+}
+
+// ----------------------------------------------------------------- the shell
+
+/// The board's side of `mm`, `mem` and `vms`, in pages unless named.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolView {
+    /// RAM of the board, bytes.
+    pub physical_bytes: u64,
+    /// Pages the frame table manages, and those free.
+    pub total: Pages,
+    pub free: Pages,
+    /// Free pages held for guarantees.
+    pub reserved: Pages,
+    /// RAM of every VM of the bundle, and of the running ones.
+    pub committed: Pages,
+    pub committed_running: Pages,
+    /// Guest pages backed by frames now.
+    pub backed: Pages,
+    pub watermarks: Watermarks,
+    pub stop_lowest: bool,
+    /// VMs the manager stopped because the pool was exhausted.
+    pub exhausted_stops: u64,
+}
+
+/// One VM's line of `mm`, in pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmRow {
+    pub state: &'static str,
+    pub size: Pages,
+    pub backed: Pages,
+    /// Balloon actual and target (0 without a balloon).
+    pub balloon: Pages,
+    pub target: Pages,
+    /// Pages the guest gave back by free page reporting and hinting.
+    pub returned: Pages,
+    pub limits: Limits,
+    pub manual: bool,
+    pub has_balloon: bool,
+    pub waits: u64,
+    pub stats: VmStats,
+}
+
+/// VM `vm`'s row, with the manager's counters for it.
+pub fn row(vm: &Vm, stats: VmStats) -> VmRow {
+    let device = vm.balloon.as_ref().map(|b| b.device());
+    let counters = device.map(|d| *d.stats()).or(vm.last_balloon_stats);
+    VmRow {
+        state: vm.state.label(),
+        size: vm.ram_size / PAGE_SIZE,
+        backed: vm.ram.as_ref().map_or(0, |r| r.mapped_pages()),
+        balloon: device.map_or(0, |d| u64::from(d.actual())),
+        target: device.map_or(0, |d| u64::from(d.target())),
+        returned: counters.map_or(0, |c| c.pages_reported + c.pages_hinted),
+        limits: vm.managed.limits,
+        manual: vm.managed.manual,
+        has_balloon: vm.spec.has_balloon(),
+        waits: vm.managed.waits_begun,
+        stats,
+    }
+}
+
+/// Pages as whole MiB (rounded down), for tables.
+fn mib(pages: Pages) -> u64 {
+    (pages * PAGE_SIZE) >> 20
+}
+
+fn size(pages: Pages) -> crate::size::Size {
+    crate::size::Size(pages * PAGE_SIZE)
+}
+
+/// What the manager does with a VM's balloon, in a word or two.
+fn mode(r: &VmRow) -> &'static str {
+    match (
+        r.has_balloon,
+        r.manual,
+        r.stats.congested,
+        r.stats.under_pressure,
+    ) {
+        (false, ..) => "no balloon",
+        (true, true, ..) => "manual",
+        (true, false, true, _) => "congested",
+        (true, false, false, true) => "pressure",
+        (true, false, false, false) => "managed",
+    }
+}
+
+/// The board line shared by `mm` and `mem`.
+pub fn write_pool(out: &mut impl fmt::Write, pool: &PoolView) -> fmt::Result {
+    let w = pool.watermarks;
+    writeln!(
+        out,
+        "pool: {} physical, {} committed to VMs ({} running), {} backed, {} free ({} held for guarantees); watermarks min {}, low {}, high {}",
+        crate::size::Size(pool.physical_bytes),
+        size(pool.committed),
+        size(pool.committed_running),
+        size(pool.backed),
+        size(pool.free),
+        size(pool.reserved),
+        size(w.min),
+        size(w.low),
+        size(w.high)
+    )
+}
+
+/// The `mm` command.
+pub fn write_mm(
+    out: &mut impl fmt::Write,
+    pool: &PoolView,
+    stats: &ManagerStats,
+    rows: &[(&str, VmRow)],
+) -> fmt::Result {
+    write_pool(out, pool)?;
+    writeln!(
+        out,
+        "manager: {} ticks; {} targets set; {} reclaimed, {} given, {} trimmed; {} bail-outs; {} congestion marks ({} VMs skipped); when exhausted: {} ({} VMs stopped)",
+        stats.ticks,
+        stats.targets_set,
+        size(stats.pages_reclaimed),
+        size(stats.pages_given),
+        size(stats.pages_trimmed),
+        stats.bailouts,
+        stats.congested_marks,
+        stats.congested_skips,
+        if pool.stop_lowest { "stop the lowest-weight VM" } else { "the faulting vCPU waits" },
+        pool.exhausted_stops
+    )?;
+    writeln!(
+        out,
+        "{:<12} {:<8} {:>6} {:>6} {:>7} {:>8} {:>5} {:>5} {:>6} {:>6} {:>9} {:>6} {:>5}  balloon",
+        "(MiB)",
+        "state",
+        "size",
+        "backed",
+        "balloon",
+        "returned",
+        "min",
+        "low",
+        "max",
+        "weight",
+        "reclaimed",
+        "given",
+        "waits"
+    )?;
+    for (name, r) in rows {
+        writeln!(
+            out,
+            "{:<12} {:<8} {:>6} {:>6} {:>7} {:>8} {:>5} {:>5} {:>6} {:>6} {:>9} {:>6} {:>5}  {}",
+            name,
+            r.state,
+            mib(r.size),
+            mib(r.backed),
+            mib(r.balloon),
+            mib(r.returned),
+            mib(r.limits.min),
+            mib(r.limits.low),
+            mib(r.limits.max),
+            r.limits.weight,
+            mib(r.stats.pages_reclaimed),
+            mib(r.stats.pages_given),
+            r.waits,
+            mode(r)
+        )?;
+    }
+    Ok(())
+}
+
+/// `mm raw`: the same in pages, one `key=value` line per item, for scripts
+/// and the policy benchmark.
+pub fn write_mm_raw(
+    out: &mut impl fmt::Write,
+    pool: &PoolView,
+    rows: &[(&str, VmRow)],
+) -> fmt::Result {
+    let w = pool.watermarks;
+    let waits: u64 = rows.iter().map(|(_, r)| r.waits).sum();
+    writeln!(
+        out,
+        "mm-pool total={} free={} reserved={} committed={} backed={} min={} low={} high={} waits={} stopped={}",
+        pool.total, pool.free, pool.reserved, pool.committed, pool.backed, w.min, w.low, w.high, waits, pool.exhausted_stops
+    )?;
+    for (name, r) in rows {
+        writeln!(
+            out,
+            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={}",
+            r.state,
+            r.size,
+            r.backed,
+            r.balloon,
+            r.target,
+            r.returned,
+            r.limits.min,
+            r.limits.low,
+            r.limits.max,
+            r.limits.weight,
+            u8::from(r.stats.congested),
+            u8::from(r.stats.under_pressure),
+            r.stats.pages_reclaimed,
+            r.stats.pages_given,
+            u8::from(r.manual),
+            r.waits
+        )?;
+    }
+    writeln!(out, "mm-end")
+}
+
+/// The memory line `vms` prints under a VM's row.
+pub fn write_vm_memory(out: &mut impl fmt::Write, name: &str, r: &VmRow) -> fmt::Result {
+    let l = r.limits;
+    writeln!(
+        out,
+        "  {name}: memory {}: {} backed, {} ballooned, {} returned by reporting/hinting; min {}, low {}, max {}, weight {}; balloon {}",
+        size(r.size),
+        size(r.backed),
+        size(r.balloon),
+        size(r.returned),
+        size(l.min),
+        size(l.low),
+        size(l.max),
+        l.weight,
+        mode(r)
+    )
+}
+
+/// `set <vm> <field> <value>`: change a VM's limit. Raising `min` of a
+/// running VM holds the frames for it first (refused if the pool cannot);
+/// the manager applies the rest at its next tick.
+pub fn set_limit(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    field: LimitField,
+    value: u64,
+) -> Result<Limits, LimitError> {
+    let limits = with_limit(vm, field, value)?;
+    if vm.ram.is_some() {
+        cpu.memory()
+            .guarantee(vm.id, guaranteed(vm, &limits))
+            .map_err(|s| LimitError::CannotGuarantee {
+                needed: s.needed,
+                available: s.available,
+            })?;
+    }
+    vm.managed.limits = limits;
+    Ok(limits)
+}
