@@ -4,7 +4,7 @@
 //! the writer: the rebuilt bundle parses to the same VMs.
 #![no_main]
 
-use guest_bundle::{parse, parse_untrusted, BundleBuilder, VmSpec};
+use guest_bundle::{parse, parse_untrusted, BundleBuilder, PoolSpec, VmMemory, VmSpec};
 use libfuzzer_sys::fuzz_target;
 
 fn inside(outer: &[u8], inner: &[u8]) -> bool {
@@ -25,6 +25,18 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(bundle.vms().count(), bundle.vm_count());
     let mut names = Vec::new();
     let mut builder = BundleBuilder::new();
+    let stop_lowest = bundle.stop_lowest_when_exhausted();
+    if bundle.pool_watermarks().is_some() || stop_lowest {
+        let (min, low, high) = bundle.pool_watermarks().unwrap_or((0, 0, 0));
+        builder
+            .pool(PoolSpec {
+                min,
+                low,
+                high,
+                stop_lowest,
+            })
+            .expect("the writer takes the pool the reader accepted");
+    }
     for (i, vm) in bundle.vms().enumerate() {
         assert_eq!(vm.index(), i);
         assert!(
@@ -43,19 +55,29 @@ fuzz_target!(|data: &[u8]| {
         }
         assert_eq!(bundle.find(vm.name()).map(|v| v.index()), Some(i));
         assert_eq!(bundle.vm(i).map(|v| v.name()), Some(vm.name()));
+        let memory = VmMemory {
+            min: vm.mem_min(),
+            low: vm.mem_low(),
+            max: vm.mem_max(),
+            weight: vm.weight(),
+            prealloc: vm.prealloc(),
+        };
         builder
-            .add_vm(VmSpec {
-                name: vm.name().to_string(),
-                ram_size: vm.ram_size(),
-                vcpus: vm.vcpus(),
-                cpu_affinity: vm.cpu_affinity(),
-                kernel: vm.kernel().to_vec(),
-                initrd: vm.initrd().map(<[u8]>::to_vec),
-                cmdline: vm.cmdline().map(str::to_string),
-                balloon_features: vm.balloon_features(),
-                devices: vm.devices(),
-                on_bad_access: vm.on_bad_access(),
-            })
+            .add_vm_with_memory(
+                VmSpec {
+                    name: vm.name().to_string(),
+                    ram_size: vm.ram_size(),
+                    vcpus: vm.vcpus(),
+                    cpu_affinity: vm.cpu_affinity(),
+                    kernel: vm.kernel().to_vec(),
+                    initrd: vm.initrd().map(<[u8]>::to_vec),
+                    cmdline: vm.cmdline().map(str::to_string),
+                    balloon_features: vm.balloon_features(),
+                    devices: vm.devices(),
+                    on_bad_access: vm.on_bad_access(),
+                },
+                memory,
+            )
             .expect("the writer takes what the reader accepted");
     }
     assert!(bundle.vm(bundle.vm_count()).is_none());
@@ -73,7 +95,14 @@ fuzz_target!(|data: &[u8]| {
                 a.initrd(),
                 a.cmdline(),
                 a.balloon_features(),
-                a.devices()
+                a.devices(),
+                (
+                    a.mem_min(),
+                    a.mem_low(),
+                    a.mem_max(),
+                    a.weight(),
+                    a.prealloc()
+                )
             ),
             (
                 b.name(),
@@ -84,8 +113,17 @@ fuzz_target!(|data: &[u8]| {
                 b.initrd(),
                 b.cmdline(),
                 b.balloon_features(),
-                b.devices()
+                b.devices(),
+                (
+                    b.mem_min(),
+                    b.mem_low(),
+                    b.mem_max(),
+                    b.weight(),
+                    b.prealloc()
+                )
             )
         );
     }
+    assert_eq!(again.pool_watermarks(), bundle.pool_watermarks());
+    assert_eq!(again.stop_lowest_when_exhausted(), stop_lowest);
 });

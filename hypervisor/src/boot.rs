@@ -6,6 +6,8 @@
 //! account for every page of RAM in the frame table, give the heap its
 //! frames, validate the guest bundle, then start the other CPUs and the shell.
 
+extern crate alloc;
+
 use core::fmt::Write;
 
 use platform::uart::ConsoleUart;
@@ -525,12 +527,16 @@ fn run(cmd: Command, board: &BoardInfo) {
             let rows = vm::mm_rows();
             let rows: heapless::Vec<(&str, _), { crate::limits::MAX_GUESTS }> =
                 rows.iter().map(|(n, r)| (n.as_str(), *r)).collect();
+            // Formatted first and printed in one piece: a guest's line
+            // printed meanwhile cannot land inside one of ours.
+            let mut text = alloc::string::String::new();
             let _ = if raw {
-                manage::write_mm_raw(&mut Console, &pool, &rows)
+                manage::write_mm_raw(&mut text, &pool, &rows)
             } else {
                 let stats = vm::with_manager(|mm| mm.manager.stats()).unwrap_or_default();
-                manage::write_mm(&mut Console, &pool, &stats, &rows)
+                manage::write_mm(&mut text, &pool, &stats, &rows)
             };
+            print!("{text}");
         }
         Command::SetLimit {
             vm: name,

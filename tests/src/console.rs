@@ -217,3 +217,193 @@ mod number_tests {
         assert_eq!(super::key_value(&lines, "MemFree:"), None);
     }
 }
+
+/// The pool line of `mm raw` (every figure in 4 KiB pages but `waits`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MmPool {
+    /// Pages the frame table manages.
+    pub total: u64,
+    pub free: u64,
+    /// All VMs' RAM sizes together: above `total` when overcommitted.
+    pub committed: u64,
+    pub backed: u64,
+    /// The watermarks.
+    pub min: u64,
+    pub low: u64,
+    pub high: u64,
+    pub waits: u64,
+}
+
+/// One `mm-vm` line of `mm raw` (sizes in 4 KiB pages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MmVm {
+    pub name: String,
+    /// `running`, `stopped`, `stopping` or `failed`.
+    pub state: String,
+    pub size: u64,
+    pub backed: u64,
+    pub balloon: u64,
+    pub target: u64,
+    pub returned: u64,
+    pub min: u64,
+    pub low: u64,
+    pub max: u64,
+    pub weight: u64,
+    pub congested: bool,
+    pub pressure: bool,
+    /// Pages the manager has asked back from this VM, ever.
+    pub reclaimed: u64,
+    /// Pages the manager has given this VM, ever.
+    pub given: u64,
+}
+
+/// The output of the shell's `mm raw`: the pool, then one line per VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MmReport {
+    pub pool: MmPool,
+    pub vms: Vec<MmVm>,
+}
+
+impl MmReport {
+    /// The VM named `name`.
+    pub fn vm(&self, name: &str) -> Option<&MmVm> {
+        self.vms.iter().find(|v| v.name == name)
+    }
+}
+
+/// Parses the output of `mm raw`: `mm-pool key=value ...`, one
+/// `mm-vm key=value ...` per VM, then `mm-end`. Other lines (VMs' console
+/// lines interleaved with the shell's) are skipped, and so are keys this
+/// parser does not know; a missing key or a missing `mm-end` is an error.
+pub fn parse_mm_raw(text: &str) -> Result<MmReport, String> {
+    let mut pool = None;
+    let mut vms = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_end_matches('\r');
+        let line = line.strip_prefix(PROMPT).unwrap_or(line);
+        let mut words = line.split_whitespace();
+        let kind = words.next();
+        if !matches!(kind, Some("mm-pool" | "mm-vm" | "mm-end")) {
+            continue;
+        }
+        let fields: Vec<(&str, &str)> = words.filter_map(|w| w.split_once('=')).collect();
+        let text = |key: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| *v)
+                .ok_or_else(|| format!("no {key}= in `{line}`"))
+        };
+        let num = |key: &str| {
+            text(key)?
+                .parse::<u64>()
+                .map_err(|e| format!("{key}= in `{line}`: {e}"))
+        };
+        let flag = |key: &str| match text(key)? {
+            "0" => Ok(false),
+            "1" => Ok(true),
+            other => Err(format!("{key}={other} in `{line}`: not 0 or 1")),
+        };
+        match kind {
+            Some("mm-pool") => {
+                pool = Some(MmPool {
+                    total: num("total")?,
+                    free: num("free")?,
+                    committed: num("committed")?,
+                    backed: num("backed")?,
+                    min: num("min")?,
+                    low: num("low")?,
+                    high: num("high")?,
+                    waits: num("waits")?,
+                })
+            }
+            Some("mm-vm") => vms.push(MmVm {
+                name: text("name")?.to_string(),
+                state: text("state")?.to_string(),
+                size: num("size")?,
+                backed: num("backed")?,
+                balloon: num("balloon")?,
+                target: num("target")?,
+                returned: num("returned")?,
+                min: num("min")?,
+                low: num("low")?,
+                max: num("max")?,
+                weight: num("weight")?,
+                congested: flag("congested")?,
+                pressure: flag("pressure")?,
+                reclaimed: num("reclaimed")?,
+                given: num("given")?,
+            }),
+            _ => {
+                let pool = pool.ok_or("`mm-end` without an `mm-pool` line")?;
+                return Ok(MmReport { pool, vms });
+            }
+        }
+    }
+    Err(if pool.is_some() {
+        "no `mm-end` line: the output is cut short".into()
+    } else {
+        "no `mm-pool` line: is this the output of `mm raw`?".into()
+    })
+}
+
+#[cfg(test)]
+mod mm_tests {
+    use super::*;
+
+    const RAW: &str = "mm raw\r\n\
+        mm-pool total=470000 free=120000 committed=819200 backed=340000 min=2048 low=8192 high=16384 waits=3\r\n\
+        mm-vm name=vma state=running size=262144 backed=200000 balloon=1000 target=1200 returned=50 min=16384 low=16384 max=262144 weight=100 congested=0 pressure=1 reclaimed=4096 given=512\r\n\
+        [vmb] progress 3 12.50\r\n\
+        mm-vm name=beta state=stopped size=32768 backed=0 balloon=0 target=0 returned=0 min=0 low=0 max=32768 weight=100 congested=1 pressure=0 reclaimed=0 given=0 future=7\r\n\
+        mm-end\r\n";
+
+    #[test]
+    fn mm_raw_report() {
+        let r = parse_mm_raw(RAW).unwrap();
+        assert_eq!(
+            r.pool,
+            MmPool {
+                total: 470000,
+                free: 120000,
+                committed: 819200,
+                backed: 340000,
+                min: 2048,
+                low: 8192,
+                high: 16384,
+                waits: 3
+            }
+        );
+        assert_eq!(r.vms.len(), 2);
+        let a = r.vm("vma").unwrap();
+        assert_eq!(
+            (a.state.as_str(), a.size, a.backed),
+            ("running", 262144, 200000)
+        );
+        assert_eq!((a.balloon, a.target, a.returned), (1000, 1200, 50));
+        assert_eq!((a.min, a.low, a.max, a.weight), (16384, 16384, 262144, 100));
+        assert!(!a.congested && a.pressure);
+        assert_eq!((a.reclaimed, a.given), (4096, 512));
+        let beta = r.vm("beta").unwrap();
+        assert_eq!(beta.state, "stopped");
+        assert!(beta.congested);
+        assert!(r.vm("vmb").is_none(), "console lines are not VMs");
+    }
+
+    #[test]
+    fn mm_raw_errors() {
+        let cut = RAW.replace("mm-end", "");
+        assert!(parse_mm_raw(&cut).unwrap_err().contains("mm-end"));
+        assert!(parse_mm_raw("unknown command 'mm'\r\n")
+            .unwrap_err()
+            .contains("mm-pool"));
+        let missing = RAW.replace(" given=512", "");
+        assert!(parse_mm_raw(&missing).unwrap_err().contains("no given="));
+        let bad = RAW.replace("pressure=1", "pressure=yes");
+        assert!(parse_mm_raw(&bad).unwrap_err().contains("pressure=yes"));
+        let not_number = RAW.replace("free=120000", "free=lots");
+        assert!(parse_mm_raw(&not_number).unwrap_err().contains("free="));
+        let after_prompt = RAW.replace("mm-end", "tidal> mm-end");
+        assert!(parse_mm_raw(&after_prompt).is_ok());
+    }
+}

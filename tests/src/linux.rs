@@ -256,3 +256,368 @@ mod tests {
         progress_loop("echo 'x'", 1);
     }
 }
+
+use std::time::Instant;
+
+/// How many processes the kernel of `vm` killed for lack of memory, from
+/// its console lines in `output`: lines with `Killed process` (the OOM
+/// killer's `Out of memory: Killed process <pid> (<name>) ...`, at error
+/// level, so shown under `quiet`) or, if more, `oom-kill:` summary lines
+/// (info level, one per kill).
+pub fn oom_kills(output: &str, vm: &str) -> usize {
+    let prefix = format!("[{vm}] ");
+    let (mut killed, mut summaries) = (0, 0);
+    for line in output.lines() {
+        let line = line.strip_prefix(crate::PROMPT).unwrap_or(line);
+        let Some(text) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        killed += usize::from(text.contains("Killed process"));
+        summaries += usize::from(text.contains("oom-kill:"));
+    }
+    killed.max(summaries)
+}
+
+/// Runs the shell's `mm raw` and parses it ([`crate::console::parse_mm_raw`]).
+pub fn mm_raw(
+    s: &mut Session,
+    timeout: Duration,
+) -> Result<crate::console::MmReport, HarnessError> {
+    let out = s.run("mm raw", timeout)?;
+    crate::console::parse_mm_raw(&out).map_err(|e| s.unexpected(format!("`mm raw`: {e}:\n{out}")))
+}
+
+/// A shell command for the agent that starts a silent background loop
+/// making memory come and go: write `mib` MiB of zeros to
+/// `/tmp/s<tag>` (tmpfs, so shmem pages, not reclaimable cache) and delete
+/// it, until `/tmp/q<tag>` exists or after `iterations`, counting finished
+/// iterations in `/tmp/n<tag>`. It prints nothing, so requests typed in
+/// pieces to the same VM are not cut by its output; the agent's request
+/// returns at once (see [`progress_loop`]). Stop it with [`churn_stop`].
+pub fn churn_loop(tag: u32, mib: u64, iterations: u32) -> String {
+    format!(
+        "sh -c 'n=0;while [ ! -e /tmp/q{tag} -a $n -lt {iterations} ];do \
+         dd if=/dev/zero of=/tmp/s{tag} bs=1M count={mib} 2>/dev/null;rm -f /tmp/s{tag};\
+         n=$((n+1));echo $n >/tmp/n{tag};done' </dev/null >/dev/null 2>&1 &"
+    )
+}
+
+/// The agent command that stops [`churn_loop`] `tag` after its current
+/// iteration and prints how many iterations it has finished (nothing if
+/// none).
+pub fn churn_stop(tag: u32) -> String {
+    format!("touch /tmp/q{tag};cat /tmp/n{tag} 2>/dev/null")
+}
+
+/// One phase of a memory demand scenario ([`hog_phase`]): `tidal-mem hog`
+/// in one VM while [`churn_loop`]s run in others, with the hypervisor's
+/// `mm raw` sampled all along.
+#[derive(Debug, Clone)]
+pub struct HogPhase<'a> {
+    /// The VM that runs `tidal-mem hog <hog_mib> <hold_s>`.
+    pub vm: &'a str,
+    /// The VMs that churn meanwhile (their agents must be idle).
+    pub churn_vms: &'a [&'a str],
+    pub hog_mib: u64,
+    /// How long the hog holds its memory once touched.
+    pub hold_s: u64,
+    /// MiB each churn iteration writes and deletes.
+    pub churn_mib: u64,
+    /// The phase's agent request ids are `id` (churn start), `id + 1` (the
+    /// hog) and `id + 2` (churn stop); also the churn loops' tag.
+    pub id: u32,
+    pub sample_every: Duration,
+    /// From sending the hog's request until its `done` line, at most.
+    pub timeout: Duration,
+    /// How long sampling goes on after the hog ended, while its memory
+    /// goes back.
+    pub settle: Duration,
+    /// Time zero of the samples' `t_s`.
+    pub origin: Instant,
+}
+
+/// `mm raw` at a moment of a scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MmSample {
+    /// Seconds from [`HogPhase::origin`] to the command's answer.
+    pub t_s: f64,
+    pub report: crate::console::MmReport,
+}
+
+/// What one [`hog_phase`] saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HogOutcome {
+    /// When the hog's request was sent, from [`HogPhase::origin`].
+    pub start_s: f64,
+    /// When the phase ended (churn stopped, last sample), from the origin.
+    pub end_s: f64,
+    /// From sending the hog's request until `hog: touched` arrived: the
+    /// demand met. `None` if it never was.
+    pub demand_met_s: Option<f64>,
+    /// The hog's exit status (137: killed); `None` if no `done` line came
+    /// within the timeout.
+    pub rc: Option<u32>,
+    /// The hog printed `hog: released`.
+    pub released: bool,
+    /// The hog's VM stopped.
+    pub stopped: bool,
+    /// Per churning VM, the iterations its loop finished.
+    pub churn_iterations: Vec<(String, u64)>,
+    /// Every sample, the first before the churn started, the last after it
+    /// stopped.
+    pub samples: Vec<MmSample>,
+}
+
+impl HogOutcome {
+    /// The hog touched all its memory and exited with 0.
+    pub fn completed(&self) -> bool {
+        self.demand_met_s.is_some() && self.rc == Some(0)
+    }
+
+    /// Pages the manager moved during the phase: over every VM, the growth
+    /// of its `reclaimed` and `given` counters from the first sample to the
+    /// last.
+    pub fn pages_moved(&self) -> u64 {
+        let (Some(first), Some(last)) = (self.samples.first(), self.samples.last()) else {
+            return 0;
+        };
+        last.report
+            .vms
+            .iter()
+            .map(|vm| {
+                let (reclaimed, given) = first
+                    .report
+                    .vm(&vm.name)
+                    .map_or((0, 0), |b| (b.reclaimed, b.given));
+                vm.reclaimed.saturating_sub(reclaimed) + vm.given.saturating_sub(given)
+            })
+            .sum()
+    }
+}
+
+/// Runs one phase: a sample; a [`churn_loop`] started in each of
+/// `churn_vms`; `tidal-mem hog` started in `vm` from its console, the
+/// shell back at once; `mm raw` sampled every `sample_every` until the
+/// hog's `done` line (or its VM stopping, or the timeout), then for
+/// `settle`; the churn stopped; a last sample. A hog that fails, is killed
+/// or does not finish is reported in the outcome, not as an error; an error
+/// is the harness's (a command that did not answer, `mm raw` unreadable).
+pub fn hog_phase(s: &mut Session, phase: &HogPhase<'_>) -> Result<HogOutcome, HarnessError> {
+    let since = |at: Instant| at.saturating_duration_since(phase.origin).as_secs_f64();
+    // A guest's line printed while the shell prints one of its own can cut
+    // it: a report that does not parse is asked for again, twice.
+    let sample = |s: &mut Session| -> Result<MmSample, HarnessError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match mm_raw(s, ANSWER) {
+                Ok(report) => {
+                    return Ok(MmSample {
+                        t_s: since(Instant::now()),
+                        report,
+                    })
+                }
+                Err(e) if e.kind == crate::ErrorKind::Unexpected && tries < 3 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let mut samples = vec![sample(s)?];
+    for vm in phase.churn_vms {
+        let cmd = churn_loop(phase.id, phase.churn_mib, 100_000);
+        let reply = agent_run(s, vm, phase.id, &cmd, phase.timeout)?;
+        if reply.rc != 0 {
+            return Err(s.unexpected(format!(
+                "[{vm}] churn loop did not start (rc={}): {:?}",
+                reply.rc, reply.lines
+            )));
+        }
+    }
+
+    let vm_re = regex::escape(phase.vm);
+    let hog_id = phase.id + 1;
+    let events = format!(
+        r"\[{vm_re}\] (?:hog: (touched|released) \d+ MiB|tidal-guest: done {hog_id} rc=(\d+))|tidal: \[{vm_re}\] (VM stopped)"
+    );
+    let mut at = s.mark();
+    enter_console(s, phase.vm)?;
+    let pieces = request_pieces(&format!(
+        "run {hog_id} tidal-mem hog {} {}",
+        phase.hog_mib, phase.hold_s
+    ));
+    for piece in &pieces {
+        s.send_line(piece)?;
+        if pieces.len() > 1 {
+            s.expect(
+                &format!(r"\[{vm_re}\] {}\r?\n", regex::escape(piece)),
+                ANSWER,
+            )?;
+        }
+    }
+    let sent = Instant::now();
+    leave_console(s)?;
+
+    let mut outcome = HogOutcome {
+        start_s: since(sent),
+        end_s: 0.0,
+        demand_met_s: None,
+        rc: None,
+        released: false,
+        stopped: false,
+        churn_iterations: Vec::new(),
+        samples: Vec::new(),
+    };
+    let deadline = sent + phase.timeout;
+    let mut next_sample = Instant::now();
+    // When the latest sample's answer came: an event its command's output
+    // passed over arrived before then.
+    let mut answered = Instant::now();
+    let mut ended = None;
+    while ended.is_none() {
+        let now = Instant::now();
+        if now >= next_sample {
+            samples.push(sample(s)?);
+            answered = Instant::now();
+            next_sample = answered + phase.sample_every;
+            continue;
+        }
+        if now >= deadline {
+            break;
+        }
+        let before = s.mark();
+        let found = match s.expect_since(&mut at, &events, next_sample.min(deadline) - now) {
+            Ok(found) => found,
+            Err(e) if e.kind == crate::ErrorKind::Timeout => continue,
+            Err(e) => return Err(e),
+        };
+        let when = if at > before {
+            s.matched_at().unwrap_or_else(Instant::now)
+        } else {
+            answered
+        };
+        match (found[1].as_str(), found[2].as_str(), found[3].is_empty()) {
+            ("touched", _, _) => {
+                outcome.demand_met_s = Some(when.saturating_duration_since(sent).as_secs_f64())
+            }
+            ("released", _, _) => outcome.released = true,
+            (_, "", false) => {
+                outcome.stopped = true;
+                ended = Some(when);
+            }
+            (_, rc, _) => {
+                outcome.rc = rc.parse().ok();
+                ended = Some(when);
+            }
+        }
+    }
+
+    if let Some(ended) = ended {
+        while ended.elapsed() < phase.settle {
+            let wait = next_sample.saturating_duration_since(Instant::now());
+            std::thread::sleep(wait);
+            samples.push(sample(s)?);
+            next_sample = Instant::now() + phase.sample_every;
+        }
+    }
+    for vm in phase.churn_vms {
+        let reply = agent_run(s, vm, phase.id + 2, &churn_stop(phase.id), phase.timeout)?;
+        let iterations = reply
+            .lines
+            .iter()
+            .find_map(|l| l.trim().parse().ok())
+            .unwrap_or(0);
+        outcome.churn_iterations.push((vm.to_string(), iterations));
+    }
+    samples.push(sample(s)?);
+    outcome.end_s = since(Instant::now());
+    outcome.samples = samples;
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod scenario_tests {
+    use super::*;
+    use crate::console::{MmPool, MmReport, MmVm};
+
+    #[test]
+    fn oom_kills_are_counted_per_vm() {
+        let out = "[vma] [   12.5] tidal-mem invoked oom-killer: gfp_mask=0x140dca\r\n\
+                   [vma] [   12.6] Out of memory: Killed process 93 (tidal-mem) total-vm:716812kB\r\n\
+                   tidal> [vmb] Out of memory: Killed process 7 (sh)\n\
+                   [vmc] oom-kill:constraint=CONSTRAINT_NONE,task=dd,pid=5\n\
+                   [vmc] Memory cgroup out of memory: Killed process 5 (dd)\n\
+                   [vmc] oom-kill:constraint=CONSTRAINT_NONE,task=dd,pid=6\n\
+                   tidal: [vmd] VM stopped: Killed process\n";
+        assert_eq!(oom_kills(out, "vma"), 1);
+        assert_eq!(oom_kills(out, "vmb"), 1, "after the prompt");
+        assert_eq!(oom_kills(out, "vmc"), 2, "the summaries when more");
+        assert_eq!(
+            oom_kills(out, "vmd"),
+            0,
+            "hypervisor lines are not the guest's"
+        );
+    }
+
+    #[test]
+    fn churn_commands() {
+        let start = churn_loop(21, 150, 500);
+        assert!(start.starts_with("sh -c 'n=0;while [ ! -e /tmp/q21 -a $n -lt 500 ];do "));
+        assert!(start.contains("of=/tmp/s21 bs=1M count=150 "), "{start}");
+        assert!(start.ends_with("' </dev/null >/dev/null 2>&1 &"), "{start}");
+        assert_eq!(start.matches('\'').count(), 2, "{start}");
+        assert!(request_pieces(&format!("run 21 {start}")).len() > 1);
+        assert_eq!(churn_stop(21), "touch /tmp/q21;cat /tmp/n21 2>/dev/null");
+    }
+
+    #[test]
+    fn pages_moved_sums_both_counters_over_the_phase() {
+        let report = |counters: &[(&str, u64, u64)]| MmReport {
+            pool: MmPool::default(),
+            vms: counters
+                .iter()
+                .map(|&(name, reclaimed, given)| MmVm {
+                    name: name.into(),
+                    state: "running".into(),
+                    size: 0,
+                    backed: 0,
+                    balloon: 0,
+                    target: 0,
+                    returned: 0,
+                    min: 0,
+                    low: 0,
+                    max: 0,
+                    weight: 100,
+                    congested: false,
+                    pressure: false,
+                    reclaimed,
+                    given,
+                })
+                .collect(),
+        };
+        let sample = |t_s, counters: &[(&str, u64, u64)]| MmSample {
+            t_s,
+            report: report(counters),
+        };
+        let mut outcome = HogOutcome {
+            start_s: 1.0,
+            end_s: 9.0,
+            demand_met_s: Some(4.0),
+            rc: Some(0),
+            released: true,
+            stopped: false,
+            churn_iterations: vec![],
+            samples: vec![
+                sample(0.5, &[("a", 10, 0), ("b", 0, 5)]),
+                sample(5.0, &[("a", 500, 0), ("b", 0, 5)]),
+                sample(9.0, &[("a", 110, 0), ("b", 100, 25), ("c", 7, 0)]),
+            ],
+        };
+        // a: 100 reclaimed; b: 100 + 20; c (new): 7. Only ends count.
+        assert_eq!(outcome.pages_moved(), 227);
+        assert!(outcome.completed());
+        outcome.rc = Some(137);
+        assert!(!outcome.completed());
+        outcome.samples.clear();
+        assert_eq!(outcome.pages_moved(), 0);
+    }
+}

@@ -13,6 +13,9 @@
 //! instructions of all CPUs while this one is at EL2, which is why the shell
 //! and idle CPUs wait in WFE). Results: a table on stdout and
 //! target/bench/balloon.json.
+//!
+//! Not part of that run: [`policy`] (`cargo xtask bench policy`), the
+//! memory manager under overcommit, plotted by [`svg`].
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -24,6 +27,8 @@ use crate::json;
 
 mod features;
 mod linux;
+mod policy;
+mod svg;
 
 const ROUNDS: usize = 3;
 const SIZE_MIB: u64 = 128;
@@ -75,6 +80,12 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     bare_metal(root, artifacts)?;
     linux::run(root, artifacts)?;
     features::run(root, artifacts)
+}
+
+/// The memory manager under overcommit, against static partitions
+/// (`cargo xtask bench policy`).
+pub fn policy(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    policy::run(root, artifacts)
 }
 
 /// The bare-metal part alone (`cargo xtask bench bare-metal`).

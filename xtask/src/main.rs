@@ -40,8 +40,9 @@ fn main() -> ExitCode {
             match args.get(1).map(String::as_str) {
                 None => bench::run(&root, &build(&root)?),
                 Some("bare-metal") => bench::bare_metal(&root, &build(&root)?),
+                Some("policy") => bench::policy(&root, &build(&root)?),
                 Some(other) => Err(format!(
-                    "unknown bench '{other}'; `cargo xtask bench` runs them all, `cargo xtask bench bare-metal` the -icount part only"
+                    "unknown bench '{other}'; `cargo xtask bench` runs the balloon benches, `cargo xtask bench bare-metal` the -icount part only, `cargo xtask bench policy` the memory manager under overcommit"
                 )),
             }
         }),
@@ -82,6 +83,12 @@ fn print_help() {
                      balloon features with Linux: page faults with free page reporting off
                      and on, free to back in the pool, a hinting run (target/bench/features.json)
   bench bare-metal   only the first part: the bare-metal guest under QEMU -icount
+  bench policy       the memory manager under overcommit (not part of `bench`): three 1 GiB
+                     Linux VMs and a test guest on 2 GiB, a 700 MiB hog moving between them,
+                     then the same on static 600 MiB partitions; per phase the time until the
+                     demand is met and the pages moved, OOM kills and stopped VMs
+                     (target/bench/policy.json), and a plot of each VM's backed memory and
+                     the pool (target/bench/policy.svg)
   fuzz [TARGET...] [--time S | --runs N]
                      build and run the fuzz targets (default: all, 60 s each); per target
                      executions, exec/s, coverage; target/fuzz/report.json; crashes saved
@@ -205,7 +212,10 @@ fn check_image_header(image: &Path) -> Result<(), String> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
+    const USAGE: &str =
+        "usage: cargo xtask run [--board virt-gicv2|virt-gicv3|raspi4b] [--bundle NAME]";
     let mut board = Board::VirtGicv2;
+    let mut bundle = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -215,20 +225,36 @@ fn run(args: &[String]) -> Result<(), String> {
                     .ok_or("--board needs a name: virt-gicv2, virt-gicv3 or raspi4b")?;
                 board = name.parse()?;
             }
-            other => {
-                return Err(format!(
-                    "unknown option '{other}'; usage: cargo xtask run [--board B]"
-                ))
-            }
+            "--bundle" => bundle = Some(it.next().ok_or(USAGE)?.clone()),
+            other => return Err(format!("unknown option '{other}'; {USAGE}")),
         }
     }
     setup::run()?;
     let root = root();
     let mut artifacts = build(&root)?;
+    if let Some(name) = bundle {
+        artifacts.bundle = test_bundle(&root, &name)?;
+    }
     if board == Board::Raspi4b {
         artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
     }
     boot_interactive(&root, board, &artifacts)
+}
+
+/// `target/bundles/<name>.img`, built from `guests/tests/<name>.toml`.
+fn test_bundle(root: &Path, name: &str) -> Result<PathBuf, String> {
+    let path = root
+        .join("target")
+        .join("bundles")
+        .join(format!("{name}.img"));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "no bundle {}: the names are those of guests/tests/*.toml",
+            path.display()
+        ))
+    }
 }
 
 /// `cargo xtask trace`: `run` with the trace build.
@@ -254,16 +280,7 @@ fn trace(args: &[String]) -> Result<(), String> {
     let mut artifacts = build(&root)?;
     (artifacts.image, artifacts.elf) = build_trace(&root)?;
     if let Some(name) = bundle {
-        artifacts.bundle = root
-            .join("target")
-            .join("bundles")
-            .join(format!("{name}.img"));
-        if !artifacts.bundle.is_file() {
-            return Err(format!(
-                "no bundle {}: the names are those of guests/tests/*.toml",
-                artifacts.bundle.display()
-            ));
-        }
+        artifacts.bundle = test_bundle(&root, &name)?;
     }
     boot_interactive(&root, board, &artifacts)
 }
@@ -277,6 +294,18 @@ fn boot_interactive(root: &Path, board: Board, artifacts: &Artifacts) -> Result<
         .join(format!("trace-{}.defmt", board.name()));
     let mut opts = QemuOptions::for_board(board, artifacts);
     opts.interactive = true;
+    // Enough CPUs for every CPU the bundle pins a vCPU to (the virt boards).
+    if let (Some(smp), Ok(bytes)) = (opts.smp, std::fs::read(&artifacts.bundle)) {
+        let highest = guest_bundle::parse(&bytes)
+            .map(|b| {
+                b.vms()
+                    .map(|v| 63 - v.cpu_affinity().leading_zeros())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0);
+        opts.smp = Some(smp.max(highest + 1));
+    }
     if board != Board::Raspi4b {
         opts.trace = Some(trace.clone());
     }

@@ -1,0 +1,152 @@
+//! Memory overcommit (issue 12), on virt GICv2 only (it needs 5 CPUs, which
+//! raspi4b does not have; the GIC plays no part): three 1 GiB Linux guests
+//! and the test guest `beta` on a 2 GiB board (guests/tests/overcommit.toml,
+//! over 3 GiB committed). A 700 MiB `tidal-mem hog` runs in `vma`, then
+//! `vmb`, then `vmc`, while the other two write and delete 150 MiB in tmpfs
+//! over and over ([`harness::linux::hog_phase`], shared with `cargo xtask
+//! bench policy`). Every phase completes, no guest's kernel kills a process
+//! for lack of memory, no VM stops, `check` passes, and the memory manager
+//! moved memory.
+
+use std::time::{Duration, Instant};
+
+use harness::linux::{hog_phase, mm_raw, oom_kills, wait_for_agents, HogOutcome, HogPhase};
+use harness::{Artifacts, Board, HarnessError, QemuOptions, Session};
+
+const LINUX: [&str; 3] = ["vma", "vmb", "vmc"];
+const BETA: &str = "beta";
+const HOG_MIB: u64 = 700;
+const HOLD_S: u64 = 5;
+const CHURN_MIB: u64 = 150;
+/// Three Linux guests booting at once on 2 host cores under TCG.
+const BOOT: Duration = Duration::from_secs(420);
+/// From the hog's request to its `done` line.
+const PHASE: Duration = Duration::from_secs(180);
+const SETTLE: Duration = Duration::from_secs(10);
+const COMMAND: Duration = Duration::from_secs(30);
+
+fn ok<T>(result: Result<T, HarnessError>) -> T {
+    result.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Boots the four VMs with 5 CPUs (the shell on CPU 0, the VMs on 1-4) and
+/// waits for the three agents and the test guest's balloon.
+fn boot(board: Board) -> Session {
+    let artifacts = Artifacts::locate();
+    let mut opts = QemuOptions::for_board(board, &artifacts);
+    opts.initrd = Some(harness::target_dir().join("bundles").join("overcommit.img"));
+    opts.smp = Some(5);
+    let mut s = ok(Session::start(
+        &format!("{}-overcommit_hog_moves_between_guests", board.name()),
+        board,
+        &artifacts,
+        &opts,
+    ));
+    s.set_deadline(Duration::from_secs(2400));
+    ok(wait_for_agents(&mut s, &LINUX, 0, BOOT));
+    let mut from_start = 0;
+    ok(s.expect_since(
+        &mut from_start,
+        &format!(r"\[{BETA}\] testguest: balloon at "),
+        BOOT,
+    ));
+    s
+}
+
+fn hog_moves_between_guests(board: Board) {
+    let booting = Instant::now();
+    let mut s = boot(board);
+    println!("booted in {:.1} s", booting.elapsed().as_secs_f64());
+
+    let first = ok(mm_raw(&mut s, COMMAND));
+    assert!(
+        first.pool.committed > first.pool.total,
+        "not overcommitted: {} pages committed, {} managed",
+        first.pool.committed,
+        first.pool.total
+    );
+    for name in LINUX.into_iter().chain([BETA]) {
+        let vm = first
+            .vm(name)
+            .unwrap_or_else(|| panic!("no {name} in {first:?}"));
+        assert_eq!(vm.state, "running", "{vm:?}");
+    }
+
+    let origin = Instant::now();
+    let mut outcomes: Vec<(&str, HogOutcome)> = Vec::new();
+    for (i, &vm) in LINUX.iter().enumerate() {
+        let churn: Vec<&str> = LINUX.iter().copied().filter(|&v| v != vm).collect();
+        let outcome = ok(hog_phase(
+            &mut s,
+            &HogPhase {
+                vm,
+                churn_vms: &churn,
+                hog_mib: HOG_MIB,
+                hold_s: HOLD_S,
+                churn_mib: CHURN_MIB,
+                id: 10 * (i as u32 + 1),
+                sample_every: Duration::from_millis(500),
+                timeout: PHASE,
+                settle: SETTLE,
+                origin,
+            },
+        ));
+        println!(
+            "phase {} (hog in {vm}): {:.1}-{:.1} s, demand met after {}, rc {:?}, \
+             {} pages moved, churn {:?}, {} samples",
+            i + 1,
+            outcome.start_s,
+            outcome.end_s,
+            outcome
+                .demand_met_s
+                .map_or("never".into(), |t| format!("{t:.1} s")),
+            outcome.rc,
+            outcome.pages_moved(),
+            outcome.churn_iterations,
+            outcome.samples.len()
+        );
+        outcomes.push((vm, outcome));
+    }
+
+    for (vm, outcome) in &outcomes {
+        assert!(
+            outcome.completed(),
+            "the hog in {vm} did not complete: {outcome:?}"
+        );
+        assert!(outcome.released, "the hog in {vm} did not release");
+        for (churner, n) in &outcome.churn_iterations {
+            assert!(*n > 0, "{churner} churned nothing while {vm} hogged");
+        }
+    }
+    let out = s.output();
+    for name in LINUX.into_iter().chain([BETA]) {
+        assert_eq!(oom_kills(&out, name), 0, "OOM kill in {name}");
+        assert!(
+            !out.contains(&format!("tidal: [{name}] VM stopped")),
+            "{name} stopped"
+        );
+    }
+    let last = ok(mm_raw(&mut s, COMMAND));
+    for vm in &last.vms {
+        assert_eq!(vm.state, "running", "{vm:?}");
+    }
+    let reclaimed: Vec<(&str, u64)> = last
+        .vms
+        .iter()
+        .map(|v| (v.name.as_str(), v.reclaimed))
+        .collect();
+    println!("reclaimed per VM (pages): {reclaimed:?}");
+    assert!(
+        reclaimed.iter().any(|&(_, pages)| pages > 0),
+        "the memory manager reclaimed nothing: {last:?}"
+    );
+    s.assert_check();
+}
+
+mod virt_gicv2 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn overcommit_hog_moves_between_guests() {
+        super::hog_moves_between_guests(harness::Board::VirtGicv2);
+    }
+}
