@@ -844,3 +844,77 @@ fn a_fault_with_the_pool_at_its_floor_waits_and_then_goes_through() {
     assert!(!vm.managed.waiting());
     assert_eq!((vm.managed.waits_begun, vm.managed.waits_long), (1, 1));
 }
+
+/// What the manager reads of a VM and how its targets land: an input with
+/// the VM's size, backed pages and fault-ins since the last look; a target
+/// set quietly; nothing at all for a balloon the shell has taken over.
+#[test]
+fn the_manager_reads_a_vm_and_sets_its_target_quietly() {
+    let mut vm = Vm::new(0, spec_with(1, 0, VmMemory::default()), GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    let _ = lines(&mut vm);
+    let first = manage::input(&mut vm);
+    assert_eq!(first.size, VM_RAM / PAGE_SIZE);
+    assert_eq!(first.backed, 4);
+    assert!(!first.driver, "no driver has set DRIVER_OK yet");
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    for page in 0..3 {
+        let touch = VcpuExit::Abort {
+            ipa: layout::RAM_BASE + (6 << 20) + page * PAGE_SIZE,
+            write: true,
+            instruction: false,
+            fault: FaultKind::Translation,
+        };
+        exit(&mut vm, &mut cpu, &mut ctx, touch);
+    }
+    let second = manage::input(&mut vm);
+    assert_eq!((second.backed, second.fault_ins), (7, 3));
+    assert_eq!(manage::input(&mut vm).fault_ins, 0, "counted once");
+    manage::apply(&mut vm, &mut cpu, 100);
+    let device = vm.balloon.as_ref().unwrap().device();
+    assert_eq!(device.target(), 100);
+    assert_eq!(vm.change.map(|c| c.by), Some(balloon_ctl::SetBy::Manager));
+    assert!(
+        lines(&mut vm).is_empty(),
+        "no console line per manager move"
+    );
+    vm.managed.manual = true;
+    assert_eq!(manage::input(&mut vm), Default::default());
+    manage::apply(&mut vm, &mut cpu, 200);
+    assert_eq!(
+        vm.balloon.as_ref().unwrap().device().target(),
+        100,
+        "left alone"
+    );
+}
+
+/// `set` checks limits against each other and the VM's size; a min raised
+/// above low takes low with it.
+#[test]
+fn set_limits_are_checked() {
+    let (mut vm, mut cpu) = started_with(1, 0, GuestGic::V3);
+    let pages = VM_RAM / PAGE_SIZE;
+    let err = manage::set_limit(&mut vm, &mut cpu, manage::LimitField::Max, VM_RAM * 2);
+    assert!(err
+        .unwrap_err()
+        .to_string()
+        .contains("above the VM's RAM size"));
+    let err = manage::set_limit(&mut vm, &mut cpu, manage::LimitField::Max, 4097);
+    assert!(err.unwrap_err().to_string().contains("multiple of 4K"));
+    let l = manage::set_limit(&mut vm, &mut cpu, manage::LimitField::Max, VM_RAM / 2).unwrap();
+    assert_eq!(l.max, pages / 2);
+    let err = manage::set_limit(&mut vm, &mut cpu, manage::LimitField::Min, VM_RAM);
+    assert!(err
+        .unwrap_err()
+        .to_string()
+        .contains("min is above memory max"));
+    let err = manage::set_limit(&mut vm, &mut cpu, manage::LimitField::Weight, 0);
+    assert!(err
+        .unwrap_err()
+        .to_string()
+        .contains("weight must be 1 to 10000"));
+    assert_eq!(vm.managed.limits.max, pages / 2, "refusals change nothing");
+    let l = manage::set_limit(&mut vm, &mut cpu, manage::LimitField::Min, VM_RAM / 4).unwrap();
+    assert_eq!((l.min, l.low), (pages / 4, pages / 4));
+}

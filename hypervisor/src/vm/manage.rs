@@ -148,7 +148,11 @@ pub fn with_limit(vm: &Vm, field: LimitField, value: u64) -> Result<Limits, Limi
         }
     };
     match field {
-        LimitField::Min => l.min = pages()?,
+        LimitField::Min => {
+            l.min = pages()?;
+            // low defaults to min: raising min raises low with it.
+            l.low = l.low.max(l.min);
+        }
         LimitField::Low => l.low = pages()?,
         LimitField::Max => l.max = pages()?,
         LimitField::Weight => l.weight = u32::try_from(value).unwrap_or(u32::MAX),
