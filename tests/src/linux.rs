@@ -621,3 +621,25 @@ mod scenario_tests {
         assert_eq!(outcome.pages_moved(), 0);
     }
 }
+
+/// The overcommit scenario of issue 12 (guests/tests/overcommit.toml), as
+/// `tests/tests/overcommit.rs` and `cargo xtask bench policy` both run it.
+pub mod overcommit {
+    use std::time::Duration;
+
+    /// The Linux VMs, in the order the hog visits them.
+    pub const LINUX: [&str; 3] = ["vma", "vmb", "vmc"];
+    /// The bare-metal test guest beside them.
+    pub const BETA: &str = "beta";
+    pub const HOG_MIB: u64 = 700;
+    /// How long the hog holds its memory once touched.
+    pub const HOLD_S: u64 = 5;
+    /// MiB each churn iteration writes to tmpfs and deletes.
+    pub const CHURN_MIB: u64 = 150;
+    /// Three Linux guests booting at once on 2 host cores under TCG.
+    pub const BOOT: Duration = Duration::from_secs(420);
+    /// From the hog's request to its `done` line, at most.
+    pub const PHASE: Duration = Duration::from_secs(180);
+    /// Sampling after the hog ended, while its memory goes back.
+    pub const SETTLE: Duration = Duration::from_secs(10);
+}

@@ -10,19 +10,10 @@
 
 use std::time::{Duration, Instant};
 
+use harness::linux::overcommit::{BETA, BOOT, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE};
 use harness::linux::{hog_phase, mm_raw, oom_kills, wait_for_agents, HogOutcome, HogPhase};
 use harness::{Artifacts, Board, HarnessError, QemuOptions, Session};
 
-const LINUX: [&str; 3] = ["vma", "vmb", "vmc"];
-const BETA: &str = "beta";
-const HOG_MIB: u64 = 700;
-const HOLD_S: u64 = 5;
-const CHURN_MIB: u64 = 150;
-/// Three Linux guests booting at once on 2 host cores under TCG.
-const BOOT: Duration = Duration::from_secs(420);
-/// From the hog's request to its `done` line.
-const PHASE: Duration = Duration::from_secs(180);
-const SETTLE: Duration = Duration::from_secs(10);
 const COMMAND: Duration = Duration::from_secs(30);
 
 fn ok<T>(result: Result<T, HarnessError>) -> T {

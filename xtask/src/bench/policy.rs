@@ -26,21 +26,9 @@ use serde::Serialize;
 
 use super::svg::{line_chart, Chart, Series};
 use crate::json;
+use harness::linux::overcommit::{BETA, BOOT, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE};
 
-/// The Linux VMs, in the order the hog visits them.
-const LINUX: [&str; 3] = ["vma", "vmb", "vmc"];
-const BETA: &str = "beta";
-const HOG_MIB: u64 = 700;
-/// How long the hog holds its memory once touched.
-const HOLD_S: u64 = 5;
-/// MiB each churn iteration writes to tmpfs and deletes.
-const CHURN_MIB: u64 = 150;
 const SAMPLE_EVERY: Duration = Duration::from_millis(500);
-/// From the hog's request to its `done` line, at most.
-const PHASE: Duration = Duration::from_secs(180);
-/// Sampling after the hog ended, while its memory goes back.
-const SETTLE: Duration = Duration::from_secs(10);
-const BOOT: Duration = Duration::from_secs(420);
 const COMMAND: Duration = Duration::from_secs(30);
 /// Whole-session limit: QEMU is killed after this whatever happens.
 const SESSION: Duration = Duration::from_secs(2400);
