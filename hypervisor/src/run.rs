@@ -798,7 +798,8 @@ pub struct MemoryManager {
 }
 
 static MANAGER: TicketMutex<Option<MemoryManager>> = TicketMutex::new(None);
-static NEXT_TICK_US: AtomicU64 = AtomicU64::new(0);
+/// The counter value (CNTPCT) at which the next tick is due.
+static NEXT_TICK: AtomicU64 = AtomicU64::new(0);
 /// The pool fell below its low watermark (or ran out): tick now.
 static POOL_EVENT: AtomicBool = AtomicBool::new(false);
 static POOL_LOW: AtomicU64 = AtomicU64::new(0);
@@ -838,18 +839,34 @@ fn try_lock_vm(id: usize) -> Option<Tracked<TicketMutexGuard<'static, Option<Vm>
 /// once after a pool event), from any CPU's loop with no lock held. One
 /// CPU ticks at a time; the others go on at once. Nothing here waits for
 /// a VM: a VM whose lock is busy is skipped this round.
+#[inline]
 pub fn memory_tick() {
-    let now = aarch64::uptime_us();
-    let due = NEXT_TICK_US.load(Ordering::Relaxed);
-    if now < due && !POOL_EVENT.load(Ordering::Relaxed) {
+    // The fast path runs after every exit: a counter read and a compare,
+    // no division (the time in microseconds is worked out only when due).
+    let (count, freq) = aarch64::counter();
+    let due = NEXT_TICK.load(Ordering::Relaxed);
+    if count < due && !POOL_EVENT.load(Ordering::Relaxed) {
         return;
     }
-    if NEXT_TICK_US
-        .compare_exchange(due, now + TICK_US, Ordering::AcqRel, Ordering::Relaxed)
+    let period = freq.saturating_mul(TICK_US) / 1_000_000;
+    if NEXT_TICK
+        .compare_exchange(
+            due,
+            count + period.max(1),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
         .is_err()
     {
         return;
     }
+    tick_now();
+}
+
+/// The tick itself, once [`memory_tick`] found it due.
+#[inline(never)]
+fn tick_now() {
+    let now = aarch64::uptime_us();
     POOL_EVENT.store(false, Ordering::Relaxed);
     let Some(guard) = MANAGER.try_lock() else {
         return;

@@ -361,11 +361,10 @@ pub struct FrameTable<'a> {
     partial_bytes: u64,
     /// Next-fit cursor: storage index where the next search starts.
     hint: usize,
-    /// Frames owned by each VM (the split of the `Guest` count).
-    guest_counts: [u64; MAX_VMS],
-    /// Frames each VM is guaranteed (its `min`, or all its RAM with
-    /// prealloc): kept free for it until it owns that many.
-    guaranteed: [u64; MAX_VMS],
+    /// Per VM: frames owned (the split of the `Guest` count) and frames
+    /// guaranteed (its `min`, or all its RAM with prealloc: kept free for it
+    /// until it owns that many). One array, one bounds check on the hot path.
+    guests: [GuestFrames; MAX_VMS],
     /// Free frames held for guarantees: the sum over VMs of what they are
     /// guaranteed and do not own yet. Kept in step by `set_code`.
     reserved: u64,
@@ -373,6 +372,13 @@ pub struct FrameTable<'a> {
     /// frames are down to this (the pool's `min` watermark: the reserve
     /// for stage-2 tables and the hypervisor's own needs).
     guest_floor: u64,
+}
+
+/// One VM's frames in the table.
+#[derive(Clone, Copy, Debug, Default)]
+struct GuestFrames {
+    owned: u64,
+    guaranteed: u64,
 }
 
 /// Why [`FrameTable::guarantee`] refused: the frames missing.
@@ -445,8 +451,7 @@ impl<'a> FrameTable<'a> {
             counts,
             partial_bytes,
             hint: 0,
-            guest_counts: [0; MAX_VMS],
-            guaranteed: [0; MAX_VMS],
+            guests: [GuestFrames::default(); MAX_VMS],
             reserved: 0,
             guest_floor: 0,
         })
@@ -483,15 +488,12 @@ impl<'a> FrameTable<'a> {
                 self.counts[u as usize] = self.counts[u as usize].wrapping_add_signed(delta);
                 if u == FrameUse::Guest {
                     let vm = (code - FIRST_GUEST_CODE) as usize;
-                    let before = self.guest_counts[vm];
-                    let after = before.wrapping_add_signed(delta);
-                    self.guest_counts[vm] = after;
-                    // A frame below the VM's guarantee was held in `reserved`.
-                    if delta > 0 && before < self.guaranteed[vm] {
-                        self.reserved -= 1;
-                    } else if delta < 0 && after < self.guaranteed[vm] {
-                        self.reserved += 1;
-                    }
+                    let g = &mut self.guests[vm];
+                    let before = g.owned;
+                    g.owned = before.wrapping_add_signed(delta);
+                    // Held for the guarantee: guaranteed - min(owned, guaranteed).
+                    self.reserved = (self.reserved + before.min(g.guaranteed))
+                        .wrapping_sub(g.owned.min(g.guaranteed));
                 }
             }
         }
@@ -559,9 +561,8 @@ impl<'a> FrameTable<'a> {
         if vm >= MAX_VMS {
             return None;
         }
-        if self.guest_counts[vm] >= self.guaranteed[vm]
-            && self.unreserved_free() <= self.guest_floor
-        {
+        let g = self.guests[vm];
+        if g.owned >= g.guaranteed && self.unreserved_free() <= self.guest_floor {
             return None;
         }
         self.alloc_code(1, 1, FIRST_GUEST_CODE + vm as u8)
@@ -572,13 +573,16 @@ impl<'a> FrameTable<'a> {
     /// changed, if the frames are not there beside the other guarantees
     /// and the guest floor.
     pub fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
-        let Some(&old) = self.guaranteed.get(vm) else {
+        let Some(&GuestFrames {
+            owned,
+            guaranteed: old,
+        }) = self.guests.get(vm)
+        else {
             return Err(Shortfall {
                 needed: pages,
                 available: 0,
             });
         };
-        let owned = self.guest_counts[vm];
         let (held, want) = (old.saturating_sub(owned), pages.saturating_sub(owned));
         if want > held {
             let available = self.unreserved_free().saturating_sub(self.guest_floor);
@@ -590,13 +594,13 @@ impl<'a> FrameTable<'a> {
             }
         }
         self.reserved = self.reserved - held + want;
-        self.guaranteed[vm] = pages;
+        self.guests[vm].guaranteed = pages;
         Ok(())
     }
 
     /// Frames guaranteed to VM `vm`.
     pub fn guaranteed(&self, vm: usize) -> u64 {
-        self.guaranteed.get(vm).copied().unwrap_or(0)
+        self.guests.get(vm).map_or(0, |g| g.guaranteed)
     }
 
     /// Free frames held for guarantees.
@@ -644,7 +648,7 @@ impl<'a> FrameTable<'a> {
 
     /// Frames owned by VM `vm`.
     pub fn guest_pages(&self, vm: usize) -> u64 {
-        self.guest_counts.get(vm).copied().unwrap_or(0)
+        self.guests.get(vm).map_or(0, |g| g.owned)
     }
 
     fn alloc_code(&mut self, pages: usize, align_pages: usize, code: u8) -> Option<PhysAddr> {
@@ -812,15 +816,15 @@ impl<'a> FrameTable<'a> {
                 guests[(code - FIRST_GUEST_CODE) as usize] += 1;
             }
         }
-        if let Some(vm) = (0..MAX_VMS).find(|&vm| guests[vm] != self.guest_counts[vm]) {
+        if let Some(vm) = (0..MAX_VMS).find(|&vm| guests[vm] != self.guests[vm].owned) {
             return Err(FrameError::GuestCounterMismatch {
                 vm,
                 counted: guests[vm],
-                recorded: self.guest_counts[vm],
+                recorded: self.guests[vm].owned,
             });
         }
         let reserved: u64 = (0..MAX_VMS)
-            .map(|vm| self.guaranteed[vm].saturating_sub(guests[vm]))
+            .map(|vm| self.guests[vm].guaranteed.saturating_sub(guests[vm]))
             .sum();
         if reserved != self.reserved {
             return Err(FrameError::ReservedMismatch {
