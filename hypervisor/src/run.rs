@@ -114,9 +114,9 @@ pub struct HostMem;
 
 fn zero_and_clean(pa: PhysAddr) {
     let pa = pa.raw() as usize;
-    // SAFETY: `pa` is a whole frame the frame table just handed to us,
+    // `pa` is a whole frame the frame table just handed to us,
     // identity-mapped as normal memory.
-    unsafe { core::ptr::write_bytes(pa as *mut u8, 0, PAGE_SIZE as usize) };
+    aarch64::zero_frame(pa);
     // A guest with its MMU off reads memory uncached: make it see the zeros.
     aarch64::clean_dcache_range(pa, PAGE_SIZE as usize);
 }

@@ -5,7 +5,7 @@
 //! aarch64-cpu's registers. Everything else comes from
 //! `aarch64_cpu::registers`.
 //!
-//! What is missing there: CTR_EL0, CNTHP_TVAL_EL2, the PMU (PMCR, PMSELR,
+//! What is missing there: CTR_EL0, DCZID_EL0, CNTHP_TVAL_EL2, the PMU (PMCR, PMSELR,
 //! PMXEVTYPER, PMCNTENSET, PMCEID0, PMEVCNTR0), the GICv3 CPU interface
 //! beyond ICC_SRE_EL2 (ICC_PMR, BPR1, a writable CTLR, IGRPEN1, IAR1, EOIR1,
 //! DIR, SGI1R), and two fields of registers it has: CNTHCTL_EL2's event
@@ -98,6 +98,13 @@ register_bitfields! {u64,
         /// Log2 of the smallest data cache line, in words.
         DminLine OFFSET(16) NUMBITS(4) []
     ],
+    /// Data cache zero ID: what `DC ZVA` zeroes.
+    pub DCZID_EL0 [
+        /// DC ZVA is prohibited.
+        DZP OFFSET(4) NUMBITS(1) [],
+        /// Log2 of the block `DC ZVA` zeroes, in words.
+        BS OFFSET(0) NUMBITS(4) []
+    ],
     /// EL2 physical timer: ticks until it fires.
     pub CNTHP_TVAL_EL2 [
         TimerValue OFFSET(0) NUMBITS(32) []
@@ -173,6 +180,7 @@ register_bitfields! {u64,
 }
 
 system_register!(CtrEl0, CTR_EL0: CTR_EL0::Register = "CTR_EL0", read);
+system_register!(DczidEl0, DCZID_EL0: DCZID_EL0::Register = "DCZID_EL0", read);
 system_register!(CnthpTvalEl2, CNTHP_TVAL_EL2: CNTHP_TVAL_EL2::Register = "CNTHP_TVAL_EL2", write);
 system_register!(PmcrEl0, PMCR_EL0: PMCR_EL0::Register = "PMCR_EL0", read, write);
 system_register!(PmselrEl0, PMSELR_EL0: PMSELR_EL0::Register = "PMSELR_EL0", write);
