@@ -259,10 +259,17 @@ pub trait BalloonBackend {
     /// ballooned (they may have been reported or hinted, i.e. be unmapped
     /// already).
     fn inflate(&mut self, pfns: &[GuestPfn]);
-    /// These pages may be used by the guest again (deflate): nothing needs
-    /// to happen at once, the next access backs each page. Only with
-    /// distinct, ascending, ballooned PFNs.
+    /// These pages may be used by the guest again (deflate): the guest is
+    /// about to take them, so the backend may back them now (or leave each
+    /// to be backed at its next access). Only with distinct, ascending,
+    /// ballooned PFNs.
     fn deflate(&mut self, pfns: &[GuestPfn]);
+    /// The device gave these ballooned pages back because the driver reset
+    /// it: the guest does not know them as taken back yet, so nothing needs
+    /// to be backed now. The default treats them as a deflate.
+    fn deflate_on_reset(&mut self, pfns: &[GuestPfn]) {
+        self.deflate(pfns);
+    }
     /// The guest reported these blocks free (FREE_PAGE_REPORTING): give
     /// back every page of them. Blocks are PFN ranges, non-empty, ascending,
     /// disjoint, inside [`ram_pfns`](Self::ram_pfns), holding no ballooned
@@ -1225,13 +1232,13 @@ impl Balloon {
                 batch[n] = start + (w as u64) * 64 + b;
                 n += 1;
                 if n == RESET_BATCH {
-                    env.deflate(&batch);
+                    env.deflate_on_reset(&batch);
                     n = 0;
                 }
             }
         }
         if n > 0 {
-            env.deflate(&batch[..n]);
+            env.deflate_on_reset(&batch[..n]);
         }
         self.stats.pages_deflated_on_reset += self.ballooned_count;
         self.ballooned_count = 0;

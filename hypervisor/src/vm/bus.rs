@@ -238,6 +238,8 @@ fn virtio_write(
     let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
         return Err(Refused::new(BadAccessKind::Unmapped));
     };
+    // Pages a deflate backs get what a fault would give them.
+    ram.set_page_fill(balloon.device().page_fill());
     let mut view = DeviceView {
         ram,
         mem: cpu.memory(),

@@ -477,7 +477,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
     let mut inflate = DriverQueue::new(16, rings, rings + 0x1000, rings + 0x2000);
-    let deflate = DriverQueue::new(16, rings + 0x4000, rings + 0x5000, rings + 0x6000);
+    let mut deflate = DriverQueue::new(16, rings + 0x4000, rings + 0x5000, rings + 0x6000);
     // Probe, as Linux's virtio_mmio does, entirely through trapped accesses.
     assert_eq!(
         virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::MAGIC_VALUE),
@@ -561,6 +561,31 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     let ram = vm.ram.as_mut().expect("RAM");
     ram.read(&mut cpu.host, ipa, &mut word).expect("backed");
     assert_eq!(word, [0; 8], "a fresh page reads as zeros");
+    assert_check(&vm, &mut cpu);
+
+    // The guest deflates the 16 pages: the 15 without a frame are backed
+    // in that one exit, before any touch, and read as zeros.
+    {
+        let mut stores = GuestStores {
+            vm: &mut vm,
+            cpu: &mut cpu,
+        };
+        deflate.add(&mut stores, &[(array, 64, false)]);
+    }
+    let faults = vm.ram.as_ref().expect("RAM").stats.faults_backed;
+    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
+    assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE);
+    let ram = vm.ram.as_mut().expect("RAM");
+    assert_eq!(ram.stats.deflate_backed, 15);
+    assert_eq!(ram.stats.faults_backed, faults, "no fault needed");
+    let mut word = [0xffu8; 8];
+    ram.read(
+        &mut cpu.host,
+        GuestAddr::new((first_pfn + 9) * PAGE_SIZE),
+        &mut word,
+    )
+    .expect("backed");
+    assert_eq!(word, [0; 8]);
     assert_check(&vm, &mut cpu);
 
     // Stop: every page goes back.

@@ -72,8 +72,22 @@ impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
         self.trace_pfns("inflate", pfns, released);
     }
     fn deflate(&mut self, pfns: &[GuestPfn]) {
-        // Nothing to do now: each page is backed again (zeroed or poisoned)
-        // on its next access.
+        // The guest takes these pages back now: back them (zeroed or
+        // poisoned) in this one exit rather than with one stage-2 fault per
+        // page at first touch. Once the pool is at its floor the rest are
+        // left to be backed on first access, where a vCPU may wait.
+        for &pfn in pfns {
+            let Some(ipa) = pfn.addr() else { continue };
+            if self.ram.back_now(self.mem, ipa).is_err() {
+                break;
+            }
+        }
+        self.trace_pfns("deflate", pfns, 0);
+    }
+    fn deflate_on_reset(&mut self, pfns: &[GuestPfn]) {
+        // Each page is backed at its first access: a driver that reset may
+        // not touch them for a long time, and an overcommitted pool should
+        // not give them frames before it does.
         self.trace_pfns("deflate", pfns, 0);
     }
     fn now_us(&self) -> Option<u64> {

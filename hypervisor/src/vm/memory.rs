@@ -68,8 +68,11 @@ impl core::fmt::Display for RamError {
 /// Counters shown by `vms` and `info`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RamStats {
-    /// Pages backed again on a stage-2 fault (after a deflate, typically).
+    /// Pages backed on a stage-2 fault (first touch, or after the pool
+    /// took the page back by reporting or hinting).
     pub faults_backed: u64,
+    /// Pages backed when the guest deflated them (before its first touch).
+    pub deflate_backed: u64,
     /// Pages unmapped and returned to the pool.
     pub pages_released: u64,
     /// TLB invalidations (one per batch).
@@ -204,16 +207,45 @@ impl GuestRam {
         if let Some(pa) = self.stage2.lookup(mem, ipa) {
             return Ok(pa);
         }
-        let pa = self.map_new(mem, ipa.page_base())?;
+        let pa = self.map_filled(mem, ipa.page_base())?;
+        self.stats.faults_backed += 1;
+        Ok(PhysAddr::new(pa.raw() | ipa.page_offset()))
+    }
+
+    /// Back the page at `ipa` (in RAM) now if it has no frame, as its first
+    /// access would: what a deflate does for the pages the guest takes back.
+    /// Returns whether a frame was mapped.
+    pub fn back_now(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: GuestAddr,
+    ) -> Result<bool, RamError> {
+        if !self.contains(ipa) {
+            return Err(RamError::NotRam { ipa });
+        }
+        if self.stage2.lookup(mem, ipa).is_some() {
+            return Ok(false);
+        }
+        self.map_filled(mem, ipa.page_base())?;
+        self.stats.deflate_backed += 1;
+        Ok(true)
+    }
+
+    /// A fresh frame mapped at `ipa` (page-aligned), filled with the page
+    /// fill: frames come zeroed, a poisoning guest expects its poison.
+    fn map_filled(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: GuestAddr,
+    ) -> Result<PhysAddr, RamError> {
+        let pa = self.map_new(mem, ipa)?;
         if self.page_fill != 0 {
-            // Frames come zeroed; a poisoning guest expects its poison.
             let chunk: [u8; 256] = core::array::from_fn(|i| self.page_fill.to_le_bytes()[i % 4]);
             for off in (0..PAGE_SIZE).step_by(chunk.len()) {
                 mem.write(pa + off, &chunk);
             }
         }
-        self.stats.faults_backed += 1;
-        Ok(PhysAddr::new(pa.raw() | ipa.page_offset()))
+        Ok(pa)
     }
 
     /// Unmap the pages of these guest PFNs (those in RAM and backed), flush
