@@ -155,6 +155,22 @@ impl HostMemory for HostMem {
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         frames().free_guest(vm, pa)
     }
+    fn free_frames(
+        &mut self,
+        vm: usize,
+        pas: &[PhysAddr],
+        on_error: &mut dyn FnMut(FrameError),
+    ) -> u64 {
+        let mut table = frames();
+        let mut freed = 0;
+        for &pa in pas {
+            match table.free_guest(vm, pa) {
+                Ok(()) => freed += 1,
+                Err(e) => on_error(e),
+            }
+        }
+        freed
+    }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         let pa = pa.raw() as usize;
         // SAFETY: `pa..pa + len` lies in one frame of this VM (GuestRam

@@ -27,6 +27,23 @@ pub trait HostMemory: TableMemory {
     /// Give VM `vm`'s frame back to the pool (after the TLB flush); an
     /// error if the frame table does not record it as VM `vm`'s.
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError>;
+    /// [`Self::free_frame`] for a batch (one lock of the frame table on
+    /// the target): `on_error` gets each refusal.
+    fn free_frames(
+        &mut self,
+        vm: usize,
+        pas: &[PhysAddr],
+        on_error: &mut dyn FnMut(FrameError),
+    ) -> u64 {
+        let mut freed = 0;
+        for &pa in pas {
+            match self.free_frame(vm, pa) {
+                Ok(()) => freed += 1,
+                Err(e) => on_error(e),
+            }
+        }
+        freed
+    }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]);
     fn write(&mut self, pa: PhysAddr, data: &[u8]);
     /// Invalidate the TLBs of VMID `vmid` on every CPU.
@@ -272,9 +289,12 @@ impl GuestRam {
             mem.flush_tlb(self.vmid);
             self.stats.tlb_flushes += 1;
             self.trace_flush(frames.len());
-            for pa in frames.drain(..) {
-                released += u64::from(self.free_frame(mem, pa));
-            }
+            let (leaked, error) = (&mut self.stats.frames_leaked, &mut self.frame_error);
+            released += mem.free_frames(self.vm, &frames, &mut |e| {
+                *leaked += 1;
+                error.get_or_insert(e);
+            });
+            frames.clear();
         }
         self.stats.pages_released += released;
         released
