@@ -152,6 +152,27 @@ impl HostMemory for HostMem {
         zero_and_clean(pa);
         Some(pa)
     }
+    fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
+        let (n, free) = {
+            let mut table = frames();
+            let mut n = 0;
+            while n < out.len() {
+                let Some(pa) = table.alloc_guest(vm) else {
+                    break;
+                };
+                out[n] = pa;
+                n += 1;
+            }
+            (n, table.unreserved_free())
+        };
+        if n < out.len() || free < POOL_LOW.load(Ordering::Relaxed) {
+            POOL_EVENT.store(true, Ordering::Relaxed);
+        }
+        for &pa in &out[..n] {
+            zero_and_clean(pa);
+        }
+        n
+    }
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         frames().free_guest(vm, pa)
     }

@@ -76,12 +76,7 @@ impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
         // poisoned) in this one exit rather than with one stage-2 fault per
         // page at first touch. Once the pool is at its floor the rest are
         // left to be backed on first access, where a vCPU may wait.
-        for &pfn in pfns {
-            let Some(ipa) = pfn.addr() else { continue };
-            if self.ram.back_now(self.mem, ipa).is_err() {
-                break;
-            }
-        }
+        self.ram.back_now_all(self.mem, pfns);
         self.trace_pfns("deflate", pfns, 0);
     }
     fn deflate_on_reset(&mut self, pfns: &[GuestPfn]) {

@@ -24,6 +24,17 @@ use crate::trace::trace_event;
 pub trait HostMemory: TableMemory {
     /// A zeroed frame owned by VM `vm`.
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr>;
+    /// Zeroed frames owned by VM `vm` into `out`, as many as the pool gives
+    /// (one lock of the frame table on the target); how many.
+    fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
+        for (n, slot) in out.iter_mut().enumerate() {
+            match self.alloc_frame(vm) {
+                Some(pa) => *slot = pa,
+                None => return n,
+            }
+        }
+        out.len()
+    }
     /// Give VM `vm`'s frame back to the pool (after the TLB flush); an
     /// error if the frame table does not record it as VM `vm`'s.
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError>;
@@ -229,23 +240,50 @@ impl GuestRam {
         Ok(PhysAddr::new(pa.raw() | ipa.page_offset()))
     }
 
-    /// Back the page at `ipa` (in RAM) now if it has no frame, as its first
-    /// access would: what a deflate does for the pages the guest takes back.
-    /// Returns whether a frame was mapped.
-    pub fn back_now(
-        &mut self,
-        mem: &mut impl HostMemory,
-        ipa: GuestAddr,
-    ) -> Result<bool, RamError> {
-        if !self.contains(ipa) {
-            return Err(RamError::NotRam { ipa });
+    /// Back the pages of these PFNs (those in RAM without a frame) now, as
+    /// their first access would: what a deflate does for the pages the
+    /// guest takes back. Frames come from the pool in batches. Stops when
+    /// the pool gives no more; returns how many pages were backed.
+    pub fn back_now_all(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
+        const BATCH: usize = 64;
+        let mut backed = 0;
+        for chunk in pfns.chunks(BATCH) {
+            let mut ipas: heapless::Vec<GuestAddr, BATCH> = heapless::Vec::new();
+            for &pfn in chunk {
+                let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
+                    continue;
+                };
+                if self.stage2.lookup(mem, ipa).is_none() {
+                    // Cannot overflow: at most BATCH per chunk.
+                    let _ = ipas.push(ipa);
+                }
+            }
+            let mut frames = [PhysAddr::new(0); BATCH];
+            let n = mem.alloc_frames(self.vm, &mut frames[..ipas.len()]);
+            for (&ipa, &pa) in ipas.iter().zip(&frames[..n]) {
+                if self.stage2.map(mem, ipa, pa).is_err() {
+                    self.free_frame(mem, pa);
+                    continue;
+                }
+                self.fill(mem, pa);
+                backed += 1;
+            }
+            if n < ipas.len() {
+                break;
+            }
         }
-        if self.stage2.lookup(mem, ipa).is_some() {
-            return Ok(false);
+        self.stats.deflate_backed += backed;
+        backed
+    }
+
+    /// Fill a fresh frame with the page fill (frames come zeroed).
+    fn fill(&self, mem: &mut impl HostMemory, pa: PhysAddr) {
+        if self.page_fill != 0 {
+            let chunk: [u8; 256] = core::array::from_fn(|i| self.page_fill.to_le_bytes()[i % 4]);
+            for off in (0..PAGE_SIZE).step_by(chunk.len()) {
+                mem.write(pa + off, &chunk);
+            }
         }
-        self.map_filled(mem, ipa.page_base())?;
-        self.stats.deflate_backed += 1;
-        Ok(true)
     }
 
     /// A fresh frame mapped at `ipa` (page-aligned), filled with the page
@@ -256,12 +294,7 @@ impl GuestRam {
         ipa: GuestAddr,
     ) -> Result<PhysAddr, RamError> {
         let pa = self.map_new(mem, ipa)?;
-        if self.page_fill != 0 {
-            let chunk: [u8; 256] = core::array::from_fn(|i| self.page_fill.to_le_bytes()[i % 4]);
-            for off in (0..PAGE_SIZE).step_by(chunk.len()) {
-                mem.write(pa + off, &chunk);
-            }
-        }
+        self.fill(mem, pa);
         Ok(pa)
     }
 
