@@ -36,17 +36,19 @@ impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
 
 impl<M> DeviceView<'_, M> {
     /// The `inflate` or `deflate` trace event of one request's PFNs
-    /// (ascending); `released`: frames given back to the pool.
-    fn trace_pfns(&self, what: &str, pfns: &[GuestPfn], released: u64) {
+    /// (ascending); `moved`: frames given back to the pool (inflate) or
+    /// taken from it to back the pages at once (deflate).
+    fn trace_pfns(&self, what: &str, pfns: &[GuestPfn], moved: u64) {
         trace_event!(
-            "{=str} vm{=usize} pages={=usize} pfns {=u64:#x}..={=u64:#x} runs={=usize} released={=u64}",
+            "{=str} vm{=usize} pages={=usize} pfns {=u64:#x}..={=u64:#x} runs={=usize} {=str}={=u64}",
             what,
             self.ram.vm,
             pfns.len(),
             pfns.first().map_or(0, |p| p.raw()),
             pfns.last().map_or(0, |p| p.raw()),
             trace::runs(pfns),
-            released
+            if what == "deflate" { "backed" } else { "released" },
+            moved
         );
     }
 
@@ -76,8 +78,8 @@ impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
         // poisoned) in this one exit rather than with one stage-2 fault per
         // page at first touch. Once the pool is at its floor the rest are
         // left to be backed on first access, where a vCPU may wait.
-        self.ram.back_now_all(self.mem, pfns);
-        self.trace_pfns("deflate", pfns, 0);
+        let backed = self.ram.back_now_all(self.mem, pfns);
+        self.trace_pfns("deflate", pfns, backed);
     }
     fn deflate_on_reset(&mut self, pfns: &[GuestPfn]) {
         // Each page is backed at its first access: a driver that reset may
