@@ -569,6 +569,7 @@ fn run(cmd: Command, board: &BoardInfo) {
                 }
             }
         }
+        Command::InfoExits { vm: name, reset } => info_exits(name, reset),
         Command::BalloonStats { vm: name, seconds } => {
             let set = vm::with_vm(name, |vm| {
                 vm.balloon
@@ -722,6 +723,33 @@ fn stop_vm(name: &str) {
         core::hint::spin_loop();
     }
     println!("{name}: stop requested; it stops at its next exit (it has not trapped for 1 s)");
+}
+
+/// `info exits <vm> [reset]`: the VM's exit profile, copied under its lock
+/// and formatted after it; or started over.
+fn info_exits(name: &str, reset: bool) {
+    let now = aarch64::uptime_us();
+    let copied = vm::with_vm(name, |vm| {
+        let profile = vm.profile;
+        if reset {
+            vm.profile.reset(now);
+        }
+        profile
+    });
+    let Some(profile) = copied else {
+        return no_such_vm(name);
+    };
+    if reset {
+        return println!(
+            "{name}: exit profile started over (it had {} exits over {} ms)",
+            profile.total().count,
+            profile.elapsed_us(now) / 1000
+        );
+    }
+    let mut text = alloc::string::String::new();
+    let counted = aarch64::pmu::counts_instructions();
+    let _ = profile.write_table(name, now, counted, &mut text);
+    print!("{text}");
 }
 
 /// `balloon-stats <vm> now`: ask the guest for a fresh statistics sample,

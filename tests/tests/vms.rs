@@ -75,6 +75,7 @@ fn balloon_half_and_back(board: Board) {
     ok(s.balloon_test_guest("alpha", 0, STEP));
     ok(s.expect(r"\[alpha\] testguest: deflated pages read zero", STEP));
     ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    exit_profile_counts_and_resets(&mut s, board);
     // The guest touched every page it got back: all are backed again.
     assert_eq!(
         mem_category(&mut s, "free"),
@@ -92,6 +93,44 @@ fn balloon_half_and_back(board: Board) {
         assert!(!out.contains(bad), "'{bad}' in the console:\n{out}");
     }
     s.assert_check();
+}
+
+/// A row of `info exits`: the kind's exits.
+fn exits_of(table: &str, kind: &str) -> u64 {
+    harness::console::first_number(table, &format!(r"(?m)^  {kind} +(\d+) "))
+        .unwrap_or_else(|| panic!("no {kind} row in:\n{table}"))
+}
+
+/// alpha's exit profile after its balloon round trip: the balloon's MMIO
+/// is there, the rows add up to the total, and a reset starts it over.
+fn exit_profile_counts_and_resets(s: &mut Session, board: Board) {
+    let table = ok(s.run("info exits alpha", COMMAND));
+    let total = exits_of(&table, "total");
+    assert!(exits_of(&table, "mmio-virtio") > 0, "{table}");
+    assert!(exits_of(&table, "mmio-uart") > 0, "{table}");
+    // GICv3's CPU interface is system registers the hardware serves
+    // without a trap; its redistributor is MMIO we emulate.
+    let gic = if board == Board::VirtGicv3 {
+        "mmio-gicr"
+    } else {
+        "mmio-gicd"
+    };
+    assert!(exits_of(&table, gic) > 0, "{gic}: {table}");
+    let rows: u64 = table
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.contains(" kind ") && !l.contains(" total "))
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(rows, total, "{table}");
+    let reset = ok(s.run("info exits alpha reset", COMMAND));
+    assert!(
+        reset.contains("alpha: exit profile started over (it had "),
+        "{reset}"
+    );
+    let again = ok(s.run("info exits alpha", COMMAND));
+    assert!(exits_of(&again, "total") < total, "{again}");
+    let err = ok(s.run("info exits nosuchvm", COMMAND));
+    assert!(err.contains("no VM called 'nosuchvm'"), "{err}");
 }
 
 fn stop_and_start(board: Board) {

@@ -23,6 +23,11 @@ pub enum Command<'a> {
     InfoBalloon {
         vm: Option<&'a str>,
     },
+    /// A VM's exit profile (`reset`: start it over instead).
+    InfoExits {
+        vm: &'a str,
+        reset: bool,
+    },
     /// The memory manager: the pool, its watermarks, every VM's memory and
     /// limits, and the manager's counters (`raw`: in pages, for scripts).
     Mm {
@@ -129,6 +134,14 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "balloon target, actual, features, counters, guest statistics, hinting and exits",
     },
     CommandInfo {
+        usage: "info exits <vm>",
+        summary: "a VM's exits by kind (device, fault, sysreg, HVC, WFI, IRQ source): count, share, per second, EL2 instructions",
+    },
+    CommandInfo {
+        usage: "info exits <vm> reset",
+        summary: "start a VM's exit profile over (it also starts over when the VM starts)",
+    },
+    CommandInfo {
         usage: "balloon-stats <vm> <seconds|now>",
         summary: "ask a VM's guest for memory statistics every <seconds> (0 stops; default 2), or once now",
     },
@@ -173,6 +186,10 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "give what 'debug hog' took back to the pool",
     },
 ];
+
+const INFO_USAGE: &str = "info balloon [vm] | info exits <vm> [reset]";
+
+const INFO_EXITS_USAGE: &str = "info exits <vm> [reset]";
 
 const SET_USAGE: &str = "set <vm> <min|low|max|weight> <value> (e.g. set linux max 768M)";
 
@@ -283,7 +300,13 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
         },
         "info" => match (rest, words.next(), words.next()) {
             (Some("balloon"), vm, None) => Ok(Some(Command::InfoBalloon { vm })),
-            _ => Err(ParseError::Usage("info balloon [vm]")),
+            (Some("exits"), Some(vm), None) => Ok(Some(Command::InfoExits { vm, reset: false })),
+            (Some("exits"), Some(vm), Some("reset")) if words.next().is_none() => {
+                Ok(Some(Command::InfoExits { vm, reset: true }))
+            }
+            (Some("balloon"), _, _) => Err(ParseError::Usage("info balloon [vm]")),
+            (Some("exits"), _, _) => Err(ParseError::Usage(INFO_EXITS_USAGE)),
+            _ => Err(ParseError::Usage(INFO_USAGE)),
         },
         "debug" => match (rest, words.next(), words.next()) {
             (Some("fault"), None, _) => Ok(Some(Command::DebugFault)),
@@ -475,6 +498,44 @@ mod tests {
                 policy: crate::vm::fault::OnBadAccess::Abort
             }))
         );
+        assert_eq!(
+            parse("info exits linux"),
+            Ok(Some(Command::InfoExits {
+                vm: "linux",
+                reset: false
+            }))
+        );
+        assert_eq!(
+            parse("info  exits linux  reset "),
+            Ok(Some(Command::InfoExits {
+                vm: "linux",
+                reset: true
+            }))
+        );
+        for bad in [
+            "info exits",
+            "info exits linux now",
+            "info exits linux reset now",
+        ] {
+            assert_eq!(
+                parse(bad).unwrap_err().to_string(),
+                "usage: info exits <vm> [reset]",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            parse("info balloon"),
+            Ok(Some(Command::InfoBalloon { vm: None }))
+        );
+        assert_eq!(
+            parse("info balloon linux"),
+            Ok(Some(Command::InfoBalloon { vm: Some("linux") }))
+        );
+        assert_eq!(
+            parse("info balloon linux more").unwrap_err(),
+            ParseError::Usage("info balloon [vm]")
+        );
+        assert_eq!(parse("info").unwrap_err(), ParseError::Usage(INFO_USAGE));
         assert_eq!(
             parse("on-bad-access linux ignore"),
             Err(ParseError::Usage("on-bad-access <vm> <abort|stop>"))

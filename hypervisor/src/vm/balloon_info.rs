@@ -5,6 +5,7 @@
 
 use core::fmt;
 
+use super::exit_profile::ExitKind;
 use super::state::Vm;
 use crate::addr::PAGE_SIZE;
 use crate::balloon::stats::{Seconds, StatUnit, StatsSample, STAT_TABLE};
@@ -49,16 +50,19 @@ pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Resul
     if let Some(e) = balloon.last_error() {
         writeln!(out, "  last device error: {e}")?;
     }
-    let e = &vm.exits;
+    // Since the VM started or `info exits <vm> reset` (`info exits` has
+    // them by kind).
+    let p = &vm.profile;
+    let total = p.total();
     writeln!(
         out,
         "  exits: {} ({} MMIO, {} HVC/SMC, {} WFI/WFE, {} faults), {} EL2 instructions each on average",
-        e.total,
-        e.mmio,
-        e.hvc,
-        e.wfx,
-        e.faults,
-        e.instructions / e.total.max(1)
+        total.count,
+        p.count_where(ExitKind::is_mmio),
+        p.count_where(|k| matches!(k, ExitKind::Hvc | ExitKind::Smc)),
+        p.count_where(|k| matches!(k, ExitKind::Wfi | ExitKind::Wfe)),
+        p.count_where(|k| matches!(k, ExitKind::Stage2Fault | ExitKind::BadAccess)),
+        total.instructions / total.count.max(1)
     )?;
     if let Some(ram) = vm.ram.as_ref() {
         writeln!(

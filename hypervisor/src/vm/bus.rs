@@ -134,15 +134,16 @@ fn bad_virtio(e: MmioError) -> Refused {
     }
 }
 
-/// A guest register read of `width` bytes at `ipa`.
+/// A guest register read of `width` bytes in `window` (the caller routed
+/// the address once: [`route`]; `None`, no device, is refused).
 pub fn read(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
     vcpu: usize,
-    ipa: GuestAddr,
+    window: Option<Window>,
     width: u8,
 ) -> Result<u64, Refused> {
-    let Some(window) = route(vm, ipa) else {
+    let Some(window) = window else {
         return Err(Refused::new(BadAccessKind::Unmapped));
     };
     let refused = |_| Refused::device(window);
@@ -171,16 +172,17 @@ pub fn read(
     }
 }
 
-/// A guest register write of `value` (`width` bytes) at `ipa`.
+/// A guest register write of `value` (`width` bytes) in `window` (routed
+/// by the caller, as for [`read`]).
 pub fn write(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
     vcpu: usize,
-    ipa: GuestAddr,
+    window: Option<Window>,
     width: u8,
     value: u64,
 ) -> Result<(), Refused> {
-    let Some(window) = route(vm, ipa) else {
+    let Some(window) = window else {
         return Err(Refused::new(BadAccessKind::Unmapped));
     };
     let refused = |_| Refused::device(window);

@@ -11,6 +11,7 @@ use super::balloon_ctl;
 use super::check::{self, FrameFacts, VmFacts};
 use super::cpu::{GuestContext, PhysCpu};
 use super::exit::{FaultKind, VcpuExit};
+use super::exit_profile::ExitKind;
 use super::fault::{BadAccessKind, OnBadAccess};
 use super::fdt::layout;
 use super::handle::{self, Outcome};
@@ -211,7 +212,7 @@ fn console_bytes_become_one_line_and_registers_read_back() {
     ctx.x[2] = 0xdead;
     exit(&mut vm, &mut cpu, &mut ctx, load(UART_FR, 4));
     assert_ne!(ctx.x[2], 0xdead, "FR was read into x2");
-    assert_eq!(vm.exits.mmio, 7);
+    assert_eq!(vm.profile.get(ExitKind::MmioUart).count, 7);
 }
 
 #[test]
@@ -942,4 +943,218 @@ fn set_limits_are_checked() {
     assert_eq!(vm.managed.limits.max, pages / 2, "refusals change nothing");
     let l = manage::set_limit(&mut vm, &mut cpu, manage::LimitField::Min, VM_RAM / 4).unwrap();
     assert_eq!((l.min, l.low), (pages / 4, pages / 4));
+}
+
+/// One exit costing `cost` EL2 instructions (the PMU's count moves by that
+/// between the guest leaving and the end of the exit's handling).
+fn profiled(
+    vm: &mut Vm,
+    cpu: &mut FakeCpu,
+    ctx: &mut GuestContext,
+    exit: VcpuExit,
+    cost: u32,
+) -> Outcome {
+    let before = cpu.instructions;
+    cpu.instructions = before.wrapping_add(cost);
+    handle::after_exit(vm, cpu, 0, ctx, exit, before)
+}
+
+/// `info exits`: each kind of exit lands in its own row of the VM's
+/// profile — data aborts by device, stage-2 faults, bad accesses, system
+/// registers, HVC, SMC, WFI, WFE, physical interrupts by source, unknown
+/// traps — with the instructions the PMU counted for it; the table shows
+/// them, `reset` and a restart start it over.
+#[test]
+fn exits_are_profiled_by_kind() {
+    use super::exit_profile::{ExitProfile, KINDS};
+    use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, VTIMER_PPI};
+
+    let (mut vm, mut cpu) = started(1);
+    assert_eq!(vm.profile, ExitProfile::new(cpu.now_us), "reset at start");
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    // Across the PMU counter's wrap: still the difference.
+    cpu.instructions = u32::MAX - 10;
+    let wfi = VcpuExit::Wait {
+        wfe: false,
+        insn_len: 4,
+    };
+    let gicr_ctlr = GuestAddr::new(layout::GICR_BASE.raw());
+    let sgi1r = VcpuExit::SysReg {
+        encoding: crate::vgic::ICC_SGI1R_EL1,
+        reg: 1,
+        read: false,
+        insn_len: 4,
+    };
+    let ram_page = GuestAddr::new(layout::RAM_BASE.raw() + 0x10_0000);
+    let ram_abort = |fault| VcpuExit::Abort {
+        ipa: ram_page,
+        write: true,
+        instruction: false,
+        fault,
+    };
+    // (exit, physical interrupts pending, the kind it must count as)
+    let cases: Vec<(VcpuExit, Vec<u32>, ExitKind)> = vec![
+        (load(UART_FR, 4), vec![], ExitKind::MmioUart),
+        (load(layout::GICD_BASE, 4), vec![], ExitKind::MmioGicd),
+        (load(gicr_ctlr, 4), vec![], ExitKind::MmioGicr),
+        (load(layout::VIRTIO_BASE, 4), vec![], ExitKind::MmioVirtio),
+        // Neither RAM nor a device: an abort injected.
+        (
+            load(GuestAddr::new(0x0c00_0000), 4),
+            vec![],
+            ExitKind::BadAccess,
+        ),
+        (
+            ram_abort(FaultKind::Permission),
+            vec![],
+            ExitKind::BadAccess,
+        ),
+        (
+            ram_abort(FaultKind::Translation),
+            vec![],
+            ExitKind::Stage2Fault,
+        ),
+        // A store with a syndrome to RAM is a fault to back too.
+        (store(ram_page, 8), vec![], ExitKind::Stage2Fault),
+        (sgi1r, vec![], ExitKind::SysReg),
+        (VcpuExit::Hvc { imm: 0 }, vec![], ExitKind::Hvc),
+        (
+            VcpuExit::Smc {
+                imm: 0,
+                insn_len: 4,
+            },
+            vec![],
+            ExitKind::Smc,
+        ),
+        (wfi, vec![], ExitKind::Wfi),
+        (
+            VcpuExit::Wait {
+                wfe: true,
+                insn_len: 4,
+            },
+            vec![],
+            ExitKind::Wfe,
+        ),
+        (VcpuExit::Interrupt, vec![KICK_SGI], ExitKind::IrqKick),
+        (
+            VcpuExit::Interrupt,
+            vec![MAINTENANCE_PPI],
+            ExitKind::IrqMaintenance,
+        ),
+        // The first interrupt taken names the exit.
+        (
+            VcpuExit::Interrupt,
+            vec![VTIMER_PPI, KICK_SGI],
+            ExitKind::VTimer,
+        ),
+        (VcpuExit::Interrupt, vec![HYP_TIMER_PPI], ExitKind::El2Timer),
+        (VcpuExit::Interrupt, vec![40], ExitKind::IrqOther),
+        // Nothing pending any more by the time it is acknowledged.
+        (VcpuExit::Interrupt, vec![], ExitKind::IrqOther),
+        (
+            VcpuExit::Unknown { esr: 0x3f << 26 },
+            vec![],
+            ExitKind::Other,
+        ),
+    ];
+    let mut want = [(0u64, 0u64); KINDS];
+    for (i, (exit, irqs, kind)) in cases.into_iter().enumerate() {
+        ctx.x[0] = smccc::psci::PSCI_VERSION.into();
+        ctx.x[1] = 0;
+        cpu.pending_irqs = irqs;
+        let cost = 100 * (i as u32 + 1);
+        let outcome = profiled(&mut vm, &mut cpu, &mut ctx, exit, cost);
+        assert!(
+            !matches!(outcome, Outcome::Stop(_)),
+            "{exit:?}: {outcome:?}"
+        );
+        want[kind as usize].0 += 1;
+        want[kind as usize].1 += u64::from(cost);
+        let got = vm.profile.get(kind);
+        assert_eq!(
+            (got.count, got.instructions),
+            want[kind as usize],
+            "{exit:?} counts as {kind:?}"
+        );
+    }
+    for kind in ExitKind::ALL {
+        let got = vm.profile.get(kind);
+        assert_eq!(
+            (got.count, got.instructions),
+            want[kind as usize],
+            "{kind:?}"
+        );
+        assert!(got.count > 0, "{kind:?} is reachable");
+    }
+    let total = vm.profile.total();
+    // 20 exits costing 100, 200, ... 2000.
+    assert_eq!((total.count, total.instructions), (20, 21_000));
+
+    // The table, 2 s after the start.
+    let mut text = String::new();
+    vm.profile
+        .write_table("guest", cpu.now_us + 2_000_000, true, &mut text)
+        .unwrap();
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows[0], "guest: 20 exits in 2.000 s");
+    assert_eq!(rows.len(), 2 + KINDS + 1);
+    let row = |label: &str| {
+        *rows
+            .iter()
+            .find(|r| r.split_whitespace().next() == Some(label))
+            .unwrap_or_else(|| panic!("no {label} row in\n{text}"))
+    };
+    // Stage-2 faults: exits 7 and 8, 700 + 800 instructions.
+    assert_eq!(
+        row("stage2-fault"),
+        "  stage2-fault          2  10.0%       1.0           1500        750"
+    );
+    assert_eq!(
+        row("irq-other"),
+        "  irq-other             2  10.0%       1.0           3700       1850"
+    );
+    assert_eq!(
+        row("total"),
+        "  total                20 100.0%      10.0          21000       1050"
+    );
+    // `info balloon` sums them up the old way.
+    let mut info = String::new();
+    super::balloon_info::write_info(&vm, cpu.now_us, &mut info).unwrap();
+    assert!(
+        info.contains(
+            "  exits: 20 (4 MMIO, 2 HVC/SMC, 2 WFI/WFE, 4 faults), 1050 EL2 instructions each on average"
+        ),
+        "{info}"
+    );
+
+    // `info exits <vm> reset`.
+    cpu.now_us += 5_000_000;
+    vm.profile.reset(cpu.now_us);
+    assert_eq!(vm.profile.total().count, 0);
+    profiled(&mut vm, &mut cpu, &mut ctx, wfi, 7);
+    assert_eq!(vm.profile.get(ExitKind::Wfi).instructions, 7);
+
+    // A guest reset: the new run is profiled from its start.
+    ctx.x[0] = smccc::psci::PSCI_SYSTEM_RESET.into();
+    cpu.now_us += 1_000_000;
+    assert_eq!(
+        profiled(&mut vm, &mut cpu, &mut ctx, VcpuExit::Hvc { imm: 0 }, 1),
+        Outcome::Reset
+    );
+    lifecycle::begin_stop(&mut vm, &mut cpu, "reset", true);
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    assert_eq!(vm.state, VmState::Running);
+    assert_eq!(vm.profile, ExitProfile::new(cpu.now_us));
+
+    // A stop: the rates are up to it.
+    lifecycle::begin_stop(&mut vm, &mut cpu, "test", false);
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    assert_eq!(vm.state, VmState::Stopped);
+    let stopped_at = cpu.now_us;
+    assert_eq!(vm.profile.elapsed_us(stopped_at + 9_000_000), 0);
+    let mut text = String::new();
+    vm.profile
+        .write_table("guest", stopped_at + 9_000_000, true, &mut text)
+        .unwrap();
+    assert!(text.starts_with("guest: 0 exits in 0.000 s (until the VM stopped)\n"));
 }

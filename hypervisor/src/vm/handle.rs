@@ -8,6 +8,10 @@
 //! that is neither RAM nor a device, an unemulated system register) gets
 //! what the VM's policy says ([`super::fault`]): by default an exception
 //! injected into the guest ([`super::inject`]), else the VM stops.
+//!
+//! Every exit is recorded in the VM's exit profile ([`super::exit_profile`],
+//! `info exits`) under the kind [`handle`] found it to be, with the EL2
+//! instructions it cost.
 
 use core::fmt::Write as _;
 
@@ -15,6 +19,7 @@ use super::balloon_ctl;
 use super::bus::{self, Detail, Refused};
 use super::cpu::{GuestContext, PhysCpu};
 use super::exit::{il32, load_result, FaultKind, VcpuExit};
+use super::exit_profile::ExitKind;
 use super::fault::{BadAccessKind, OnBadAccess};
 use super::inject::GuestException;
 use super::irq;
@@ -46,7 +51,7 @@ pub enum Outcome {
 }
 
 /// Everything an exit does under the VM's lock, after the decode: the exit
-/// handled, the counters and the balloon change's cost updated, vCPU 0's
+/// handled, the exit profile and the balloon change's cost updated, vCPU 0's
 /// time-driven balloon work done. `before`: the instruction count when the
 /// guest left.
 pub fn after_exit(
@@ -58,7 +63,7 @@ pub fn after_exit(
     before: u32,
 ) -> Outcome {
     let counted = vm.change.is_some() && balloon_work(vm, &exit);
-    let mut outcome = handle(vm, cpu, vcpu, ctx, exit);
+    let (mut outcome, kind) = handle(vm, cpu, vcpu, ctx, exit);
     if let Some(e) = vm.ram.as_ref().and_then(|r| r.frame_error) {
         // A broken frame-table invariant: not a guest's doing, but it
         // ends only this VM.
@@ -69,8 +74,7 @@ pub fn after_exit(
         outcome = Outcome::Stop(FAILURE);
     }
     let spent = u64::from(cpu.instructions().wrapping_sub(before));
-    vm.exits.total += 1;
-    vm.exits.instructions += spent;
+    vm.profile.record(kind, spent);
     if counted {
         if let Some(change) = vm.change.as_mut() {
             change.instructions += spent;
@@ -99,14 +103,15 @@ fn balloon_work(vm: &Vm, exit: &VcpuExit) -> bool {
     }
 }
 
-/// Handle one exit.
+/// Handle one exit; what the vCPU loop does next, and what kind of exit
+/// it was for the profile (`info exits`).
 pub fn handle(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
     vcpu: usize,
     ctx: &mut GuestContext,
     exit: VcpuExit,
-) -> Outcome {
+) -> (Outcome, ExitKind) {
     // A simple load or store to a RAM page that has no frame (given back
     // through the balloon) carries a full syndrome too: it is a fault to
     // back, not MMIO to emulate.
@@ -139,18 +144,21 @@ pub fn handle(
             sixty_four,
             insn_len,
         } => {
-            vm.exits.mmio += 1;
-            match bus::read(vm, cpu, vcpu, ipa, width) {
+            // Routed once: for the profile and for the access.
+            let window = bus::route(vm, ipa);
+            let kind = ExitKind::mmio(window.map(bus::Window::device));
+            match bus::read(vm, cpu, vcpu, window, width) {
                 Ok(value) => {
                     trace_mmio(vm, "read", ipa, width, value);
                     ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four));
                 }
                 Err(refused) => {
                     let access = Access::data(ipa, false, width, insn_len, ctx.far);
-                    return bad_access(vm, cpu, ctx, refused, access);
+                    return (bad_access(vm, cpu, ctx, refused, access), kind);
                 }
             }
             ctx.elr += u64::from(insn_len);
+            (Outcome::Continue, kind)
         }
         VcpuExit::MmioWrite {
             ipa,
@@ -158,105 +166,139 @@ pub fn handle(
             reg,
             insn_len,
         } => {
-            vm.exits.mmio += 1;
+            let window = bus::route(vm, ipa);
+            let kind = ExitKind::mmio(window.map(bus::Window::device));
             let value = ctx.reg(reg);
-            if let Err(refused) = bus::write(vm, cpu, vcpu, ipa, width, value) {
+            if let Err(refused) = bus::write(vm, cpu, vcpu, window, width, value) {
                 let access = Access::data(ipa, true, width, insn_len, ctx.far);
-                return bad_access(vm, cpu, ctx, refused, access);
+                return (bad_access(vm, cpu, ctx, refused, access), kind);
             }
             trace_mmio(vm, "write", ipa, width, value);
             ctx.elr += u64::from(insn_len);
+            (Outcome::Continue, kind)
         }
         VcpuExit::Abort {
             ipa,
             instruction,
             fault,
             write,
-        } => {
-            vm.exits.faults += 1;
-            let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
-            if in_ram && fault == FaultKind::Translation {
-                return back_page(vm, cpu, vcpu, ctx, ipa);
-            }
-            let kind = if instruction && !in_ram {
-                BadAccessKind::InstructionFetch
-            } else if in_ram {
-                BadAccessKind::RamFault
-            } else if let Some(window) = bus::route(vm, ipa) {
-                // A device register, but the syndrome does not say
-                // which register or width (ldp/stp, writeback, SIMD).
-                BadAccessKind::NoSyndrome(window.device())
-            } else {
-                BadAccessKind::Unmapped
-            };
-            let access = Access {
-                ipa: Some(ipa),
-                write,
-                width: None,
-                // Aborts without a syndrome are reported with IL = 1.
-                il32: true,
-                far: far_if_valid(ctx),
-                fetch: instruction,
-            };
-            return bad_access(vm, cpu, ctx, Refused::new(kind), access);
-        }
-        VcpuExit::Hvc { .. } => {
-            vm.exits.hvc += 1;
-            return psci_outcome(psci::call(vm, cpu, vcpu, ctx));
-        }
+        } => abort(vm, cpu, vcpu, ctx, ipa, write, instruction, fault),
+        VcpuExit::Hvc { .. } => (psci_outcome(psci::call(vm, cpu, vcpu, ctx)), ExitKind::Hvc),
         VcpuExit::Smc { insn_len, .. } => {
-            vm.exits.hvc += 1;
             ctx.elr += u64::from(insn_len);
-            return psci_outcome(psci::call(vm, cpu, vcpu, ctx));
+            (psci_outcome(psci::call(vm, cpu, vcpu, ctx)), ExitKind::Smc)
         }
         VcpuExit::Wait { wfe, insn_len } => {
-            vm.exits.wfx += 1;
             ctx.elr += u64::from(insn_len);
-            // WFE is a spin-wait hint: go straight back. A WFI with the
-            // virtual GIC idle waits for a physical interrupt (timer, kick).
-            if !wfe
-                && vm.vgic.as_ref().is_some_and(|g| !g.has_pending(vcpu))
-                && !irq::lr_pending(vm, cpu, vcpu)
-            {
-                return Outcome::Idle;
+            if wfe {
+                // A spin-wait hint: go straight back.
+                return (Outcome::Continue, ExitKind::Wfe);
             }
+            // A WFI with the virtual GIC idle waits for a physical
+            // interrupt (timer, kick).
+            let idle = vm.vgic.as_ref().is_some_and(|g| !g.has_pending(vcpu))
+                && !irq::lr_pending(vm, cpu, vcpu);
+            let outcome = if idle {
+                Outcome::Idle
+            } else {
+                Outcome::Continue
+            };
+            (outcome, ExitKind::Wfi)
         }
-        VcpuExit::Interrupt => irq::take_physical(vm, cpu, vcpu),
+        VcpuExit::Interrupt => (Outcome::Continue, irq::take_physical(vm, cpu, vcpu)),
         VcpuExit::SysReg {
             encoding,
             reg,
             read,
             insn_len,
-        } => {
-            vm.exits.sysreg += 1;
-            let sgi = [ICC_SGI1R_EL1, ICC_ASGI1R_EL1, ICC_SGI0R_EL1].contains(&encoding);
-            match vm.vgic.as_mut() {
-                // The SGI generation registers are write-only.
-                Some(vgic) if sgi && !read => {
-                    if let Ok(effect) = vgic.send_sgi_v3(vcpu, ctx.reg(reg)) {
-                        irq::apply_effect(vm, cpu, effect);
-                    }
-                }
-                Some(_) if sgi => ctx.set_reg(reg, 0),
-                _ => {
-                    let refused = Refused {
-                        kind: BadAccessKind::SystemRegister,
-                        detail: Detail::SysReg { encoding, read },
-                    };
-                    return bad_access(vm, cpu, ctx, refused, Access::trap(il32(insn_len)));
-                }
-            }
-            ctx.elr += u64::from(insn_len);
-        }
+        } => (
+            sysreg(vm, cpu, vcpu, ctx, encoding, reg, read, insn_len),
+            ExitKind::SysReg,
+        ),
         VcpuExit::Unknown { esr } => {
             let refused = Refused {
                 kind: BadAccessKind::UnknownExit,
                 detail: Detail::Esr(esr),
             };
             let access = Access::trap(esr & (1 << 25) != 0);
-            return bad_access(vm, cpu, ctx, refused, access);
+            (bad_access(vm, cpu, ctx, refused, access), ExitKind::Other)
         }
     }
+}
+
+/// A stage-2 abort: a RAM page to back, or a bad access.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn abort(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ctx: &mut GuestContext,
+    ipa: GuestAddr,
+    write: bool,
+    instruction: bool,
+    fault: FaultKind,
+) -> (Outcome, ExitKind) {
+    let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
+    if in_ram && fault == FaultKind::Translation {
+        return (back_page(vm, cpu, vcpu, ctx, ipa), ExitKind::Stage2Fault);
+    }
+    let kind = if instruction && !in_ram {
+        BadAccessKind::InstructionFetch
+    } else if in_ram {
+        BadAccessKind::RamFault
+    } else if let Some(window) = bus::route(vm, ipa) {
+        // A device register, but the syndrome does not say
+        // which register or width (ldp/stp, writeback, SIMD).
+        BadAccessKind::NoSyndrome(window.device())
+    } else {
+        BadAccessKind::Unmapped
+    };
+    let access = Access {
+        ipa: Some(ipa),
+        write,
+        width: None,
+        // Aborts without a syndrome are reported with IL = 1.
+        il32: true,
+        far: far_if_valid(ctx),
+        fetch: instruction,
+    };
+    let outcome = bad_access(vm, cpu, ctx, Refused::new(kind), access);
+    (outcome, ExitKind::BadAccess)
+}
+
+/// A trapped system register access: the GICv3 SGI registers, or a bad
+/// access.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn sysreg(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ctx: &mut GuestContext,
+    encoding: (u8, u8, u8, u8, u8),
+    reg: u8,
+    read: bool,
+    insn_len: u8,
+) -> Outcome {
+    let sgi = [ICC_SGI1R_EL1, ICC_ASGI1R_EL1, ICC_SGI0R_EL1].contains(&encoding);
+    match vm.vgic.as_mut() {
+        // The SGI generation registers are write-only.
+        Some(vgic) if sgi && !read => {
+            if let Ok(effect) = vgic.send_sgi_v3(vcpu, ctx.reg(reg)) {
+                irq::apply_effect(vm, cpu, effect);
+            }
+        }
+        Some(_) if sgi => ctx.set_reg(reg, 0),
+        _ => {
+            let refused = Refused {
+                kind: BadAccessKind::SystemRegister,
+                detail: Detail::SysReg { encoding, read },
+            };
+            return bad_access(vm, cpu, ctx, refused, Access::trap(il32(insn_len)));
+        }
+    }
+    ctx.elr += u64::from(insn_len);
     Outcome::Continue
 }
 

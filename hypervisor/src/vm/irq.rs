@@ -4,10 +4,11 @@
 //! distributor before every entry.
 
 use super::cpu::PhysCpu;
+use super::exit_profile::ExitKind;
 use super::fdt::layout;
 use super::state::{Power, Vm};
 use crate::limits::MAX_LRS;
-use crate::vgic::intid::{MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
+use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 use crate::vgic::{LrStatus, VgicEffect};
 
 /// The guest's PL011 and first virtio-mmio device, as INTIDs.
@@ -56,11 +57,17 @@ pub fn console_input(vm: &mut Vm, cpu: &mut impl PhysCpu, byte: u8) -> bool {
 /// Take the pending physical interrupts on this CPU (the guest was
 /// interrupted): the virtual timer goes to the guest, the rest is ours.
 /// Bounded: a level interrupt that stays asserted must not trap us here.
-pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
+/// What the exit was, for the profile: the source of the first interrupt
+/// acknowledged (the one that made the guest leave).
+pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) -> ExitKind {
+    let mut first = None;
     for _ in 0..16 {
         let (intid, iar) = cpu.acknowledge();
+        if first.is_none() {
+            first = Some(intid);
+        }
         match intid {
-            SPURIOUS => return,
+            SPURIOUS => break,
             VTIMER_PPI => {
                 // Priority drop only: the interrupt stays active until the
                 // guest's EOI deactivates it through the hardware-linked LR.
@@ -85,6 +92,13 @@ pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
                 cpu.deactivate(iar);
             }
         }
+    }
+    match first {
+        Some(KICK_SGI) => ExitKind::IrqKick,
+        Some(MAINTENANCE_PPI) => ExitKind::IrqMaintenance,
+        Some(VTIMER_PPI) => ExitKind::VTimer,
+        Some(HYP_TIMER_PPI) => ExitKind::El2Timer,
+        _ => ExitKind::IrqOther,
     }
 }
 

@@ -151,6 +151,8 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     vm.ram = Some(ram);
     vm.state = VmState::Running;
     vm.starts += 1;
+    // Each run's exits are profiled from its start (`info exits`).
+    vm.profile.reset(cpu.uptime_us());
     cpu.hand_vcpu(vm.cpus[0], vm.id, 0);
     Ok(())
 }
@@ -261,6 +263,7 @@ pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     vm.vgic = None;
     vm.power = [Power::Off; MAX_VCPUS];
     vm.state = VmState::Stopped;
+    vm.profile.stopped(cpu.uptime_us());
     if core::mem::take(&mut vm.restart) {
         if let Err(e) = start(vm, cpu) {
             vm.out

@@ -3,6 +3,8 @@
 //! The VM core, in the order an exit meets it:
 //! - [`exit`]: why a vCPU left its guest, decoded from the exception syndrome.
 //! - [`handle`]: what one exit does to its VM, and what the vCPU loop does next.
+//! - [`exit_profile`]: per kind of exit (device, stage-2 fault, sysreg, HVC,
+//!   WFI, interrupt source...) the count and EL2 instructions (`info exits`).
 //! - [`bus`]: which device an address falls in, and the register access given to it.
 //! - [`balloon_ctl`]: the host's side of the balloon (targets, statistics, hints, costs).
 //! - [`memory`]: a VM's RAM, backed frame by frame through its stage-2 tables.
@@ -37,6 +39,7 @@ mod core_tests;
 pub mod cpu;
 pub mod device_memory;
 pub mod exit;
+pub mod exit_profile;
 pub mod fault;
 pub mod fdt;
 pub mod handle;

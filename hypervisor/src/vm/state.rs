@@ -6,6 +6,7 @@
 use guest_bundle::VmEntry;
 
 use super::console::ConsoleLine;
+use super::exit_profile::ExitProfile;
 use super::fault::{BadAccessStats, OnBadAccess};
 use super::fdt::GicVersion;
 use super::memory::GuestRam;
@@ -74,20 +75,6 @@ impl VmState {
             VmState::Failed => "failed",
         }
     }
-}
-
-/// Exit counters, per VM.
-#[derive(Clone, Copy, Default, Debug)]
-pub struct ExitStats {
-    pub mmio: u64,
-    pub hvc: u64,
-    pub wfx: u64,
-    /// Trapped system-register accesses (GICv3 SGIs).
-    pub sysreg: u64,
-    pub faults: u64,
-    /// EL2 instructions over all exits (when the PMU counts them).
-    pub instructions: u64,
-    pub total: u64,
 }
 
 /// A vCPU waiting for a frame: since when, and whether the console was told.
@@ -201,7 +188,9 @@ pub struct Vm {
     pub console: ConsoleLine,
     /// The emulated PL011 the guest's console driver talks to.
     pub uart: Pl011,
-    pub exits: ExitStats,
+    /// Its exits and their EL2 instructions, per kind, since it started
+    /// or `info exits <vm> reset`.
+    pub profile: ExitProfile,
     /// Why the VM last stopped.
     pub last_stop: &'static str,
     /// The balloon change in progress (from `set_balloon` until the driver
@@ -260,7 +249,7 @@ impl Vm {
             balloon: None,
             console: ConsoleLine::new(),
             uart: Pl011::new(),
-            exits: ExitStats::default(),
+            profile: ExitProfile::default(),
             last_stop: "not started yet",
             last_balloon_stats: None,
             change: None,
