@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::json;
 
+mod exits;
 mod features;
 mod linux;
 mod policy;
@@ -80,6 +81,12 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     bare_metal(root, artifacts)?;
     linux::run(root, artifacts)?;
     features::run(root, artifacts)
+}
+
+/// The Linux comparison alone, with Tidal's exit profiles (`cargo xtask
+/// bench linux`).
+pub fn linux(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    linux::run(root, artifacts)
 }
 
 /// The memory manager under overcommit, against static partitions

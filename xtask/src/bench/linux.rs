@@ -25,6 +25,12 @@
 //! reached) and the first QEMU `info balloon` showing the target (polled
 //! every 5 ms during the move).
 //!
+//! And Tidal's exit profiles ([`super::exits`]): `info exits linux` once
+//! the guest is ready (its boot), then over 10 s of the idle guest, before
+//! the balloon moves; and once more after the rounds in a Tidal boot under
+//! `-icount shift=0`, the only way QEMU's PMU counts the hypervisor's
+//! instructions.
+//!
 //! Results: a table on stdout and target/bench/linux.json.
 
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
@@ -37,6 +43,7 @@ use std::time::{Duration, Instant};
 use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
 use serde::Serialize;
 
+use super::exits;
 use crate::json;
 use crate::linux::{build_initramfs, memtool_path, CMDLINE, READY};
 
@@ -124,6 +131,9 @@ struct Run {
     idle_poll_s: f64,
     inflate: Move,
     deflate: Move,
+    /// Tidal: the VM's exits by kind over the boot and 10 s idle.
+    #[serde(rename = "exit_profile", skip_serializing_if = "Option::is_none")]
+    exits: Option<exits::Profiles>,
 }
 
 /// QEMU's human monitor on a unix socket (plain QEMU side only).
@@ -226,17 +236,17 @@ fn harness(e: HarnessError) -> String {
 }
 
 impl Guest {
-    fn boot_tidal(artifacts: &Artifacts, round: usize) -> Result<Guest, String> {
+    /// Tidal with the Linux bundle; `name`: the session's (its log's).
+    /// `icount`: under `-icount shift=0`, where QEMU's PMU counts the
+    /// hypervisor's instructions (for the exit profile only).
+    fn boot_tidal(artifacts: &Artifacts, name: &str, icount: bool) -> Result<Guest, String> {
         let board = Board::VirtGicv2;
         let mut opts = QemuOptions::for_board(board, artifacts);
         opts.initrd = Some(target_dir().join("bundles").join(BUNDLE));
-        let session = Session::start(
-            &format!("bench-linux-tidal-{round}"),
-            board,
-            artifacts,
-            &opts,
-        )
-        .map_err(harness)?;
+        if icount {
+            opts.extra = vec!["-icount".into(), "shift=0".into()];
+        }
+        let session = Session::start(name, board, artifacts, &opts).map_err(harness)?;
         session.set_deadline(SESSION);
         Ok(Guest {
             side: Side::Tidal,
@@ -606,9 +616,14 @@ impl Counters {
     }
 }
 
-/// Boots one side, inflates and deflates once, and stops it.
+/// Boots one side, inflates and deflates once, and stops it. Tidal: the
+/// exit profiles of the boot and of the idle guest first.
 fn run_once(mut guest: Guest) -> Result<Run, String> {
     let ready = guest.wait_ready()?;
+    let exits = match guest.side {
+        Side::Tidal => Some(exits::capture(&mut guest.session, VM, COMMAND)?),
+        Side::Qemu => None,
+    };
     guest.enter_console()?;
     let mut round_trips = Vec::new();
     let mut start = None;
@@ -628,11 +643,12 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
         idle_poll_s: median(&round_trips),
         inflate,
         deflate,
+        exits,
     })
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
-fn median(values: &[f64]) -> f64 {
+pub(super) fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -715,7 +731,9 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
         for side in [Side::Tidal, Side::Qemu] {
             eprintln!("bench: Linux round {round}/{ROUNDS}: {} ...", side.name());
             let guest = match side {
-                Side::Tidal => Guest::boot_tidal(artifacts, round)?,
+                Side::Tidal => {
+                    Guest::boot_tidal(artifacts, &format!("bench-linux-tidal-{round}"), false)?
+                }
                 Side::Qemu => {
                     Guest::boot_qemu(&fixture.kernel, &fixture.initramfs, &artifacts.elf, round)?
                 }
@@ -732,7 +750,15 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             runs.push((side, round, run));
         }
     }
-    report(root, &fixture, &runs)
+    // The rounds run without -icount: QEMU's PMU counts no instructions.
+    eprintln!("bench: Linux under Tidal with -icount shift=0, for the exits' EL2 instructions ...");
+    let mut guest = Guest::boot_tidal(artifacts, "bench-linux-tidal-icount", true)?;
+    let icount = guest
+        .wait_ready()
+        .and_then(|_| exits::capture(&mut guest.session, VM, COMMAND))
+        .map_err(|e| format!("Linux exit profile under -icount: {e}"))?;
+    drop(guest);
+    report(root, &fixture, &runs, &icount)
 }
 
 /// A table row: label, JSON key, value, whether a ratio is meaningful, and
@@ -806,6 +832,10 @@ struct Report<'a> {
     #[serde(serialize_with = "json::ordered_map")]
     summary: Vec<(&'static str, MetricSummary)>,
     runs: Vec<RunReport<'a>>,
+    /// Tidal's exit profiles under -icount, with EL2 instructions (the
+    /// runs' `exit_profile` have none: the PMU counts only with -icount).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_profile_icount: Option<&'a exits::Profiles>,
 }
 
 /// One metric, both sides.
@@ -831,6 +861,7 @@ impl<'a> Report<'a> {
         fixture: &'a crate::linux::LinuxFixture,
         summary: Vec<(&'static str, MetricSummary)>,
         runs: &'a [(Side, usize, Run)],
+        icount: Option<&'a exits::Profiles>,
     ) -> Self {
         Report {
             benchmark: "balloon-linux",
@@ -851,6 +882,7 @@ impl<'a> Report<'a> {
                     run,
                 })
                 .collect(),
+            exit_profile_icount: icount,
         }
     }
 }
@@ -859,6 +891,7 @@ fn report(
     root: &Path,
     fixture: &crate::linux::LinuxFixture,
     runs: &[(Side, usize, Run)],
+    icount: &exits::Profiles,
 ) -> Result<(), String> {
     let values = |side: Side, metric: &Metric| -> Vec<f64> {
         runs.iter()
@@ -918,9 +951,19 @@ fn report(
     ] {
         println!("{line}");
     }
+    let profiles: Vec<&exits::Profiles> = runs
+        .iter()
+        .filter_map(|(_, _, r)| r.exits.as_ref())
+        .collect();
+    if !profiles.is_empty() {
+        println!();
+    }
+    for line in exits::table(&profiles, Some(icount)) {
+        println!("{line}");
+    }
 
     let path = root.join("target").join("bench").join("linux.json");
-    json::write(&path, &Report::new(fixture, summary, runs))?;
+    json::write(&path, &Report::new(fixture, summary, runs, Some(icount)))?;
     println!("written to {}", path.display());
     Ok(())
 }
@@ -950,6 +993,7 @@ mod tests {
                 guest_s: 0.75,
                 device_s: 0.654321,
             },
+            exits: None,
         };
         let runs = [(Side::Tidal, 1, run(3.21987)), (Side::Qemu, 1, run(2.5))];
         let fixture = crate::linux::LinuxFixture {
@@ -966,7 +1010,7 @@ mod tests {
                 ratio_of_medians: Some(json::rounded(3.21987 / 2.5, 3)),
             },
         )];
-        let value = serde_json::to_value(Report::new(&fixture, summary, &runs)).unwrap();
+        let value = serde_json::to_value(Report::new(&fixture, summary, &runs, None)).unwrap();
         assert_eq!(
             value,
             serde_json::json!({
@@ -995,6 +1039,63 @@ mod tests {
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
                 ]
             })
+        );
+    }
+
+    #[test]
+    fn tidal_runs_carry_their_exit_profiles() {
+        let profile = exits::parse(exits::tests::SAMPLE).unwrap();
+        let run = |exits| Run {
+            ready_s: 1.0,
+            idle_poll_s: 0.01,
+            inflate: Move {
+                guest_s: 1.0,
+                device_s: 1.0,
+            },
+            deflate: Move {
+                guest_s: 1.0,
+                device_s: 1.0,
+            },
+            exits,
+        };
+        let tidal = run(Some(exits::Profiles {
+            boot: profile.clone(),
+            idle: profile,
+        }));
+        let tidal = serde_json::to_value(RunReport {
+            side: "Tidal",
+            round: 1,
+            run: &tidal,
+        })
+        .unwrap();
+        assert_eq!(
+            tidal["exit_profile"]["idle"]["kinds"]["wfi"],
+            serde_json::json!({"count": 2088, "instructions": 1496590})
+        );
+        assert_eq!(tidal["exit_profile"]["boot"]["seconds"], 10.167);
+        let qemu = run(None);
+        let qemu = serde_json::to_value(RunReport {
+            side: "QEMU",
+            round: 1,
+            run: &qemu,
+        })
+        .unwrap();
+        assert!(qemu.get("exit_profile").is_none());
+        let fixture = crate::linux::LinuxFixture {
+            kernel: PathBuf::from("Image"),
+            initramfs: PathBuf::from("initramfs.cpio"),
+            kernel_release: "6.1.0-57-arm64".into(),
+            busybox_version: "1".into(),
+        };
+        let icount = exits::Profiles {
+            boot: exits::parse(exits::tests::SAMPLE).unwrap(),
+            idle: exits::parse(exits::tests::SAMPLE).unwrap(),
+        };
+        let report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
+        let value = serde_json::to_value(report).unwrap();
+        assert_eq!(
+            value["exit_profile_icount"]["idle"]["total"],
+            serde_json::json!({"count": 2242, "instructions": 12477155})
         );
     }
 
