@@ -116,9 +116,9 @@ fn zero_and_clean(pa: PhysAddr) {
     let pa = pa.raw() as usize;
     // `pa` is a whole frame the frame table just handed to us,
     // identity-mapped as normal memory.
-    aarch64::zero_frame(pa);
-    // A guest with its MMU off reads memory uncached: make it see the zeros.
-    aarch64::clean_dcache_range(pa, PAGE_SIZE as usize);
+    // A guest with its MMU off reads memory uncached: make it see the zeros
+    // (cleaned to the point of coherency, not only zeroed in the cache).
+    aarch64::zero_and_clean_frame(pa);
 }
 
 impl TableMemory for HostMem {
@@ -155,14 +155,7 @@ impl HostMemory for HostMem {
     fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
         let (n, free) = {
             let mut table = frames();
-            let mut n = 0;
-            while n < out.len() {
-                let Some(pa) = table.alloc_guest(vm) else {
-                    break;
-                };
-                out[n] = pa;
-                n += 1;
-            }
+            let n = table.alloc_guest_frames(vm, out);
             (n, table.unreserved_free())
         };
         if n < out.len() || free < POOL_LOW.load(Ordering::Relaxed) {
@@ -182,15 +175,7 @@ impl HostMemory for HostMem {
         pas: &[PhysAddr],
         on_error: &mut dyn FnMut(FrameError),
     ) -> u64 {
-        let mut table = frames();
-        let mut freed = 0;
-        for &pa in pas {
-            match table.free_guest(vm, pa) {
-                Ok(()) => freed += 1,
-                Err(e) => on_error(e),
-            }
-        }
-        freed
+        frames().free_guest_frames(vm, pas, on_error)
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         let pa = pa.raw() as usize;
