@@ -1147,25 +1147,52 @@ impl Balloon {
         self.pfns.sort_unstable();
         let mut kept = 0;
         let mut prev = None;
-        for i in 0..self.pfns.len() {
-            let pfn = self.pfns[i];
-            if prev == Some(pfn) {
-                self.stats.rejected_duplicate += 1;
-                continue;
-            }
-            prev = Some(pfn);
-            let Some(bit) = self.bit(pfn) else {
-                self.stats.rejected_out_of_range += 1;
-                continue;
-            };
-            match (inflate, bit_test(&self.ballooned, bit)) {
-                (true, true) => self.stats.rejected_already_ballooned += 1,
-                (false, false) => self.stats.rejected_not_ballooned += 1,
-                _ => {
-                    self.pfns[kept] = pfn;
-                    kept += 1;
+        let mut i = 0;
+        while i < self.pfns.len() {
+            // A run of consecutive PFNs, checked a bitmap word at a time
+            // when it is all in RAM and all in the state the request needs
+            // (the common case); else one PFN at a time, as is a run that
+            // starts with a duplicate of the last one's end.
+            let end = i + run_len(&self.pfns[i..]);
+            let (first, last) = (self.pfns[i], self.pfns[end - 1]);
+            if prev != Some(first) {
+                if let (Some(lo), Some(_)) = (self.bit(first), self.bit(last)) {
+                    let bits = lo..lo + (end - i);
+                    let clean = if inflate {
+                        !bits_any(&self.ballooned, bits)
+                    } else {
+                        bits_all(&self.ballooned, bits)
+                    };
+                    if clean {
+                        self.pfns.copy_within(i..end, kept);
+                        kept += end - i;
+                        prev = Some(last);
+                        i = end;
+                        continue;
+                    }
                 }
             }
+            for j in i..end {
+                let pfn = self.pfns[j];
+                if prev == Some(pfn) {
+                    self.stats.rejected_duplicate += 1;
+                    continue;
+                }
+                prev = Some(pfn);
+                let Some(bit) = self.bit(pfn) else {
+                    self.stats.rejected_out_of_range += 1;
+                    continue;
+                };
+                match (inflate, bit_test(&self.ballooned, bit)) {
+                    (true, true) => self.stats.rejected_already_ballooned += 1,
+                    (false, false) => self.stats.rejected_not_ballooned += 1,
+                    _ => {
+                        self.pfns[kept] = pfn;
+                        kept += 1;
+                    }
+                }
+            }
+            i = end;
         }
         self.pfns.truncate(kept);
         if kept == 0 {
@@ -1178,14 +1205,18 @@ impl Balloon {
             env.deflate(&self.pfns);
         }
         let start = self.ram.start;
-        for &pfn in &self.pfns {
-            // In range: checked above.
-            let bit = (pfn - start) as usize;
+        let mut i = 0;
+        while i < self.pfns.len() {
+            // In range and unique: checked above.
+            let end = i + run_len(&self.pfns[i..]);
+            let lo = (self.pfns[i] - start) as usize;
+            let bits = lo..lo + (end - i);
             if inflate {
-                bit_set(&mut self.ballooned, bit);
+                bits_set(&mut self.ballooned, bits);
             } else {
-                bit_clear(&mut self.ballooned, bit);
+                bits_clear(&mut self.ballooned, bits);
             }
+            i = end;
         }
         let n = kept as u64;
         if inflate {
@@ -1257,12 +1288,6 @@ fn bit_test(map: &[u64], i: usize) -> bool {
     map.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
 }
 
-fn bit_set(map: &mut [u64], i: usize) {
-    if let Some(w) = map.get_mut(i / 64) {
-        *w |= 1 << (i % 64);
-    }
-}
-
 fn bit_clear(map: &mut [u64], i: usize) {
     if let Some(w) = map.get_mut(i / 64) {
         *w &= !(1 << (i % 64));
@@ -1292,6 +1317,29 @@ fn word_masks(bits: Range<usize>) -> impl Iterator<Item = (usize, u64)> {
 /// Whether any bit in `bits` is set.
 fn bits_any(map: &[u64], bits: Range<usize>) -> bool {
     word_masks(bits).any(|(w, mask)| map.get(w).is_some_and(|x| x & mask != 0))
+}
+
+/// Whether every bit in `bits` is set.
+fn bits_all(map: &[u64], bits: Range<usize>) -> bool {
+    word_masks(bits).all(|(w, mask)| map.get(w).is_some_and(|x| x & mask == mask))
+}
+
+/// Clear the bits `bits`.
+fn bits_clear(map: &mut [u64], bits: Range<usize>) {
+    for (w, mask) in word_masks(bits) {
+        if let Some(x) = map.get_mut(w) {
+            *x &= !mask;
+        }
+    }
+}
+
+/// The length of the run of consecutive PFNs `pfns` starts with (at least
+/// 1 for a non-empty slice).
+fn run_len(pfns: &[GuestPfn]) -> usize {
+    1 + pfns
+        .windows(2)
+        .take_while(|w| w[0].raw().checked_add(1) == Some(w[1].raw()))
+        .count()
 }
 
 /// Set the bits `bits`; returns how many were clear.

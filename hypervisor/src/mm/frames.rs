@@ -639,6 +639,159 @@ impl<'a> FrameTable<'a> {
         Ok(())
     }
 
+    /// [`Self::alloc_guest`] for up to `out.len()` frames at once, as many
+    /// as the guarantee and the floor allow: one next-fit scan and one
+    /// counter update for the batch. Returns how many were written to `out`.
+    pub fn alloc_guest_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
+        let Some(&GuestFrames { owned, guaranteed }) = self.guests.get(vm) else {
+            return 0;
+        };
+        // Frames within the guarantee come out of `reserved` and leave the
+        // unreserved count alone; beyond it, each takes one down to the floor.
+        let allowed = guaranteed.saturating_sub(owned)
+            + self.unreserved_free().saturating_sub(self.guest_floor);
+        let want = (out.len() as u64)
+            .min(allowed)
+            .min(self.counts[FrameUse::Free as usize]) as usize;
+        let code = FIRST_GUEST_CODE + vm as u8;
+        let mut n = 0;
+        let mut idx = self.hint.min(self.entries.len());
+        // Two passes at most: from the hint to the end, then from the start.
+        let mut wrapped = false;
+        while n < want {
+            if idx >= self.entries.len() {
+                if wrapped {
+                    break; // Cannot happen: `want` frames are free.
+                }
+                (idx, wrapped) = (0, true);
+            }
+            let Some(b) = self
+                .banks()
+                .iter()
+                .find(|b| idx < b.base + b.pages)
+                .copied()
+            else {
+                break;
+            };
+            let end = b.base + b.pages;
+            while idx < end && n < want {
+                if self.entries[idx] == FREE {
+                    self.entries[idx] = code;
+                    out[n] = PhysAddr::new(b.first + (idx - b.base) as u64 * PAGE_SIZE);
+                    n += 1;
+                }
+                idx += 1;
+            }
+        }
+        self.hint = if idx >= self.entries.len() { 0 } else { idx };
+        self.moved_guest(vm, n as u64, true);
+        n
+    }
+
+    /// [`Self::free_guest`] for a batch of frames, with one counter update:
+    /// each frame is checked as `free_guest` checks it, and one that is
+    /// refused is passed to `on_error` and left as it was. Returns how many
+    /// were freed.
+    pub fn free_guest_frames(
+        &mut self,
+        vm: usize,
+        frames: &[PhysAddr],
+        on_error: &mut dyn FnMut(FrameError),
+    ) -> u64 {
+        if vm >= MAX_VMS {
+            for &addr in frames {
+                on_error(FrameError::NotOwnedBy { addr, vm, code: 0 });
+            }
+            return 0;
+        }
+        let code = FIRST_GUEST_CODE + vm as u8;
+        let mut bank = Bank::EMPTY;
+        let mut freed = 0;
+        let mut rest = frames;
+        while let Some((&first, _)) = rest.split_first() {
+            // A run of consecutive frames (a VM's RAM is mostly backed in
+            // order) all of this VM's and in one bank: freed as a slice.
+            let run = 1 + rest
+                .windows(2)
+                .take_while(|w| w[0].raw().checked_add(PAGE_SIZE) == Some(w[1].raw()))
+                .count();
+            let (run_frames, next) = rest.split_at(run);
+            let (a, b) = (first.raw(), run_frames[run - 1].raw());
+            if run > 1 && first.is_page_aligned() {
+                if let Some(bk) = self
+                    .banks()
+                    .iter()
+                    .find(|bk| a >= bk.first && b < bk.tracked_end())
+                {
+                    let idx = bk.base + ((a - bk.first) / PAGE_SIZE) as usize;
+                    let entries = &mut self.entries[idx..idx + run];
+                    if entries.iter().all(|&c| c == code) {
+                        entries.fill(FREE);
+                        freed += run as u64;
+                        rest = next;
+                        continue;
+                    }
+                }
+            }
+            // One by one: a lone frame, or a run with a refused frame.
+            rest = next;
+            for &addr in run_frames {
+                let a = addr.raw();
+                if !addr.is_page_aligned() {
+                    on_error(FrameError::Unaligned { addr });
+                    continue;
+                }
+                // Frames of a batch are mostly in one bank: look it up only
+                // when the address leaves the last one.
+                if a < bank.first || a >= bank.tracked_end() {
+                    match self
+                        .banks()
+                        .iter()
+                        .find(|b| a >= b.first && a < b.tracked_end())
+                    {
+                        Some(b) => bank = *b,
+                        None => {
+                            on_error(FrameError::NotInRam { addr, pages: 1 });
+                            continue;
+                        }
+                    }
+                }
+                let idx = bank.base + ((a - bank.first) / PAGE_SIZE) as usize;
+                let found = self.entries[idx];
+                if found != code {
+                    on_error(FrameError::NotOwnedBy {
+                        addr,
+                        vm,
+                        code: found,
+                    });
+                    continue;
+                }
+                self.entries[idx] = FREE;
+                freed += 1;
+            }
+        }
+        self.moved_guest(vm, freed, false);
+        freed
+    }
+
+    /// The counters after `n` frames moved between the pool and VM `vm`
+    /// (`to_vm`: allocated), their bytes already set.
+    fn moved_guest(&mut self, vm: usize, n: u64, to_vm: bool) {
+        let (free, guest) = (FrameUse::Free as usize, FrameUse::Guest as usize);
+        let g = &mut self.guests[vm];
+        let before = g.owned;
+        if to_vm {
+            self.counts[free] -= n;
+            self.counts[guest] += n;
+            g.owned += n;
+        } else {
+            self.counts[free] += n;
+            self.counts[guest] -= n;
+            g.owned -= n;
+        }
+        self.reserved = (self.reserved + before.min(g.guaranteed)) - g.owned.min(g.guaranteed);
+    }
+
     /// The VM that owns the frame at `addr`, if a VM does.
     pub fn guest_owner(&self, addr: PhysAddr) -> Option<usize> {
         let code = self.entries[self.index_of(addr.raw())?];
@@ -1466,5 +1619,77 @@ mod tests {
         }
         assert_eq!(t.alloc(1, 1, FrameUse::Allocated), None);
         t.check_invariants().unwrap();
+    }
+
+    /// The batched guest calls against their one-frame forms on a twin
+    /// table: the same frames, the same refusals, the same counters, with
+    /// guarantees, the floor, several banks and frames of other owners.
+    #[test]
+    fn batched_guest_frames_match_one_at_a_time() {
+        let ram = [
+            r(0x4000_0000, 0x4002_0000),
+            r(0x4004_0000, 0x4004_8000),
+            r(0x8000_0000, 0x8002_0000),
+        ];
+        let (mut sa, mut sb) = (storage(&ram), storage(&ram));
+        let mut batched = FrameTable::new(&ram, &mut sa).unwrap();
+        let mut single = FrameTable::new(&ram, &mut sb).unwrap();
+        for t in [&mut batched, &mut single] {
+            t.mark(r(0x4000_8000, 0x4001_0000), FrameUse::Heap).unwrap();
+            t.set_guest_floor(9);
+            t.guarantee(1, 20).unwrap();
+        }
+        let mut owned: Vec<Vec<PhysAddr>> = vec![Vec::new(); 3];
+        let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+        for _ in 0..3_000 {
+            let vm = rng.below(3) as usize;
+            if rng.below(2) == 0 {
+                let mut out = [PhysAddr::new(0); 40];
+                let want = rng.below(41) as usize;
+                let n = batched.alloc_guest_frames(vm, &mut out[..want]);
+                let expected: Vec<PhysAddr> =
+                    (0..want).map_while(|_| single.alloc_guest(vm)).collect();
+                assert_eq!(&out[..n], &expected[..]);
+                owned[vm].extend_from_slice(&out[..n]);
+            } else {
+                // Some of this VM's frames, with a stranger's, a free one
+                // and a misaligned one mixed in.
+                let mut frames = Vec::new();
+                for _ in 0..rng.below(30) {
+                    if owned[vm].is_empty() {
+                        break;
+                    }
+                    let i = rng.below(owned[vm].len() as u64) as usize;
+                    frames.push(owned[vm].swap_remove(i));
+                }
+                let other = (vm + 1) % 3;
+                if rng.below(2) == 0 {
+                    // In address order: runs of consecutive frames.
+                    frames.sort();
+                }
+                frames.extend(owned[other].first().copied());
+                frames.push(pa(0x4004_8000 + PAGE_SIZE)); // outside RAM
+                frames.push(pa(0x4000_0010));
+                frames.push(pa(0x4000_8000)); // heap
+                let (mut errors_a, mut errors_b) = (Vec::new(), Vec::new());
+                let freed = batched.free_guest_frames(vm, &frames, &mut |e| errors_a.push(e));
+                let mut freed_b = 0;
+                for &f in &frames {
+                    match single.free_guest(vm, f) {
+                        Ok(()) => freed_b += 1,
+                        Err(e) => errors_b.push(e),
+                    }
+                }
+                assert_eq!((freed, errors_a.len()), (freed_b, errors_b.len()));
+                assert_eq!(errors_a, errors_b);
+            }
+            assert_eq!(snapshot(&batched), snapshot(&single));
+            assert_eq!(batched.reserved(), single.reserved());
+            batched.check_invariants().unwrap();
+        }
+        assert_eq!(
+            batched.alloc_guest_frames(MAX_VMS, &mut [PhysAddr::new(0); 4]),
+            0
+        );
     }
 }

@@ -140,6 +140,14 @@ pub struct Stage2 {
     tables: u64,
 }
 
+/// The level-3 table a batch of stage-2 operations last walked to, and its
+/// 2 MiB region (IPA >> 21): ascending pages of one request share it, so
+/// one walk serves up to 512 of them. Fresh (empty) for each batch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WalkCache {
+    last: Option<(u64, PhysAddr)>,
+}
+
 fn index(ipa: GuestAddr, level: u32) -> usize {
     ((ipa.raw() >> (12 + 9 * (3 - level))) & 511) as usize
 }
@@ -201,6 +209,31 @@ impl Stage2 {
         Ok(Some(table))
     }
 
+    /// [`Self::leaf_table`] without creating, through `cache`: the walk is
+    /// skipped while `ipa` stays in the 2 MiB region the cache last walked
+    /// to. Only tables found are cached (tables are freed only by
+    /// [`Self::destroy`], which takes the whole `Stage2`), so a cached table
+    /// is never stale.
+    fn leaf_table_cached(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: GuestAddr,
+        create: bool,
+        cache: &mut WalkCache,
+    ) -> Result<Option<PhysAddr>, Stage2Error> {
+        let region = ipa.raw() >> 21;
+        if let Some((r, table)) = cache.last {
+            if r == region {
+                return Ok(Some(table));
+            }
+        }
+        let table = self.leaf_table(mem, ipa, create)?;
+        if let Some(t) = table {
+            cache.last = Some((region, t));
+        }
+        Ok(table)
+    }
+
     /// Pass the device page at `pa` through at `ipa`. Device pages are not
     /// guest RAM: they are not counted, reported or freed as frames.
     pub fn map_device(
@@ -224,6 +257,20 @@ impl Stage2 {
         Ok(())
     }
 
+    /// [`Self::map`] for the pages of a batch, walking only when `ipa`
+    /// leaves the 2 MiB region `cache` holds.
+    pub fn map_cached(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: GuestAddr,
+        pa: PhysAddr,
+        cache: &mut WalkCache,
+    ) -> Result<(), Stage2Error> {
+        self.set_leaf_cached(mem, ipa, ram_page(pa), cache)?;
+        self.mapped += 1;
+        Ok(())
+    }
+
     /// Install a leaf descriptor where nothing is mapped yet.
     fn set_leaf(
         &mut self,
@@ -231,9 +278,19 @@ impl Stage2 {
         ipa: GuestAddr,
         descriptor: u64,
     ) -> Result<(), Stage2Error> {
+        self.set_leaf_cached(mem, ipa, descriptor, &mut WalkCache::default())
+    }
+
+    fn set_leaf_cached(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: GuestAddr,
+        descriptor: u64,
+        cache: &mut WalkCache,
+    ) -> Result<(), Stage2Error> {
         Self::check(ipa)?;
         let table = self
-            .leaf_table(mem, ipa, true)?
+            .leaf_table_cached(mem, ipa, true, cache)?
             .ok_or(Stage2Error::OutOfTables)?;
         let slot = &mut mem.table(table)[index(ipa, 3)];
         if is_valid(*slot) {
@@ -249,8 +306,19 @@ impl Stage2 {
     /// Unmap the page at `ipa`; the frame it mapped, if any. The caller
     /// invalidates the TLB before the frame is reused.
     pub fn unmap(&mut self, mem: &mut impl TableMemory, ipa: GuestAddr) -> Option<PhysAddr> {
+        self.unmap_cached(mem, ipa, &mut WalkCache::default())
+    }
+
+    /// [`Self::unmap`] for the pages of a batch, walking only when `ipa`
+    /// leaves the 2 MiB region `cache` holds.
+    pub fn unmap_cached(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: GuestAddr,
+        cache: &mut WalkCache,
+    ) -> Option<PhysAddr> {
         Self::check(ipa).ok()?;
-        let table = self.leaf_table(mem, ipa, false).ok()??;
+        let table = self.leaf_table_cached(mem, ipa, false, cache).ok()??;
         let slot = &mut mem.table(table)[index(ipa, 3)];
         if !is_valid(*slot) || !is_ram(*slot) {
             return None;
@@ -261,12 +329,55 @@ impl Stage2 {
         Some(pa)
     }
 
+    /// Unmap the `pages` pages from `ipa` (page-aligned, all in one 2 MiB
+    /// region), pushing the frames of those mapped as RAM to `out` (which
+    /// must have room for `pages`): one walk for the run. The caller
+    /// invalidates the TLB before the frames are reused.
+    pub fn unmap_run<const N: usize>(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: GuestAddr,
+        pages: usize,
+        out: &mut heapless::Vec<PhysAddr, N>,
+    ) {
+        let first = index(ipa, 3);
+        if Self::check(ipa).is_err() || first + pages > 512 || pages > out.capacity() - out.len() {
+            return;
+        }
+        let Ok(Some(table)) = self.leaf_table(mem, ipa, false) else {
+            return;
+        };
+        let mut unmapped = 0;
+        for slot in &mut mem.table(table)[first..first + pages] {
+            if is_valid(*slot) && is_ram(*slot) {
+                // Cannot fail: room for `pages` was checked above.
+                let _ = out.push(output_address(*slot));
+                *slot = 0;
+                unmapped += 1;
+            }
+        }
+        self.mapped -= unmapped;
+    }
+
     /// The frame `ipa` maps to, if any.
     pub fn lookup(&mut self, mem: &mut impl TableMemory, ipa: GuestAddr) -> Option<PhysAddr> {
+        self.lookup_cached(mem, ipa, &mut WalkCache::default())
+    }
+
+    /// [`Self::lookup`] for the pages of a batch, walking only when `ipa`
+    /// leaves the 2 MiB region `cache` holds.
+    pub fn lookup_cached(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: GuestAddr,
+        cache: &mut WalkCache,
+    ) -> Option<PhysAddr> {
         if ipa >= IPA_LIMIT {
             return None;
         }
-        let table = self.leaf_table(mem, ipa.page_base(), false).ok()??;
+        let table = self
+            .leaf_table_cached(mem, ipa.page_base(), false, cache)
+            .ok()??;
         let entry = mem.table(table)[index(ipa, 3)];
         (is_valid(entry) && is_ram(entry)).then_some(PhysAddr::new(
             output_address(entry).raw() | ipa.page_offset(),
@@ -422,6 +533,53 @@ pub mod tests {
         fn table(&mut self, pa: PhysAddr) -> &mut [u64; 512] {
             self.tables.get_mut(&pa).expect("not a table")
         }
+    }
+
+    /// One cache carried across a batch that crosses 2 MiB regions, leaves
+    /// holes, steps back and hits a region with no table yet: the same
+    /// answers as the uncached walk, and tables made on the way are found.
+    #[test]
+    fn cached_walks_match_the_full_walk() {
+        let mut mem = FakeTables::default();
+        let mut s2 = Stage2::new(&mut mem).unwrap();
+        let ipas: Vec<GuestAddr> = [0x4000_0000u64, 0x401f_f000, 0x4020_0000, 0x4000_1000]
+            .into_iter()
+            .chain((0..600).map(|i| 0x8000_0000 + i * 3 * PAGE))
+            .chain([0x4_0000_0000, 0x4000_2000])
+            .map(g)
+            .collect();
+        let mut cache = WalkCache::default();
+        assert_eq!(s2.lookup_cached(&mut mem, ipas[0], &mut cache), None);
+        for (i, &ipa) in ipas.iter().enumerate() {
+            let pa = p(0x9000_0000 + i as u64 * PAGE);
+            s2.map_cached(&mut mem, ipa, pa, &mut cache).unwrap();
+            assert!(s2.map_cached(&mut mem, ipa, pa, &mut cache).is_err());
+        }
+        assert_eq!(s2.mapped_pages(), ipas.len() as u64);
+        let mut cache = WalkCache::default();
+        for (i, &ipa) in ipas.iter().enumerate() {
+            let pa = p(0x9000_0000 + i as u64 * PAGE);
+            assert_eq!(
+                s2.lookup_cached(&mut mem, ipa + 8, &mut cache),
+                Some(pa + 8)
+            );
+            assert_eq!(s2.lookup(&mut mem, ipa), Some(pa));
+            assert_eq!(
+                s2.lookup_cached(&mut mem, ipa + PAGE * 2, &mut cache),
+                s2.lookup(&mut mem, ipa + PAGE * 2)
+            );
+        }
+        let mut cache = WalkCache::default();
+        for (i, &ipa) in ipas.iter().enumerate().rev() {
+            let pa = p(0x9000_0000 + i as u64 * PAGE);
+            assert_eq!(s2.unmap_cached(&mut mem, ipa, &mut cache), Some(pa));
+            assert_eq!(s2.unmap_cached(&mut mem, ipa, &mut cache), None);
+        }
+        assert_eq!(s2.mapped_pages(), 0);
+        assert_eq!(
+            s2.unmap_cached(&mut mem, g(0x1_0000_0000), &mut cache),
+            None
+        );
     }
 
     #[test]

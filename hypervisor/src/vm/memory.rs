@@ -17,7 +17,7 @@
 
 use crate::addr::{GuestAddr, GuestPfn, PhysAddr};
 use crate::mm::frames::{FrameError, Shortfall, PAGE_SIZE};
-use crate::mm::stage2::{Stage2, Stage2Error, TableMemory};
+use crate::mm::stage2::{Stage2, Stage2Error, TableMemory, WalkCache};
 use crate::trace::trace_event;
 
 /// What a VM's memory needs from the host.
@@ -242,31 +242,40 @@ impl GuestRam {
 
     /// Back the pages of these PFNs (those in RAM without a frame) now, as
     /// their first access would: what a deflate does for the pages the
-    /// guest takes back. Frames come from the pool in batches. Stops when
-    /// the pool gives no more; returns how many pages were backed.
+    /// guest takes back. Frames come from the pool in batches, one per
+    /// page in RAM (pages the balloon gives back have none, so the frame
+    /// of a page that turns out mapped already goes straight back). Stops
+    /// when the pool gives no more; returns how many pages were backed.
     pub fn back_now_all(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
         const BATCH: usize = 64;
         let mut backed = 0;
+        let mut walk = WalkCache::default();
         for chunk in pfns.chunks(BATCH) {
             let mut ipas: heapless::Vec<GuestAddr, BATCH> = heapless::Vec::new();
             for &pfn in chunk {
-                let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
-                    continue;
-                };
-                if self.stage2.lookup(mem, ipa).is_none() {
+                if let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) {
                     // Cannot overflow: at most BATCH per chunk.
                     let _ = ipas.push(ipa);
                 }
             }
             let mut frames = [PhysAddr::new(0); BATCH];
             let n = mem.alloc_frames(self.vm, &mut frames[..ipas.len()]);
+            let mut unused: heapless::Vec<PhysAddr, BATCH> = heapless::Vec::new();
             for (&ipa, &pa) in ipas.iter().zip(&frames[..n]) {
-                if self.stage2.map(mem, ipa, pa).is_err() {
-                    self.free_frame(mem, pa);
+                if self.stage2.map_cached(mem, ipa, pa, &mut walk).is_err() {
+                    let _ = unused.push(pa);
                     continue;
                 }
                 self.fill(mem, pa);
                 backed += 1;
+            }
+            if !unused.is_empty() {
+                // Never mapped: no TLB entry can reach them.
+                let (leaked, error) = (&mut self.stats.frames_leaked, &mut self.frame_error);
+                mem.free_frames(self.vm, &unused, &mut |e| {
+                    *leaked += 1;
+                    error.get_or_insert(e);
+                });
             }
             if n < ipas.len() {
                 break;
@@ -304,15 +313,38 @@ impl GuestRam {
         let mut frames: heapless::Vec<PhysAddr, 256> = heapless::Vec::new();
         let mut released = 0;
         for chunk in pfns.chunks(256) {
-            for &pfn in chunk {
+            // Runs of consecutive PFNs in one 2 MiB region: one stage-2
+            // walk each (a request's PFNs are mostly such runs).
+            let mut rest = chunk;
+            while let Some((&first, _)) = rest.split_first() {
+                let region_left = 512 - (first.raw() & 511) as usize;
+                let run = 1 + rest
+                    .windows(2)
+                    .take(region_left - 1)
+                    .take_while(|w| w[0].raw().checked_add(1) == Some(w[1].raw()))
+                    .count();
+                let (run_pfns, next) = rest.split_at(run);
+                rest = next;
                 // A PFN whose address does not fit 64 bits is not RAM (a
-                // wrapped product could alias a real page).
-                let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
-                    continue;
-                };
-                if let Some(pa) = self.stage2.unmap(mem, ipa) {
-                    // Cannot overflow: at most 256 per chunk.
-                    let _ = frames.push(pa);
+                // wrapped product could alias a real page). RAM is one
+                // range: a run whose ends are in it is in it.
+                let last = run_pfns[run - 1];
+                match (first.addr(), last.addr()) {
+                    (Some(a), Some(b)) if self.contains(a) && self.contains(b) => {
+                        // Room: at most 256 per chunk, and `frames` is
+                        // emptied after each chunk.
+                        self.stage2.unmap_run(mem, a, run, &mut frames);
+                        continue;
+                    }
+                    _ => {}
+                }
+                for &pfn in run_pfns {
+                    let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
+                        continue;
+                    };
+                    if let Some(pa) = self.stage2.unmap(mem, ipa) {
+                        let _ = frames.push(pa);
+                    }
                 }
             }
             if frames.is_empty() {
@@ -551,6 +583,40 @@ mod tests {
     use crate::vm::testing::FakeHost;
 
     const BASE: GuestAddr = GuestAddr::new(0x4000_0000);
+
+    /// Runs that cross a 2 MiB region, run past the end of RAM, start
+    /// below it, wrap, repeat or are lone pages: exactly the pages in RAM
+    /// are released, once, as the page-at-a-time loop would.
+    #[test]
+    fn release_by_runs_takes_exactly_the_pages_in_ram() {
+        let pages = 1200; // RAM ends inside the third 2 MiB region
+        let mut host = FakeHost::new(2048);
+        let mut ram = GuestRam::new(&mut host, 1, 1, BASE, pages * PAGE_SIZE).unwrap();
+        ram.populate(&mut host).unwrap();
+        let base = BASE.pfn().raw();
+        let mut pfns: Vec<u64> = (base + 500..base + 530).collect(); // crosses 512
+        pfns.extend(base + pages - 3..base + pages + 5); // past the end
+        pfns.extend([base - 2, base - 1, base, base + 1]); // from below
+        pfns.extend([base + 700, base + 700, base + 702]); // repeated, lone
+        pfns.extend([u64::MAX - 1, u64::MAX, 0, 1]); // wraps
+        let pfns: Vec<GuestPfn> = pfns.into_iter().map(GuestPfn::new).collect();
+        let in_ram: std::collections::BTreeSet<u64> = pfns
+            .iter()
+            .map(|p| p.raw())
+            .filter(|p| (base..base + pages).contains(p))
+            .collect();
+        assert_eq!(ram.release(&mut host, &pfns), in_ram.len() as u64);
+        assert_eq!(ram.mapped_pages(), pages - in_ram.len() as u64);
+        for p in base..base + pages {
+            let mapped = ram
+                .stage2
+                .lookup(&mut host, GuestPfn::new(p).addr().unwrap())
+                .is_some();
+            assert_eq!(mapped, !in_ram.contains(&p), "page {p:#x}");
+        }
+        ram.check(&mut host).unwrap();
+        host.frames.check_invariants().unwrap();
+    }
 
     #[test]
     fn populate_release_back_destroy() {
