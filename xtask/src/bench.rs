@@ -52,6 +52,10 @@ struct Move {
     /// From sending the command until the hypervisor's report arrived.
     #[serde(serialize_with = "json::decimals::<3, _>")]
     wall_s: f64,
+    /// `info exits bench`, started over just before the move and read once
+    /// the guest has checked its memory after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_profile: Option<exits::Profile>,
 }
 
 /// target/bench/balloon.json.
@@ -109,6 +113,11 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     let mut moves = Vec::new();
     for round in 1..=ROUNDS {
         for (op, size) in [("inflate", SIZE_MIB), ("deflate", 0)] {
+            let mut shell = |command: &str| s.run(command, STEP).map_err(|e| e.to_string());
+            let reset = shell("info exits bench reset")?;
+            if !reset.contains("exit profile started over") {
+                return Err(format!("`info exits bench reset` answered: {reset}"));
+            }
             let started = Instant::now();
             s.send_line(&format!("balloon bench {size}M"))
                 .map_err(|e| e.to_string())?;
@@ -132,10 +141,18 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                 insns_per_page: c[4].parse().ok(),
                 exits: c[6].parse().ok(),
                 wall_s,
+                exit_profile: None,
             });
             // The guest checks its memory after every move; wait for it.
             s.expect(r"\[bench\] testguest: pattern ok", STEP)
                 .map_err(|e| e.to_string())?;
+            let profile = s
+                .run("info exits bench", STEP)
+                .map_err(|e| e.to_string())
+                .and_then(|text| exits::parse(&text))?;
+            if let Some(m) = moves.last_mut() {
+                m.exit_profile = Some(profile);
+            }
         }
     }
     s.send_line("poweroff").map_err(|e| e.to_string())?;
@@ -159,11 +176,21 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             m.wall_s
         );
     }
-    println!("EL2 instructions cover every exit of the move, world switch included. A deflate's exits are");
     println!(
-        "mostly faults: the test guest writes each page it gets back before reporting the target"
+        "EL2 instructions cover every exit of the move, world switch included. A deflate backs"
     );
-    println!("reached, and each first touch backs the page with a zeroed frame.");
+    println!(
+        "the pages the guest takes back in its own exits (zeroed frames), so the guest's first"
+    );
+    println!("touch of each page costs no exit.");
+    if let [.., inflate, deflate] = &moves[..] {
+        if let (Some(i), Some(d)) = (&inflate.exit_profile, &deflate.exit_profile) {
+            println!();
+            for line in exits::move_table(inflate.round, i, d) {
+                println!("{line}");
+            }
+        }
+    }
 
     let path = root.join("target").join("bench").join("balloon.json");
     json::write(&path, &Report::new(&moves))?;
@@ -188,6 +215,7 @@ mod tests {
                 insns_per_page: Some(2345.6),
                 exits: Some(64),
                 wall_s: 1.23456,
+                exit_profile: None,
             },
             Move {
                 round: 1,
@@ -198,6 +226,7 @@ mod tests {
                 insns_per_page: None,
                 exits: None,
                 wall_s: 0.5,
+                exit_profile: None,
             },
         ];
         assert_eq!(

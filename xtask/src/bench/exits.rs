@@ -211,6 +211,38 @@ pub(super) fn table(runs: &[&Profiles], icount: Option<&Profiles>) -> Vec<String
     lines
 }
 
+/// The bare-metal bench's last inflate and deflate by kind of exit: the
+/// kinds either had, with their exits and EL2 instructions per exit.
+pub(super) fn move_table(round: usize, inflate: &Profile, deflate: &Profile) -> Vec<String> {
+    let cell = |t: Tally| {
+        let each = per_exit(t).map_or("-".to_string(), |v| format!("{v:.0}"));
+        format!("{:>8} {:>11}", t.count, each)
+    };
+    let mut lines = vec![
+        format!(
+            "Round {round}'s moves by kind of exit (`info exits bench`, started over before each move,"
+        ),
+        "read after the guest's check of its memory, whose console line is in mmio-uart)".to_string(),
+        format!(
+            "{:<14} {:>8} {:>11}   {:>8} {:>11}",
+            "kind", "inflate", "instr/exit", "deflate", "instr/exit"
+        ),
+    ];
+    for (label, _) in &inflate.kinds {
+        let (i, d) = (inflate.get(label), deflate.get(label));
+        if i.count + d.count > 0 {
+            lines.push(format!("{label:<14} {}   {}", cell(i), cell(d)));
+        }
+    }
+    lines.push(format!(
+        "{:<14} {}   {}",
+        "total",
+        cell(inflate.total),
+        cell(deflate.total)
+    ));
+    lines
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -265,6 +297,32 @@ linux: 2236 exits in 10.501 s
   other                 0   0.0%       0.0              -          -
   total              2236 100.0%     212.9              -          -
 ";
+
+    #[test]
+    fn move_table_shows_the_kinds_either_move_had() {
+        let inflate = parse(SAMPLE).unwrap();
+        let deflate = parse(SAMPLE_NO_PMU).unwrap();
+        let lines = move_table(3, &inflate, &deflate);
+        assert!(lines[0].starts_with("Round 3's moves"));
+        let row = |label: &str| {
+            lines
+                .iter()
+                .find(|l| l.split_whitespace().next() == Some(label))
+                .cloned()
+        };
+        assert_eq!(
+            row("mmio-virtio")
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>(),
+            ["mmio-virtio", "22", "471073", "15", "-"]
+        );
+        assert_eq!(row("mmio-gicr"), None, "no exits in either move");
+        assert_eq!(
+            row("total").unwrap().split_whitespace().collect::<Vec<_>>(),
+            ["total", "2242", "5565", "2236", "-"]
+        );
+    }
 
     #[test]
     fn parses_the_shell_table() {
