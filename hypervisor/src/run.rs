@@ -629,10 +629,12 @@ fn run_vcpu(id: usize, vcpu: usize) {
         GuestContext::new(entry, x0)
     };
     loop {
+        // An exit's cost (the exit profile) runs from here: the list
+        // registers synced, the world switch in, the trap, the handling.
+        let before = pmu::instructions();
         if let Some(vm) = lock_vm(id).as_mut() {
             irq::sync_list_registers(vm, &mut cpu, vcpu);
         }
-        let before = pmu::instructions();
         let vector = vcpu::run(&mut ctx);
         let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
         let mut guard = lock_vm(id);

@@ -66,16 +66,38 @@ struct Report<'a> {
     icount_shift: u32,
     size_mib: u64,
     moves: &'a [Move],
+    /// The guest's notifies with nothing queued, at boot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    empty_notifies: Option<EmptyNotifies>,
+}
+
+/// The `virtio-notify` row of the boot's exit profile: the test guest's
+/// notifies of an empty inflate queue (`empty-notifies` in its bootargs).
+#[derive(Clone, Copy, Serialize)]
+struct EmptyNotifies {
+    count: u64,
+    el2_instructions_per_notify: Option<u64>,
+}
+
+impl EmptyNotifies {
+    fn from_profile(boot: &exits::Profile) -> Option<Self> {
+        let (_, t) = boot.kinds.iter().find(|(l, _)| l == "virtio-notify")?;
+        Some(EmptyNotifies {
+            count: t.count,
+            el2_instructions_per_notify: t.instructions.map(|i| i / t.count.max(1)),
+        })
+    }
 }
 
 impl<'a> Report<'a> {
-    fn new(moves: &'a [Move]) -> Self {
+    fn new(moves: &'a [Move], empty_notifies: Option<EmptyNotifies>) -> Self {
         Report {
             benchmark: "balloon-bare-metal",
             board: "virt-gicv2",
             icount_shift: 0,
             size_mib: SIZE_MIB,
             moves,
+            empty_notifies,
         }
     }
 }
@@ -108,8 +130,18 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     let mut s =
         Session::start("bench-balloon", board, artifacts, &opts).map_err(|e| e.to_string())?;
     s.set_deadline(Duration::from_secs(1800));
-    s.expect(r"\[bench\] testguest: balloon at ", STEP)
-        .map_err(|e| e.to_string())?;
+    s.expect(
+        r"\[bench\] testguest: \d+ empty notifies of the inflate queue done",
+        STEP,
+    )
+    .map_err(|e| e.to_string())?;
+    // The boot's profile: its virtio-notify row is the empty notifies
+    // (the driver notifies no queue before the first move).
+    let boot = s
+        .run("info exits bench", STEP)
+        .map_err(|e| e.to_string())
+        .and_then(|text| exits::parse(&text))?;
+    let empty_notifies = EmptyNotifies::from_profile(&boot);
     let mut moves = Vec::new();
     for round in 1..=ROUNDS {
         for (op, size) in [("inflate", SIZE_MIB), ("deflate", 0)] {
@@ -183,6 +215,14 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
         "the pages the guest takes back in its own exits (zeroed frames), so the guest's first"
     );
     println!("touch of each page costs no exit.");
+    if let Some(e) = empty_notifies {
+        println!(
+            "A notify with nothing queued (the guest's {} at boot): {} EL2 instructions from trap to return",
+            e.count,
+            e.el2_instructions_per_notify
+                .map_or("n/a".into(), |v| v.to_string())
+        );
+    }
     if let [.., inflate, deflate] = &moves[..] {
         if let (Some(i), Some(d)) = (&inflate.exit_profile, &deflate.exit_profile) {
             println!();
@@ -193,7 +233,7 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     }
 
     let path = root.join("target").join("bench").join("balloon.json");
-    json::write(&path, &Report::new(&moves))?;
+    json::write(&path, &Report::new(&moves, empty_notifies))?;
     println!("written to {}", path.display());
     Ok(())
 }
@@ -230,7 +270,14 @@ mod tests {
             },
         ];
         assert_eq!(
-            serde_json::to_value(Report::new(&moves)).unwrap(),
+            serde_json::to_value(Report::new(
+                &moves,
+                Some(EmptyNotifies {
+                    count: 64,
+                    el2_instructions_per_notify: Some(431)
+                })
+            ))
+            .unwrap(),
             json!({
                 "benchmark": "balloon-bare-metal",
                 "board": "virt-gicv2",
@@ -243,7 +290,8 @@ mod tests {
                     {"round": 1, "op": "deflate", "pages": 32768, "virtual_us": 90000,
                      "pages_per_s_virtual": 364088, "el2_instructions_per_page": null,
                      "exits": null, "wall_s": 0.5}
-                ]
+                ],
+                "empty_notifies": {"count": 64, "el2_instructions_per_notify": 431}
             })
         );
     }

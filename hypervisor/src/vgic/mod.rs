@@ -817,6 +817,11 @@ impl VDistributor {
 
     /// Sets an interrupt's input line; returns the vCPUs to kick.
     fn set_line(&mut self, bank: usize, intid: u32, level: bool) -> u32 {
+        // The line as it was: nothing changes (a device re-asserting its
+        // level after every register access is the common case).
+        if self.irq(bank, intid).is_some_and(|irq| irq.line == level) {
+            return 0;
+        }
         self.track(bank, intid, |d| {
             if let Some(irq) = d.irq_mut(bank, intid) {
                 if irq.edge && level && !irq.line {
@@ -904,6 +909,13 @@ impl VDistributor {
         already_listed: impl Fn(u32) -> bool,
     ) -> Option<PendingIrq> {
         if vcpu >= self.vcpus || self.ctlr == 0 {
+            return None;
+        }
+        // Nothing pending at all (the common case at every guest entry):
+        // no scan.
+        if self.private_pending.get(vcpu).is_none_or(|&w| w == 0)
+            && self.spi_pending.iter().all(|&w| w == 0)
+        {
             return None;
         }
         let mut best: Option<(u8, u32)> = None;

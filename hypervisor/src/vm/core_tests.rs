@@ -968,6 +968,7 @@ fn profiled(
 fn exits_are_profiled_by_kind() {
     use super::exit_profile::{ExitProfile, KINDS};
     use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, VTIMER_PPI};
+    use crate::virtio::mmio::QUEUE_NOTIFY;
 
     let (mut vm, mut cpu) = started(1);
     assert_eq!(vm.profile, ExitProfile::new(cpu.now_us), "reset at start");
@@ -998,6 +999,12 @@ fn exits_are_profiled_by_kind() {
         (load(layout::GICD_BASE, 4), vec![], ExitKind::MmioGicd),
         (load(gicr_ctlr, 4), vec![], ExitKind::MmioGicr),
         (load(layout::VIRTIO_BASE, 4), vec![], ExitKind::MmioVirtio),
+        // A notify before the driver is live: remembered, nothing else.
+        (
+            store(layout::VIRTIO_BASE + QUEUE_NOTIFY, 4),
+            vec![],
+            ExitKind::VirtioNotify,
+        ),
         // Neither RAM nor a device: an abort injected.
         (
             load(GuestAddr::new(0x0c00_0000), 4),
@@ -1087,8 +1094,8 @@ fn exits_are_profiled_by_kind() {
         assert!(got.count > 0, "{kind:?} is reachable");
     }
     let total = vm.profile.total();
-    // 20 exits costing 100, 200, ... 2000.
-    assert_eq!((total.count, total.instructions), (20, 21_000));
+    // 21 exits costing 100, 200, ... 2100.
+    assert_eq!((total.count, total.instructions), (21, 23_100));
 
     // The table, 2 s after the start.
     let mut text = String::new();
@@ -1096,7 +1103,7 @@ fn exits_are_profiled_by_kind() {
         .write_table("guest", cpu.now_us + 2_000_000, true, &mut text)
         .unwrap();
     let rows: Vec<&str> = text.lines().collect();
-    assert_eq!(rows[0], "guest: 20 exits in 2.000 s");
+    assert_eq!(rows[0], "guest: 21 exits in 2.000 s");
     assert_eq!(rows.len(), 2 + KINDS + 1);
     let row = |label: &str| {
         *rows
@@ -1104,25 +1111,25 @@ fn exits_are_profiled_by_kind() {
             .find(|r| r.split_whitespace().next() == Some(label))
             .unwrap_or_else(|| panic!("no {label} row in\n{text}"))
     };
-    // Stage-2 faults: exits 7 and 8, 700 + 800 instructions.
+    // Stage-2 faults: exits 8 and 9, 800 + 900 instructions.
     assert_eq!(
         row("stage2-fault"),
-        "  stage2-fault          2  10.0%       1.0           1500        750"
+        "  stage2-fault          2   9.5%       1.0           1700        850"
     );
     assert_eq!(
         row("irq-other"),
-        "  irq-other             2  10.0%       1.0           3700       1850"
+        "  irq-other             2   9.5%       1.0           3900       1950"
     );
     assert_eq!(
         row("total"),
-        "  total                20 100.0%      10.0          21000       1050"
+        "  total                21 100.0%      10.5          23100       1100"
     );
     // `info balloon` sums them up the old way.
     let mut info = String::new();
     super::balloon_info::write_info(&vm, cpu.now_us, &mut info).unwrap();
     assert!(
         info.contains(
-            "  exits: 20 (4 MMIO, 2 HVC/SMC, 2 WFI/WFE, 4 faults), 1050 EL2 instructions each on average"
+            "  exits: 21 (5 MMIO, 2 HVC/SMC, 2 WFI/WFE, 4 faults), 1100 EL2 instructions each on average"
         ),
         "{info}"
     );

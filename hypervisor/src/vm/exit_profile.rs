@@ -16,8 +16,13 @@ use super::fault::Device;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ExitKind {
-    /// A load or store (with a full syndrome) to the virtio-mmio window.
+    /// A load or store (with a full syndrome) to the virtio-mmio window,
+    /// other than a notify.
     MmioVirtio,
+    /// A store to the virtio-mmio window's QueueNotify: the device's work
+    /// on the queue is in it (a notify with nothing queued costs the trap
+    /// and the look at the ring).
+    VirtioNotify,
     /// ... to the GIC distributor.
     MmioGicd,
     /// ... to a GICv3 redistributor.
@@ -57,8 +62,9 @@ pub const KINDS: usize = ExitKind::ALL.len();
 
 impl ExitKind {
     /// Every kind, in the order of the table.
-    pub const ALL: [ExitKind; 17] = [
+    pub const ALL: [ExitKind; 18] = [
         ExitKind::MmioVirtio,
+        ExitKind::VirtioNotify,
         ExitKind::MmioGicd,
         ExitKind::MmioGicr,
         ExitKind::MmioUart,
@@ -81,6 +87,7 @@ impl ExitKind {
     pub fn label(self) -> &'static str {
         match self {
             ExitKind::MmioVirtio => "mmio-virtio",
+            ExitKind::VirtioNotify => "virtio-notify",
             ExitKind::MmioGicd => "mmio-gicd",
             ExitKind::MmioGicr => "mmio-gicr",
             ExitKind::MmioUart => "mmio-uart",
@@ -118,7 +125,11 @@ impl ExitKind {
     pub fn is_mmio(self) -> bool {
         matches!(
             self,
-            ExitKind::MmioVirtio | ExitKind::MmioGicd | ExitKind::MmioGicr | ExitKind::MmioUart
+            ExitKind::MmioVirtio
+                | ExitKind::VirtioNotify
+                | ExitKind::MmioGicd
+                | ExitKind::MmioGicr
+                | ExitKind::MmioUart
         )
     }
 }
@@ -336,7 +347,8 @@ mod tests {
             assert_eq!(*kind as usize, i, "{kind:?}");
             assert!(!kind.label().contains(' '));
         }
-        assert_eq!(KINDS, 17);
+        assert_eq!(KINDS, 18);
+        assert!(ExitKind::VirtioNotify.is_mmio());
         assert_eq!(ExitKind::mmio(None), ExitKind::BadAccess);
         assert_eq!(ExitKind::mmio(Some(Device::Uart)), ExitKind::MmioUart);
         assert!(ExitKind::MmioGicr.is_mmio() && !ExitKind::BadAccess.is_mmio());
@@ -367,11 +379,11 @@ mod tests {
             "  kind              exits  share     per s      EL2 instr instr/exit"
         );
         assert_eq!(
-            lines[1 + 4],
+            lines[1 + 5],
             "  mmio-uart             1  25.0%       0.5           2500       2500"
         );
         assert_eq!(
-            lines[1 + 10],
+            lines[1 + 11],
             "  wfi                   3  75.0%       1.5           3000       1000"
         );
         assert_eq!(

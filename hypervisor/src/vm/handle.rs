@@ -31,6 +31,7 @@ use super::state::Vm;
 use crate::addr::GuestAddr;
 use crate::trace::trace_event;
 use crate::vgic::{ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
+use crate::virtio::mmio::QUEUE_NOTIFY;
 
 /// Why a VM stopped after a hypervisor failure in its path.
 pub const FAILURE: &str = "a hypervisor failure in this VM's path";
@@ -167,7 +168,10 @@ pub fn handle(
             insn_len,
         } => {
             let window = bus::route(vm, ipa);
-            let kind = ExitKind::mmio(window.map(bus::Window::device));
+            let kind = match window {
+                Some(bus::Window::Virtio(QUEUE_NOTIFY)) => ExitKind::VirtioNotify,
+                _ => ExitKind::mmio(window.map(bus::Window::device)),
+            };
             let value = ctx.reg(reg);
             if let Err(refused) = bus::write(vm, cpu, vcpu, window, width, value) {
                 let access = Access::data(ipa, true, width, insn_len, ctx.far);

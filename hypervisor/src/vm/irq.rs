@@ -124,12 +124,16 @@ pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
             *slot = None;
         }
     }
+    // Whether every free list register was filled: only then can more be
+    // pending than fits (else the search for the next one came up empty).
+    let mut filled_all = true;
     for i in 0..count {
         if listed[i].is_some() {
             continue;
         }
         let now = *listed;
         let Some(irq) = vgic.next_pending(vcpu, |id| now.contains(&Some(id))) else {
+            filled_all = false;
             break;
         };
         // The virtual timer is linked to the physical timer interrupt: the
@@ -139,13 +143,11 @@ pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
         vgic.on_listed(vcpu, &irq);
         listed[i] = Some(irq.intid);
     }
-    let mut waiting = false;
-    if vgic.has_pending(vcpu) {
+    let waiting = filled_all && {
         let now = *listed;
-        waiting = vgic
-            .next_pending(vcpu, |id| now.contains(&Some(id)))
-            .is_some();
-    }
+        vgic.next_pending(vcpu, |id| now.contains(&Some(id)))
+            .is_some()
+    };
     // More pending than list registers: ask for a maintenance interrupt
     // when they drain (underflow), so the rest gets listed.
     cpu.enable_virtual_interface(waiting);
