@@ -1121,7 +1121,10 @@ kernel = "testguest"
         assert_eq!(
             seen,
             vec![
-                ("bench".into(), vec![("bench".into(), 256, 2, p("pattern"))]),
+                (
+                    "bench".into(),
+                    vec![("bench".into(), 256, 2, p("pattern empty-notifies"))]
+                ),
                 (
                     "demo".into(),
                     vec![
