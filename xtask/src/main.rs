@@ -84,8 +84,9 @@ fn print_help() {
                      balloon features with Linux: page faults with free page reporting off
                      and on, free to back in the pool, a hinting run (target/bench/features.json)
   bench bare-metal   only the first part: the bare-metal guest under QEMU -icount
-  bench linux        only the Linux comparison (Tidal vs. QEMU), with Tidal's exit profile
-                     of the boot and of 10 s idle, by kind (in target/bench/linux.json too)
+  bench linux        only the Linux comparison (Tidal vs. QEMU, free page reporting off and
+                     on), with Tidal's exit profile of the boot and of 10 s idle, by kind
+                     (in target/bench/linux.json too)
   bench policy       the memory manager under overcommit (not part of `bench`): three 1 GiB
                      Linux VMs and a test guest on 2 GiB, a 700 MiB hog moving between them,
                      then the same on static 600 MiB partitions; per phase the time until the

@@ -1,7 +1,9 @@
 //! The Linux half of `cargo xtask bench`: one unmodified Debian arm64 guest
 //! (the fixture kernel and busybox initramfs, 512 MiB, 2 vCPUs) ballooned by
 //! 256 MiB and back under Tidal, and the same kernel and initramfs directly
-//! under QEMU with QEMU's own virtio-balloon-device, for comparison.
+//! under QEMU with QEMU's own virtio-balloon-device, for comparison; each
+//! with free page reporting off and on (the demo's configuration), the same
+//! on both sides ([`Reporting`]).
 //!
 //! Both sides are wall time (no -icount: Linux under icount is very slow) on
 //! a shared machine, so each round boots Tidal then QEMU (alternating, so
@@ -55,9 +57,43 @@ const PAGE_SIZE: u64 = 4096;
 const PAGES: u64 = (BALLOON_MIB << 20) / PAGE_SIZE;
 /// The bundle the Tidal side boots, and the configuration it was built from
 /// (checked against the constants above so the two sides stay alike).
-const BUNDLE: &str = "linux.img";
-const CONFIG: &str = "guests/tests/linux.toml";
 const VM: &str = "linux";
+
+/// Free page reporting, off or on (the demo's configuration), the same on
+/// both sides: Tidal's bundle offers it or not, QEMU's device has it on or
+/// off. Each round runs both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reporting {
+    Off,
+    On,
+}
+
+impl Reporting {
+    const BOTH: [Reporting; 2] = [Reporting::Off, Reporting::On];
+
+    fn name(self) -> &'static str {
+        match self {
+            Reporting::Off => "off",
+            Reporting::On => "on",
+        }
+    }
+
+    /// Tidal's bundle (target/bundles/) and the configuration it is built from.
+    fn bundle(self) -> (&'static str, &'static str) {
+        match self {
+            Reporting::Off => ("linux.img", "guests/tests/linux.toml"),
+            Reporting::On => ("linux-reporting.img", "guests/tests/linux-reporting.toml"),
+        }
+    }
+
+    /// QEMU's device with the same feature.
+    fn qemu_device(self) -> &'static str {
+        match self {
+            Reporting::Off => "virtio-balloon-device",
+            Reporting::On => "virtio-balloon-device,free-page-reporting=on",
+        }
+    }
+}
 
 const BOOT: Duration = Duration::from_secs(240);
 const STEP: Duration = Duration::from_secs(120);
@@ -239,10 +275,15 @@ impl Guest {
     /// Tidal with the Linux bundle; `name`: the session's (its log's).
     /// `icount`: under `-icount shift=0`, where QEMU's PMU counts the
     /// hypervisor's instructions (for the exit profile only).
-    fn boot_tidal(artifacts: &Artifacts, name: &str, icount: bool) -> Result<Guest, String> {
+    fn boot_tidal(
+        artifacts: &Artifacts,
+        name: &str,
+        reporting: Reporting,
+        icount: bool,
+    ) -> Result<Guest, String> {
         let board = Board::VirtGicv2;
         let mut opts = QemuOptions::for_board(board, artifacts);
-        opts.initrd = Some(target_dir().join("bundles").join(BUNDLE));
+        opts.initrd = Some(target_dir().join("bundles").join(reporting.bundle().0));
         if icount {
             opts.extra = vec!["-icount".into(), "shift=0".into()];
         }
@@ -261,9 +302,13 @@ impl Guest {
         initramfs: &Path,
         elf: &Path,
         round: usize,
+        reporting: Reporting,
     ) -> Result<Guest, String> {
-        let socket =
-            std::env::temp_dir().join(format!("tidal-bench-{}-{round}.mon", std::process::id()));
+        let socket = std::env::temp_dir().join(format!(
+            "tidal-bench-{}-{}-{round}.mon",
+            std::process::id(),
+            reporting.name()
+        ));
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new(harness::QEMU);
         cmd.args(["-M", "virt,gic-version=2", "-cpu", "cortex-a72"])
@@ -273,17 +318,17 @@ impl Guest {
             .arg("-initrd")
             .arg(initramfs)
             .args(["-append", CMDLINE])
-            // Default features: like Tidal's device it offers no
-            // deflate-on-oom, free page hinting or reporting (QEMU always
+            // Default features but reporting as asked: like Tidal's device
+            // it offers no deflate-on-oom or free page hinting (QEMU always
             // adds the stats queue, which stays idle unless polled).
-            .args(["-device", "virtio-balloon-device"])
+            .args(["-device", reporting.qemu_device()])
             .arg("-monitor")
             .arg(format!("unix:{},server=on,wait=off", socket.display()))
             .args(["-serial", "stdio", "-display", "none", "-no-reboot"])
             // No default NIC: its ROM needs ipxe-qemu, which setup does not install.
             .args(["-nic", "none"]);
-        let session = Session::start_command(&format!("bench-linux-qemu-{round}"), cmd, elf)
-            .map_err(harness)?;
+        let name = format!("bench-linux-qemu-reporting-{}-{round}", reporting.name());
+        let session = Session::start_command(&name, cmd, elf).map_err(harness)?;
         session.set_deadline(SESSION);
         let monitor = Monitor::connect(&socket, COMMAND)?;
         Ok(Guest {
@@ -679,8 +724,8 @@ pub(super) fn spread(values: &[f64]) -> Spread {
 
 /// The Tidal bundle must hold the guest the QEMU side runs: same RAM, vCPU
 /// count, command line and fixture files.
-fn check_config(root: &Path, kernel: &Path, initramfs: &Path) -> Result<(), String> {
-    let path = root.join(CONFIG);
+fn check_config(root: &Path, config: &str, kernel: &Path, initramfs: &Path) -> Result<(), String> {
+    let path = root.join(config);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let table: toml::Table = text
         .parse()
@@ -725,34 +770,48 @@ fn check_config(root: &Path, kernel: &Path, initramfs: &Path) -> Result<(), Stri
 
 pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     let fixture = build_initramfs(root, &memtool_path(root))?;
-    check_config(root, &fixture.kernel, &fixture.initramfs)?;
-    let mut runs: Vec<(Side, usize, Run)> = Vec::new();
+    for reporting in Reporting::BOTH {
+        check_config(
+            root,
+            reporting.bundle().1,
+            &fixture.kernel,
+            &fixture.initramfs,
+        )?;
+    }
+    let mut runs: Vec<(Reporting, Side, usize, Run)> = Vec::new();
     for round in 1..=ROUNDS {
-        for side in [Side::Tidal, Side::Qemu] {
-            eprintln!("bench: Linux round {round}/{ROUNDS}: {} ...", side.name());
-            let guest = match side {
-                Side::Tidal => {
-                    Guest::boot_tidal(artifacts, &format!("bench-linux-tidal-{round}"), false)?
-                }
-                Side::Qemu => {
-                    Guest::boot_qemu(&fixture.kernel, &fixture.initramfs, &artifacts.elf, round)?
-                }
-            };
-            let run = run_once(guest)
-                .map_err(|e| format!("Linux balloon bench, round {round}, {}: {e}", side.name()))?;
-            eprintln!(
-                "bench: {}: ready {:.2} s, inflate {:.2} s, deflate {:.2} s",
-                side.name(),
-                run.ready_s,
-                run.inflate.guest_s,
-                run.deflate.guest_s
-            );
-            runs.push((side, round, run));
+        for reporting in Reporting::BOTH {
+            for side in [Side::Tidal, Side::Qemu] {
+                let what = format!("{}, reporting {}", side.name(), reporting.name());
+                eprintln!("bench: Linux round {round}/{ROUNDS}: {what} ...");
+                let guest = match side {
+                    Side::Tidal => Guest::boot_tidal(
+                        artifacts,
+                        &format!("bench-linux-tidal-reporting-{}-{round}", reporting.name()),
+                        reporting,
+                        false,
+                    )?,
+                    Side::Qemu => Guest::boot_qemu(
+                        &fixture.kernel,
+                        &fixture.initramfs,
+                        &artifacts.elf,
+                        round,
+                        reporting,
+                    )?,
+                };
+                let run = run_once(guest)
+                    .map_err(|e| format!("Linux balloon bench, round {round}, {what}: {e}"))?;
+                eprintln!(
+                    "bench: {what}: ready {:.2} s, inflate {:.2} s, deflate {:.2} s",
+                    run.ready_s, run.inflate.guest_s, run.deflate.guest_s
+                );
+                runs.push((reporting, side, round, run));
+            }
         }
     }
     // The rounds run without -icount: QEMU's PMU counts no instructions.
     eprintln!("bench: Linux under Tidal with -icount shift=0, for the exits' EL2 instructions ...");
-    let mut guest = Guest::boot_tidal(artifacts, "bench-linux-tidal-icount", true)?;
+    let mut guest = Guest::boot_tidal(artifacts, "bench-linux-tidal-icount", Reporting::On, true)?;
     let icount = guest
         .wait_ready()
         .and_then(|_| exits::capture(&mut guest.session, VM, COMMAND))
@@ -828,15 +887,22 @@ struct Report<'a> {
     pages: u64,
     rounds: usize,
     icount: bool,
-    /// Per [`METRICS`] key, in the table's order.
+    /// Per reporting mode (`reporting_off`, `reporting_on`), per
+    /// [`METRICS`] key in the table's order.
     #[serde(serialize_with = "json::ordered_map")]
-    summary: Vec<(&'static str, MetricSummary)>,
+    summary: Vec<(&'static str, ModeSummary)>,
     runs: Vec<RunReport<'a>>,
     /// Tidal's exit profiles under -icount, with EL2 instructions (the
     /// runs' `exit_profile` have none: the PMU counts only with -icount).
     #[serde(skip_serializing_if = "Option::is_none")]
     exit_profile_icount: Option<&'a exits::Profiles>,
 }
+
+/// One reporting mode's metrics, by [`METRICS`] key.
+#[derive(Serialize)]
+struct ModeSummary(
+    #[serde(serialize_with = "json::ordered_map")] Vec<(&'static str, MetricSummary)>,
+);
 
 /// One metric, both sides.
 #[derive(Serialize)]
@@ -847,10 +913,11 @@ struct MetricSummary {
     ratio_of_medians: Option<f64>,
 }
 
-/// One boot, named by side and round.
+/// One boot, named by side, free page reporting and round.
 #[derive(Serialize)]
 struct RunReport<'a> {
     side: &'static str,
+    reporting: &'static str,
     round: usize,
     #[serde(flatten)]
     run: &'a Run,
@@ -859,8 +926,8 @@ struct RunReport<'a> {
 impl<'a> Report<'a> {
     fn new(
         fixture: &'a crate::linux::LinuxFixture,
-        summary: Vec<(&'static str, MetricSummary)>,
-        runs: &'a [(Side, usize, Run)],
+        summary: Vec<(&'static str, ModeSummary)>,
+        runs: &'a [(Reporting, Side, usize, Run)],
         icount: Option<&'a exits::Profiles>,
     ) -> Self {
         Report {
@@ -876,8 +943,9 @@ impl<'a> Report<'a> {
             summary,
             runs: runs
                 .iter()
-                .map(|(side, round, run)| RunReport {
+                .map(|(reporting, side, round, run)| RunReport {
                     side: side.name(),
+                    reporting: reporting.name(),
                     round: *round,
                     run,
                 })
@@ -890,13 +958,13 @@ impl<'a> Report<'a> {
 fn report(
     root: &Path,
     fixture: &crate::linux::LinuxFixture,
-    runs: &[(Side, usize, Run)],
+    runs: &[(Reporting, Side, usize, Run)],
     icount: &exits::Profiles,
 ) -> Result<(), String> {
-    let values = |side: Side, metric: &Metric| -> Vec<f64> {
+    let values = |reporting: Reporting, side: Side, metric: &Metric| -> Vec<f64> {
         runs.iter()
-            .filter(|(s, _, _)| *s == side)
-            .map(|(_, _, r)| (metric.value)(r))
+            .filter(|(m, s, _, _)| (*m, *s) == (reporting, side))
+            .map(|(_, _, _, r)| (metric.value)(r))
             .collect()
     };
     let cell = |s: &Spread, d: usize| format!("{:.d$} [{:.d$}-{:.d$}]", s.median, s.min, s.max);
@@ -907,40 +975,57 @@ fn report(
         fixture.kernel_release
     );
     println!(
-        "wall time, no -icount, {ROUNDS} rounds alternating Tidal and plain QEMU; median [min-max]"
+        "wall time, no -icount, {ROUNDS} rounds alternating Tidal and plain QEMU, free page reporting off"
     );
-    println!(
-        "{:<36} {:>24} {:>24} {:>11}",
-        "metric", "Tidal", "QEMU", "Tidal/QEMU"
-    );
+    println!("and on in each round (the same on both sides); median [min-max]");
     let mut summary = Vec::new();
-    for metric in &METRICS {
-        let tidal = spread(&values(Side::Tidal, metric));
-        let qemu = spread(&values(Side::Qemu, metric));
-        let ratio = tidal.median / qemu.median;
+    for reporting in Reporting::BOTH {
+        println!();
         println!(
             "{:<36} {:>24} {:>24} {:>11}",
-            metric.label,
-            cell(&tidal, metric.decimals),
-            cell(&qemu, metric.decimals),
-            if metric.ratio {
-                format!("{ratio:.2}")
-            } else {
-                "-".into()
-            }
+            format!("reporting {}", reporting.name()),
+            "Tidal",
+            "QEMU",
+            "Tidal/QEMU"
         );
-        summary.push((
-            metric.key,
-            MetricSummary {
-                tidal,
-                qemu,
-                ratio_of_medians: metric.ratio.then(|| json::rounded(ratio, 3)),
-            },
-        ));
+        let mut metrics = Vec::new();
+        for metric in &METRICS {
+            let tidal = spread(&values(reporting, Side::Tidal, metric));
+            let qemu = spread(&values(reporting, Side::Qemu, metric));
+            let ratio = tidal.median / qemu.median;
+            println!(
+                "{:<36} {:>24} {:>24} {:>11}",
+                metric.label,
+                cell(&tidal, metric.decimals),
+                cell(&qemu, metric.decimals),
+                if metric.ratio {
+                    format!("{ratio:.2}")
+                } else {
+                    "-".into()
+                }
+            );
+            metrics.push((
+                metric.key,
+                MetricSummary {
+                    tidal,
+                    qemu,
+                    ratio_of_medians: metric.ratio.then(|| json::rounded(ratio, 3)),
+                },
+            ));
+        }
+        let key = match reporting {
+            Reporting::Off => "reporting_off",
+            Reporting::On => "reporting_on",
+        };
+        summary.push((key, ModeSummary(metrics)));
     }
+    println!();
     for line in [
-        "Tidal: the hypervisor on QEMU virt (GICv2, 4 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2.",
-        "QEMU: the same kernel and initramfs on `-M virt -cpu cortex-a72 -smp 2 -m 512M`, virtio-balloon-device.",
+        "Tidal: the hypervisor on QEMU virt (GICv2, 4 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2;",
+        "its balloon offers must-tell-host (reporting off: guests/tests/linux.toml) or free page reporting",
+        "(reporting on: guests/tests/linux-reporting.toml).",
+        "QEMU: the same kernel and initramfs on `-M virt -cpu cortex-a72 -smp 2 -m 512M`,",
+        "virtio-balloon-device (reporting on: free-page-reporting=on).",
         "Boot: from spawning QEMU to `tidal-guest: ready` on the console. Inflate/deflate: from sending the",
         "request (Tidal shell `balloon linux 256M`/`0`, QEMU monitor `balloon 256`/`512`) to the end of a",
         "guest watcher, started through the agent before, that reads /proc/vmstat every 10 ms until",
@@ -953,10 +1038,12 @@ fn report(
     }
     let profiles: Vec<&exits::Profiles> = runs
         .iter()
-        .filter_map(|(_, _, r)| r.exits.as_ref())
+        .filter(|(m, _, _, _)| *m == Reporting::On)
+        .filter_map(|(_, _, _, r)| r.exits.as_ref())
         .collect();
     if !profiles.is_empty() {
         println!();
+        println!("Free page reporting on (the demo's configuration):");
     }
     for line in exits::table(&profiles, Some(icount)) {
         println!("{line}");
@@ -995,7 +1082,10 @@ mod tests {
             },
             exits: None,
         };
-        let runs = [(Side::Tidal, 1, run(3.21987)), (Side::Qemu, 1, run(2.5))];
+        let runs = [
+            (Reporting::On, Side::Tidal, 1, run(3.21987)),
+            (Reporting::On, Side::Qemu, 1, run(2.5)),
+        ];
         let fixture = crate::linux::LinuxFixture {
             kernel: PathBuf::from("Image"),
             initramfs: PathBuf::from("initramfs.cpio"),
@@ -1003,12 +1093,15 @@ mod tests {
             busybox_version: "1:1.35.0-4+deb12u1+b1".into(),
         };
         let summary = vec![(
-            "ready_s",
-            MetricSummary {
-                tidal: spread(&[3.21987]),
-                qemu: spread(&[2.5]),
-                ratio_of_medians: Some(json::rounded(3.21987 / 2.5, 3)),
-            },
+            "reporting_on",
+            ModeSummary(vec![(
+                "ready_s",
+                MetricSummary {
+                    tidal: spread(&[3.21987]),
+                    qemu: spread(&[2.5]),
+                    ratio_of_medians: Some(json::rounded(3.21987 / 2.5, 3)),
+                },
+            )]),
         )];
         let value = serde_json::to_value(Report::new(&fixture, summary, &runs, None)).unwrap();
         assert_eq!(
@@ -1024,17 +1117,21 @@ mod tests {
                 "rounds": 3,
                 "icount": false,
                 "summary": {
-                    "ready_s": {
-                        "tidal": {"median": 3.2199, "min": 3.2199, "max": 3.2199},
-                        "qemu": {"median": 2.5, "min": 2.5, "max": 2.5},
-                        "ratio_of_medians": 1.288
+                    "reporting_on": {
+                        "ready_s": {
+                            "tidal": {"median": 3.2199, "min": 3.2199, "max": 3.2199},
+                            "qemu": {"median": 2.5, "min": 2.5, "max": 2.5},
+                            "ratio_of_medians": 1.288
+                        }
                     }
                 },
                 "runs": [
-                    {"side": "Tidal", "round": 1, "ready_s": 3.22, "agent_idle_s": 0.0123,
+                    {"side": "Tidal", "reporting": "on", "round": 1, "ready_s": 3.22,
+                     "agent_idle_s": 0.0123,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}},
-                    {"side": "QEMU", "round": 1, "ready_s": 2.5, "agent_idle_s": 0.0123,
+                    {"side": "QEMU", "reporting": "on", "round": 1, "ready_s": 2.5,
+                     "agent_idle_s": 0.0123,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
                 ]
@@ -1064,6 +1161,7 @@ mod tests {
         }));
         let tidal = serde_json::to_value(RunReport {
             side: "Tidal",
+            reporting: "on",
             round: 1,
             run: &tidal,
         })
@@ -1076,6 +1174,7 @@ mod tests {
         let qemu = run(None);
         let qemu = serde_json::to_value(RunReport {
             side: "QEMU",
+            reporting: "on",
             round: 1,
             run: &qemu,
         })
@@ -1111,8 +1210,19 @@ mod tests {
     fn the_sides_run_the_same_guest() {
         let root = crate::root();
         let dir = root.join("target").join("fixtures").join("linux");
-        check_config(&root, &dir.join("Image"), &dir.join("initramfs.cpio")).unwrap();
-        let err = check_config(&root, &dir.join("Image"), Path::new("/other.cpio")).unwrap_err();
+        for reporting in Reporting::BOTH {
+            let config = reporting.bundle().1;
+            check_config(
+                &root,
+                config,
+                &dir.join("Image"),
+                &dir.join("initramfs.cpio"),
+            )
+            .unwrap();
+        }
+        let config = Reporting::On.bundle().1;
+        let err =
+            check_config(&root, config, &dir.join("Image"), Path::new("/other.cpio")).unwrap_err();
         assert!(err.contains("initrd"), "{err}");
     }
 }
