@@ -594,6 +594,12 @@ impl Balloon {
         self.bit(pfn).is_some_and(|i| bit_test(&self.ballooned, i))
     }
 
+    /// Whether guest page `pfn` was hinted free in the current hinting run
+    /// and not touched since.
+    pub fn is_hinted(&self, pfn: GuestPfn) -> bool {
+        self.hinted_count != 0 && self.bit(pfn).is_some_and(|i| bit_test(&self.hinted, i))
+    }
+
     /// Guest RAM as the balloon tracks it, in PFNs.
     pub fn ram_pfns(&self) -> Range<GuestPfn> {
         self.ram.clone()

@@ -564,8 +564,9 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     assert_eq!(word, [0; 8], "a fresh page reads as zeros");
     assert_check(&vm, &mut cpu);
 
-    // The guest deflates the 16 pages: the 15 without a frame are backed
-    // in that one exit, before any touch, and read as zeros.
+    // The guest deflates the 16 pages: nothing is backed until it touches
+    // one; that fault backs the page and its unbacked neighbours in its
+    // aligned block, all reading as zeros.
     {
         let mut stores = GuestStores {
             vm: &mut vm,
@@ -575,18 +576,38 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     }
     let faults = vm.ram.as_ref().expect("RAM").stats.faults_backed;
     virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
-    assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE);
+    assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE - 15);
+    let touched = first_pfn + 9;
+    let size = handle::FAULT_AROUND_PAGES;
+    let block = (touched & !(size - 1))..(touched & !(size - 1)) + size;
+    // The deflated pages without a frame (all but the first) in the block.
+    let expected = (first_pfn + 1..first_pfn + 16)
+        .filter(|p| block.contains(p))
+        .count() as u64;
+    let fault = VcpuExit::Abort {
+        ipa: GuestAddr::new(touched * PAGE_SIZE),
+        write: false,
+        instruction: false,
+        fault: FaultKind::Translation,
+    };
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, fault), Outcome::Continue);
+    assert_eq!(
+        cpu.host.frames.guest_pages(0),
+        VM_RAM / PAGE_SIZE - 15 + expected
+    );
     let ram = vm.ram.as_mut().expect("RAM");
-    assert_eq!(ram.stats.deflate_backed, 15);
-    assert_eq!(ram.stats.faults_backed, faults, "no fault needed");
-    let mut word = [0xffu8; 8];
-    ram.read(
-        &mut cpu.host,
-        GuestAddr::new((first_pfn + 9) * PAGE_SIZE),
-        &mut word,
-    )
-    .expect("backed");
-    assert_eq!(word, [0; 8]);
+    assert_eq!(ram.stats.faults_backed, faults + expected);
+    for p in block
+        .clone()
+        .filter(|p| (first_pfn..first_pfn + 16).contains(p))
+    {
+        let mut word = [0xffu8; 8];
+        let mapped = ram.mapped_pages();
+        ram.read(&mut cpu.host, GuestAddr::new(p * PAGE_SIZE), &mut word)
+            .expect("backed");
+        assert_eq!(word, [0; 8]);
+        assert_eq!(ram.mapped_pages(), mapped, "page {p:#x} needed no fault");
+    }
     assert_check(&vm, &mut cpu);
 
     // Stop: every page goes back.
@@ -768,7 +789,7 @@ proptest! {
 }
 
 /// Without prealloc only what the loader wrote is backed; a first touch
-/// backs one page more.
+/// backs its page and the rest of its aligned block (fault-around).
 #[test]
 fn ram_is_backed_on_first_touch() {
     let mut vm = Vm::new(0, spec_with(1, 0, VmMemory::default()), GuestGic::V3);
@@ -787,7 +808,10 @@ fn ram_is_backed_on_first_touch() {
         fault: FaultKind::Translation,
     };
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, touch), Outcome::Continue);
-    assert_eq!(cpu.host.frames.guest_pages(0), loaded + 1);
+    assert_eq!(
+        cpu.host.frames.guest_pages(0),
+        loaded + handle::FAULT_AROUND_PAGES
+    );
     assert_check(&vm, &mut cpu);
 }
 
@@ -894,8 +918,11 @@ fn the_manager_reads_a_vm_and_sets_its_target_quietly() {
         };
         exit(&mut vm, &mut cpu, &mut ctx, touch);
     }
+    // The first touch backs its block (fault-around); the next two pages
+    // are in it and fault no more.
     let second = manage::input(&mut vm);
-    assert_eq!((second.backed, second.fault_ins), (7, 3));
+    let block = handle::FAULT_AROUND_PAGES;
+    assert_eq!((second.backed, second.fault_ins), (4 + block, block));
     assert_eq!(manage::input(&mut vm).fault_ins, 0, "counted once");
     manage::apply(&mut vm, &mut cpu, 100);
     let device = vm.balloon.as_ref().unwrap().device();

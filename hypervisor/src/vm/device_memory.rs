@@ -36,19 +36,17 @@ impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
 
 impl<M> DeviceView<'_, M> {
     /// The `inflate` or `deflate` trace event of one request's PFNs
-    /// (ascending); `moved`: frames given back to the pool (inflate) or
-    /// taken from it to back the pages at once (deflate).
-    fn trace_pfns(&self, what: &str, pfns: &[GuestPfn], moved: u64) {
+    /// (ascending); `released`: frames given back to the pool.
+    fn trace_pfns(&self, what: &str, pfns: &[GuestPfn], released: u64) {
         trace_event!(
-            "{=str} vm{=usize} pages={=usize} pfns {=u64:#x}..={=u64:#x} runs={=usize} {=str}={=u64}",
+            "{=str} vm{=usize} pages={=usize} pfns {=u64:#x}..={=u64:#x} runs={=usize} released={=u64}",
             what,
             self.ram.vm,
             pfns.len(),
             pfns.first().map_or(0, |p| p.raw()),
             pfns.last().map_or(0, |p| p.raw()),
             trace::runs(pfns),
-            if what == "deflate" { "backed" } else { "released" },
-            moved
+            released
         );
     }
 
@@ -74,12 +72,11 @@ impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
         self.trace_pfns("inflate", pfns, released);
     }
     fn deflate(&mut self, pfns: &[GuestPfn]) {
-        // The guest takes these pages back now: back them (zeroed or
-        // poisoned) in this one exit rather than with one stage-2 fault per
-        // page at first touch. Once the pool is at its floor the rest are
-        // left to be backed on first access, where a vCPU may wait.
-        let backed = self.ram.back_now_all(self.mem, pfns);
-        self.trace_pfns("deflate", pfns, backed);
+        // The guest takes these pages back; each is backed (zeroed or
+        // poisoned) at its first access, with its neighbours (fault-around,
+        // `handle::back_page`): a guest that deflates memory it does not
+        // touch soon costs no zeroing and no frames now, as under KVM.
+        self.trace_pfns("deflate", pfns, 0);
     }
     fn deflate_on_reset(&mut self, pfns: &[GuestPfn]) {
         // Each page is backed at its first access: a driver that reset may

@@ -97,10 +97,9 @@ impl core::fmt::Display for RamError {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RamStats {
     /// Pages backed on a stage-2 fault (first touch, or after the pool
-    /// took the page back by reporting or hinting).
+    /// took the page back by reporting or hinting), with their neighbours
+    /// backed by the same fault ([`GuestRam::back_around`]).
     pub faults_backed: u64,
-    /// Pages backed when the guest deflated them (before its first touch).
-    pub deflate_backed: u64,
     /// Pages unmapped and returned to the pool.
     pub pages_released: u64,
     /// TLB invalidations (one per batch).
@@ -240,20 +239,22 @@ impl GuestRam {
         Ok(PhysAddr::new(pa.raw() | ipa.page_offset()))
     }
 
-    /// Back the pages of these PFNs (those in RAM without a frame) now, as
-    /// their first access would: what a deflate does for the pages the
-    /// guest takes back. Frames come from the pool in batches, one per
-    /// page in RAM (pages the balloon gives back have none, so the frame
-    /// of a page that turns out mapped already goes straight back). Stops
-    /// when the pool gives no more; returns how many pages were backed.
-    pub fn back_now_all(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
+    /// Back the pages of these PFNs that are in RAM without a frame, as
+    /// their first access would: the neighbours of a page a fault backs
+    /// (fault-around). Frames come from the pool in batches. Stops when
+    /// the pool gives no more; returns how many pages were backed (counted
+    /// with the faults' pages).
+    pub fn back_around(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
         const BATCH: usize = 64;
         let mut backed = 0;
         let mut walk = WalkCache::default();
         for chunk in pfns.chunks(BATCH) {
             let mut ipas: heapless::Vec<GuestAddr, BATCH> = heapless::Vec::new();
             for &pfn in chunk {
-                if let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) {
+                let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
+                    continue;
+                };
+                if self.stage2.lookup_cached(mem, ipa, &mut walk).is_none() {
                     // Cannot overflow: at most BATCH per chunk.
                     let _ = ipas.push(ipa);
                 }
@@ -270,7 +271,8 @@ impl GuestRam {
                 backed += 1;
             }
             if !unused.is_empty() {
-                // Never mapped: no TLB entry can reach them.
+                // Never mapped (a table could not be made): no TLB entry
+                // can reach them.
                 let (leaked, error) = (&mut self.stats.frames_leaked, &mut self.frame_error);
                 mem.free_frames(self.vm, &unused, &mut |e| {
                     *leaked += 1;
@@ -281,7 +283,7 @@ impl GuestRam {
                 break;
             }
         }
-        self.stats.deflate_backed += backed;
+        self.stats.faults_backed += backed;
         backed
     }
 
