@@ -102,6 +102,9 @@ impl HostMemory for CheckedHost {
     fn pool_free(&self) -> u64 {
         self.0.pool_free()
     }
+    fn pool_low(&self) -> bool {
+        self.0.pool_low()
+    }
     fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
         self.0.guarantee(vm, pages)
     }

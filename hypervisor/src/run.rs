@@ -205,6 +205,9 @@ impl HostMemory for HostMem {
     fn pool_free(&self) -> u64 {
         frames().unreserved_free()
     }
+    fn pool_low(&self) -> bool {
+        frames().unreserved_free() < POOL_LOW.load(Ordering::Relaxed)
+    }
     fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
         frames().guarantee(vm, pages)
     }

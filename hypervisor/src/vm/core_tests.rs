@@ -812,6 +812,19 @@ fn ram_is_backed_on_first_touch() {
         cpu.host.frames.guest_pages(0),
         loaded + handle::FAULT_AROUND_PAGES
     );
+    // With the pool below its low watermark a fault backs its page alone.
+    cpu.host.pool_low_below = u64::MAX;
+    let far = VcpuExit::Abort {
+        ipa: ipa + (1 << 20),
+        write: true,
+        instruction: false,
+        fault: FaultKind::Translation,
+    };
+    assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, far), Outcome::Continue);
+    assert_eq!(
+        cpu.host.frames.guest_pages(0),
+        loaded + handle::FAULT_AROUND_PAGES + 1
+    );
     assert_check(&vm, &mut cpu);
 }
 

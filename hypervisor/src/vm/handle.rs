@@ -241,9 +241,15 @@ pub(super) const FAULT_AROUND_PAGES: u64 = 32;
 /// Back the unbacked neighbours of the page at `ipa` (just backed by a
 /// fault) in its aligned [`FAULT_AROUND_PAGES`] block, except pages the
 /// balloon holds or a hinting run has (those stay with the pool); returns
-/// how many. Stops quietly when the pool gives no more: the fault itself
-/// was served.
+/// how many. Nothing while the pool is below its low watermark: the frames
+/// are then for faults that need them and for the guests' inflating (an
+/// overcommitted board once stalled with every balloon waiting for frames
+/// that fault-around had taken). Stops quietly when the pool gives no
+/// more: the fault itself was served.
 fn fault_around(vm: &mut Vm, cpu: &mut impl PhysCpu, ipa: GuestAddr) -> u64 {
+    if cpu.memory().pool_low() {
+        return 0;
+    }
     let pfn = ipa.pfn().raw();
     let first = pfn & !(FAULT_AROUND_PAGES - 1);
     let mut around: heapless::Vec<GuestPfn, { FAULT_AROUND_PAGES as usize }> = heapless::Vec::new();

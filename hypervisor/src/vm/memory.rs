@@ -65,6 +65,9 @@ pub trait HostMemory: TableMemory {
     fn frames_owned(&self, vm: usize) -> u64;
     /// Free frames the pool can give (not held for a VM's guarantee).
     fn pool_free(&self) -> u64;
+    /// Whether the pool is below its low watermark (the memory manager is
+    /// reclaiming): a fault then backs only its own page.
+    fn pool_low(&self) -> bool;
     /// Guarantee VM `vm` `pages` frames (0: none); refused, naming the
     /// shortfall, if the pool cannot hold them for it.
     fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall>;

@@ -31,6 +31,8 @@ pub struct FakeHost {
     /// Whether guest page contents are kept (off for a large guest whose
     /// contents a test does not read: nothing is allocated per page).
     keep_data: bool,
+    /// Free frames below which the pool counts as low (`pool_low`).
+    pub pool_low_below: u64,
 }
 
 impl FakeHost {
@@ -46,6 +48,7 @@ impl FakeHost {
             data: (0..frames_n).map(|_| None).collect(),
             flushes: 0,
             keep_data: true,
+            pool_low_below: 0,
         }
     }
 
@@ -123,6 +126,9 @@ impl HostMemory for FakeHost {
     }
     fn pool_free(&self) -> u64 {
         self.frames.unreserved_free()
+    }
+    fn pool_low(&self) -> bool {
+        self.frames.unreserved_free() < self.pool_low_below
     }
     fn guarantee(&mut self, vm: usize, pages: u64) -> Result<(), Shortfall> {
         self.frames.guarantee(vm, pages)
