@@ -104,6 +104,17 @@ fn exit(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, exit: VcpuExit) 
     handle::after_exit(vm, cpu, 0, ctx, exit, 0)
 }
 
+/// A load or store to a RAM page without a frame: the stage-2 translation
+/// fault its first touch takes.
+fn first_touch(ipa: GuestAddr, write: bool) -> VcpuExit {
+    VcpuExit::Abort {
+        ipa,
+        write,
+        instruction: false,
+        fault: FaultKind::Translation,
+    }
+}
+
 fn store(ipa: GuestAddr, width: u8) -> VcpuExit {
     VcpuExit::MmioWrite {
         ipa,
@@ -550,12 +561,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     // The guest touches an inflated page again (deflate not told: a
     // migration-like refault): it is backed with a zeroed frame.
     let ipa = GuestAddr::new(first_pfn * PAGE_SIZE + 8);
-    let fault = VcpuExit::Abort {
-        ipa,
-        write: true,
-        instruction: false,
-        fault: FaultKind::Translation,
-    };
+    let fault = first_touch(ipa, true);
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, fault), Outcome::Continue);
     assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE - 15);
     let mut word = [0xffu8; 8];
@@ -584,12 +590,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     let expected = (first_pfn + 1..first_pfn + 16)
         .filter(|p| block.contains(p))
         .count() as u64;
-    let fault = VcpuExit::Abort {
-        ipa: GuestAddr::new(touched * PAGE_SIZE),
-        write: false,
-        instruction: false,
-        fault: FaultKind::Translation,
-    };
+    let fault = first_touch(GuestAddr::new(touched * PAGE_SIZE), false);
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, fault), Outcome::Continue);
     assert_eq!(
         cpu.host.frames.guest_pages(0),
@@ -801,12 +802,7 @@ fn ram_is_backed_on_first_touch() {
     assert_eq!(loaded, 4, "pages backed at load");
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     let ipa = layout::RAM_BASE + (6 << 20);
-    let touch = VcpuExit::Abort {
-        ipa,
-        write: true,
-        instruction: false,
-        fault: FaultKind::Translation,
-    };
+    let touch = first_touch(ipa, true);
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, touch), Outcome::Continue);
     assert_eq!(
         cpu.host.frames.guest_pages(0),
@@ -814,12 +810,7 @@ fn ram_is_backed_on_first_touch() {
     );
     // With the pool below its low watermark a fault backs its page alone.
     cpu.host.pool_low_below = u64::MAX;
-    let far = VcpuExit::Abort {
-        ipa: ipa + (1 << 20),
-        write: true,
-        instruction: false,
-        fault: FaultKind::Translation,
-    };
+    let far = first_touch(ipa + (1 << 20), true);
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, far), Outcome::Continue);
     assert_eq!(
         cpu.host.frames.guest_pages(0),
@@ -868,12 +859,7 @@ fn a_fault_with_the_pool_at_its_floor_waits_and_then_goes_through() {
         hog.push(cpu.host.frames.alloc(1, 1, FrameUse::Allocated).unwrap());
     }
     cpu.host.frames.set_guest_floor(8);
-    let touch = VcpuExit::Abort {
-        ipa: layout::RAM_BASE + (6 << 20),
-        write: true,
-        instruction: false,
-        fault: FaultKind::Translation,
-    };
+    let touch = first_touch(layout::RAM_BASE + (6 << 20), true);
     let pc = ctx.elr;
     assert_eq!(
         exit(&mut vm, &mut cpu, &mut ctx, touch),
@@ -923,12 +909,7 @@ fn the_manager_reads_a_vm_and_sets_its_target_quietly() {
     assert!(!first.driver, "no driver has set DRIVER_OK yet");
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     for page in 0..3 {
-        let touch = VcpuExit::Abort {
-            ipa: layout::RAM_BASE + (6 << 20) + page * PAGE_SIZE,
-            write: true,
-            instruction: false,
-            fault: FaultKind::Translation,
-        };
+        let touch = first_touch(layout::RAM_BASE + (6 << 20) + page * PAGE_SIZE, true);
         exit(&mut vm, &mut cpu, &mut ctx, touch);
     }
     // The first touch backs its block (fault-around); the next two pages
