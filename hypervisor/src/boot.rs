@@ -16,7 +16,7 @@ use spin::{Mutex, Once};
 
 use crate::addr::PhysAddr;
 use crate::arch::aarch64::{self, mmu, psci, smp};
-use crate::console::line::{Event, LineEditor};
+use crate::console::line::{self, Event, LineEditor};
 use crate::console::shell::{self, Command};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::find_hole;
@@ -39,11 +39,47 @@ pub const BUILD: &str = match option_env!("TIDAL_BUILD_ID") {
 static BOARD: Once<BoardInfo> = Once::new();
 static FRAMES: Once<Mutex<FrameTable<'static>>> = Once::new();
 
-struct Console;
+/// The shell's writer for reports: it prints whole lines, each under one
+/// console lock, so a guest line printed meanwhile lands between two lines
+/// of a table, never inside one (a `{:<13}` field alone is several writes).
+/// What is left without a newline is printed when it is dropped.
+struct Console {
+    line: heapless::String<256>,
+}
+
+impl Console {
+    fn new() -> Self {
+        Self {
+            line: heapless::String::new(),
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.line.is_empty() {
+            crate::console::write_fmt(format_args!("{}", self.line));
+            self.line.clear();
+        }
+    }
+}
+
 impl Write for Console {
     fn write_str(&mut self, s: &str) -> core::fmt::Result {
-        crate::console::write_fmt(format_args!("{s}"));
+        for c in s.chars() {
+            if self.line.push(c).is_err() {
+                self.flush();
+                let _ = self.line.push(c);
+            }
+            if c == '\n' {
+                self.flush();
+            }
+        }
         Ok(())
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -143,7 +179,7 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     );
     match &board.gic {
         Some(gic) => {
-            let _ = report::write_gic(&mut Console, gic);
+            let _ = report::write_gic(&mut Console::new(), gic);
         }
         None => fatal(Some(board), format_args!("the device tree has no GIC")),
     }
@@ -184,7 +220,7 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
         "frame table ready: {=u64} free pages",
         FRAMES.get().map_or(0, |f| f.lock().free_pages())
     );
-    let _ = report::write_memory_map(&mut Console, board);
+    let _ = report::write_memory_map(&mut Console::new(), board);
     let bundle = check_bundle(board);
 
     start_secondaries(board);
@@ -394,10 +430,20 @@ fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &Mutex<FrameTabl
     );
 }
 
+const PROMPT: &str = "tidal> ";
+
+/// Draw the shell's line: the prompt and what is typed so far.
+fn draw_shell_line(typed: &str) {
+    let mut line = heapless::String::<{ PROMPT.len() + line::MAX_LINE }>::new();
+    let _ = line.push_str(PROMPT);
+    let _ = line.push_str(typed);
+    crate::console::shell_line(Some(&line));
+}
+
 fn shell_loop(board: &BoardInfo) -> ! {
     aarch64::enable_event_stream();
     let mut editor = LineEditor::new();
-    print!("tidal> ");
+    draw_shell_line("");
     loop {
         let Some(byte) = crate::console::try_read_byte() else {
             // Sleep about 1 ms rather than spin: an idle shell must not
@@ -410,9 +456,8 @@ fn shell_loop(board: &BoardInfo) -> ! {
         // Ctrl-] gives the keyboard back to the shell.
         if byte == 0x1d && vm::input_to_focus_active() {
             vm::unfocus();
-            println!();
             println!("[back to the shell]");
-            print!("tidal> ");
+            draw_shell_line("");
             continue;
         }
         if vm::input_to_focus(byte) {
@@ -421,22 +466,24 @@ fn shell_loop(board: &BoardInfo) -> ! {
         match editor.feed(byte) {
             Event::None => {}
             Event::Echo(bytes) => {
-                if let Ok(s) = core::str::from_utf8(bytes) {
-                    print!("{s}");
+                if bytes == b"\x07" {
+                    crate::console::bell();
                 }
-                if bytes.ends_with(b"\x1b[K") {
-                    print!("tidal> ");
-                }
+                draw_shell_line(editor.text());
             }
             Event::Line(line) => {
-                println!();
+                crate::console::shell_line(None);
                 defmt::debug!("shell: {=str}", line);
                 match shell::parse(line) {
                     Ok(Some(cmd)) => run(cmd, board),
                     Ok(None) => {}
                     Err(e) => println!("{e}"),
                 }
-                print!("tidal> ");
+                // `console <vm>` gave the keyboard away: no prompt until
+                // Ctrl-] brings it back.
+                if !vm::input_to_focus_active() {
+                    draw_shell_line("");
+                }
             }
         }
     }
@@ -445,19 +492,19 @@ fn shell_loop(board: &BoardInfo) -> ! {
 fn run(cmd: Command, board: &BoardInfo) {
     match cmd {
         Command::Help => {
-            let _ = shell::write_help(&mut Console);
+            let _ = shell::write_help(&mut Console::new());
         }
         Command::Mem => {
-            let _ = report::write_memory_map(&mut Console, board);
+            let _ = report::write_memory_map(&mut Console::new(), board);
             let Some(frames) = FRAMES.get() else { return };
             let (acc, check) = {
                 let frames = frames.lock();
                 (frames.accounting(), frames.check_invariants())
             };
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            let _ = report::write_accounting(&mut Console, &acc, ram);
+            let _ = report::write_accounting(&mut Console::new(), &acc, ram);
             vm_shares();
-            let _ = manage::write_pool(&mut Console, &vm::pool_view(ram));
+            let _ = manage::write_pool(&mut Console::new(), &vm::pool_view(ram));
             match check {
                 Ok(()) => println!("frame table invariants: ok"),
                 Err(e) => println!("frame table invariants: VIOLATED: {e}"),
@@ -465,7 +512,7 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::Check => {
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            vm::check_system(ram, &mut Console);
+            vm::check_system(ram, &mut Console::new());
         }
         Command::Cpus => {
             let rows = (0..MAX_CPUS).filter_map(|i| {
@@ -477,7 +524,7 @@ fn run(cmd: Command, board: &BoardInfo) {
                     .map_or(platform::EnableMethod::None, |c| c.enable_method);
                 Some((i, mpidr, method, smp::state(i).label()))
             });
-            let _ = report::write_cpus(&mut Console, rows);
+            let _ = report::write_cpus(&mut Console::new(), rows);
             if aarch64::gic::present() {
                 println!("interrupts taken while a guest ran (kick, GIC maintenance, EL2 timer, guest timer, other):");
                 for cpu in (1..MAX_CPUS).filter(|&c| smp::cpu_mpidr(c).is_some()) {
@@ -595,9 +642,11 @@ fn run(cmd: Command, board: &BoardInfo) {
         },
         Command::Stop { vm: name } => stop_vm(name),
         Command::Console { vm: name } => {
-            if vm::focus(name) {
-                println!("Connected to {name}'s console; Ctrl-] comes back to the shell.");
-            } else {
+            if vm::with_vm(name, |_| ()).is_none() {
+                return no_such_vm(name);
+            }
+            println!("Connected to {name}'s console; Ctrl-] comes back to the shell.");
+            if !vm::focus(name) {
                 no_such_vm(name);
             }
         }
@@ -678,7 +727,7 @@ fn list_vms() {
         ));
     });
     for (name, row) in vm::mm_rows().iter() {
-        let _ = manage::write_vm_memory(&mut Console, name, row);
+        let _ = manage::write_vm_memory(&mut Console::new(), name, row);
     }
     vm::for_each(|vm| {
         if vm.bad_access.injected > 0 {

@@ -240,7 +240,8 @@ impl Pl011 {
         self.rx_len
     }
 
-    fn rx_depth(&self) -> usize {
+    /// How many bytes the receive FIFO holds (one with the FIFO off).
+    pub fn rx_depth(&self) -> usize {
         if self.lcr_h & LCR_H_FEN != 0 {
             RX_FIFO_SIZE
         } else {

@@ -740,7 +740,14 @@ static FOCUS: AtomicUsize = AtomicUsize::new(NO_VM);
 pub fn focus(name: &str) -> bool {
     let found = with_vm(name, |vm| FOCUS.store(vm.id, Ordering::Relaxed)).is_some();
     let focus = FOCUS.load(Ordering::Relaxed);
-    for_each(|vm| vm.focused = vm.id == focus);
+    for_each(|vm| {
+        let focused = vm.id == focus;
+        if focused && !vm.focused {
+            let output = vm.console.begin_live();
+            vm.out.live(output);
+        }
+        vm.focused = focused;
+    });
     found
 }
 
@@ -751,55 +758,46 @@ pub fn input_to_focus_active() -> bool {
 
 pub fn unfocus() {
     FOCUS.store(NO_VM, Ordering::Relaxed);
-    for_each(|vm| vm.focused = false);
+    for_each(|vm| {
+        vm.focused = false;
+        vm.console.end_live();
+    });
     crate::console::end_live_output();
 }
 
-/// Pass a byte to the focused VM; false when no VM has the keyboard. When
-/// the VM's receive FIFO is full the byte waits for the guest to drain it,
-/// however slowly (a vCPU on a loaded host may read a byte a second):
-/// pasted text is not cut short. Only a guest that reads nothing at all for
-/// five seconds loses the byte, as a UART would, and later bytes are
-/// dropped at once until it reads again, so the shell cannot hang on it
-/// (Ctrl-] still gets through).
+/// Pass a byte to the focused VM; false when no VM has the keyboard. It
+/// goes into the guest's receive FIFO or waits in the VM's input queue
+/// until the guest reads, so the shell never waits on a guest and a long
+/// line (or a paste) arrives whole. A guest that reads nothing while the
+/// queue fills loses what does not fit, as a UART would; the console says
+/// so once per stretch of loss (Ctrl-] still gets through).
 pub fn input_to_focus(byte: u8) -> bool {
     let id = FOCUS.load(Ordering::Relaxed);
     if id >= MAX_GUESTS {
         return false;
     }
-    let (mut progress_at, freq) = aarch64::counter();
-    let patience = if INPUT_STALLED.load(Ordering::Relaxed) == id {
-        0
-    } else {
-        5 * freq
-    };
-    let mut waiting = usize::MAX;
-    loop {
-        match lock_vm(id).as_mut() {
-            Some(vm) if vm.state == VmState::Running => {
-                if console_input(vm, byte) {
-                    INPUT_STALLED.store(NO_VM, Ordering::Relaxed);
-                    return true;
-                }
-                let queued = vm.uart.rx_len();
-                if queued < waiting {
-                    waiting = queued;
-                    progress_at = aarch64::counter().0;
-                }
+    let mut guard = lock_vm(id);
+    let pending = guard.as_mut().and_then(|vm| {
+        if vm.state == VmState::Running {
+            let kept = console_input(vm, byte);
+            let was_losing = INPUT_LOST.swap(!kept, Ordering::Relaxed);
+            if !kept && !was_losing {
+                vm.out.line(format_args!(
+                    "tidal: [{}] console input lost: the guest read none of the last {} bytes typed",
+                    vm.name,
+                    vm.input.len()
+                ));
             }
-            _ => return true,
         }
-        if aarch64::counter().0 - progress_at >= patience {
-            // The guest is not reading: drop it, as a UART would.
-            INPUT_STALLED.store(id, Ordering::Relaxed);
-            return true;
-        }
-        aarch64::idle_wait(200);
-    }
+        take_pending(vm)
+    });
+    drop(guard);
+    show(pending);
+    true
 }
 
-/// The focused VM whose console read nothing for five seconds (NO_VM: none).
-static INPUT_STALLED: AtomicUsize = AtomicUsize::new(NO_VM);
+/// The last byte typed for the focused VM found its input queue full.
+static INPUT_LOST: AtomicBool = AtomicBool::new(false);
 
 // ------------------------------------------------------------ memory manager
 

@@ -93,11 +93,24 @@ struct Captured {
     /// when it arrived (for [`Session::matched_at`]).
     arrivals: Vec<(usize, Instant)>,
     open_streams: usize,
+    /// Each erased line, in order: where it started and whether it was the
+    /// shell's prompt. A position taken while that line was there and past
+    /// its start now points into what came after it, so it moves back to
+    /// the start.
+    erasures: Vec<Erasure>,
+}
+
+/// A line the hypervisor erased (to print other lines above it and draw it
+/// again below).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Erasure {
+    at: usize,
+    prompt: bool,
 }
 
 impl Captured {
     fn append(&mut self, chunk: &[u8]) {
-        append_as_terminal(&mut self.bytes, chunk);
+        append_as_terminal(&mut self.bytes, chunk, &mut self.erasures);
         self.arrivals.push((self.bytes.len(), Instant::now()));
     }
 }
@@ -139,6 +152,8 @@ pub struct Session {
     stdin: Option<ChildStdin>,
     /// Start of the output not yet consumed by a match.
     cursor: usize,
+    /// How many of [`Captured::erasures`] `cursor` has been moved back for.
+    erasures_seen: usize,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -229,6 +244,7 @@ impl Session {
                 bytes: Vec::new(),
                 arrivals: Vec::new(),
                 open_streams: 2,
+                erasures: Vec::new(),
             }),
             grew: Condvar::new(),
             child: Mutex::new(child),
@@ -249,6 +265,7 @@ impl Session {
             shared,
             stdin,
             cursor: 0,
+            erasures_seen: 0,
             threads,
         })
     }
@@ -348,8 +365,17 @@ impl Session {
         )
     }
 
+    /// The position to look from later ([`Session::expect_since`]). In the
+    /// line still open at the bottom (the prompt, or a guest line still
+    /// arriving) it is that line's start, as the line may be erased and
+    /// drawn again.
     pub fn mark(&self) -> usize {
-        self.cursor
+        let captured = self.shared.captured();
+        let bytes = &captured.bytes[..self.cursor.min(captured.bytes.len())];
+        if captured.bytes[bytes.len()..].contains(&b'\n') {
+            return self.cursor;
+        }
+        bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
     }
 
     /// Like [`Session::expect`], but looks from `*since` (an earlier
@@ -396,18 +422,43 @@ impl Session {
         Ok(())
     }
 
-    /// Sends `command`, waits for the next prompt and returns what was printed
-    /// in between, without `\r` and without the echoed command line.
+    /// Sends `command`, waits for its echo on the shell's line and then for
+    /// the next prompt, and returns what the command printed, without `\r`.
+    /// Guest lines that arrive while the command is typed are drawn above
+    /// the shell's line, so the echo is one line however they fall; those
+    /// that arrive after its output, above the prompt drawn again, are left
+    /// for later matches, as the prompt that ended the output was erased
+    /// where they begin.
     pub fn run(&mut self, command: &str, timeout: Duration) -> Result<String, HarnessError> {
-        let from = self.cursor;
+        // The prompt the echo follows may have been matched already (by
+        // an `expect` of the first prompt): look from the start of its line.
+        {
+            let captured = self.shared.captured();
+            let cursor = self.cursor.min(captured.bytes.len());
+            self.cursor = captured.bytes[..cursor]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1);
+        }
+        let erased_before = self.shared.captured().erasures.len();
         self.send_line(command)?;
+        let echo = format!(
+            r"(?m)^{}{}\r?\n",
+            regex::escape(PROMPT),
+            regex::escape(command)
+        );
+        self.expect_span(&echo, timeout)?;
+        let from = self.cursor;
         let (_, start) = self.expect_span(&regex::escape(PROMPT), timeout)?;
-        let text = String::from_utf8_lossy(&self.shared.captured().bytes[from.min(start)..start])
-            .replace('\r', "");
-        Ok(match text.split_once('\n') {
-            Some((first, rest)) if first.trim() == command.trim() => rest.to_string(),
-            _ => text,
-        })
+        let captured = self.shared.captured();
+        // The first prompt after the output, if it was erased since.
+        let end = captured.erasures[erased_before..]
+            .iter()
+            .find(|e| e.prompt && e.at >= from)
+            .map_or(start, |e| e.at)
+            .min(start);
+        self.cursor = end;
+        Ok(String::from_utf8_lossy(&captured.bytes[from.min(end)..end]).replace('\r', ""))
     }
 
     fn expect_span(
@@ -422,6 +473,10 @@ impl Session {
         let mut captured = self.shared.captured();
         loop {
             // An erased line may have taken back bytes past the cursor.
+            for e in &captured.erasures[self.erasures_seen..] {
+                self.cursor = self.cursor.min(e.at);
+            }
+            self.erasures_seen = captured.erasures.len();
             self.cursor = self.cursor.min(captured.bytes.len());
             let found = re.captures(&captured.bytes[self.cursor..]);
             // A match that runs to the end of what has arrived may be cut
@@ -645,7 +700,7 @@ const ERASE_LINE: &[u8] = b"\r\x1b[2K";
 /// Append console bytes as a terminal shows them: an erased line vanishes
 /// from the capture, so matching sees each line once, in its final form
 /// (the raw bytes still go to the log).
-fn append_as_terminal(captured: &mut Vec<u8>, new: &[u8]) {
+fn append_as_terminal(captured: &mut Vec<u8>, new: &[u8], erasures: &mut Vec<Erasure>) {
     for &byte in new {
         captured.push(byte);
         if captured.ends_with(ERASE_LINE) {
@@ -654,6 +709,10 @@ fn append_as_terminal(captured: &mut Vec<u8>, new: &[u8]) {
                 .iter()
                 .rposition(|&b| b == b'\n')
                 .map_or(0, |i| i + 1);
+            erasures.push(Erasure {
+                at: start,
+                prompt: captured[start..].starts_with(PROMPT.as_bytes()),
+            });
             captured.truncate(start);
         }
     }
@@ -685,14 +744,22 @@ fn spawn_watchdog(shared: Arc<Shared>) -> JoinHandle<()> {
 mod terminal_tests {
     #[test]
     fn erased_lines_vanish_from_the_capture() {
-        let mut c = Vec::new();
+        let (mut c, mut erasures) = (Vec::new(), Vec::new());
         for chunk in [
             &b"[a] x\n[b] pro"[..],
             b"mpt\r",
             b"\x1b[2K[a] y\n[b] prompt ls\n",
         ] {
-            super::append_as_terminal(&mut c, chunk);
+            super::append_as_terminal(&mut c, chunk, &mut erasures);
         }
         assert_eq!(c, b"[a] x\n[a] y\n[b] prompt ls\n");
+        assert_eq!(
+            erasures,
+            [super::Erasure {
+                at: 6,
+                prompt: false
+            }],
+            "where the erased line started"
+        );
     }
 }

@@ -142,6 +142,13 @@ fn bad_access_is_a_sigbus(board: Board) {
         STEP,
     ));
     assert_eq!(agent(&mut s, 2, "echo still here"), ["still here"]);
+    // A line typed at once, far longer than the PL011's 32-byte receive
+    // FIFO, reaches the guest whole; its 600-character output line comes
+    // back as one console line.
+    let long: String = (0..600u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    assert_eq!(agent(&mut s, 3, &format!("echo {long}")), [long]);
     let vms = ok(s.run("vms", COMMAND));
     assert!(
         vms.contains("linux: exceptions injected: 1 (1 not RAM or device)"),

@@ -42,6 +42,13 @@ impl LineEditor {
         }
     }
 
+    /// The line typed so far (empty right after a complete line).
+    pub fn text(&self) -> &str {
+        let len = if self.done { 0 } else { self.len };
+        // Only printable ASCII is ever stored.
+        core::str::from_utf8(&self.buf[..len]).unwrap_or("")
+    }
+
     pub fn feed(&mut self, byte: u8) -> Event<'_> {
         if self.done {
             self.len = 0;

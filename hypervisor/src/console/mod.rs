@@ -4,11 +4,13 @@
 
 pub mod line;
 pub mod shell;
+pub mod terminal;
 
 #[cfg(target_os = "none")]
 mod uart_console {
     use core::fmt::{self, Write};
 
+    use super::terminal::Terminal;
     use crate::vm::console::LiveOutput;
 
     use crate::held::{self, Tracked};
@@ -22,8 +24,8 @@ mod uart_console {
         Tracked::new(CONSOLE.lock(), held::CONSOLE)
     }
 
-    /// The open live line; take it only under [`console`].
-    fn open_line() -> Tracked<MutexGuard<'static, OpenLine>> {
+    /// The open line; take it only under [`console`].
+    fn open_line() -> Tracked<MutexGuard<'static, Terminal>> {
         Tracked::new(OPEN_LINE.lock(), held::OPEN_LINE)
     }
 
@@ -43,50 +45,29 @@ mod uart_console {
             unsafe { CONSOLE.force_unlock() };
         }
     }
-    /// The unfinished line of the VM whose console is shown live, as it
-    /// stands on the terminal (prefix included). Other output erases it,
-    /// prints, and draws it again below, so it stays the last line.
+    /// What the terminal shows at its bottom line (see [`Terminal`]).
     /// Locked only while holding `CONSOLE`.
-    static OPEN_LINE: Mutex<OpenLine> = Mutex::new(OpenLine {
-        owner: None,
-        text: [0; OPEN_LINE_MAX],
-        len: 0,
-    });
+    static OPEN_LINE: Mutex<Terminal> = Mutex::new(Terminal::new());
 
-    const OPEN_LINE_MAX: usize = 256;
-    /// Carriage return, then erase the whole line (VT100).
-    const ERASE_LINE: &str = "\r\x1b[2K";
-
-    struct OpenLine {
-        owner: Option<usize>,
-        text: [u8; OPEN_LINE_MAX],
-        len: usize,
+    /// The shell's line (prompt and what is typed) is now `text`; `None`:
+    /// the line is finished (see [`Terminal::shell_line`]).
+    pub fn shell_line(text: Option<&str>) {
+        let mut guard = console();
+        let Some(uart) = guard.as_mut() else { return };
+        open_line().shell_line(uart, text);
     }
 
-    impl OpenLine {
-        fn as_str(&self) -> &str {
-            core::str::from_utf8(&self.text[..self.len]).unwrap_or("")
-        }
-
-        fn push_str(&mut self, s: &str) {
-            for &b in s.as_bytes() {
-                if self.len < OPEN_LINE_MAX {
-                    self.text[self.len] = b;
-                    self.len += 1;
-                }
-            }
-        }
-
-        fn clear(&mut self) {
-            self.owner = None;
-            self.len = 0;
+    /// Ring the terminal's bell (the shell refused a character).
+    pub fn bell() {
+        if let Some(uart) = console().as_mut() {
+            let _ = uart.write_str("\x07");
         }
     }
 
     /// Show live output of VM `id` (named `name`) at the bottom of the
-    /// terminal: a prompt appears without waiting for its newline.
-    /// `still_live` is asked under the console lock: a VM that lost the
-    /// keyboard meanwhile ([`end_live_output`]) gets complete lines only.
+    /// terminal (see [`Terminal::guest_live`]). `still_live` is asked under
+    /// the console lock: a VM that lost the keyboard meanwhile
+    /// ([`end_live_output`]) gets complete lines only.
     pub fn guest_live_output(
         id: usize,
         name: &str,
@@ -96,44 +77,7 @@ mod uart_console {
         let mut guard = console();
         let Some(uart) = guard.as_mut() else { return };
         let mut open = open_line();
-        if !still_live() {
-            if let LiveOutput::Line { text, .. } = output {
-                let _ = writeln!(uart, "[{name}] {text}");
-            }
-            return;
-        }
-        let (text, shown, complete) = match output {
-            LiveOutput::Nothing => return,
-            LiveOutput::Erase => {
-                if open.owner == Some(id) && open.len > 0 {
-                    open.len -= 1;
-                    let _ = uart.write_str("\x08 \x08");
-                }
-                return;
-            }
-            LiveOutput::Partial { text, shown } => (text, shown, false),
-            LiveOutput::Line { text, shown } => (text, shown, true),
-        };
-        if open.owner == Some(id) {
-            let new = text.get(shown..).unwrap_or("");
-            let _ = uart.write_str(new);
-            open.push_str(new);
-        } else {
-            if open.owner.is_some() {
-                let _ = uart.write_str("\n");
-            }
-            open.clear();
-            open.owner = Some(id);
-            let _ = write!(uart, "[{name}] {text}");
-            open.push_str("[");
-            open.push_str(name);
-            open.push_str("] ");
-            open.push_str(text);
-        }
-        if complete {
-            let _ = uart.write_str("\n");
-            open.clear();
-        }
+        open.guest_live(uart, id, name, output, still_live());
     }
 
     /// The live console loses the keyboard: its unfinished line stays on
@@ -144,11 +88,7 @@ mod uart_console {
     pub fn end_live_output() {
         let mut guard = console();
         let Some(uart) = guard.as_mut() else { return };
-        let mut open = open_line();
-        if open.owner.is_some() {
-            let _ = uart.write_str("\n");
-        }
-        open.clear();
+        open_line().end_live(uart);
     }
 
     /// Install the console UART; until then output is dropped.
@@ -161,16 +101,10 @@ mod uart_console {
         console().is_some()
     }
 
+    /// Print whole lines above the open line (see [`Terminal::lines`]).
     pub fn write_fmt(args: fmt::Arguments) {
         if let Some(uart) = console().as_mut() {
-            let open = open_line();
-            if open.owner.is_some() {
-                let _ = uart.write_str(ERASE_LINE);
-            }
-            let _ = uart.write_fmt(args);
-            if open.owner.is_some() {
-                let _ = uart.write_str(open.as_str());
-            }
+            open_line().lines(uart, args);
         }
     }
 

@@ -162,7 +162,11 @@ pub fn read(
         }
         Window::Uart(off) => {
             let value = vm.uart.read(off, width);
-            irq::update_uart(vm, cpu);
+            if vm.input.is_empty() {
+                irq::update_uart(vm, cpu);
+            } else {
+                irq::feed_console(vm, cpu);
+            }
             Ok(u64::from(value))
         }
         Window::Virtio(off) => {

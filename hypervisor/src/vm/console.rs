@@ -8,8 +8,9 @@
 //! terminal, so a prompt without a newline appears at once and echoed
 //! backspaces erase.
 
-/// Longest line kept; a longer one is emitted in pieces.
-pub const LINE_MAX: usize = 160;
+/// Longest line kept whole (Linux's printk record is at most 1024 bytes);
+/// a longer one is emitted in pieces of this size.
+pub const LINE_MAX: usize = 1024;
 /// Most bytes one guest byte becomes in a line (a held CR and an escape).
 const ITEM_MAX: usize = 4;
 
@@ -160,6 +161,29 @@ impl ConsoleLine {
         core::str::from_utf8(&self.buf[..len]).unwrap_or("")
     }
 
+    /// The VM gets the keyboard: the line it started (a shell's prompt,
+    /// held until now for its newline) is shown at once.
+    pub fn begin_live(&mut self) -> LiveOutput<'_> {
+        if self.len == 0 {
+            return LiveOutput::Nothing;
+        }
+        self.shown = self.len;
+        LiveOutput::Partial {
+            text: core::str::from_utf8(&self.buf[..self.len]).unwrap_or(""),
+            shown: 0,
+        }
+    }
+
+    /// The VM lost the keyboard: what live output showed of the current
+    /// line is on the terminal already, so it is not kept for the next
+    /// whole line (which would print it a second time).
+    pub fn end_live(&mut self) {
+        let shown = core::mem::take(&mut self.shown).min(self.len);
+        self.buf.copy_within(shown..self.len, 0);
+        self.len -= shown;
+        self.escape = Escape::None;
+    }
+
     /// Whatever is buffered without a newline yet (for a VM that stops).
     pub fn flush(&mut self) -> Option<&str> {
         if core::mem::take(&mut self.cr_held) {
@@ -265,5 +289,38 @@ mod tests {
         assert!(pieces[0].ends_with("x^["), "{}", pieces[0]);
         assert_eq!(pieces[0].len(), LINE_MAX + 1);
         assert_eq!(pieces[1], "y");
+    }
+
+    #[test]
+    fn a_prompt_shows_on_focus_and_is_not_repeated_after_it() {
+        let mut c = ConsoleLine::new();
+        for &b in b"~ # " {
+            assert_eq!(c.push(b), None);
+        }
+        assert_eq!(
+            c.begin_live(),
+            LiveOutput::Partial {
+                text: "~ # ",
+                shown: 0
+            }
+        );
+        assert_eq!(
+            c.push_live(b'l'),
+            LiveOutput::Partial {
+                text: "~ # l",
+                shown: 4
+            }
+        );
+        c.end_live();
+        let mut line = None;
+        for &b in b"s\n" {
+            line = c.push(b).map(String::from);
+        }
+        assert_eq!(
+            line.as_deref(),
+            Some("s"),
+            "what was shown live is not kept"
+        );
+        assert_eq!(c.begin_live(), LiveOutput::Nothing);
     }
 }

@@ -666,6 +666,45 @@ fn list_registers_carry_pending_interrupts_and_retire_them() {
     assert_eq!(vm.listed[0][0], None);
 }
 
+#[test]
+fn typed_input_longer_than_the_fifo_reaches_the_guest_whole() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let line: Vec<u8> = (0..300u32).map(|i| b'a' + (i % 26) as u8).collect();
+    for &b in &line {
+        assert!(irq::console_input(&mut vm, &mut cpu, b), "kept");
+    }
+    assert_eq!(vm.uart.rx_len() + vm.input.len(), line.len());
+    // The guest reads DR until the flag register says the FIFO is empty.
+    let mut read = Vec::new();
+    loop {
+        exit(
+            &mut vm,
+            &mut cpu,
+            &mut ctx,
+            load(layout::UART_BASE + 0x18, 4),
+        );
+        if ctx.x[2] & (1 << 4) != 0 {
+            break;
+        }
+        exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 4));
+        read.push(ctx.x[2] as u8);
+    }
+    assert_eq!(read, line);
+    assert!(vm.input.is_empty());
+    // A guest that reads nothing loses only what does not fit in the queue.
+    let room = super::state::CONSOLE_INPUT_MAX + vm.uart.rx_depth();
+    let kept = (0..room + 10)
+        .filter(|_| irq::console_input(&mut vm, &mut cpu, b'x'))
+        .count();
+    assert_eq!(kept, room);
+    // A reset forgets it.
+    lifecycle::request_stop(&mut vm, &mut cpu).expect("running");
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts again");
+    assert!(vm.input.is_empty());
+}
+
 /// One arbitrary exit a hostile guest could cause.
 fn any_exit() -> impl Strategy<Value = VcpuExit> {
     let ipa = prop_oneof![

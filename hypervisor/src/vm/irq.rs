@@ -44,14 +44,26 @@ fn set_line(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, level: bool) {
     }
 }
 
-/// Give a byte typed on the physical console to a VM's PL011, and make its
-/// vCPU notice. False if the VM's receive FIFO is full.
+/// Give a byte typed on the physical console to a VM: into its PL011's
+/// receive FIFO, or queued behind it until the guest reads (see
+/// [`feed_console`]). False (the byte is lost) only when the queue is full:
+/// the guest has not read for [`super::state::CONSOLE_INPUT_MAX`] bytes.
 pub fn console_input(vm: &mut Vm, cpu: &mut impl PhysCpu, byte: u8) -> bool {
-    if !vm.uart.push_input(byte) {
-        return false;
+    let kept = vm.input.push_back(byte).is_ok();
+    feed_console(vm, cpu);
+    kept
+}
+
+/// Move queued console input into the PL011's receive FIFO while it has
+/// room (after a guest read took a byte out), and update its interrupt.
+pub fn feed_console(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    while let Some(&byte) = vm.input.front() {
+        if !vm.uart.push_input(byte) {
+            break;
+        }
+        vm.input.pop_front();
     }
     update_uart(vm, cpu);
-    true
 }
 
 /// Take the pending physical interrupts on this CPU (the guest was

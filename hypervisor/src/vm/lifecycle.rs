@@ -116,6 +116,7 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     vm.power[0] = Power::On;
     vm.restart = false;
     vm.uart.reset();
+    vm.input.clear();
     match vm.gic {
         GuestGic::V2 { gicv } => {
             // The guest's GICC (8 KiB) is the hardware virtual CPU interface.

@@ -2,25 +2,31 @@
 //! printed by whoever took the lock once it is released (`crate::run`), so no
 //! CPU writes to the UART while other CPUs wait for that VM.
 
+extern crate alloc;
+
+use alloc::string::String;
 use core::fmt::{self, Write as _};
 
 use super::console::{LiveOutput, LINE_MAX};
 
-/// Longest line kept (a guest line with its `[name] ` prefix, or a
-/// hypervisor message); longer ones are cut with a `...`.
-pub const NOTICE_MAX: usize = 240;
+/// Longest line kept (a guest line of up to [`LINE_MAX`] characters with
+/// its `[name] ` prefix, or a hypervisor message); longer ones are cut with
+/// a `...`.
+pub const NOTICE_MAX: usize = LINE_MAX + 64;
 /// Notices kept between two drains (one exit, or one shell command).
 const CAPACITY: usize = 24;
 
-/// One thing to show on the console.
+/// One thing to show on the console. The text is on the heap, as long as
+/// it is: a short line costs a short allocation, and moving the box out to
+/// print it copies no text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notice {
     /// A whole line (without its newline).
-    Line(heapless::String<NOTICE_MAX>),
+    Line(String),
     /// Output of the VM whose console has the keyboard, shown as it comes
     /// (see [`LiveOutput`]).
     Live {
-        text: heapless::String<LINE_MAX>,
+        text: String,
         shown: usize,
         complete: bool,
     },
@@ -54,7 +60,8 @@ impl Notice {
 #[derive(Default)]
 pub struct Outbox {
     notices: heapless::Deque<Notice, CAPACITY>,
-    /// Notices dropped because the box was full (said by the next drain).
+    /// Notices dropped because the box was full or the heap was (said by
+    /// the next drain).
     dropped: u64,
 }
 
@@ -72,14 +79,22 @@ impl Outbox {
 
     /// Keep a line (`format_args!`), cut to [`NOTICE_MAX`] bytes.
     pub fn line(&mut self, args: fmt::Arguments<'_>) {
-        let mut line = Cut(heapless::String::new(), false);
-        let _ = line.write_fmt(args);
-        let mut text = line.0;
-        if line.1 {
+        if self.notices.is_full() {
+            self.dropped += 1;
+            return;
+        }
+        let mut line = Cut::default();
+        if line.write_fmt(args).is_err() {
+            // The heap had no room for it.
+            self.dropped += 1;
+            return;
+        }
+        let Cut { mut text, cut } = line;
+        if cut {
             while text.len() + 3 > NOTICE_MAX {
                 text.pop();
             }
-            let _ = text.push_str("...");
+            text.push_str("...");
         }
         self.push(Notice::Line(text));
     }
@@ -92,12 +107,12 @@ impl Outbox {
             LiveOutput::Partial { text, shown } => (text, shown, false),
             LiveOutput::Line { text, shown } => (text, shown, true),
         };
-        let mut kept = heapless::String::new();
-        for c in text.chars() {
-            if kept.push(c).is_err() {
-                break;
-            }
+        let mut kept = String::new();
+        if self.notices.is_full() || kept.try_reserve_exact(text.len()).is_err() {
+            self.dropped += 1;
+            return;
         }
+        kept.push_str(text);
         self.push(Notice::Live {
             text: kept,
             shown,
@@ -119,17 +134,26 @@ impl Outbox {
     }
 }
 
-/// A `fmt::Write` into a fixed string that notes when it had to cut.
-struct Cut(heapless::String<NOTICE_MAX>, bool);
+/// A `fmt::Write` into a heap string of at most [`NOTICE_MAX`] bytes that
+/// notes when it had to cut; an allocation failure is an error.
+#[derive(Default)]
+struct Cut {
+    text: String,
+    cut: bool,
+}
 
 impl fmt::Write for Cut {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        for c in s.chars() {
-            if self.0.push(c).is_err() {
-                self.1 = true;
-                break;
-            }
+        let room = NOTICE_MAX - self.text.len();
+        let mut end = s.len().min(room);
+        while !s.is_char_boundary(end) {
+            end -= 1;
         }
+        if end < s.len() {
+            self.cut = true;
+        }
+        self.text.try_reserve(end).map_err(|_| fmt::Error)?;
+        self.text.push_str(&s[..end]);
         Ok(())
     }
 }
@@ -142,7 +166,7 @@ mod tests {
     fn lines_are_kept_in_order_and_cut_when_long() {
         let mut out = Outbox::new();
         out.line(format_args!("one {}", 1));
-        out.line(format_args!("{}", "x".repeat(400)));
+        out.line(format_args!("{}", "x".repeat(NOTICE_MAX + 100)));
         let (notices, dropped) = out.take();
         assert_eq!(dropped, 0);
         let lines: Vec<_> = notices

@@ -21,6 +21,10 @@ use crate::pl011::Pl011;
 use crate::vgic::VDistributor;
 use crate::virtio::mmio::MmioTransport;
 
+/// Console input kept for a VM beyond its UART's FIFO (Linux's tty line
+/// buffer is as long).
+pub const CONSOLE_INPUT_MAX: usize = 4096;
+
 /// The GIC a VM's guest gets: the host's version, fixed at boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GuestGic {
@@ -188,6 +192,10 @@ pub struct Vm {
     pub console: ConsoleLine,
     /// The emulated PL011 the guest's console driver talks to.
     pub uart: Pl011,
+    /// Typed bytes its receive FIFO had no room for yet: they move into it
+    /// as the guest reads, so a long line typed or pasted at once arrives
+    /// whole although the FIFO holds 32 bytes, and the shell never waits.
+    pub input: heapless::Deque<u8, CONSOLE_INPUT_MAX>,
     /// Its exits and their EL2 instructions, per kind, since it started
     /// or `info exits <vm> reset`.
     pub profile: ExitProfile,
@@ -249,6 +257,7 @@ impl Vm {
             balloon: None,
             console: ConsoleLine::new(),
             uart: Pl011::new(),
+            input: heapless::Deque::new(),
             profile: ExitProfile::default(),
             last_stop: "not started yet",
             last_balloon_stats: None,

@@ -104,11 +104,11 @@ const SESSION: Duration = Duration::from_secs(900);
 /// Agent requests timed on the idle guest before the first move.
 const IDLE_POLLS: usize = 3;
 const VMSTAT: &str = "grep ^ball /proc/vmstat";
-/// The longest line (with its `\r`) typed to the agent. Tidal's PL011
-/// receive FIFO holds 32 bytes and a byte typed while it is full is dropped
-/// if the guest does not read within a second, which happens on a busy host;
-/// a line that fits is never cut, as the previous one was read (echoed).
-const MAX_INPUT_LINE: usize = 32;
+/// The longest line (with its `\r`) typed to the agent at once: Tidal
+/// queues what its PL011's 32-byte receive FIFO cannot hold yet (4 KiB) and
+/// QEMU's PL011 holds the input back while its FIFO is full, so on both
+/// sides a line this long arrives whole.
+const MAX_INPUT_LINE: usize = 1024;
 /// The watcher, written to [`WATCHER_PATH`] in the guest at boot; run as
 /// `sh /w inflate|deflate <count>`, it returns once that /proc/vmstat
 /// counter reads `<count>`, polling every 10 ms.
@@ -376,12 +376,12 @@ impl Guest {
         Ok(())
     }
 
-    /// Tidal: Ctrl-] back to the shell, up to its prompt.
+    /// Tidal: Ctrl-] back to the shell.
     fn leave_console(&mut self) -> Result<(), String> {
         if self.side == Side::Tidal {
             self.session.send(&[0x1d]).map_err(harness)?;
             self.session
-                .expect(r"\[back to the shell\]\r?\ntidal> ", COMMAND)
+                .expect(r"\[back to the shell\]\r?\n", COMMAND)
                 .map_err(harness)?;
         }
         Ok(())
