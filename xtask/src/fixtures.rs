@@ -20,7 +20,14 @@ fn fixtures_dir(workspace_root: &Path) -> PathBuf {
 
 /// The Pi 4 device tree, fetched on first use.
 pub fn pi4_dtb(workspace_root: &Path) -> Result<PathBuf, String> {
-    let out = fixtures_dir(workspace_root).join(PI4_DTB);
+    broadcom_dtb(workspace_root, PI4_DTB)
+}
+
+/// `name` (e.g. `bcm2711-rpi-400.dtb`) from the kernel package's
+/// `usr/lib/linux-image-*/broadcom/`, copied to `target/fixtures/` on
+/// first use.
+pub fn broadcom_dtb(workspace_root: &Path, name: &str) -> Result<PathBuf, String> {
+    let out = fixtures_dir(workspace_root).join(name);
     if out.is_file() {
         return Ok(out);
     }
@@ -30,14 +37,9 @@ pub fn pi4_dtb(workspace_root: &Path) -> Result<PathBuf, String> {
     let dtb = entries
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().starts_with("linux-image-"))
-        .map(|e| e.path().join("broadcom").join(PI4_DTB))
+        .map(|e| e.path().join("broadcom").join(name))
         .find(|p| p.is_file())
-        .ok_or_else(|| {
-            format!(
-                "no linux-image-*/broadcom/{PI4_DTB} under {}",
-                lib.display()
-            )
-        })?;
+        .ok_or_else(|| format!("no linux-image-*/broadcom/{name} under {}", lib.display()))?;
     // Copy to a temporary name first so an interrupted copy is not mistaken
     // for the fixture next time.
     let tmp = out.with_extension("dtb.part");
@@ -102,6 +104,160 @@ pub fn debian_package(workspace_root: &Path, package: &str) -> Result<PathBuf, S
     let name = deb.file_name().unwrap_or_default().to_string_lossy();
     fs::write(&done, format!("{name}\n")).map_err(|e| format!("{}: {e}", done.display()))?;
     Ok(root)
+}
+
+/// Debian's `raspi-firmware` package (the Pi's GPU firmware, `start4.elf`,
+/// `fixup4.dat` and the others, under `usr/lib/raspi-firmware/`), unpacked
+/// under `target/fixtures/debian-arm64/raspi-firmware/root` on first use.
+///
+/// It is in the `non-free-firmware` component, which the machine's sources
+/// may not have: apt runs here with sources of its own (in the same
+/// directory), one entry with the URI and release of the machine's Debian
+/// archive and that component, so nothing under /etc/apt changes.
+pub fn raspi_firmware(workspace_root: &Path) -> Result<PathBuf, String> {
+    const PACKAGE: &str = "raspi-firmware";
+    let dir = fixtures_dir(workspace_root)
+        .join("debian-arm64")
+        .join(PACKAGE);
+    let root = dir.join("root");
+    let done = dir.join("done");
+    if done.is_file() {
+        return Ok(root);
+    }
+    let apt_dir = dir.join("apt");
+    for sub in ["lists/partial", "cache/archives/partial", "sources.list.d"] {
+        fs::create_dir_all(apt_dir.join(sub)).map_err(|e| format!("{}: {e}", apt_dir.display()))?;
+    }
+    let (uri, suite) = machine_debian_archive().ok_or_else(|| {
+        "cannot find the machine's Debian archive in /etc/apt/sources.list or \
+         /etc/apt/sources.list.d/*.sources; add a source for the Pi firmware, e.g. \
+         /etc/apt/sources.list.d/non-free-firmware.sources with the lines \
+         `Types: deb`, `URIs: <your Debian mirror>`, `Suites: bookworm`, \
+         `Components: non-free-firmware`, \
+         `Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg`, and run \
+         `apt-get update`"
+            .to_string()
+    })?;
+    let sources = apt_dir
+        .join("sources.list.d")
+        .join("non-free-firmware.sources");
+    fs::write(&sources, firmware_source(&uri, &suite))
+        .map_err(|e| format!("{}: {e}", sources.display()))?;
+    // An empty one-line list, so only the file above is read.
+    let list = apt_dir.join("sources.list");
+    fs::write(&list, "").map_err(|e| format!("{}: {e}", list.display()))?;
+    eprintln!(
+        "fixtures: downloading Debian's {PACKAGE} package ({suite} non-free-firmware) into {}",
+        dir.display()
+    );
+    let apt_fw = |program: &str| {
+        let mut cmd = apt(&apt_dir, program);
+        cmd.arg("-o")
+            .arg(format!("Dir::Etc::SourceList={}", list.display()))
+            .arg("-o")
+            .arg(format!(
+                "Dir::Etc::SourceParts={}",
+                apt_dir.join("sources.list.d").display()
+            ));
+        cmd
+    };
+    run(apt_fw("apt-get").args(["-qq", "update"]))?;
+    for deb in debs(&dir)? {
+        fs::remove_file(&deb).map_err(|e| format!("{}: {e}", deb.display()))?;
+    }
+    run(apt_fw("apt-get")
+        .current_dir(&dir)
+        .args(["-qq", "download", PACKAGE]))?;
+    let deb = match debs(&dir)?.as_slice() {
+        [deb] => deb.clone(),
+        other => {
+            return Err(format!(
+                "expected one .deb in {} after download, found {}",
+                dir.display(),
+                other.len()
+            ))
+        }
+    };
+    if root.exists() {
+        fs::remove_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    }
+    run(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))?;
+    let name = deb.file_name().unwrap_or_default().to_string_lossy();
+    fs::write(&done, format!("{name}\n")).map_err(|e| format!("{}: {e}", done.display()))?;
+    Ok(root)
+}
+
+/// The `raspi-firmware` .deb [`raspi_firmware`] unpacked, if it has.
+pub fn raspi_firmware_deb(workspace_root: &Path) -> Option<String> {
+    let done = fixtures_dir(workspace_root).join("debian-arm64/raspi-firmware/done");
+    Some(fs::read_to_string(done).ok()?.trim().to_string())
+}
+
+/// The deb822 source of the `non-free-firmware` component of `suite` at `uri`.
+fn firmware_source(uri: &str, suite: &str) -> String {
+    format!(
+        "Types: deb\nURIs: {uri}\nSuites: {suite}\nComponents: non-free-firmware\n\
+         Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+}
+
+/// The URI and release (e.g. `bookworm`) of the machine's Debian archive.
+fn machine_debian_archive() -> Option<(String, String)> {
+    let mut deb822 = Vec::new();
+    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sources"))
+            .collect();
+        paths.sort();
+        deb822.extend(paths.iter().filter_map(|p| fs::read_to_string(p).ok()));
+    }
+    let one_line = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
+    debian_archive(&deb822, &one_line)
+}
+
+/// The first source, in deb822 files then the one-line list, that is a
+/// Debian release itself: type `deb`, a suite without a `-` (not
+/// `-updates`, `-security`, `-backports`) and a URI not of the security
+/// archive. Returns its URI and suite.
+fn debian_archive(deb822: &[String], one_line: &str) -> Option<(String, String)> {
+    let release = |suite: &str| !suite.is_empty() && !suite.contains('-');
+    for text in deb822 {
+        for stanza in text.split("\n\n") {
+            let field = |name: &str| {
+                stanza.lines().find_map(|l| {
+                    let (key, value) = l.split_once(':')?;
+                    key.trim()
+                        .eq_ignore_ascii_case(name)
+                        .then(|| value.trim().to_string())
+                })
+            };
+            let is_deb = field("Types").is_some_and(|t| t.split_whitespace().any(|t| t == "deb"));
+            let (Some(uris), Some(suites)) = (field("URIs"), field("Suites")) else {
+                continue;
+            };
+            let uri = uris.split_whitespace().next().unwrap_or("");
+            if !is_deb || uri.is_empty() || uri.contains("security") {
+                continue;
+            }
+            if let Some(suite) = suites.split_whitespace().find(|s| release(s)) {
+                return Some((uri.to_string(), suite.to_string()));
+            }
+        }
+    }
+    one_line.lines().find_map(|line| {
+        let mut words = line
+            .split_whitespace()
+            .filter(|w| !w.starts_with('[') && !w.ends_with(']'));
+        if words.next()? != "deb" {
+            return None;
+        }
+        let uri = words.next()?;
+        let suite = words.next()?;
+        (uri.contains("://") && !uri.contains("security") && release(suite))
+            .then(|| (uri.to_string(), suite.to_string()))
+    })
 }
 
 /// `apt-get download` `package` into `into` (with the apt state in
@@ -211,5 +367,46 @@ fn run(cmd: &mut Command) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("{cmd:?} failed: {status}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_release_source_is_found_in_deb822() {
+        let sources = "Types: deb\nURIs: http://mirror.example/debian\n\
+                       Suites: bookworm bookworm-updates\nComponents: main\n\n\
+                       Types: deb\nURIs: http://mirror.example/debian-security\n\
+                       Suites: bookworm-security\nComponents: main\n";
+        let backports = "Types: deb\nURIs: http://mirror.example/debian\n\
+                         Suites: bookworm-backports\nComponents: main\n";
+        assert_eq!(
+            debian_archive(&[backports.into(), sources.into()], ""),
+            Some(("http://mirror.example/debian".into(), "bookworm".into()))
+        );
+    }
+
+    #[test]
+    fn the_release_source_is_found_in_a_one_line_list() {
+        let list = "# comment\n\
+                    deb http://mirror.example/debian-security bookworm-security main\n\
+                    deb [arch=amd64] http://mirror.example/debian bookworm main\n";
+        assert_eq!(
+            debian_archive(&[], list),
+            Some(("http://mirror.example/debian".into(), "bookworm".into()))
+        );
+        assert_eq!(
+            debian_archive(&[], "deb-src http://x/debian bookworm main"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_firmware_source_names_only_non_free_firmware() {
+        let s = firmware_source("http://mirror.example/debian", "bookworm");
+        assert!(s.contains("Components: non-free-firmware\n"), "{s}");
+        assert!(s.contains("Suites: bookworm\n"), "{s}");
     }
 }
