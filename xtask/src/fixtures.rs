@@ -23,6 +23,73 @@ pub fn pi4_dtb(workspace_root: &Path) -> Result<PathBuf, String> {
     broadcom_dtb(workspace_root, PI4_DTB)
 }
 
+/// RAM of QEMU's raspi4b model (its board revision 0xb03115: 2 GiB).
+const QEMU_RASPI4B_RAM: u64 = 2 << 30;
+
+/// The Pi 4 device tree for QEMU raspi4b ([`harness::PI4_QEMU_DTB`], whose
+/// doc says why): [`pi4_dtb`] with a `device_type = "memory"` node
+/// `/ram@40000000` for the RAM above 1 GiB, added by `fdtput`. Rewritten
+/// when older than the tree it is made from.
+pub fn pi4_qemu_dtb(workspace_root: &Path) -> Result<PathBuf, String> {
+    let src = pi4_dtb(workspace_root)?;
+    let out = fixtures_dir(workspace_root).join(harness::PI4_QEMU_DTB);
+    let modified = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+    if out.is_file() && modified(&out) >= modified(&src) {
+        return Ok(out);
+    }
+    let tmp = out.with_extension("dtb.part");
+    fs::copy(&src, &tmp).map_err(|e| format!("copying {}: {e}", src.display()))?;
+    let node = format!("/ram@{:x}", UPPER_RAM_BASE);
+    let fdtput = |args: &[&str]| {
+        let mut cmd = Command::new("fdtput");
+        cmd.arg(&tmp).args(args);
+        run(&mut cmd)
+    };
+    fdtput(&["-c", &node])?;
+    fdtput(&["-t", "s", &node, "device_type", "memory"])?;
+    let cells: Vec<String> = upper_ram_reg(QEMU_RASPI4B_RAM)
+        .iter()
+        .map(|c| format!("{c:x}"))
+        .collect();
+    let mut args = vec!["-t", "x", node.as_str(), "reg"];
+    args.extend(cells.iter().map(String::as_str));
+    fdtput(&args)?;
+    fs::rename(&tmp, &out).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out)
+}
+
+/// Where the BCM2711's RAM above the first GiB starts.
+const UPPER_RAM_BASE: u64 = 1 << 30;
+/// The peripherals' window in the BCM2711's low-peripheral mode (the
+/// firmware's default): RAM under it is not reachable.
+const LOW_PERIPHERALS: (u64, u64) = (0xfc00_0000, 1 << 32);
+
+/// The `reg` cells (2 address cells, 1 size cell, as in the BCM2711 trees)
+/// for a board with `ram` bytes of RAM above [`UPPER_RAM_BASE`], the way the
+/// firmware lists it: without the low-peripheral window, a range too big
+/// for one size cell in 2 GiB pieces.
+fn upper_ram_reg(ram: u64) -> Vec<u32> {
+    const MAX_PIECE: u64 = 1 << 31;
+    let mut cells = Vec::new();
+    let ranges = [
+        (UPPER_RAM_BASE, ram.min(LOW_PERIPHERALS.0)),
+        (LOW_PERIPHERALS.1, ram.max(LOW_PERIPHERALS.1)),
+    ];
+    for (mut start, end) in ranges {
+        while start < end {
+            let left = end - start;
+            let size = if left <= u64::from(u32::MAX) {
+                left
+            } else {
+                MAX_PIECE
+            };
+            cells.extend([(start >> 32) as u32, start as u32, size as u32]);
+            start += size;
+        }
+    }
+    cells
+}
+
 /// `name` (e.g. `bcm2711-rpi-400.dtb`) from the kernel package's
 /// `usr/lib/linux-image-*/broadcom/`, copied to `target/fixtures/` on
 /// first use.
@@ -400,6 +467,31 @@ mod tests {
         assert_eq!(
             debian_archive(&[], "deb-src http://x/debian bookworm main"),
             None
+        );
+    }
+
+    #[test]
+    fn upper_ram_is_listed_as_the_firmware_does() {
+        // 1 GiB board: nothing above 1 GiB.
+        assert_eq!(upper_ram_reg(1 << 30), Vec::<u32>::new());
+        // QEMU raspi4b, 2 GiB.
+        assert_eq!(upper_ram_reg(2 << 30), [0, 0x4000_0000, 0x4000_0000]);
+        // 4 GiB: up to the peripherals' window.
+        assert_eq!(upper_ram_reg(4 << 30), [0, 0x4000_0000, 0xbc00_0000]);
+        // 8 GiB: and from 4 GiB up, in 2 GiB pieces.
+        assert_eq!(
+            upper_ram_reg(8 << 30),
+            [
+                0,
+                0x4000_0000,
+                0xbc00_0000,
+                1,
+                0,
+                0x8000_0000,
+                1,
+                0x8000_0000,
+                0x8000_0000
+            ]
         );
     }
 

@@ -175,6 +175,8 @@ fn build(root: &Path) -> Result<Artifacts, String> {
             .current_dir(root),
     )?;
     linux::build_initramfs(root, &linux::memtool_path(root))?;
+    // The Pi 4 tree QEMU raspi4b boots with (the harness's default).
+    fixtures::pi4_qemu_dtb(root)?;
     // guests/demo.toml -> target/guests.img, guests/tests/<name>.toml ->
     // target/bundles/<name>.img (see guests/README.md).
     vmconfig::build_all(root, &testguest)?;
@@ -250,7 +252,7 @@ fn run(args: &[String]) -> Result<(), String> {
         artifacts.bundle = test_bundle(&root, &name)?;
     }
     if board == Board::Raspi4b {
-        artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
+        artifacts.pi4_dtb = fixtures::pi4_qemu_dtb(&root)?;
     }
     boot_interactive(&root, board, &artifacts)
 }
@@ -369,7 +371,7 @@ fn test(args: &[String]) -> Result<(), String> {
     setup::run()?;
     let root = root();
     let mut artifacts = build(&root)?;
-    artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
+    artifacts.pi4_dtb = fixtures::pi4_qemu_dtb(&root)?;
     let trace_build = build_trace(&root)?;
     let mut passed = 0u32;
     let mut failed = 0u32;
