@@ -190,8 +190,9 @@ https://singleboard.org/raspberrypi/raspberry_pi_act_led_error_patterns
 sticky):
 
   0 long, 3 short   generic failure to boot
-  0 long, 4 short   start*.elf not found (on a Pi 4 also: no boot code found
-                    at all, e.g. no card or no FAT partition it can read)
+  0 long, 4 short   start*.elf not found (on a Pi 4 it also blinks so with no
+                    card at all, as a forum moderator notes in
+                    https://www.raspberrypi.org/forums/viewtopic.php?f=28&p=1692842)
   0 long, 7 short   kernel image not found (kernel= in config.txt names a
                     file that is not there)
   0 long, 8 short   SDRAM failure
@@ -200,9 +201,11 @@ sticky):
   4 long, 4 short   unsupported board type
   4 long, 5 short   fatal firmware error
 
-A wrong config.txt (e.g. without arm_64bit=1, or with a kernel= that names
-another file) shows no error of its own: the LED codes above, or a silent
-UART, are all there is. Without enable_uart=1 the UART stays silent too.
+A wrong config.txt reports nothing of its own: a kernel= naming a file that
+is not on the card gives the 0 long, 7 short code above; without
+arm_64bit=1 the firmware starts the image in 32-bit state, which this
+AArch64 image cannot run, and the UART stays silent; without enable_uart=1
+the console may show nothing or garbage.
 "
     )
 }
