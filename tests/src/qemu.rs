@@ -101,6 +101,20 @@ fn path_from_env(var: &str, default: PathBuf) -> PathBuf {
     }
 }
 
+/// The Raspberry Pi 4 device tree as QEMU raspi4b gets it, under
+/// `<target>/fixtures/` (written by `cargo xtask build` from Debian's
+/// `bcm2711-rpi-4-b.dtb`): with a node for the board's RAM above 1 GiB.
+///
+/// On the board the firmware fills `/memory` from the board revision,
+/// with the RAM above 1 GiB. QEMU's raspi4b (2 GiB) instead drops every
+/// root `/memory*` node and adds one for its boot RAM, 0-0x3c000000 (the
+/// RAM below 1 GiB less the VideoCore's 64 MiB); its hook that should then
+/// add a node for the RAM above 1 GiB compares that boot RAM, never over
+/// 1 GiB, with 1 GiB, so it never does, and the rest of the 2 GiB stays
+/// unlisted. The extra node, `/ram@40000000` (`device_type = "memory"`, a
+/// name QEMU does not drop), lists 0x40000000-0x80000000.
+pub const PI4_QEMU_DTB: &str = "bcm2711-rpi-4-b-qemu.dtb";
+
 /// The files a QEMU run needs, as built by `cargo xtask`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Artifacts {
@@ -110,7 +124,8 @@ pub struct Artifacts {
     pub elf: PathBuf,
     /// The guest bundle (`-initrd`).
     pub bundle: PathBuf,
-    /// The Raspberry Pi 4 device tree (`-dtb` on raspi4b).
+    /// The Raspberry Pi 4 device tree (`-dtb` on raspi4b), by default
+    /// [`PI4_QEMU_DTB`].
     pub pi4_dtb: PathBuf,
 }
 
@@ -126,10 +141,7 @@ impl Artifacts {
             image: path_from_env("HV_IMAGE", release.join("hypervisor.bin")),
             elf: path_from_env("HV_ELF", release.join("hypervisor")),
             bundle: path_from_env("HV_BUNDLE", target.join("guests.img")),
-            pi4_dtb: path_from_env(
-                "HV_PI4_DTB",
-                target.join("fixtures").join("bcm2711-rpi-4-b.dtb"),
-            ),
+            pi4_dtb: path_from_env("HV_PI4_DTB", target.join("fixtures").join(PI4_QEMU_DTB)),
         }
     }
 

@@ -2,7 +2,7 @@
 //! the guest bundle, runs them in QEMU, and runs every test.
 //!
 //! Commands: `setup`, `build`, `run [--board B]`, `trace [--board B] [--bundle NAME]`,
-//! `test`, `bench`, `fuzz`. Every command starts with `setup`, which is quick
+//! `sdcard [-o DIR] [--image FILE] [--bundle FILE]`, `test`, `bench`, `fuzz`. Every command starts with `setup`, which is quick
 //! when everything is present.
 
 mod bench;
@@ -10,6 +10,7 @@ mod fixtures;
 mod fuzz;
 mod json;
 mod linux;
+mod sdcard;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ fn main() -> ExitCode {
         Some("run") => run(&args[1..]),
         Some("trace") => trace(&args[1..]),
         Some("test") => test(&args[1..]),
+        Some("sdcard") => sdcard::run(&args[1..]),
         Some("fuzz") => setup::run().and_then(|_| fuzz::run(&root(), &args[1..])),
         Some("bench") => setup::run().and_then(|_| {
             let root = root();
@@ -66,7 +68,8 @@ fn print_help() {
     println!(
         "cargo xtask <command>
 
-  setup              install what is missing (Rust target and components, QEMU, dtc, cpio)
+  setup              install what is missing (Rust target and components, QEMU, dtc, cpio,
+                     mtools, dosfstools)
   build              build the hypervisor image and the guest bundle, and the trace
                      build (below) in target/trace-build
   run [--board B]    build, then boot in QEMU with the console on this terminal
@@ -77,6 +80,13 @@ fn print_help() {
                      (default) or virt-gicv3; NAME: a bundle of target/bundles (default:
                      the demo bundle); at exit the trace is decoded to
                      target/trace-<board>.log
+  sdcard [-o DIR] [--image FILE] [--bundle FILE]
+                     build, then write the Raspberry Pi 4 SD card's boot partition to DIR
+                     (default target/sdcard): the Pi firmware (start4.elf, fixup4.dat), the
+                     BCM2711 device trees, the hypervisor as kernel8.img, the guest bundle
+                     (default target/guests.img) as guests.img, a commented config.txt and
+                     a README.txt (flashing, serial wiring, what to expect); --image FILE:
+                     also an SD card image (MBR, one FAT32 partition) to dd to the card
   test               run every test, host and QEMU; ends with 'N passed, M failed'
   bench              balloon benchmarks: a bare-metal guest under QEMU -icount (table, and
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
@@ -165,6 +175,8 @@ fn build(root: &Path) -> Result<Artifacts, String> {
             .current_dir(root),
     )?;
     linux::build_initramfs(root, &linux::memtool_path(root))?;
+    // The Pi 4 tree QEMU raspi4b boots with (the harness's default).
+    fixtures::pi4_qemu_dtb(root)?;
     // guests/demo.toml -> target/guests.img, guests/tests/<name>.toml ->
     // target/bundles/<name>.img (see guests/README.md).
     vmconfig::build_all(root, &testguest)?;
@@ -240,7 +252,7 @@ fn run(args: &[String]) -> Result<(), String> {
         artifacts.bundle = test_bundle(&root, &name)?;
     }
     if board == Board::Raspi4b {
-        artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
+        artifacts.pi4_dtb = fixtures::pi4_qemu_dtb(&root)?;
     }
     boot_interactive(&root, board, &artifacts)
 }
@@ -359,7 +371,7 @@ fn test(args: &[String]) -> Result<(), String> {
     setup::run()?;
     let root = root();
     let mut artifacts = build(&root)?;
-    artifacts.pi4_dtb = fixtures::pi4_dtb(&root)?;
+    artifacts.pi4_dtb = fixtures::pi4_qemu_dtb(&root)?;
     let trace_build = build_trace(&root)?;
     let mut passed = 0u32;
     let mut failed = 0u32;

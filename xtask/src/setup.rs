@@ -1,8 +1,9 @@
 //! Installs what the build and the tests need and is missing: the Rust target
 //! and components (rustup does not install them from rust-toolchain.toml
 //! here), QEMU >= 9 from bookworm-backports when the installed one is older
-//! or absent, dtc, cpio and a C++ compiler (for libFuzzer in the fuzz
-//! targets). Each step checks first, so a second run is quick.
+//! or absent, dtc, cpio, a C++ compiler (for libFuzzer in the fuzz
+//! targets), and dosfstools and mtools (the SD card image). Each step
+//! checks first, so a second run is quick.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -94,6 +95,13 @@ fn debian_packages() -> Result<(), String> {
     }
     if !have("cpio") {
         plain.push("cpio");
+    }
+    // `cargo xtask sdcard --image` formats and fills the FAT32 partition.
+    if !have("mkfs.fat") {
+        plain.push("dosfstools");
+    }
+    if !have("mcopy") {
+        plain.push("mtools");
     }
     // libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets.
     if !have("c++") {
