@@ -1,7 +1,7 @@
 //! VM configuration files (`guests/*.toml`) and the guest bundles built from
 //! them.
 //!
-//! The format is documented in `guests/README.md`. In short:
+//! The format is documented in `docs/CONFIGURATION.md`. In short:
 //!
 //! ```toml
 //! [[vm]]
@@ -943,7 +943,7 @@ fn read_vms(doc: &toml::Table, loc: &Locator) -> Result<Vec<VmConfig>, String> {
     };
     if tables.is_empty() {
         return Err(format!(
-            "{file}: no VMs: add at least one [[vm]] table (see guests/README.md)"
+            "{file}: no VMs: add at least one [[vm]] table (see docs/CONFIGURATION.md)"
         ));
     }
     if tables.len() > guest_bundle::MAX_VMS {
