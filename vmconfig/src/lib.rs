@@ -1449,6 +1449,21 @@ kernel = "testguest"
             let bytes = bundle_from_str(&text, &shown, &root, Path::new("/ws/tg.bin"), &fake_load)
                 .unwrap_or_else(|e| panic!("{e}"));
             let b = guest_bundle::parse(&bytes).unwrap_or_else(|e| panic!("{shown}: {e}"));
+            // Resolved from the file's own folder (as `build_all` does),
+            // they need the Linux fixture exactly when a VM is Linux.
+            let needs = needs_from_str(&text, &shown, f.parent().unwrap(), &root)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let linux = b.vms().any(|v| v.initrd().is_some());
+            assert_eq!(
+                (needs.linux_fixture, needs.linux.len()),
+                (linux, 0),
+                "{shown}"
+            );
+            assert_eq!(
+                needs.testguest,
+                b.vms().any(|v| v.initrd().is_none()),
+                "{shown}"
+            );
             seen.push((
                 f.file_stem().unwrap().to_string_lossy().to_string(),
                 b.vms()
