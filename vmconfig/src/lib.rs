@@ -1,7 +1,7 @@
 //! VM configuration files (`guests/*.toml`) and the guest bundles built from
 //! them.
 //!
-//! The format is documented in `guests/README.md`. In short:
+//! The format is documented in `docs/CONFIGURATION.md`. In short:
 //!
 //! ```toml
 //! [[vm]]
@@ -9,8 +9,10 @@
 //! ram = "256M"            # K/M/G suffix (or plain bytes); a multiple of 2 MiB
 //! vcpus = 1
 //! cpus = [1]              # one physical CPU per vCPU, never CPU 0
-//! kernel = "testguest"    # or a path relative to the workspace root
+//! kernel = "testguest"    # or an arm64 Image's path (relative: to this file's folder)
 //! initrd = "path"         # optional
+//! modules = "path"        # optional: the kernel's lib/modules/<release>; initramfs generated
+//! linux_deb = "path"      # instead of kernel: a linux-image-*-arm64 .deb; initramfs generated
 //! cmdline = "pattern"     # optional
 //! [vm.balloon]            # optional; absent: no balloon device
 //! features = ["must-tell-host"]
@@ -34,11 +36,17 @@
 //!
 //! [`build_bundle`] parses and validates one file and returns the bundle
 //! bytes; [`build_all`] writes `target/guests.img` from `guests/demo.toml` and
-//! `target/bundles/<name>.img` for every `guests/tests/<name>.toml`. Every
-//! error names the file, the VM and the field.
+//! `target/bundles/<name>.img` for every `guests/tests/<name>.toml`.
+//! [`needs`] says what a file's VMs need built first (the test guest, the
+//! Linux fixture, initramfs images to generate), and [`build_bundle_with`]
+//! takes what was built. Every error names the file, the line and column,
+//! the VM and the field.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+
+use toml::de::{DeString, DeTable, DeValue};
 
 use guest_bundle::{
     bad_access, devices, BundleBuilder, PoolSpec, VmMemory, VmSpec, MAX_WEIGHT, MEM_ALIGN,
@@ -91,13 +99,15 @@ pub const BALLOON_FEATURES: [(&str, u32); 6] = [
 // ------------------------------------------------------------- file format
 
 /// Keys a `[[vm]]` table may have.
-const VM_KEYS: [&str; 10] = [
+const VM_KEYS: [&str; 12] = [
     "name",
     "ram",
     "vcpus",
     "cpus",
     "kernel",
     "initrd",
+    "modules",
+    "linux_deb",
     "cmdline",
     "balloon",
     "on_bad_access",
@@ -142,8 +152,13 @@ struct VmConfig {
     ram: Result<u64, String>,
     vcpus: u32,
     cpus: Vec<u32>,
-    kernel: String,
+    /// `None` only with `linux_deb` (the package holds the kernel).
+    kernel: Option<String>,
     initrd: Option<String>,
+    /// A user kernel's modules directory: the initramfs is generated.
+    modules: Option<String>,
+    /// A Debian `linux-image-*` package: kernel and generated initramfs.
+    linux_deb: Option<String>,
     cmdline: Option<String>,
     /// `Some(features)` when `[vm.balloon]` is present.
     balloon: Option<Vec<String>>,
@@ -421,9 +436,36 @@ impl VmConfig {
                 ))
             }
         };
-        let kernel = string("kernel", required("kernel")?)?;
+        let kernel = optional_string("kernel")?;
         let initrd = optional_string("initrd")?;
+        let modules = optional_string("modules")?;
+        let linux_deb = optional_string("linux_deb")?;
         let cmdline = optional_string("cmdline")?;
+        if linux_deb.is_some() {
+            for (key, given) in [
+                ("kernel", kernel.is_some()),
+                ("initrd", initrd.is_some()),
+                ("modules", modules.is_some()),
+            ] {
+                if given {
+                    return Err(format!(
+                        "linux_deb and {key} exclude each other: the package gives the kernel and its modules, and the initramfs is generated"
+                    ));
+                }
+            }
+        } else if kernel.is_none() {
+            return Err("required field `kernel` is missing".into());
+        }
+        if modules.is_some() {
+            if initrd.is_some() {
+                return Err("modules and initrd exclude each other: with modules the initramfs is generated (busybox, the agent and the kernel's virtio modules); leave initrd out, or modules out to use your own initramfs".into());
+            }
+            if let Some(k) = kernel.as_deref().filter(|k| *k == TESTGUEST) {
+                return Err(format!(
+                    "modules needs kernel to be your own arm64 Image, not \"{k}\""
+                ));
+            }
+        }
         let on_bad_access = match optional_string("on_bad_access")? {
             None => bad_access::ABORT,
             Some(word) => BAD_ACCESS_POLICIES
@@ -473,6 +515,8 @@ impl VmConfig {
             cpus,
             kernel,
             initrd,
+            modules,
+            linux_deb,
             cmdline,
             balloon,
             on_bad_access,
@@ -524,22 +568,168 @@ pub fn format_size(bytes: u64) -> String {
     format!("{bytes}")
 }
 
-/// Parses and validates the configuration file `config` and returns the
-/// guest bundle it describes. Kernel and initrd paths are relative to `root`
-/// (the workspace root); `kernel = "testguest"` means `testguest_image`.
-///
-/// Errors name the file (relative to `root` when inside it), the VM and the
-/// field, e.g. `guests/demo.toml: VM "alpha": ram "300K" is not a multiple
-/// of 2 MiB`.
-pub fn build_bundle(config: &Path, root: &Path, testguest_image: &Path) -> Result<Vec<u8>, String> {
+/// The kernel command line a VM with a generated initramfs (`modules` or
+/// `linux_deb`) gets when the configuration gives none: the console on the
+/// guest's PL011 and the initramfs's `/init`, as for the Linux fixture.
+pub const LINUX_CMDLINE: &str = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet";
+
+/// The Linux fixture's kernel and initramfs, as configurations name them
+/// (`cargo xtask` builds them under the workspace root, whatever folder the
+/// configuration is in).
+pub const LINUX_FIXTURE_KERNEL: &str = "target/fixtures/linux/Image";
+/// See [`LINUX_FIXTURE_KERNEL`].
+pub const LINUX_FIXTURE_INITRD: &str = "target/fixtures/linux/initramfs.cpio";
+
+/// A Linux guest whose initramfs `cargo xtask` generates (busybox, the
+/// agent, `tidal-mem` and the kernel's virtio modules), as a configuration
+/// asks for it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LinuxSource {
+    /// `kernel` and `modules`: an arm64 `Image` (or `Image.gz`) and its
+    /// modules directory (`lib/modules/<release>`).
+    Image { kernel: PathBuf, modules: PathBuf },
+    /// `linux_deb`: a Debian `linux-image-*-arm64` package.
+    Deb(PathBuf),
+}
+
+/// What `cargo xtask` made for a [`LinuxSource`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneratedLinux {
+    /// The uncompressed arm64 `Image`.
+    pub kernel: PathBuf,
+    /// The generated initramfs.
+    pub initrd: PathBuf,
+}
+
+/// What a configuration needs built before its bundle can be: see [`needs`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// Some VM runs the test guest (`kernel = "testguest"`).
+    pub testguest: bool,
+    /// Some VM names the Linux fixture ([`LINUX_FIXTURE_KERNEL`] or
+    /// [`LINUX_FIXTURE_INITRD`]).
+    pub linux_fixture: bool,
+    /// The generated Linux guests, each once, in file order.
+    pub linux: Vec<LinuxSource>,
+}
+
+/// What the names in a configuration stand for.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// The workspace root: the Linux fixture's names resolve against it.
+    pub root: &'a Path,
+    /// The test guest's raw image (`kernel = "testguest"`).
+    pub testguest: &'a Path,
+    /// The generated Linux guests.
+    pub generated: &'a HashMap<LinuxSource, GeneratedLinux>,
+}
+
+/// `path` from a configuration in folder `base`: the Linux fixture's names
+/// are under the workspace `root`, other relative paths under `base`.
+fn resolve(base: &Path, root: &Path, path: &str) -> PathBuf {
+    if path == LINUX_FIXTURE_KERNEL || path == LINUX_FIXTURE_INITRD {
+        root.join(path)
+    } else {
+        base.join(path)
+    }
+}
+
+impl VmConfig {
+    /// The generated Linux guest this VM asks for, paths resolved.
+    fn linux_source(&self, base: &Path, root: &Path) -> Option<LinuxSource> {
+        if let Some(deb) = &self.linux_deb {
+            return Some(LinuxSource::Deb(resolve(base, root, deb)));
+        }
+        let (kernel, modules) = (self.kernel.as_ref()?, self.modules.as_ref()?);
+        Some(LinuxSource::Image {
+            kernel: resolve(base, root, kernel),
+            modules: resolve(base, root, modules),
+        })
+    }
+
+    /// `linux_deb "…"` or `modules "…"`, for messages.
+    fn linux_field(&self) -> String {
+        match (&self.linux_deb, &self.modules) {
+            (Some(deb), _) => format!("linux_deb \"{deb}\""),
+            (None, Some(m)) => format!("modules \"{m}\""),
+            (None, None) => "kernel".into(),
+        }
+    }
+}
+
+/// A configuration file's text, the name its errors show (relative to
+/// `root` when inside it) and its folder.
+fn read_config(config: &Path, root: &Path) -> Result<(String, String, PathBuf), String> {
     let shown = config
         .strip_prefix(root)
         .unwrap_or(config)
         .display()
         .to_string();
     let text = std::fs::read_to_string(config).map_err(|e| format!("{shown}: cannot read: {e}"))?;
+    let base = config
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    Ok((text, shown, base))
+}
+
+/// Parses and validates the configuration file `config` and returns the
+/// guest bundle it describes. Relative kernel and initrd paths are relative
+/// to the file's folder, but the Linux fixture's names
+/// ([`LINUX_FIXTURE_KERNEL`]) are under `root` (the workspace root);
+/// `kernel = "testguest"` means `testguest_image`. A VM whose initramfs is
+/// generated (`modules`, `linux_deb`) needs [`build_bundle_with`].
+///
+/// Errors name the file (relative to `root` when inside it), the line and
+/// column, the VM and the field, e.g. `guests/demo.toml:7:7: VM "alpha": ram
+/// "300K" is not a multiple of 2 MiB`.
+pub fn build_bundle(config: &Path, root: &Path, testguest_image: &Path) -> Result<Vec<u8>, String> {
+    build_bundle_with(
+        config,
+        &Inputs {
+            root,
+            testguest: testguest_image,
+            generated: &HashMap::new(),
+        },
+    )
+}
+
+/// [`build_bundle`] with the generated Linux guests [`needs`] asked for.
+pub fn build_bundle_with(config: &Path, inputs: &Inputs) -> Result<Vec<u8>, String> {
+    let (text, shown, base) = read_config(config, inputs.root)?;
     let loader = |path: &Path| std::fs::read(path);
-    bundle_from_str(&text, &shown, root, testguest_image, &loader)
+    bundle_from_str_in(&text, &shown, &base, inputs, &loader)
+}
+
+/// What the configuration file `config` needs built (the test guest, the
+/// Linux fixture, generated Linux guests), after checking every key and
+/// type in it: so a caller builds only what is used, and a misspelt key is
+/// reported before anything is built.
+pub fn needs(config: &Path, root: &Path) -> Result<Needs, String> {
+    let (text, shown, base) = read_config(config, root)?;
+    needs_from_str(&text, &shown, &base, root)
+}
+
+/// [`needs`] of a configuration's text; `file` is the name errors show,
+/// `base` its folder.
+pub fn needs_from_str(text: &str, file: &str, base: &Path, root: &Path) -> Result<Needs, String> {
+    let doc = parse_doc(text, file)?;
+    let loc = Locator::new(text, file);
+    let vms = read_vms(&doc, &loc)?;
+    let mut needs = Needs::default();
+    for vm in &vms {
+        let names = [vm.kernel.as_deref(), vm.initrd.as_deref()];
+        needs.testguest |= names[0] == Some(TESTGUEST);
+        needs.linux_fixture |= names
+            .iter()
+            .any(|n| matches!(*n, Some(LINUX_FIXTURE_KERNEL | LINUX_FIXTURE_INITRD)));
+        if let Some(source) = vm.linux_source(base, root) {
+            if !needs.linux.contains(&source) {
+                needs.linux.push(source);
+            }
+        }
+    }
+    Ok(needs)
 }
 
 /// Builds every bundle: `target/guests.img` from `guests/demo.toml` (what
@@ -594,7 +784,8 @@ pub fn build_all(root: &Path, testguest_image: &Path) -> Result<Vec<(String, Pat
 // ------------------------------------------------------------- the work
 
 /// Parse, validate and build; `load` reads kernel and initrd files (tests
-/// and the fuzz target replace it). `file` is the name errors show.
+/// and the fuzz target replace it). `file` is the name errors show. Every
+/// relative path is relative to `root` here (see [`bundle_from_str_in`]).
 pub fn bundle_from_str(
     text: &str,
     file: &str,
@@ -602,7 +793,24 @@ pub fn bundle_from_str(
     testguest_image: &Path,
     load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<Vec<u8>, String> {
-    let (specs, pool) = specs_from_str(text, file, root, testguest_image, load)?;
+    let inputs = Inputs {
+        root,
+        testguest: testguest_image,
+        generated: &HashMap::new(),
+    };
+    bundle_from_str_in(text, file, root, &inputs, load)
+}
+
+/// [`bundle_from_str`] for a configuration in folder `base` (relative paths
+/// other than the Linux fixture's names resolve against it).
+pub fn bundle_from_str_in(
+    text: &str,
+    file: &str,
+    base: &Path,
+    inputs: &Inputs,
+    load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<Vec<u8>, String> {
+    let (specs, pool) = specs_from_str(text, file, base, inputs, load)?;
     let mut builder = BundleBuilder::new();
     builder
         .pool(pool)
@@ -615,20 +823,111 @@ pub fn bundle_from_str(
     Ok(builder.build())
 }
 
-fn specs_from_str(
-    text: &str,
-    file: &str,
-    root: &Path,
-    testguest_image: &Path,
-    load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
-) -> Result<(Vec<(VmSpec, VmMemory)>, PoolSpec), String> {
-    let doc: toml::Table = toml::from_str(text).map_err(|e| {
-        let msg = e.to_string();
-        format!("{file}: {}", msg.trim_end())
-    })?;
+// ------------------------------------------------------------- locations
+
+/// Where keys and values are in a configuration's text, for messages:
+/// `file:line:column`.
+struct Locator<'t> {
+    text: &'t str,
+    file: &'t str,
+    /// `None` if the text does not parse (then no location is given).
+    doc: Option<toml::Spanned<DeTable<'t>>>,
+}
+
+impl<'t> Locator<'t> {
+    fn new(text: &'t str, file: &'t str) -> Locator<'t> {
+        Locator {
+            text,
+            file,
+            doc: DeTable::parse(text).ok(),
+        }
+    }
+
+    /// The span of the value at top-level `key` (element `index` of it if
+    /// given), then down the table keys of `path`; as deep as they exist.
+    fn span(&self, key: &str, index: Option<usize>, path: &[&str]) -> Option<Range<usize>> {
+        fn get<'d, 'i>(
+            t: &'d DeTable<'i>,
+            k: &str,
+        ) -> Option<(
+            &'d toml::Spanned<DeString<'i>>,
+            &'d toml::Spanned<DeValue<'i>>,
+        )> {
+            t.iter().find(|(name, _)| name.get_ref() == k)
+        }
+        let doc = self.doc.as_ref()?;
+        let (_, mut value) = get(doc.get_ref(), key)?;
+        if let Some(i) = index {
+            value = value.get_ref().as_array()?.get(i)?;
+        }
+        for k in path {
+            let Some((_, v)) = value.get_ref().as_table().and_then(|t| get(t, k)) else {
+                break;
+            };
+            value = v;
+        }
+        Some(value.span())
+    }
+
+    /// `file:line:column` of `span`'s start, or `file` without one.
+    fn at(&self, span: Option<Range<usize>>) -> String {
+        let Some(span) = span else {
+            return self.file.to_string();
+        };
+        let before = &self.text[..span.start.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+        format!("{}:{line}:{column}", self.file)
+    }
+
+    /// Where the message `msg` about VM `index` points: at the field it
+    /// starts with (see [`field_of`]), else at the VM's `[[vm]]` line.
+    fn vm(&self, index: usize, msg: &str) -> String {
+        let field = field_of(msg);
+        let path: Vec<&str> = field.split('.').collect();
+        self.at(self.span("vm", Some(index), &path))
+    }
+
+    /// Where the message `msg` about the `[pool]` table points.
+    fn pool(&self, msg: &str) -> String {
+        self.at(self.span("pool", None, &[field_of(msg)]))
+    }
+}
+
+/// The field a message is about. Messages start with the field, dotted
+/// inside a sub-table (`ram "3M" is …`, `memory.max "900M" …`,
+/// `balloon.features: …`), or say `unknown field `k`` or `required field
+/// `k``.
+fn field_of(msg: &str) -> &str {
+    for prefix in ["unknown field `", "required field `"] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            return rest.split('`').next().unwrap_or("");
+        }
+    }
+    msg.split([' ', ':']).next().unwrap_or("")
+}
+
+/// The text as a TOML table; a syntax error names the line and column.
+fn parse_doc(text: &str, file: &str) -> Result<toml::Table, String> {
+    toml::from_str(text).map_err(|e| {
+        let at = Locator {
+            text,
+            file,
+            doc: None,
+        }
+        .at(e.span());
+        let msg = e.message().trim_end().replace('\n', "; ");
+        format!("{at}: TOML syntax error: {msg}")
+    })
+}
+
+/// The `[[vm]]` tables, keys and types checked; every error located.
+fn read_vms(doc: &toml::Table, loc: &Locator) -> Result<Vec<VmConfig>, String> {
+    let file = loc.file;
     if let Some(k) = doc.keys().find(|k| !matches!(k.as_str(), "vm" | "pool")) {
         return Err(format!(
-            "{file}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables and an optional [pool] table"
+            "{}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables and an optional [pool] table",
+            loc.at(loc.span(k, None, &[]))
         ));
     }
     let tables = match doc.get("vm") {
@@ -636,14 +935,15 @@ fn specs_from_str(
         Some(toml::Value::Array(list)) => list,
         Some(other) => {
             return Err(format!(
-                "{file}: `vm` must be a list of [[vm]] tables, found {}",
+                "{}: `vm` must be a list of [[vm]] tables, found {}",
+                loc.at(loc.span("vm", None, &[])),
                 describe(other)
             ))
         }
     };
     if tables.is_empty() {
         return Err(format!(
-            "{file}: no VMs: add at least one [[vm]] table (see guests/README.md)"
+            "{file}: no VMs: add at least one [[vm]] table (see docs/CONFIGURATION.md)"
         ));
     }
     if tables.len() > guest_bundle::MAX_VMS {
@@ -657,7 +957,8 @@ fn specs_from_str(
     for (index, table) in tables.iter().enumerate() {
         let toml::Value::Table(t) = table else {
             return Err(format!(
-                "{file}: VM {index}: must be a [[vm]] table, found {}",
+                "{}: VM {index}: must be a [[vm]] table, found {}",
+                loc.at(loc.span("vm", Some(index), &[])),
                 describe(table)
             ));
         };
@@ -665,243 +966,302 @@ fn specs_from_str(
             Some(n) if check_name(n).is_ok() => format!("VM \"{n}\""),
             _ => format!("VM {index}"),
         };
-        vms.push(VmConfig::from_table(t).map_err(|e| format!("{file}: {who}: {e}"))?);
+        vms.push(
+            VmConfig::from_table(t).map_err(|e| format!("{}: {who}: {e}", loc.vm(index, &e)))?,
+        );
     }
+    Ok(vms)
+}
 
-    let mut names: HashMap<&str, usize> = HashMap::new();
-    let mut cpu_owner: HashMap<u32, &str> = HashMap::new();
-    let mut guaranteed: u64 = 0;
+/// What the VMs checked so far hold, for the checks across VMs.
+#[derive(Default)]
+struct Seen<'a> {
+    names: HashMap<&'a str, usize>,
+    cpu_owner: HashMap<u32, &'a str>,
+    /// Memory guaranteed to the VMs so far.
+    guaranteed: u64,
+}
+
+fn specs_from_str(
+    text: &str,
+    file: &str,
+    base: &Path,
+    inputs: &Inputs,
+    load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<(Vec<(VmSpec, VmMemory)>, PoolSpec), String> {
+    let doc = parse_doc(text, file)?;
+    let loc = Locator::new(text, file);
+    let vms = read_vms(&doc, &loc)?;
+    let mut seen = Seen::default();
     let mut specs = Vec::with_capacity(vms.len());
-
     for (index, vm) in vms.iter().enumerate() {
         // Name first: every later message uses it.
-        check_name(&vm.name)
-            .map_err(|e| format!("{file}: VM {index}: name \"{}\" {e}", vm.name))?;
-        let who = format!("{file}: VM \"{}\"", vm.name);
-        if let Some(first) = names.insert(&vm.name, index) {
-            return Err(format!(
-                "{who}: name is used twice (VM {first} and VM {index}); names must be unique"
-            ));
-        }
-
-        // RAM.
-        let ram_text = &vm.ram_text;
-        let ram = *vm.ram.as_ref().map_err(|e| format!("{who}: ram {e}"))?;
-        if ram == 0 {
-            return Err(format!("{who}: ram \"{ram_text}\" is zero"));
-        }
-        if !ram.is_multiple_of(RAM_GRANULE) {
-            return Err(format!(
-                "{who}: ram \"{ram_text}\" is not a multiple of 2 MiB"
-            ));
-        }
-        if ram > MAX_VM_RAM {
-            return Err(format!(
-                "{who}: ram \"{ram_text}\" is more than a VM may have; use at most \"{}\"",
-                format_size(MAX_VM_RAM)
-            ));
-        }
-
-        // Memory limits, and what all VMs are guaranteed together.
-        let memory = vm
-            .memory
-            .check(ram, ram_text)
-            .map_err(|e| format!("{who}: {e}"))?;
-        let promised = if memory.prealloc { ram } else { memory.min };
-        guaranteed = guaranteed.saturating_add(promised);
-        if guaranteed > MAX_GUARANTEED {
-            let what = if memory.prealloc {
-                format!("memory.prealloc = true (all of ram \"{ram_text}\")")
-            } else {
-                let text = vm.memory.min.as_ref().map_or("", |(t, _)| t.as_str());
-                format!("memory.min \"{text}\"")
-            };
-            return Err(format!(
-                "{who}: {what} brings the memory guaranteed to all VMs to {}, more than the {} the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)",
-                format_size(guaranteed),
-                format_size(MAX_GUARANTEED)
-            ));
-        }
-
-        // vCPUs and pinning.
-        if vm.vcpus == 0 {
-            return Err(format!("{who}: vcpus is 0; a VM needs at least one"));
-        }
-        if vm.vcpus as usize != vm.cpus.len() {
-            return Err(format!(
-                "{who}: vcpus is {} but cpus lists {} CPU(s) {:?}; give one physical CPU per vCPU",
-                vm.vcpus,
-                vm.cpus.len(),
-                vm.cpus
-            ));
-        }
-        let mut affinity: u64 = 0;
-        for &cpu in &vm.cpus {
-            if cpu == 0 {
-                return Err(format!(
-                    "{who}: cpus {:?} includes CPU 0, which runs the hypervisor's shell; use CPUs 1 to {}",
-                    vm.cpus,
-                    MAX_CPUS - 1
-                ));
-            }
-            if cpu >= MAX_CPUS {
-                return Err(format!(
-                    "{who}: cpus {:?} includes CPU {cpu}; physical CPUs are numbered 1 to {}",
-                    vm.cpus,
-                    MAX_CPUS - 1
-                ));
-            }
-            if let Some(other) = cpu_owner.insert(cpu, &vm.name) {
-                return Err(if other == vm.name {
-                    format!("{who}: cpus {:?} lists CPU {cpu} twice", vm.cpus)
-                } else {
-                    format!(
-                        "{who}: cpus {:?} includes CPU {cpu}, already given to VM \"{other}\"; each physical CPU runs one VM",
-                        vm.cpus
-                    )
-                });
-            }
-            affinity |= 1 << cpu;
-        }
-
-        // Kernel and initrd.
-        let (kernel_path, kernel_shown) = if vm.kernel == TESTGUEST {
-            (testguest_image.to_path_buf(), format!("\"{TESTGUEST}\""))
-        } else {
-            (root.join(&vm.kernel), format!("\"{}\"", vm.kernel))
-        };
-        if vm.kernel.is_empty() {
-            return Err(format!(
-                "{who}: kernel is empty; give \"{TESTGUEST}\" or a path relative to the workspace root"
-            ));
-        }
-        let kernel = load(&kernel_path).map_err(|e| {
-            let hint = if vm.kernel == TESTGUEST {
-                " (the test guest is built from guest-driver/testguest by `cargo xtask build`)"
-            } else {
-                " (paths are relative to the workspace root)"
-            };
+        check_name(&vm.name).map_err(|e| {
             format!(
-                "{who}: kernel {kernel_shown}: cannot read {}: {e}{hint}",
-                kernel_path.display()
+                "{}: VM {index}: name \"{}\" {e}",
+                loc.vm(index, "name"),
+                vm.name
             )
         })?;
-        if kernel.is_empty() {
-            return Err(format!(
-                "{who}: kernel {kernel_shown}: {} is empty",
-                kernel_path.display()
-            ));
-        }
-        let initrd = match &vm.initrd {
-            None => None,
-            Some(p) if p.is_empty() => {
-                return Err(format!(
-                    "{who}: initrd is empty; leave the field out for no initrd"
-                ))
-            }
-            Some(p) => {
-                let path = root.join(p);
-                let bytes = load(&path).map_err(|e| {
-                    format!(
-                        "{who}: initrd \"{p}\": cannot read {}: {e} (paths are relative to the workspace root)",
-                        path.display()
-                    )
-                })?;
-                if bytes.is_empty() {
-                    return Err(format!(
-                        "{who}: initrd \"{p}\": {} is empty",
-                        path.display()
-                    ));
-                }
-                Some(bytes)
-            }
-        };
-        let footprint = kernel_footprint(&kernel);
-        let kernel_end = KERNEL_OFFSET.saturating_add(footprint);
-        let initrd_len = initrd.as_ref().map_or(0, |i| i.len() as u64);
-        let needed = if initrd_len == 0 {
-            kernel_end
-        } else {
-            kernel_end
-                .div_ceil(RAM_GRANULE)
-                .saturating_mul(RAM_GRANULE)
-                .saturating_add(initrd_len)
-        };
-        if needed > ram {
-            return Err(format!(
-                "{who}: ram \"{ram_text}\" is too small: 2 MiB for the device tree, then the kernel ({} bytes in memory){} need {} bytes; use at least \"{}\"",
-                footprint,
-                if initrd_len == 0 {
-                    String::new()
-                } else {
-                    format!(" and the initrd ({initrd_len} bytes, 2 MiB aligned)")
-                },
-                needed,
-                format_size(needed.div_ceil(RAM_GRANULE).saturating_mul(RAM_GRANULE))
-            ));
-        }
-
-        // Command line.
-        let cmdline = match &vm.cmdline {
-            None => None,
-            Some(c) if c.is_empty() => None,
-            Some(c) => {
-                if c.contains('\0') {
-                    return Err(format!("{who}: cmdline contains a NUL character"));
-                }
-                if c.len() > MAX_CMDLINE {
-                    return Err(format!(
-                        "{who}: cmdline is {} bytes; at most {MAX_CMDLINE}",
-                        c.len()
-                    ));
-                }
-                Some(c.clone())
-            }
-        };
-
-        // Balloon.
-        let (devices, balloon_features) = match &vm.balloon {
-            None => (0, 0),
-            Some(features) => {
-                let mut bits = 0u64;
-                for name in features {
-                    let Some(&(_, bit)) = BALLOON_FEATURES.iter().find(|(n, _)| n == name) else {
-                        let known: Vec<&str> = BALLOON_FEATURES.iter().map(|(n, _)| *n).collect();
-                        return Err(format!(
-                            "{who}: balloon.features: unknown feature \"{name}\"; known: {}",
-                            known.join(", ")
-                        ));
-                    };
-                    if bits & (1 << bit) != 0 {
-                        return Err(format!("{who}: balloon.features lists \"{name}\" twice"));
-                    }
-                    bits |= 1 << bit;
-                }
-                (devices::BALLOON, bits)
-            }
-        };
-
-        specs.push((
-            VmSpec {
-                name: vm.name.clone(),
-                ram_size: ram,
-                vcpus: vm.vcpus,
-                cpu_affinity: affinity,
-                kernel,
-                initrd,
-                cmdline,
-                balloon_features,
-                devices,
-                on_bad_access: vm.on_bad_access,
-            },
-            memory,
-        ));
+        let spec = check_vm(vm, index, &mut seen, base, inputs, load)
+            .map_err(|e| format!("{}: VM \"{}\": {e}", loc.vm(index, &e), vm.name))?;
+        specs.push(spec);
     }
     let pool = match doc.get("pool") {
         None => PoolSpec::default(),
-        Some(v) => pool_from_value(v).map_err(|e| format!("{file}: pool: {e}"))?,
+        Some(v) => pool_from_value(v).map_err(|e| format!("{}: pool: {e}", loc.pool(&e)))?,
     };
     Ok((specs, pool))
+}
+
+/// Validates VM `index` against itself and the VMs before it (`seen`) and
+/// loads its files; `Err` starts with the field.
+fn check_vm<'a>(
+    vm: &'a VmConfig,
+    index: usize,
+    seen: &mut Seen<'a>,
+    base: &Path,
+    inputs: &Inputs,
+    load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<(VmSpec, VmMemory), String> {
+    if let Some(first) = seen.names.insert(&vm.name, index) {
+        return Err(format!(
+            "name is used twice (VM {first} and VM {index}); names must be unique"
+        ));
+    }
+    let cpu_owner = &mut seen.cpu_owner;
+
+    // RAM.
+    let ram_text = &vm.ram_text;
+    let ram = *vm.ram.as_ref().map_err(|e| format!("ram {e}"))?;
+    if ram == 0 {
+        return Err(format!("ram \"{ram_text}\" is zero"));
+    }
+    if !ram.is_multiple_of(RAM_GRANULE) {
+        return Err(format!("ram \"{ram_text}\" is not a multiple of 2 MiB"));
+    }
+    if ram > MAX_VM_RAM {
+        return Err(format!(
+            "ram \"{ram_text}\" is more than a VM may have; use at most \"{}\"",
+            format_size(MAX_VM_RAM)
+        ));
+    }
+
+    // Memory limits, and what all VMs are guaranteed together.
+    let memory = vm.memory.check(ram, ram_text)?;
+    let promised = if memory.prealloc { ram } else { memory.min };
+    seen.guaranteed = seen.guaranteed.saturating_add(promised);
+    if seen.guaranteed > MAX_GUARANTEED {
+        let what = if memory.prealloc {
+            format!("memory.prealloc = true (all of ram \"{ram_text}\")")
+        } else {
+            let text = vm.memory.min.as_ref().map_or("", |(t, _)| t.as_str());
+            format!("memory.min \"{text}\"")
+        };
+        return Err(format!(
+            "{what} brings the memory guaranteed to all VMs to {}, more than the {} the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)",
+            format_size(seen.guaranteed),
+            format_size(MAX_GUARANTEED)
+        ));
+    }
+
+    // vCPUs and pinning.
+    if vm.vcpus == 0 {
+        return Err("vcpus is 0; a VM needs at least one".into());
+    }
+    if vm.vcpus as usize != vm.cpus.len() {
+        return Err(format!(
+            "vcpus is {} but cpus lists {} CPU(s) {:?}; give one physical CPU per vCPU",
+            vm.vcpus,
+            vm.cpus.len(),
+            vm.cpus
+        ));
+    }
+    let mut affinity: u64 = 0;
+    for &cpu in &vm.cpus {
+        if cpu == 0 {
+            return Err(format!(
+                "cpus {:?} includes CPU 0, which runs the hypervisor's shell; use CPUs 1 to {}",
+                vm.cpus,
+                MAX_CPUS - 1
+            ));
+        }
+        if cpu >= MAX_CPUS {
+            return Err(format!(
+                "cpus {:?} includes CPU {cpu}; physical CPUs are numbered 1 to {}",
+                vm.cpus,
+                MAX_CPUS - 1
+            ));
+        }
+        if let Some(other) = cpu_owner.insert(cpu, &vm.name) {
+            return Err(if other == vm.name {
+                format!("cpus {:?} lists CPU {cpu} twice", vm.cpus)
+            } else {
+                format!(
+                    "cpus {:?} includes CPU {cpu}, already given to VM \"{other}\"; each physical CPU runs one VM",
+                    vm.cpus
+                )
+            });
+        }
+        affinity |= 1 << cpu;
+    }
+
+    // Kernel and initrd: the files named, or what the xtask generated
+    // for `modules` and `linux_deb`.
+    let generated = match vm.linux_source(base, inputs.root) {
+        None => None,
+        Some(source) => Some(inputs.generated.get(&source).ok_or_else(|| {
+            format!(
+                "{}: its initramfs is generated by `cargo xtask bundle` or `cargo xtask run --config` (a plain `cargo xtask build` does not)",
+                vm.linux_field()
+            )
+        })?),
+    };
+    let (kernel_path, kernel_field, hint) = match (&vm.linux_deb, vm.kernel.as_deref()) {
+        (Some(_), _) => (
+            generated.map(|g| g.kernel.clone()).unwrap_or_default(),
+            format!("{}: kernel", vm.linux_field()),
+            "",
+        ),
+        (None, Some(TESTGUEST)) => (
+            inputs.testguest.to_path_buf(),
+            format!("kernel \"{TESTGUEST}\""),
+            " (the test guest is built from guest-driver/testguest by `cargo xtask build`)",
+        ),
+        (None, Some("")) | (None, None) => {
+            return Err(format!(
+                "kernel is empty; give \"{TESTGUEST}\" or the path of an arm64 Image"
+            ))
+        }
+        (None, Some(k)) => (
+            match generated {
+                // The xtask's copy (decompressed if it was gzipped).
+                Some(g) => g.kernel.clone(),
+                None => resolve(base, inputs.root, k),
+            },
+            format!("kernel \"{k}\""),
+            " (a relative path is relative to the configuration file's folder)",
+        ),
+    };
+    let kernel = load(&kernel_path).map_err(|e| {
+        format!(
+            "{kernel_field}: cannot read {}: {e}{hint}",
+            kernel_path.display()
+        )
+    })?;
+    if kernel.is_empty() {
+        return Err(format!(
+            "{kernel_field}: {} is empty",
+            kernel_path.display()
+        ));
+    }
+    let initrd_file = match (generated, &vm.initrd) {
+        (Some(g), _) => Some((
+            g.initrd.clone(),
+            format!("{}: generated initramfs", vm.linux_field()),
+        )),
+        (None, None) => None,
+        (None, Some(p)) if p.is_empty() => {
+            return Err("initrd is empty; leave the field out for no initrd".into())
+        }
+        (None, Some(p)) => Some((resolve(base, inputs.root, p), format!("initrd \"{p}\""))),
+    };
+    let initrd = match initrd_file {
+        None => None,
+        Some((path, field)) => {
+            let bytes = load(&path).map_err(|e| {
+                format!(
+                    "{field}: cannot read {}: {e} (a relative path is relative to the configuration file's folder)",
+                    path.display()
+                )
+            })?;
+            if bytes.is_empty() {
+                return Err(format!("{field}: {} is empty", path.display()));
+            }
+            Some(bytes)
+        }
+    };
+    let footprint = kernel_footprint(&kernel);
+    let kernel_end = KERNEL_OFFSET.saturating_add(footprint);
+    let initrd_len = initrd.as_ref().map_or(0, |i| i.len() as u64);
+    let needed = if initrd_len == 0 {
+        kernel_end
+    } else {
+        kernel_end
+            .div_ceil(RAM_GRANULE)
+            .saturating_mul(RAM_GRANULE)
+            .saturating_add(initrd_len)
+    };
+    if needed > ram {
+        return Err(format!(
+            "ram \"{ram_text}\" is too small: 2 MiB for the device tree, then the kernel ({} bytes in memory){} need {} bytes; use at least \"{}\"",
+            footprint,
+            if initrd_len == 0 {
+                String::new()
+            } else {
+                format!(" and the initrd ({initrd_len} bytes, 2 MiB aligned)")
+            },
+            needed,
+            format_size(needed.div_ceil(RAM_GRANULE).saturating_mul(RAM_GRANULE))
+        ));
+    }
+
+    // Command line.
+    let cmdline = match &vm.cmdline {
+        // A generated initramfs is booted as the Linux fixture is.
+        None if generated.is_some() => Some(LINUX_CMDLINE.to_string()),
+        None => None,
+        Some(c) if c.is_empty() => None,
+        Some(c) => {
+            if c.contains('\0') {
+                return Err("cmdline contains a NUL character".into());
+            }
+            if c.len() > MAX_CMDLINE {
+                return Err(format!(
+                    "cmdline is {} bytes; at most {MAX_CMDLINE}",
+                    c.len()
+                ));
+            }
+            Some(c.clone())
+        }
+    };
+
+    // Balloon.
+    let (devices, balloon_features) = match &vm.balloon {
+        None => (0, 0),
+        Some(features) => {
+            let mut bits = 0u64;
+            for name in features {
+                let Some(&(_, bit)) = BALLOON_FEATURES.iter().find(|(n, _)| n == name) else {
+                    let known: Vec<&str> = BALLOON_FEATURES.iter().map(|(n, _)| *n).collect();
+                    return Err(format!(
+                        "balloon.features: unknown feature \"{name}\"; known: {}",
+                        known.join(", ")
+                    ));
+                };
+                if bits & (1 << bit) != 0 {
+                    return Err(format!("balloon.features lists \"{name}\" twice"));
+                }
+                bits |= 1 << bit;
+            }
+            (devices::BALLOON, bits)
+        }
+    };
+    Ok((
+        VmSpec {
+            name: vm.name.clone(),
+            ram_size: ram,
+            vcpus: vm.vcpus,
+            cpu_affinity: affinity,
+            kernel,
+            initrd,
+            cmdline,
+            balloon_features,
+            devices,
+            on_bad_access: vm.on_bad_access,
+        },
+        memory,
+    ))
 }
 
 /// `Err` says what is wrong with a VM name.
@@ -1089,6 +1449,21 @@ kernel = "testguest"
             let bytes = bundle_from_str(&text, &shown, &root, Path::new("/ws/tg.bin"), &fake_load)
                 .unwrap_or_else(|e| panic!("{e}"));
             let b = guest_bundle::parse(&bytes).unwrap_or_else(|e| panic!("{shown}: {e}"));
+            // Resolved from the file's own folder (as `build_all` does),
+            // they need the Linux fixture exactly when a VM is Linux.
+            let needs = needs_from_str(&text, &shown, f.parent().unwrap(), &root)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let linux = b.vms().any(|v| v.initrd().is_some());
+            assert_eq!(
+                (needs.linux_fixture, needs.linux.len()),
+                (linux, 0),
+                "{shown}"
+            );
+            assert_eq!(
+                needs.testguest,
+                b.vms().any(|v| v.initrd().is_none()),
+                "{shown}"
+            );
             seen.push((
                 f.file_stem().unwrap().to_string_lossy().to_string(),
                 b.vms()
@@ -1284,6 +1659,219 @@ on_bad_access = "stop"
         assert_eq!(v.balloon_features(), 0);
     }
 
+    /// An error message without the `:line:column` after `t.toml` (the
+    /// tables below check the rest; `errors_name_line_and_column` the
+    /// locations), and whether it had one.
+    fn unlocated(msg: &str) -> (String, bool) {
+        let Some(rest) = msg.strip_prefix("t.toml:") else {
+            return (msg.to_string(), false);
+        };
+        let mut parts = rest.splitn(3, ':');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(line), Some(col), Some(rest))
+                if [line, col]
+                    .iter()
+                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) =>
+            {
+                (format!("t.toml:{rest}"), true)
+            }
+            _ => (msg.to_string(), false),
+        }
+    }
+
+    #[test]
+    fn errors_name_line_and_column() {
+        let second = ONE.to_string() + &ONE.replace("alpha", "beta");
+        let cases: Vec<(String, &str)> = vec![
+            (one_with("ram = \"300X\""), "t.toml:7:7: VM \"alpha\": ram \"300X\" is not a size: expected a whole number with a K, M or G suffix, e.g. \"256M\""),
+            (one_with("colour = \"blue\""), "t.toml:8:10: VM \"alpha\": unknown field `colour`; a [[vm]] table has"),
+            (one_with("vcpus = \"1\""), "t.toml:7:9: VM \"alpha\": vcpus must be an integer, found string \"1\""),
+            (ONE.replace("vcpus = 1\n", ""), "t.toml:2:1: VM \"alpha\": required field `vcpus` is missing"),
+            (one_with("name = \"Alpha\""), "t.toml:7:8: VM 0: name \"Alpha\" contains 'A'"),
+            ("[[vm]\n".into(), "t.toml:1:6: TOML syntax error: unclosed array table, expected `]`"),
+            ("title = \"x\"\n".to_string() + ONE, "t.toml:1:9: unknown top-level key `title`"),
+            (pool("min = \"16M\"\nlow = \"8M\"\nhigh = \"80M\""), "t.toml:11:7: pool: low \"8M\" is below min \"16M\""),
+            (pool("low = \"48M\""), "t.toml:9:1: pool: min and high missing"),
+            (memory("512M", "maximum = \"1G\""), "t.toml:9:11: VM \"alpha\": unknown field `memory.maximum`"),
+            (memory("512M", "max = \"900M\""), "t.toml:9:7: VM \"alpha\": memory.max \"900M\" is more than ram"),
+            (second, "t.toml:13:8: VM \"beta\": cpus [1] includes CPU 1, already given to VM \"alpha\""),
+        ];
+        for (text, want) in cases {
+            let got = err(&text);
+            assert!(
+                got.starts_with(want),
+                "config:\n{text}\nwant: {want}\ngot:  {got}"
+            );
+        }
+    }
+
+    /// A loader that records every path it is asked for and loads as
+    /// [`fake_load`] does.
+    fn recording(
+        seen: &std::cell::RefCell<Vec<PathBuf>>,
+    ) -> impl Fn(&Path) -> std::io::Result<Vec<u8>> + '_ {
+        move |p: &Path| {
+            seen.borrow_mut().push(p.to_path_buf());
+            fake_load(p)
+        }
+    }
+
+    #[test]
+    fn relative_paths_are_relative_to_the_config_folder() {
+        let none = HashMap::new();
+        let inputs = Inputs {
+            root: Path::new("/ws"),
+            testguest: Path::new("/ws/tg.bin"),
+            generated: &none,
+        };
+        let seen = std::cell::RefCell::new(Vec::new());
+        let text = one_with("kernel = \"kernels/Image\"\ninitrd = \"/abs/initrds/i.cpio\"")
+            + &ONE.replace("alpha", "beta").replace("[1]", "[2]").replace(
+                "kernel = \"testguest\"",
+                &format!(
+                    "kernel = \"{LINUX_FIXTURE_KERNEL}\"\ninitrd = \"{LINUX_FIXTURE_INITRD}\""
+                ),
+            );
+        bundle_from_str_in(
+            &text,
+            "my.toml",
+            Path::new("/home/u/vms"),
+            &inputs,
+            &recording(&seen),
+        )
+        .unwrap();
+        assert_eq!(
+            *seen.borrow(),
+            [
+                "/home/u/vms/kernels/Image",
+                "/abs/initrds/i.cpio",
+                "/ws/target/fixtures/linux/Image",
+                "/ws/target/fixtures/linux/initramfs.cpio"
+            ]
+            .map(PathBuf::from)
+        );
+        let e = bundle_from_str_in(
+            &one_with("kernel = \"nope/Image\""),
+            "my.toml",
+            Path::new("/home/u/vms"),
+            &inputs,
+            &fake_load,
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("my.toml:7:10: VM \"alpha\": kernel \"nope/Image\": cannot read /home/u/vms/nope/Image:"),
+            "{e}"
+        );
+        assert!(
+            e.contains("relative to the configuration file's folder"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn needs_lists_only_what_the_vms_use() {
+        let root = Path::new("/ws");
+        let base = Path::new("/home/u");
+        let bare = needs_from_str(ONE, "t.toml", base, root).unwrap();
+        assert_eq!(
+            bare,
+            Needs {
+                testguest: true,
+                linux_fixture: false,
+                linux: vec![]
+            }
+        );
+        let vm = |name: &str, cpu: u32, lines: &str| {
+            format!(
+                "[[vm]]\nname = \"{name}\"\nram = \"512M\"\nvcpus = 1\ncpus = [{cpu}]\n{lines}\n"
+            )
+        };
+        let text = vm(
+            "a",
+            1,
+            "kernel = \"Image\"\nmodules = \"lib/modules/6.1.0-9-arm64\"",
+        ) + &vm("b", 2, "linux_deb = \"/debs/linux-image.deb\"")
+            + &vm("c", 3, "linux_deb = \"../debs/linux-image.deb\"")
+            + &vm("d", 4, &format!("kernel = \"{LINUX_FIXTURE_KERNEL}\""));
+        let n = needs_from_str(&text, "t.toml", Path::new("/debs/x"), root).unwrap();
+        assert!(!n.testguest && n.linux_fixture);
+        assert_eq!(
+            n.linux,
+            vec![
+                LinuxSource::Image {
+                    kernel: "/debs/x/Image".into(),
+                    modules: "/debs/x/lib/modules/6.1.0-9-arm64".into()
+                },
+                LinuxSource::Deb("/debs/linux-image.deb".into()),
+                // The same package by another path is another source.
+                LinuxSource::Deb("/debs/x/../debs/linux-image.deb".into()),
+            ]
+        );
+        // A misspelt key fails before anything is built.
+        let e = needs_from_str(&one_with("modulse = \"m\""), "t.toml", base, root).unwrap_err();
+        assert!(
+            e.starts_with("t.toml:8:11: VM \"alpha\": unknown field `modulse`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn generated_linux_guests() {
+        let source = LinuxSource::Deb("/home/u/linux-image.deb".into());
+        let mut generated = HashMap::new();
+        generated.insert(
+            source.clone(),
+            GeneratedLinux {
+                kernel: "/ws/target/user-linux/x/kernels/Image".into(),
+                initrd: "/ws/target/user-linux/x/initrds/initramfs.cpio".into(),
+            },
+        );
+        let inputs = Inputs {
+            root: Path::new("/ws"),
+            testguest: Path::new("/ws/tg.bin"),
+            generated: &generated,
+        };
+        let text =
+            one_with("linux_deb = \"linux-image.deb\"").replace("kernel = \"testguest\"\n", "");
+        let bytes =
+            bundle_from_str_in(&text, "t.toml", Path::new("/home/u"), &inputs, &fake_load).unwrap();
+        let b = guest_bundle::parse(&bytes).unwrap();
+        let v = b.vm(0).unwrap();
+        assert_eq!((v.kernel(), v.initrd()), (KERNEL, Some(INITRD)));
+        assert_eq!(v.cmdline(), Some(LINUX_CMDLINE), "the default command line");
+        let own = text.replace("linux_deb", "cmdline = \"console=ttyAMA0\"\nlinux_deb");
+        let bytes =
+            bundle_from_str_in(&own, "t.toml", Path::new("/home/u"), &inputs, &fake_load).unwrap();
+        assert_eq!(
+            guest_bundle::parse(&bytes)
+                .unwrap()
+                .vm(0)
+                .unwrap()
+                .cmdline(),
+            Some("console=ttyAMA0")
+        );
+        // Without the xtask's generated files: said where and why.
+        let e = build(&text).unwrap_err();
+        assert!(
+            e.starts_with("t.toml:7:13: VM \"alpha\": linux_deb \"linux-image.deb\": its initramfs is generated by `cargo xtask bundle`"),
+            "{e}"
+        );
+        for (lines, want) in [
+            ("linux_deb = \"l.deb\"", "t.toml:8:13: VM \"alpha\": linux_deb and kernel exclude each other"),
+            ("modules = \"m\"\ninitrd = \"i\"", "t.toml:8:11: VM \"alpha\": modules and initrd exclude each other"),
+            ("modules = \"m\"", "t.toml:8:11: VM \"alpha\": modules needs kernel to be your own arm64 Image, not \"testguest\""),
+            ("modules = 5", "t.toml:8:11: VM \"alpha\": modules must be a string, found integer 5"),
+        ] {
+            let e = err(&one_with(lines));
+            assert!(e.starts_with(want), "want: {want}\ngot:  {e}");
+        }
+        let e = err(&ONE.replace("kernel = \"testguest\"\n", ""));
+        assert!(
+            e.starts_with("t.toml:2:1: VM \"alpha\": required field `kernel` is missing"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn error_messages() {
         let cases: Vec<(String, &str)> = vec![
@@ -1362,7 +1950,7 @@ on_bad_access = "stop"
             ("title = \"x\"\n".to_string() + ONE, "t.toml: unknown top-level key `title`"),
             (one_with("vcpus = \"1\""), "t.toml: VM \"alpha\": vcpus must be an integer, found string \"1\""),
             ("".into(), "t.toml: no VMs"),
-            ("[[vm]\n".into(), "t.toml: TOML parse error"),
+            ("[[vm]\n".into(), "t.toml: TOML syntax error: unclosed array table"),
             (ONE.to_string() + ONE, "t.toml: VM \"alpha\": name is used twice (VM 0 and VM 1)"),
             (
                 ONE.to_string() + &ONE.replace("alpha", "beta"),
@@ -1370,11 +1958,12 @@ on_bad_access = "stop"
             ),
         ];
         for (text, want) in cases {
-            let got = err(&text);
+            let (got, located) = unlocated(&err(&text));
             assert!(
                 got.contains(want),
                 "config:\n{text}\nwant: {want}\ngot:  {got}"
             );
+            assert!(located || want == "t.toml: no VMs", "no line in {got}");
         }
     }
 
@@ -1426,11 +2015,12 @@ on_bad_access = "stop"
             (format!("pool = 5\n{ONE}"), "t.toml: pool: must be a table ([pool]), found integer 5".into()),
         ];
         for (text, want) in cases {
-            let got = err(&text);
+            let (got, located) = unlocated(&err(&text));
             assert!(
                 got.contains(&want),
                 "config:\n{text}\nwant: {want}\ngot:  {got}"
             );
+            assert!(located, "no line in {got}");
         }
     }
 
@@ -1472,7 +2062,7 @@ on_bad_access = "stop"
         );
         assert_eq!(
             err(&over),
-            "t.toml: VM \"vm2\": memory.min \"262148K\" brings the memory guaranteed to all VMs to 1572868K, more than the 1536M the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)"
+            "t.toml:24:7: VM \"vm2\": memory.min \"262148K\" brings the memory guaranteed to all VMs to 1572868K, more than the 1536M the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)"
         );
         // The per-VM ceiling.
         let b = build(&one_with("ram = \"8G\"")).unwrap();
@@ -1567,7 +2157,7 @@ on_bad_access = "stop"
         .unwrap_err();
         assert!(
             e.starts_with(
-                "t.toml: VM \"alpha\": kernel \"testguest\": cannot read /nowhere/tg.img"
+                "t.toml:7:10: VM \"alpha\": kernel \"testguest\": cannot read /nowhere/tg.img"
             ),
             "{e}"
         );
@@ -1639,7 +2229,7 @@ on_bad_access = "stop"
         std::fs::write(dir.join("guests/tests/c.toml"), one_with("ram = \"300K\"")).unwrap();
         assert_eq!(
             build_all(&dir, &tg).unwrap_err(),
-            "guests/tests/c.toml: VM \"alpha\": ram \"300K\" is not a multiple of 2 MiB"
+            "guests/tests/c.toml:7:7: VM \"alpha\": ram \"300K\" is not a multiple of 2 MiB"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -23,7 +23,9 @@ use crate::fixtures;
 
 /// The kernel command line the tests boot the fixture with. `earlycon` is
 /// QEMU `virt`'s PL011; `quiet` keeps the console to warnings and above.
-pub const CMDLINE: &str = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet";
+/// The same line is what a configuration's generated Linux guest gets by
+/// default.
+pub const CMDLINE: &str = vmconfig::LINUX_CMDLINE;
 
 /// Printed on a line of its own once the modules are loaded and the agent is
 /// about to read the console.
@@ -79,33 +81,170 @@ pub fn memtool_path(root: &Path) -> PathBuf {
 }
 
 pub fn build_initramfs(root: &Path, memtool: &Path) -> Result<LinuxFixture, String> {
-    let memtool = fs::read(memtool).map_err(|e| {
-        format!(
-            "{}: {e} (it is built by `cargo xtask build`)",
-            memtool.display()
-        )
-    })?;
+    let memtool = read_memtool(memtool)?;
     let kernel_pkg = fixtures::debian_kernel(root)?;
-    let busybox_pkg = fixtures::debian_package(root, BUSYBOX_PACKAGE)?;
+    let busybox = busybox(root)?;
     let out = root.join("target/fixtures/linux");
     fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
 
     let modules_root = single_dir(&kernel_pkg.join("lib/modules"))?;
-    let kernel_release = modules_root
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned();
+    let kernel_release = release_of(&modules_root);
     let kernel = out.join("Image");
     install_image(
         &kernel_pkg.join(format!("boot/vmlinuz-{kernel_release}")),
         &kernel,
     )?;
+    let modules = resolve_modules(&modules_root, MODULES, &[], true)?;
+    let initramfs = out.join("initramfs.cpio");
+    let bytes = initramfs_bytes(&kernel_release, &modules, &busybox, &memtool);
+    write_if_changed(&initramfs, &bytes)?;
+    let busybox_version = fixtures::debian_package_deb(root, BUSYBOX_PACKAGE)
+        .and_then(|deb| deb_version(&deb))
+        .unwrap_or_else(|| "unknown".into());
+    let fixture = LinuxFixture {
+        kernel,
+        initramfs,
+        kernel_release,
+        busybox_version,
+    };
+    eprintln!("fixtures: {fixture}");
+    Ok(fixture)
+}
 
-    let busybox = busybox_pkg.join("bin/busybox");
-    let busybox = fs::read(&busybox).map_err(|e| format!("{}: {e}", busybox.display()))?;
-    let modules = resolve_modules(&modules_root)?;
+/// The modules a user's kernel must have (built in or as modules): the
+/// balloon on virtio-mmio. The rest of [`MODULES`] is taken when present.
+pub const USER_REQUIRED_MODULES: &[&str] = &["virtio_mmio", "virtio_balloon"];
 
+/// The Linux guest a configuration's `modules` or `linux_deb` asks for: the
+/// kernel `Image` (decompressed if gzipped) and an initramfs built as the
+/// fixture's is (busybox, `/init`, the agent, `tidal-mem`, and the
+/// kernel's virtio balloon modules, with the ext4-on-loop ones when the
+/// kernel has them), under `target/user-linux/<hash of the source>/`.
+pub fn build_user_linux(
+    root: &Path,
+    memtool: &Path,
+    source: &vmconfig::LinuxSource,
+) -> Result<vmconfig::GeneratedLinux, String> {
+    use std::hash::{Hash, Hasher};
+    let memtool = read_memtool(memtool)?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut hasher);
+    let out = root
+        .join("target/user-linux")
+        .join(format!("{:016x}", hasher.finish()));
+    fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let (vmlinuz, modules_root, what) = match source {
+        vmconfig::LinuxSource::Image { kernel, modules } => {
+            (kernel.clone(), modules.clone(), "modules")
+        }
+        vmconfig::LinuxSource::Deb(deb) => {
+            let pkg = unpack_deb(deb, &out.join("package"))?;
+            let modules_root = ["lib/modules", "usr/lib/modules"]
+                .iter()
+                .map(|d| pkg.join(d))
+                .find(|d| d.is_dir())
+                .ok_or_else(|| format!("{}: no lib/modules in the package", deb.display()))
+                .and_then(|d| single_dir(&d))?;
+            let vmlinuz = pkg
+                .join("boot")
+                .join(format!("vmlinuz-{}", release_of(&modules_root)));
+            (vmlinuz, modules_root, "linux_deb")
+        }
+    };
+    if !modules_root.join("kernel").is_dir() {
+        return Err(format!(
+            "{what}: {} is not a kernel's modules directory (lib/modules/<release>, with kernel/ in it)",
+            modules_root.display()
+        ));
+    }
+    let kernel_release = release_of(&modules_root);
+    let kernel = out.join("Image");
+    install_image(&vmlinuz, &kernel)?;
+    let optional: Vec<&str> = MODULES
+        .iter()
+        .copied()
+        .filter(|m| !USER_REQUIRED_MODULES.contains(m))
+        .collect();
+    let modules = resolve_modules(&modules_root, USER_REQUIRED_MODULES, &optional, false)?;
+    let busybox = busybox(root)?;
+    let initrd = out.join("initramfs.cpio");
+    write_if_changed(
+        &initrd,
+        &initramfs_bytes(&kernel_release, &modules, &busybox, &memtool),
+    )?;
+    let names: Vec<&str> = modules.iter().map(|(n, _)| n.as_str()).collect();
+    eprintln!(
+        "linux: {} -> Linux {kernel_release} ({}), initramfs {} (modules: {})",
+        match source {
+            vmconfig::LinuxSource::Image { kernel, .. } => kernel.display(),
+            vmconfig::LinuxSource::Deb(deb) => deb.display(),
+        },
+        kernel.display(),
+        initrd.display(),
+        if names.is_empty() {
+            "none, all built in".to_string()
+        } else {
+            names.join(", ")
+        }
+    );
+    Ok(vmconfig::GeneratedLinux { kernel, initrd })
+}
+
+/// `dpkg -x deb into`, unless `into` already holds this .deb (same path,
+/// size and modification time, recorded in `into/.unpacked`).
+fn unpack_deb(deb: &Path, into: &Path) -> Result<PathBuf, String> {
+    let meta = fs::metadata(deb).map_err(|e| format!("linux_deb: {}: {e}", deb.display()))?;
+    let stamp = format!(
+        "{}\n{}\n{:?}\n",
+        deb.display(),
+        meta.len(),
+        meta.modified().ok()
+    );
+    let stamp_file = into.join(".unpacked");
+    if fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
+        return Ok(into.to_path_buf());
+    }
+    if into.exists() {
+        fs::remove_dir_all(into).map_err(|e| format!("{}: {e}", into.display()))?;
+    }
+    eprintln!("linux: unpacking {} into {}", deb.display(), into.display());
+    crate::run_cmd(Command::new("dpkg").arg("-x").arg(deb).arg(into))?;
+    fs::write(&stamp_file, stamp).map_err(|e| format!("{}: {e}", stamp_file.display()))?;
+    Ok(into.to_path_buf())
+}
+
+fn read_memtool(memtool: &Path) -> Result<Vec<u8>, String> {
+    fs::read(memtool).map_err(|e| {
+        format!(
+            "{}: {e} (it is built by `cargo xtask build`)",
+            memtool.display()
+        )
+    })
+}
+
+/// Debian's static busybox, fetched on first use.
+fn busybox(root: &Path) -> Result<Vec<u8>, String> {
+    let busybox = fixtures::debian_package(root, BUSYBOX_PACKAGE)?.join("bin/busybox");
+    fs::read(&busybox).map_err(|e| format!("{}: {e}", busybox.display()))
+}
+
+/// The kernel release a modules directory is named after.
+fn release_of(modules_root: &Path) -> String {
+    modules_root
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The initramfs: busybox, `/init`, the agent, `tidal-mem` and `modules`
+/// (in load order) under `lib/modules/<kernel_release>`.
+fn initramfs_bytes(
+    kernel_release: &str,
+    modules: &[(String, Vec<u8>)],
+    busybox: &[u8],
+    memtool: &[u8],
+) -> Vec<u8> {
     let mut cpio = Cpio::default();
     for dir in [
         "bin",
@@ -129,34 +268,20 @@ pub fn build_initramfs(root: &Path, memtool: &Path) -> Result<LinuxFixture, Stri
     // The kernel opens /dev/console for init before any devtmpfs exists.
     cpio.char_dev("dev/console", 0o600, 5, 1);
     cpio.char_dev("dev/null", 0o666, 1, 3);
-    cpio.file("bin/busybox", 0o755, &busybox);
+    cpio.file("bin/busybox", 0o755, busybox);
     cpio.symlink("bin/sh", "busybox");
     cpio.file("init", 0o755, INIT.as_bytes());
     cpio.file("bin/tidal-agent", 0o755, AGENT.as_bytes());
-    cpio.file("bin/tidal-mem", 0o755, &memtool);
+    cpio.file("bin/tidal-mem", 0o755, memtool);
     let mut list = String::new();
-    for (name, bytes) in &modules {
+    for (name, bytes) in modules {
         let path = format!("lib/modules/{kernel_release}/{name}.ko");
         cpio.file(&path, 0o644, bytes);
         list.push_str(&format!("/{path}\n"));
     }
     cpio.file("etc/tidal-modules", 0o644, list.as_bytes());
     cpio.file("etc/tidal-kernel", 0o644, format!("{CMDLINE}\n").as_bytes());
-    let bytes = cpio.finish();
-
-    let initramfs = out.join("initramfs.cpio");
-    write_if_changed(&initramfs, &bytes)?;
-    let busybox_version = fixtures::debian_package_deb(root, BUSYBOX_PACKAGE)
-        .and_then(|deb| deb_version(&deb))
-        .unwrap_or_else(|| "unknown".into());
-    let fixture = LinuxFixture {
-        kernel,
-        initramfs,
-        kernel_release,
-        busybox_version,
-    };
-    eprintln!("fixtures: {fixture}");
-    Ok(fixture)
+    cpio.finish()
 }
 
 impl std::fmt::Display for LinuxFixture {
@@ -305,23 +430,44 @@ fn read_module(path: &Path) -> Result<Vec<u8>, String> {
     }
 }
 
-/// [`MODULES`] and what they depend on (read from each module's `.modinfo`,
-/// since the package ships no `modules.dep`), in load order, as (name,
-/// uncompressed bytes). Modules built into the kernel are skipped.
-fn resolve_modules(modules_root: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+/// `required` and those of `optional` the kernel has, and what they
+/// depend on (read from each module's `.modinfo`, since the package ships
+/// no `modules.dep`), in load order, as (name, uncompressed bytes). Modules
+/// built into the kernel are skipped. `modules.builtin` may be missing only
+/// when `!builtin_list_required` (then nothing counts as built in).
+fn resolve_modules(
+    modules_root: &Path,
+    required: &[&str],
+    optional: &[&str],
+    builtin_list_required: bool,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
     let mut index = BTreeMap::new();
     index_modules(&modules_root.join("kernel"), &mut index)?;
     let builtin_list = modules_root.join("modules.builtin");
-    let builtin: HashSet<String> = fs::read_to_string(&builtin_list)
-        .map_err(|e| format!("{}: {e}", builtin_list.display()))?
-        .lines()
-        .filter_map(|l| module_name(l.rsplit('/').next().unwrap_or(l)))
+    let builtin: HashSet<String> = match fs::read_to_string(&builtin_list) {
+        Ok(text) => text
+            .lines()
+            .filter_map(|l| module_name(l.rsplit('/').next().unwrap_or(l)))
+            .collect(),
+        Err(e) if builtin_list_required => return Err(format!("{}: {e}", builtin_list.display())),
+        Err(_) => HashSet::new(),
+    };
+    let wanted: Vec<&str> = required
+        .iter()
+        .copied()
+        .chain(optional.iter().copied().filter(|m| {
+            let m = m.replace('-', "_");
+            index.contains_key(&m) || builtin.contains(&m)
+        }))
         .collect();
     let mut bytes = BTreeMap::new();
-    let order = load_order(MODULES, &builtin, |name| {
-        let path = index
-            .get(name)
-            .ok_or_else(|| format!("module {name} not in {}", modules_root.display()))?;
+    let order = load_order(&wanted, &builtin, |name| {
+        let path = index.get(name).ok_or_else(|| {
+            format!(
+                "module {name} is neither in {} nor in its modules.builtin (the guest needs it for the balloon)",
+                modules_root.display()
+            )
+        })?;
         let elf = read_module(path)?;
         let deps = module_depends(&elf).map_err(|e| format!("{}: {e}", path.display()))?;
         bytes.insert(name.to_string(), elf);
@@ -683,6 +829,44 @@ mod tests {
         assert!(err.contains("a -> b -> a"), "{err}");
         let missing = graph(&[("a", &["gone"])]);
         assert_eq!(load_order(&["a"], &none, missing).unwrap_err(), "no gone");
+    }
+
+    #[test]
+    fn a_users_modules_need_only_the_balloon_ones() {
+        let dir = std::env::temp_dir().join(format!("tidal-modules-{}", std::process::id()));
+        let kernel = dir.join("6.1.0-test/kernel/drivers");
+        fs::create_dir_all(&kernel).unwrap();
+        let root = dir.join("6.1.0-test");
+        fs::write(
+            kernel.join("virtio_mmio.ko"),
+            fake_elf(&[(".modinfo", b"depends=\0")]),
+        )
+        .unwrap();
+        fs::write(
+            kernel.join("virtio_balloon.ko"),
+            fake_elf(&[(".modinfo", b"depends=virtio_mmio\0")]),
+        )
+        .unwrap();
+        // No modules.builtin, and none of the optional ones: fine for a user's kernel.
+        let optional = ["loop", "ext4"];
+        let got = resolve_modules(&root, USER_REQUIRED_MODULES, &optional, false).unwrap();
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["virtio_mmio", "virtio_balloon"]);
+        // Not for the fixture, which must have its modules.builtin.
+        assert!(resolve_modules(&root, USER_REQUIRED_MODULES, &[], true).is_err());
+        // A required module that is neither there nor built in is named.
+        fs::remove_file(kernel.join("virtio_balloon.ko")).unwrap();
+        let e = resolve_modules(&root, USER_REQUIRED_MODULES, &optional, false).unwrap_err();
+        assert!(e.starts_with("module virtio_balloon is neither in"), "{e}");
+        // Built in: nothing to load.
+        fs::write(
+            root.join("modules.builtin"),
+            "kernel/drivers/virtio_balloon.ko\n",
+        )
+        .unwrap();
+        let got = resolve_modules(&root, USER_REQUIRED_MODULES, &optional, false).unwrap();
+        assert_eq!(got.len(), 1);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

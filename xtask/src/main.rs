@@ -1,8 +1,10 @@
 //! `cargo xtask`: installs what is missing, builds the hypervisor image and
 //! the guest bundle, runs them in QEMU, and runs every test.
 //!
-//! Commands: `setup`, `build`, `run [--board B]`, `trace [--board B] [--bundle NAME]`,
-//! `sdcard [-o DIR] [--image FILE] [--bundle FILE]`, `test`, `bench`, `fuzz`. Every command starts with `setup`, which is quick
+//! Commands: `setup`, `build`, `bundle CONFIG -o FILE`, `run [--board B]
+//! [--bundle NAME | --config CONFIG]`, `trace [--board B] [--bundle NAME]`,
+//! `sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG]`, `test`, `bench`, `fuzz`.
+//! Every command starts with `setup`, which is quick
 //! when everything is present.
 
 mod bench;
@@ -12,6 +14,7 @@ mod json;
 mod linux;
 mod sdcard;
 mod setup;
+pub mod userconfig;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
             build(&root)?;
             build_trace(&root).map(|_| ())
         }),
+        Some("bundle") => bundle(&args[1..]),
         Some("run") => run(&args[1..]),
         Some("trace") => trace(&args[1..]),
         Some("test") => test(&args[1..]),
@@ -72,21 +76,30 @@ fn print_help() {
                      mtools, dosfstools)
   build              build the hypervisor image and the guest bundle, and the trace
                      build (below) in target/trace-build
-  run [--board B]    build, then boot in QEMU with the console on this terminal
-                     (B: virt-gicv2 (default), virt-gicv3, raspi4b; Ctrl-A X quits QEMU)
+  bundle CONFIG -o FILE
+                     the guest bundle of the VM configuration file CONFIG (anywhere on
+                     disk; format: docs/CONFIGURATION.md), written to FILE; builds or
+                     fetches only what its VMs use (the test guest, the Linux fixture,
+                     the initramfs for a kernel of your own)
+  run [--board B] [--bundle NAME | --config CONFIG]
+                     build, then boot in QEMU with the console on this terminal
+                     (B: virt-gicv2 (default), virt-gicv3, raspi4b; Ctrl-A X quits QEMU);
+                     the guests: guests/demo.toml, or NAME, a bundle of target/bundles
+                     (guests/tests/NAME.toml), or the bundle of the file CONFIG
   trace [--board B] [--bundle NAME]
                      as run, with the trace build: the hot paths' trace events too
                      (exits, MMIO, balloon batches, faults, TLB flushes); B: virt-gicv2
                      (default) or virt-gicv3; NAME: a bundle of target/bundles (default:
                      the demo bundle); at exit the trace is decoded to
                      target/trace-<board>.log
-  sdcard [-o DIR] [--image FILE] [--bundle FILE]
+  sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG.toml]
                      build, then write the Raspberry Pi 4 SD card's boot partition to DIR
                      (default target/sdcard): the Pi firmware (start4.elf, fixup4.dat), the
                      BCM2711 device trees, the hypervisor as kernel8.img, the guest bundle
                      (default target/guests.img) as guests.img, a commented config.txt and
                      a README.txt (flashing, serial wiring, what to expect); --image FILE:
-                     also an SD card image (MBR, one FAT32 partition) to dd to the card
+                     also an SD card image (MBR, one FAT32 partition) to dd to the card;
+                     --config: the guests of your own VM configuration (docs/CONFIGURATION.md)
   test               run every test, host and QEMU; ends with 'N passed, M failed'
   bench              balloon benchmarks: a bare-metal guest under QEMU -icount (table, and
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
@@ -158,6 +171,24 @@ fn cargo_build_target(root: &Path, defmt_log: &str) -> Command {
 
 /// Build the image (ELF and raw Image) and the guest bundle.
 fn build(root: &Path) -> Result<Artifacts, String> {
+    let (mut artifacts, testguest) = build_hypervisor(root)?;
+    // The Linux guest fixture: Debian's arm64 kernel and a busybox initramfs
+    // (target/fixtures/linux/), for the configurations that name them.
+    build_memtool(root)?;
+    linux::build_initramfs(root, &linux::memtool_path(root))?;
+    // The Pi 4 tree QEMU raspi4b boots with (the harness's default).
+    fixtures::pi4_qemu_dtb(root)?;
+    // guests/demo.toml -> target/guests.img, guests/tests/<name>.toml ->
+    // target/bundles/<name>.img (see guests/README.md).
+    vmconfig::build_all(root, &testguest)?;
+    artifacts.bundle = root.join("target").join("guests.img");
+    Ok(artifacts)
+}
+
+/// The hypervisor (ELF and raw Image) and the test guest (raw image, the
+/// second value), in one cargo run; the bundle is left as `Artifacts`
+/// finds it.
+fn build_hypervisor(root: &Path) -> Result<(Artifacts, PathBuf), String> {
     run_cmd(cargo_build_target(root, "debug").args(["-p", "hypervisor", "-p", "testguest"]))?;
     let out = root.join("target").join(TARGET).join("release");
     let elf = out.join("hypervisor");
@@ -166,26 +197,56 @@ fn build(root: &Path) -> Result<Artifacts, String> {
     for (from, to) in [(&elf, &image), (&out.join("testguest"), &testguest)] {
         raw_image(from, to)?;
     }
-    // The Linux guest fixture: Debian's arm64 kernel and a busybox initramfs
-    // (target/fixtures/linux/), for the configurations that name them.
+    let mut artifacts = Artifacts::locate();
+    artifacts.image = image;
+    artifacts.elf = elf;
+    Ok((artifacts, testguest))
+}
+
+/// The bare-metal test guest alone (`kernel = "testguest"`), as a raw
+/// image; returns its path.
+pub fn build_testguest(root: &Path) -> Result<PathBuf, String> {
+    run_cmd(cargo_build_target(root, "debug").args(["-p", "testguest"]))?;
+    let out = root.join("target").join(TARGET).join("release");
+    let testguest = out.join("testguest.bin");
+    raw_image(&out.join("testguest"), &testguest)?;
+    Ok(testguest)
+}
+
+/// `tidal-mem`, the Linux guests' static tool ([`linux::memtool_path`]).
+pub fn build_memtool(root: &Path) -> Result<(), String> {
     run_cmd(
         cargo()
             .args(["build", "--release", "-p", "tidal-memtool", "--target"])
             .arg(linux::TOOLS_TARGET)
             .current_dir(root),
-    )?;
-    linux::build_initramfs(root, &linux::memtool_path(root))?;
-    // The Pi 4 tree QEMU raspi4b boots with (the harness's default).
-    fixtures::pi4_qemu_dtb(root)?;
-    // guests/demo.toml -> target/guests.img, guests/tests/<name>.toml ->
-    // target/bundles/<name>.img (see guests/README.md).
-    vmconfig::build_all(root, &testguest)?;
-    let bundle = root.join("target").join("guests.img");
-    let mut artifacts = Artifacts::locate();
-    artifacts.image = image;
-    artifacts.elf = elf;
-    artifacts.bundle = bundle;
-    Ok(artifacts)
+    )
+}
+
+/// `cargo xtask bundle CONFIG -o FILE`.
+fn bundle(args: &[String]) -> Result<(), String> {
+    const USAGE: &str = "usage: cargo xtask bundle CONFIG.toml -o FILE";
+    let (mut config, mut out) = (None, None);
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "-o" | "--output" => out = Some(PathBuf::from(it.next().ok_or(USAGE)?)),
+            other if other.starts_with('-') => {
+                return Err(format!("unknown option '{other}'; {USAGE}"))
+            }
+            path if config.is_none() => config = Some(PathBuf::from(path)),
+            extra => {
+                return Err(format!(
+                    "one configuration file at a time ('{extra}'); {USAGE}"
+                ))
+            }
+        }
+    }
+    let (Some(config), Some(out)) = (config, out) else {
+        return Err(USAGE.into());
+    };
+    setup::run()?;
+    userconfig::write_bundle_for_config(&root(), &config, &out)
 }
 
 /// `objcopy -O binary` of the ELF `from` to `to`, checked to be an Image.
@@ -228,10 +289,10 @@ fn check_image_header(image: &Path) -> Result<(), String> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    const USAGE: &str =
-        "usage: cargo xtask run [--board virt-gicv2|virt-gicv3|raspi4b] [--bundle NAME]";
+    const USAGE: &str = "usage: cargo xtask run [--board virt-gicv2|virt-gicv3|raspi4b] [--bundle NAME | --config CONFIG.toml]";
     let mut board = Board::VirtGicv2;
     let mut bundle = None;
+    let mut config = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -242,12 +303,24 @@ fn run(args: &[String]) -> Result<(), String> {
                 board = name.parse()?;
             }
             "--bundle" => bundle = Some(it.next().ok_or(USAGE)?.clone()),
+            "--config" => config = Some(PathBuf::from(it.next().ok_or(USAGE)?)),
             other => return Err(format!("unknown option '{other}'; {USAGE}")),
         }
     }
+    if bundle.is_some() && config.is_some() {
+        return Err(format!("--bundle and --config exclude each other; {USAGE}"));
+    }
     setup::run()?;
     let root = root();
-    let mut artifacts = build(&root)?;
+    let mut artifacts = match &config {
+        // Only what the file's VMs use: no Linux fixture for bare-metal guests.
+        Some(config) => {
+            let (mut artifacts, _) = build_hypervisor(&root)?;
+            artifacts.bundle = userconfig::bundle_for_config(&root, config)?;
+            artifacts
+        }
+        None => build(&root)?,
+    };
     if let Some(name) = bundle {
         artifacts.bundle = test_bundle(&root, &name)?;
     }

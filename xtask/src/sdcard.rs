@@ -225,10 +225,12 @@ pub struct Card {
 
 /// `cargo xtask sdcard [-o DIR] [--image FILE] [--bundle FILE]`.
 pub fn run(args: &[String]) -> Result<(), String> {
-    const USAGE: &str = "usage: cargo xtask sdcard [-o DIR] [--image FILE] [--bundle FILE]";
+    const USAGE: &str =
+        "usage: cargo xtask sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG.toml]";
     let mut dir = None;
     let mut image = None;
     let mut bundle = None;
+    let mut config = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().map(PathBuf::from).ok_or(USAGE.to_string());
@@ -236,16 +238,31 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "-o" => dir = Some(value()?),
             "--image" => image = Some(value()?),
             "--bundle" => bundle = Some(value()?),
+            "--config" => config = Some(value()?),
             other => return Err(format!("unknown option '{other}'; {USAGE}")),
         }
     }
+    if bundle.is_some() && config.is_some() {
+        return Err(format!("--bundle and --config exclude each other; {USAGE}"));
+    }
     crate::setup::run()?;
     let root = crate::root();
-    let artifacts = crate::build(&root)?;
+    // A configuration of one's own builds only what its VMs use.
+    let (hypervisor, bundle) = match config {
+        Some(config) => {
+            let (artifacts, _) = crate::build_hypervisor(&root)?;
+            let bundle = crate::userconfig::bundle_for_config(&root, &config)?;
+            (artifacts.image, bundle)
+        }
+        None => {
+            let artifacts = crate::build(&root)?;
+            (artifacts.image, bundle.unwrap_or(artifacts.bundle))
+        }
+    };
     let card = Card {
         dir: dir.unwrap_or_else(|| root.join("target").join("sdcard")),
-        hypervisor: artifacts.image,
-        bundle: bundle.unwrap_or(artifacts.bundle),
+        hypervisor,
+        bundle,
         image,
     };
     make(&root, &card)
