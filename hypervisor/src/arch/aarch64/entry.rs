@@ -205,6 +205,28 @@ primary_entry:
     ldr     x2, =SCTLR_VALUE
     str     x2, [x5, #24]
 
+    /* Everything above (relocations, .bss, the boot page table, the MMU
+       settings) was written with the MMU off, straight to memory. A line
+       the loader left in the data cache for the image still holds what was
+       there before: invalidate the image's lines to the point of coherency
+       so the first cached reads see what was written (Linux does the same
+       for the page tables it builds with the MMU off). The loader cleaned
+       the image to PoC (the arm64 boot protocol), so nothing dirty is lost.
+       QEMU models no caches: only a real core can show this missing. */
+    mrs     x3, CTR_EL0
+    ubfx    x3, x3, #16, #4         /* DminLine: log2 of the line in words */
+    mov     x4, #4
+    lsl     x3, x4, x3              /* line size in bytes */
+    sub     x4, x3, #1
+    bic     x1, x20, x4
+    adrp    x2, __image_end
+    add     x2, x2, :lo12:__image_end
+6:  dc      ivac, x1
+    add     x1, x1, x3
+    cmp     x1, x2
+    b.lo    6b
+    dsb     sy
+
     /* Stack of CPU 0, then the MMU. */
     adrp    x1, BOOT_STACKS
     add     x1, x1, :lo12:BOOT_STACKS
