@@ -19,7 +19,7 @@ use crate::arch::aarch64::{self, mmu, psci, smp};
 use crate::console::line::{self, Event, LineEditor};
 use crate::console::shell::{self, Command};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
-use crate::mm::layout::find_hole;
+use crate::mm::layout::{check_image_placement, find_hole, BadPlacement};
 use crate::mm::manager::Watermarks;
 use crate::run as vm;
 use crate::vm::manage;
@@ -151,6 +151,15 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
         Some((uart, _)) => crate::console::init(uart),
         None => aarch64::park(), // nowhere to say anything
     }
+    if let Some(why) = dtb.and_then(platform::unsupported_board) {
+        fatal(
+            board,
+            format_args!(
+                "unsupported board: this is {why}; Tidal runs on the Raspberry Pi 4 B, Pi 400 \
+                 and CM4 (BCM2711) and on QEMU virt"
+            ),
+        );
+    }
     let board = match discovered {
         None => fatal(None, format_args!("no valid device tree at x0 = {dtb_addr:#x}")),
         Some(Err(e)) => fatal(None, format_args!("{e}")),
@@ -252,9 +261,46 @@ fn image_range(load_addr: u64) -> PhysRange {
     PhysRange::new(load_addr, end)
 }
 
+/// Stop with one clear line if the loader put the image outside RAM or on
+/// top of the tree, the bundle or a firmware reservation.
+fn check_placement(board: &BoardInfo, image: PhysRange) {
+    let mut others: heapless::Vec<(PhysRange, &str), { platform::MAX_RESERVED + 2 }> =
+        heapless::Vec::new();
+    let _ = others.push((board.dtb, "the device tree"));
+    if let Some(b) = board.initrd {
+        let _ = others.push((b, "the guest bundle"));
+    }
+    for r in &board.reserved {
+        let _ = others.push((r.range, r.name.as_str()));
+    }
+    let what = match check_image_placement(image, &board.ram, &others) {
+        Ok(()) => return,
+        Err(BadPlacement::OutsideRam) => {
+            format_args!("not on a 4 KiB boundary inside one RAM bank")
+        }
+        Err(BadPlacement::Overlaps(name, r)) => fatal(
+            Some(board),
+            format_args!(
+                "the hypervisor image was loaded at {:#x}-{:#x}, on top of {name} ({:#x}-{:#x}); \
+                     load it elsewhere (on the Pi: no kernel_address= in config.txt)",
+                image.start, image.end, r.start, r.end
+            ),
+        ),
+    };
+    fatal(
+        Some(board),
+        format_args!(
+            "the hypervisor image was loaded at {:#x}-{:#x}, {what}; \
+             load it elsewhere (on the Pi: no kernel_address= in config.txt)",
+            image.start, image.end
+        ),
+    )
+}
+
 /// Account for every page of RAM, then hand the heap its frames.
 fn init_frames(board: &'static BoardInfo, load_addr: u64) {
     let image = image_range(load_addr);
+    check_placement(board, image);
     let mut busy: heapless::Vec<PhysRange, { platform::MAX_RESERVED + 4 }> = heapless::Vec::new();
     let _ = busy.push(image);
     let _ = busy.push(board.dtb);

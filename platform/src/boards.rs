@@ -60,3 +60,37 @@ pub fn describe<'a>(mut root_compatible: impl Iterator<Item = &'a str>) -> &'sta
         .find_map(|c| ALL.iter().find(|b| b.compatible.contains(&c)).copied())
         .unwrap_or(&GENERIC)
 }
+
+/// Boards a root `compatible` may name that this build does not support,
+/// with what to tell the user: a Raspberry Pi other than the BCM2711 ones
+/// (Pi 4 B, Pi 400, CM4) boots the same card but cannot run the hypervisor.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "brcm,bcm2712",
+        "a Raspberry Pi 5 (BCM2712): its peripherals sit behind the RP1 chip, which Tidal does not drive",
+    ),
+    (
+        "brcm,bcm2837",
+        "a Raspberry Pi 3 or Zero 2 (BCM2837): it has no GIC, so no virtual interrupts",
+    ),
+    (
+        "brcm,bcm2836",
+        "a Raspberry Pi 2 (BCM2836): a 32-bit board without virtualization for 64-bit guests",
+    ),
+    (
+        "brcm,bcm2835",
+        "a Raspberry Pi 1 or Zero (BCM2835): a 32-bit board",
+    ),
+];
+
+/// Why the board a root `compatible` list names cannot run Tidal, if it is
+/// one this build knows it does not support. Unknown boards are not refused
+/// here: the tree alone decides whether they can run (see [`GENERIC`]).
+pub fn unsupported<'a>(mut root_compatible: impl Iterator<Item = &'a str>) -> Option<&'static str> {
+    root_compatible.find_map(|c| {
+        UNSUPPORTED
+            .iter()
+            .find(|(compatible, _)| *compatible == c)
+            .map(|(_, why)| *why)
+    })
+}

@@ -86,6 +86,18 @@ pub fn board_desc(dtb: &[u8]) -> Option<&'static crate::boards::BoardDesc> {
     (desc != &crate::boards::GENERIC).then_some(desc)
 }
 
+/// Why the board the blob names cannot run Tidal
+/// ([`crate::boards::unsupported`]), from its root `compatible` alone.
+pub fn unsupported_board(dtb: &[u8]) -> Option<&'static str> {
+    let fdt = Fdt::new(dtb).ok()?;
+    let compatible = fdt.root().prop("compatible")?;
+    crate::boards::unsupported(
+        compatible
+            .split(|&b| b == 0)
+            .filter_map(|s| core::str::from_utf8(s).ok()),
+    )
+}
+
 /// Reads everything [`BoardInfo`] holds from the tree `dtb`, which the
 /// firmware placed at physical address `dtb_addr`.
 ///

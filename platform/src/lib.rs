@@ -17,7 +17,7 @@ pub mod uart;
 /// Discovery's invariants as one check, for property tests and fuzz targets.
 #[cfg(any(test, feature = "testing"))]
 pub use discover::testing;
-pub use discover::{board_desc, discover, DiscoveryError};
+pub use discover::{board_desc, discover, unsupported_board, DiscoveryError};
 
 /// Most RAM banks, reserved regions and CPUs a board may describe; a tree with
 /// more is rejected with [`DiscoveryError::TooMany`] rather than truncated.

@@ -267,13 +267,10 @@ mod virt_gicv2_errors {
         });
     }
 
-    #[test]
-    #[ignore = "boots QEMU: run cargo xtask test"]
-    fn fatal_without_console() {
-        let dir = log_dir();
-        let dumped = dir.join("virt-gicv2-qemu.dtb");
-        let stripped = dir.join("virt-gicv2-no-console.dtb");
-        let mut s = start(VIRT_GICV2, "dumpdtb", |o| {
+    /// QEMU virt's own tree, dumped to `<log dir>/<name>` (QEMU exits).
+    fn dump_virt_tree(name: &str) -> std::path::PathBuf {
+        let dumped = log_dir().join(name);
+        let mut s = start(VIRT_GICV2, &format!("dumpdtb-{name}"), |o| {
             o.extra = vec!["-machine".into(), format!("dumpdtb={}", dumped.display())];
         });
         assert!(
@@ -281,6 +278,45 @@ mod virt_gicv2_errors {
             "dumpdtb failed:\n{}",
             s.output()
         );
+        dumped
+    }
+
+    /// A tree naming a Raspberry Pi 5: one line naming the board and what
+    /// runs, not a boot that goes wrong later.
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn fatal_on_unsupported_board() {
+        let dir = log_dir();
+        let dumped = dump_virt_tree("virt-gicv2-qemu-pi5.dtb");
+        let dts_path = dir.join("virt-gicv2-as-pi5.dts");
+        let renamed = dir.join("virt-gicv2-as-pi5.dtb");
+        dtc("dtb", "dts", &dumped, &dts_path);
+        let dts = std::fs::read_to_string(&dts_path).unwrap();
+        let root_compatible = "\tcompatible = \"linux,dummy-virt\";";
+        assert!(
+            dts.contains(root_compatible),
+            "QEMU's root compatible:\n{dts}"
+        );
+        let dts = dts.replacen(
+            root_compatible,
+            "\tcompatible = \"raspberrypi,5-model-b\", \"brcm,bcm2712\";",
+            1,
+        );
+        std::fs::write(&dts_path, dts).unwrap();
+        dtc("dts", "dtb", &dts_path, &renamed);
+        expect_fatal(
+            "fatal_on_unsupported_board",
+            &["unsupported board", "Raspberry Pi 5", "Raspberry Pi 4"],
+            |o| o.dtb = Some(renamed),
+        );
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn fatal_without_console() {
+        let dir = log_dir();
+        let dumped = dump_virt_tree("virt-gicv2-qemu.dtb");
+        let stripped = dir.join("virt-gicv2-no-console.dtb");
 
         let dts_path = dir.join("virt-gicv2-no-console.dts");
         dtc("dtb", "dts", &dumped, &dts_path);

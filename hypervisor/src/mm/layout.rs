@@ -51,6 +51,40 @@ fn hole_in_bank(bank: &PhysRange, busy: &[PhysRange], size: u64, align: u64) -> 
     }
 }
 
+/// Why the loader's placement of the hypervisor image cannot be used.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BadPlacement<'a> {
+    /// The image (with its .bss) is not inside one bank of RAM.
+    OutsideRam,
+    /// The image overlaps something the firmware put in RAM (named).
+    Overlaps(&'a str, PhysRange),
+}
+
+/// Check where the loader put the image: inside one RAM bank, 4 KiB
+/// aligned, on top of none of `others` (the device tree, the guest bundle,
+/// firmware reservations, named). A firmware told to load the kernel at an
+/// unusual address (`kernel_address=` on the Pi) can put it on top of its
+/// own spin table or of the bundle; this says so instead of corrupting them.
+pub fn check_image_placement<'a>(
+    image: PhysRange,
+    ram: &[PhysRange],
+    others: &[(PhysRange, &'a str)],
+) -> Result<(), BadPlacement<'a>> {
+    let in_ram = ram
+        .iter()
+        .any(|bank| bank.start <= image.start && image.end <= bank.end);
+    if !in_ram || !image.start.is_multiple_of(4096) {
+        return Err(BadPlacement::OutsideRam);
+    }
+    match others
+        .iter()
+        .find(|(range, _)| !range.is_empty() && range.overlaps(&image))
+    {
+        Some(&(range, name)) => Err(BadPlacement::Overlaps(name, range)),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +182,41 @@ mod tests {
             find_hole(&top, &[r(u64::MAX - 0x3fff, u64::MAX - 0x2000)], K4, K4),
             Some(u64::MAX - 0x1fff)
         );
+    }
+
+    #[test]
+    fn image_placement() {
+        let ram = [
+            PhysRange::new(0, 0x3c00_0000),
+            PhysRange::new(0x4000_0000, 0x8000_0000),
+        ];
+        let spin = PhysRange::new(0, 0x1000);
+        let bundle = PhysRange::new(0x0280_0000, 0x0300_0000);
+        let others = [
+            (spin, "spin-table"),
+            (bundle, "the guest bundle"),
+            (PhysRange::new(0, 0), "empty"),
+        ];
+        let at = |start: u64| PhysRange::new(start, start + 0x20_0000);
+        // The firmware's usual places.
+        assert_eq!(check_image_placement(at(0x8_0000), &ram, &others), Ok(()));
+        assert_eq!(check_image_placement(at(0x20_0000), &ram, &others), Ok(()));
+        // kernel_address=0: on top of the spin table.
+        assert_eq!(
+            check_image_placement(at(0), &ram, &others),
+            Err(BadPlacement::Overlaps("spin-table", spin))
+        );
+        assert_eq!(
+            check_image_placement(at(0x2f0_0000), &ram, &others),
+            Err(BadPlacement::Overlaps("the guest bundle", bundle))
+        );
+        // Across the hole between the banks, past RAM, misaligned.
+        for start in [0x3bf0_0000, 0x8000_0000, 0x8_0800] {
+            assert_eq!(
+                check_image_placement(at(start), &ram, &others),
+                Err(BadPlacement::OutsideRam),
+                "{start:#x}"
+            );
+        }
     }
 }

@@ -587,6 +587,32 @@ fn small_trees() {
     assert!(b.cpus.is_empty());
 }
 
+#[test]
+fn unsupported_boards_are_named() {
+    let tree = |compatible: &str| {
+        compile(&format!(
+            "/dts-v1/;\n/ {{ compatible = {compatible}; #address-cells = <1>; #size-cells = <1>;\n\
+             memory@0 {{ device_type = \"memory\"; reg = <0x0 0x40000000>; }}; }};\n"
+        ))
+    };
+    let Some(pi5) = tree(r#""raspberrypi,5-model-b", "brcm,bcm2712""#) else {
+        return;
+    };
+    assert!(unsupported_board(&pi5).is_some_and(|w| w.contains("Raspberry Pi 5")));
+    let pi3 = tree(r#""raspberrypi,3-model-b", "brcm,bcm2837""#).unwrap();
+    assert!(unsupported_board(&pi3).is_some_and(|w| w.contains("no GIC")));
+    for ok in [
+        r#""raspberrypi,4-model-b", "brcm,bcm2711""#,
+        r#""raspberrypi,400", "brcm,bcm2711""#,
+        r#""raspberrypi,4-compute-module", "brcm,bcm2711""#,
+        r#""linux,dummy-virt""#,
+        r#""vendor,unknown-board""#,
+    ] {
+        assert_eq!(unsupported_board(&tree(ok).unwrap()), None, "{ok}");
+    }
+    assert_eq!(unsupported_board(b"garbage"), None);
+}
+
 // ------------------------------------------------------- property tests
 
 mod properties {
