@@ -20,6 +20,7 @@ pub mod mmio;
 pub mod pl011;
 pub mod report;
 pub mod size;
+pub mod time;
 
 #[cfg(target_os = "none")]
 pub mod arch;

@@ -1077,6 +1077,36 @@ mod tests {
         (t.entries.to_vec(), t.accounting(), t.free_pages())
     }
 
+    /// The 8 GiB Raspberry Pi 4 as its firmware describes it (35-bit
+    /// physical addresses): RAM below the VideoCore's share, up to the
+    /// low-peripheral window at 0xfc000000, and 4 GiB above 4 GiB. Every
+    /// page is accounted and frames above 4 GiB are handed out like any.
+    #[test]
+    fn eight_gib_pi4_banks_above_4_gib() {
+        let ram = [
+            r(0, 0x3b40_0000),
+            r(0x4000_0000, 0xfc00_0000),
+            r(0x1_0000_0000, 0x2_0000_0000),
+        ];
+        let mut store = storage(&ram);
+        // One byte per page: 7.86 GiB of RAM takes under 2 MiB of table.
+        assert!(store.len() < 2 * MIB as usize);
+        let mut t = FrameTable::new(&ram, &mut store).unwrap();
+        assert_eq!(t.total_pages() * PAGE_SIZE, ram_size(&ram));
+        assert_eq!(t.mark(r(0, PAGE_SIZE), FrameUse::FirmwareReserved), Ok(1));
+        // Fill the banks below 4 GiB; the next frames come from above.
+        let low = (ram[0].size() + ram[1].size()) / PAGE_SIZE - 1;
+        for _ in 0..low {
+            t.alloc(1, 1, FrameUse::Heap).expect("low RAM");
+        }
+        let high = t.alloc(512, 512, FrameUse::Heap).expect("RAM above 4 GiB");
+        assert!(high.raw() >= 0x1_0000_0000 && high.raw() + 2 * MIB <= 0x2_0000_0000);
+        let acc = t.accounting();
+        let total: u64 = FrameUse::ALL.iter().map(|&u| acc.bytes(u)).sum();
+        assert_eq!(total, ram_size(&ram));
+        assert_eq!(t.check_invariants(), Ok(()));
+    }
+
     #[test]
     fn labels_and_codes() {
         let labels: Vec<_> = FrameUse::ALL.iter().map(|u| u.label()).collect();

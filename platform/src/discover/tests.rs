@@ -587,6 +587,31 @@ fn small_trees() {
     assert!(b.cpus.is_empty());
 }
 
+/// The 8 GiB Pi 4's firmware writes its RAM with one size cell, so the
+/// 4 GiB above 4 GiB come as two entries: they make one bank, 35-bit
+/// addresses included, and the low-peripheral window stays out.
+#[test]
+fn eight_gib_pi4_memory_node() {
+    let Some(blob) = compile(
+        "/dts-v1/;\n/ { compatible = \"raspberrypi,4-model-b\", \"brcm,bcm2711\";\n\
+         #address-cells = <2>; #size-cells = <1>;\n\
+         memory@0 { device_type = \"memory\"; reg = <0x0 0x0 0x3b400000>, <0x0 0x40000000 0xbc000000>,\n\
+         <0x1 0x0 0x80000000>, <0x1 0x80000000 0x80000000>; }; };\n",
+    ) else {
+        return;
+    };
+    let b = discover(&blob, 0).unwrap();
+    assert_eq!(
+        b.ram.as_slice(),
+        &[
+            r(0, 0x3b40_0000),
+            r(0x4000_0000, 0xfc00_0000),
+            r(0x1_0000_0000, 0x2_0000_0000)
+        ]
+    );
+    assert_eq!(unsupported_board(&blob), None);
+}
+
 #[test]
 fn unsupported_boards_are_named() {
     let tree = |compatible: &str| {

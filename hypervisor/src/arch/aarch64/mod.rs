@@ -56,18 +56,7 @@ pub fn counter() -> (u64, u64) {
 /// Microseconds since the counter started (board power-on).
 pub fn uptime_us() -> u64 {
     let (count, freq) = counter();
-    ticks_to_us(count, freq)
-}
-
-/// `count` ticks of a `freq` Hz counter in microseconds, with two 64-bit
-/// divisions (one instruction each) instead of a 128-bit one (a library
-/// call): whole seconds, then the remainder, which is below `freq` so
-/// `rem * 1_000_000` cannot overflow for any counter under 18 THz.
-fn ticks_to_us(count: u64, freq: u64) -> u64 {
-    if freq == 0 {
-        return 0;
-    }
-    (count / freq) * 1_000_000 + (count % freq) * 1_000_000 / freq
+    crate::time::ticks_to_us(count, freq)
 }
 
 /// Zero the 4 KiB frame at `pa` (identity-mapped normal memory) with
@@ -256,7 +245,7 @@ pub fn enable_event_stream() {
 /// sleep costs at most that long).
 pub fn wait_for_interrupt_or(micros: u64) {
     let (_, freq) = counter();
-    let ticks = (freq * micros / 1_000_000).max(1);
+    let ticks = crate::time::us_to_ticks(micros, freq);
     // The EL2 timer is the hypervisor's own.
     CNTHP_TVAL_EL2.set(ticks);
     CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET);
