@@ -138,6 +138,10 @@ pub struct Stage2 {
     root: PhysAddr,
     mapped: u64,
     tables: u64,
+    /// The level-3 table [`Self::lookup`] last walked to: device reads of
+    /// the same rings (a virtqueue's indexes, a notify after a notify) skip
+    /// the walk. Never stale: tables are freed only by [`Self::destroy`].
+    lookup_walk: WalkCache,
 }
 
 /// The level-3 table a batch of stage-2 operations last walked to, and its
@@ -159,6 +163,7 @@ impl Stage2 {
             root,
             mapped: 0,
             tables: 1,
+            lookup_walk: WalkCache::default(),
         })
     }
 
@@ -361,7 +366,10 @@ impl Stage2 {
 
     /// The frame `ipa` maps to, if any.
     pub fn lookup(&mut self, mem: &mut impl TableMemory, ipa: GuestAddr) -> Option<PhysAddr> {
-        self.lookup_cached(mem, ipa, &mut WalkCache::default())
+        let mut walk = self.lookup_walk;
+        let pa = self.lookup_cached(mem, ipa, &mut walk);
+        self.lookup_walk = walk;
+        pa
     }
 
     /// [`Self::lookup`] for the pages of a batch, walking only when `ipa`
