@@ -175,7 +175,9 @@ fn hand_written_board() {
 // ------------------------------------------------------------ Raspberry Pi 4
 
 fn pi4_dtb() -> Vec<u8> {
-    let path = std::env::var_os("HV_PI4_DTB")
+    // Not HV_PI4_DTB: that is the tree the QEMU tests boot, with the RAM
+    // above 1 GiB added (harness::PI4_QEMU_DTB).
+    let path = std::env::var_os("HV_PI4_FIRMWARE_DTB")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/fixtures/bcm2711-rpi-4-b.dtb")
