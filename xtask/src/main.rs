@@ -582,7 +582,7 @@ fn cargo_test(
         .env("HV_PI4_DTB", &artifacts.pi4_dtb)
         // The platform tests read the tree as Debian ships it (the board's
         // firmware fills its memory node), not the one QEMU boots with.
-        .env("HV_PI4_FIRMWARE_DTB", fixtures::pi4_dtb(&root)?)
+        .env("HV_PI4_FIRMWARE_DTB", fixtures::pi4_dtb(root)?)
         .env("HV_TRACE_IMAGE", trace_image)
         .env("HV_TRACE_ELF", trace_elf)
         .current_dir(root)
