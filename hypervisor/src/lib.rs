@@ -20,7 +20,6 @@ pub mod mmio;
 pub mod pl011;
 pub mod report;
 pub mod size;
-pub mod time;
 
 #[cfg(target_os = "none")]
 pub mod arch;

@@ -2,7 +2,8 @@
 //! core use, as plain data: list-register values and the INTIDs the
 //! hypervisor gives a meaning to (GIC), the guest register context of the
 //! world switch, the EL2 controls a guest runs under, the exception
-//! syndrome (ESR/ISS, HPFAR) and the registers of an injected exception.
+//! syndrome (ESR/ISS, HPFAR), the registers of an injected exception and
+//! the generic timer's ticks in microseconds.
 //!
 //! Everything here is host-tested and imports nothing above `mm` and
 //! `addr`: `arch/` and `vm/`/`vgic/` both build on it, so neither reaches
@@ -14,3 +15,4 @@ pub mod gic_lr;
 pub mod inject;
 pub mod intid;
 pub mod syndrome;
+pub mod timer;

@@ -56,7 +56,7 @@ pub fn counter() -> (u64, u64) {
 /// Microseconds since the counter started (board power-on).
 pub fn uptime_us() -> u64 {
     let (count, freq) = counter();
-    crate::time::ticks_to_us(count, freq)
+    crate::hw::timer::ticks_to_us(count, freq)
 }
 
 /// Zero the 4 KiB frame at `pa` (identity-mapped normal memory) with
@@ -245,7 +245,7 @@ pub fn enable_event_stream() {
 /// sleep costs at most that long).
 pub fn wait_for_interrupt_or(micros: u64) {
     let (_, freq) = counter();
-    let ticks = crate::time::us_to_ticks(micros, freq);
+    let ticks = crate::hw::timer::us_to_ticks(micros, freq);
     // The EL2 timer is the hypervisor's own.
     CNTHP_TVAL_EL2.set(ticks);
     CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET);
