@@ -989,13 +989,17 @@ struct Seen<'a> {
     guaranteed: u64,
 }
 
+/// What a file describes: each VM with its memory limits, the pool, and
+/// whether the bundle runs the on-target checks.
+type FileSpecs = (Vec<(VmSpec, VmMemory)>, PoolSpec, bool);
+
 fn specs_from_str(
     text: &str,
     file: &str,
     base: &Path,
     inputs: &Inputs,
     load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
-) -> Result<(Vec<(VmSpec, VmMemory)>, PoolSpec, bool), String> {
+) -> Result<FileSpecs, String> {
     let doc = parse_doc(text, file)?;
     let loc = Locator::new(text, file);
     let vms = read_vms(&doc, &loc)?;
