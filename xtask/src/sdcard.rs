@@ -459,6 +459,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tests_excludes_the_other_bundle_choices() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for other in [["--bundle", "x.img"], ["--config", "x.toml"]] {
+            let mut a = args(&["--tests"]);
+            a.extend(args(&other));
+            let e = run(&a).unwrap_err();
+            assert!(
+                e.starts_with("--bundle, --config and --tests exclude each other"),
+                "{e}"
+            );
+        }
+        assert!(tests_bundle(Path::new("/ws")).ends_with("target/bundles/on-target.img"));
+    }
+
+    #[test]
     fn the_card_has_every_file_the_pi_4_boots_from() {
         let names: Vec<&str> = files().iter().map(|(n, _)| *n).collect();
         for want in [
