@@ -63,8 +63,14 @@ pub const RAM_ALIGN: u64 = 4096;
 pub const NAME_LEN: usize = 32;
 /// Most VMs a bundle may describe.
 pub const MAX_VMS: usize = 256;
-/// Header flags defined so far (none): any other bit is rejected.
-pub const KNOWN_FLAGS: u32 = 0;
+/// Bits of the header's `flags`.
+pub mod flags {
+    /// Once its VMs have started, the hypervisor runs its on-target
+    /// self-checks and prints one `ON-TARGET:` line per check and a summary.
+    pub const ON_TARGET_TESTS: u32 = 1 << 0;
+}
+/// Header flags defined so far ([`flags`]): any other bit is rejected.
+pub const KNOWN_FLAGS: u32 = flags::ON_TARGET_TESTS;
 /// Memory limits (entry `mem_min`, `mem_low`, `mem_max`) and pool
 /// watermarks are multiples of this.
 pub const MEM_ALIGN: u64 = 4096;
@@ -133,7 +139,7 @@ pub mod header {
     pub const VM_TABLE_SIZE: usize = 40;
     /// `u32`, CRC-32 (IEEE) of bytes `[header_size, total_size)`.
     pub const CRC32: usize = 48;
-    /// `u32`, flags; none defined, must be zero.
+    /// `u32`, [`flags`](crate::flags) bits; any other bit must be zero.
     pub const FLAGS: usize = 52;
     /// `[u8; 8]`, reserved, must be zero.
     pub const RESERVED: usize = 56;
@@ -967,6 +973,8 @@ pub struct Bundle<'a> {
     /// Pool watermarks min, low, high (all zero: default or absent).
     pool: [u64; 3],
     pool_flags: u32,
+    /// The header's [`flags`] bits.
+    flags: u32,
 }
 
 /// One VM of a validated bundle.
@@ -1229,6 +1237,7 @@ pub fn parse(bytes: &[u8]) -> Result<Bundle<'_>, BundleError> {
         table_offset: table_offset as usize,
         pool,
         pool_flags,
+        flags,
     };
     for index in 0..bundle.vm_count {
         let raw = bundle.raw_entry(index);
@@ -1300,6 +1309,15 @@ impl<'a> Bundle<'a> {
     /// only waiting ([`pool_flags::STOP_LOWEST`]).
     pub fn stop_lowest_when_exhausted(&self) -> bool {
         self.pool_flags & pool_flags::STOP_LOWEST != 0
+    }
+    /// The header's [`flags`] bits.
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+    /// Run the on-target self-checks once the VMs have started
+    /// ([`flags::ON_TARGET_TESTS`]).
+    pub fn on_target_tests(&self) -> bool {
+        self.flags & flags::ON_TARGET_TESTS != 0
     }
 
     /// The first `VM_ENTRY_SIZE` bytes of entry `index` (empty if out of

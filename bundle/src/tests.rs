@@ -1223,3 +1223,36 @@ fn random_garbage_never_panics() {
         exercise(&b);
     }
 }
+
+#[test]
+fn on_target_tests_flag_round_trips_and_defaults_off() {
+    // Without the flag (every bundle written before it): off.
+    let plain = build(&[spec("alpha")]);
+    assert_eq!(read_u32(&plain, header::FLAGS), 0);
+    let b = parse(&plain).unwrap();
+    assert!(!b.on_target_tests());
+    assert_eq!(b.flags(), 0);
+
+    let mut builder = BundleBuilder::new();
+    builder.add_vm(spec("alpha")).unwrap();
+    builder.on_target_tests(true);
+    let bytes = builder.build();
+    assert_eq!(read_u32(&bytes, header::FLAGS), flags::ON_TARGET_TESTS);
+    let b = parse(&bytes).unwrap();
+    assert!(b.on_target_tests());
+    assert_eq!(b.flags(), flags::ON_TARGET_TESTS);
+    assert_eq!(b.vm_count(), 1);
+
+    // A 64-byte header (no pool extension) may carry it too.
+    let mut old = plain.clone();
+    put32(&mut old, header::FLAGS, flags::ON_TARGET_TESTS);
+    assert!(parse(&old).unwrap().on_target_tests());
+
+    // Bits not defined yet are still refused.
+    let mut bad = bytes.clone();
+    put32(&mut bad, header::FLAGS, flags::ON_TARGET_TESTS | 2);
+    assert!(matches!(
+        parse(&bad),
+        Err(BundleError::UnknownFlags { flags: 3 })
+    ));
+}

@@ -1,9 +1,9 @@
 //! The bundle writer (feature `std`), used by the host build tool.
 
 use crate::{
-    check_cmdline, check_fits, check_memory, check_pool, check_scalars, crc32, entry, header,
-    is_valid_name, mem_flags, pool_flags, NameProblem, VmError, BLOB_ALIGN, HEADER_SIZE_POOL,
-    MAGIC, MAX_VMS, NAME_LEN, VERSION, VM_ENTRY_SIZE,
+    check_cmdline, check_fits, check_memory, check_pool, check_scalars, crc32, entry, flags,
+    header, is_valid_name, mem_flags, pool_flags, NameProblem, VmError, BLOB_ALIGN,
+    HEADER_SIZE_POOL, MAGIC, MAX_VMS, NAME_LEN, VERSION, VM_ENTRY_SIZE,
 };
 
 /// One VM to put in a bundle.
@@ -89,6 +89,7 @@ impl PoolSpec {
 pub struct BundleBuilder {
     vms: Vec<(VmSpec, VmMemory)>,
     pool: PoolSpec,
+    on_target_tests: bool,
 }
 
 fn align_up(x: usize) -> usize {
@@ -116,6 +117,13 @@ impl BundleBuilder {
         check_pool(pool.min, pool.low, pool.high, pool.flags()).map_err(|e| e.to_string())?;
         self.pool = pool;
         Ok(self)
+    }
+
+    /// Sets or clears the header flag [`flags::ON_TARGET_TESTS`]: the
+    /// hypervisor runs its on-target self-checks once the VMs have started.
+    pub fn on_target_tests(&mut self, on: bool) -> &mut Self {
+        self.on_target_tests = on;
+        self
     }
 
     /// Adds a VM with the default memory limits; see
@@ -244,7 +252,12 @@ impl BundleBuilder {
         put32(&mut out, header::VM_ENTRY_SIZE, VM_ENTRY_SIZE as u32);
         put64(&mut out, header::VM_TABLE_OFFSET, table_offset as u64);
         put64(&mut out, header::VM_TABLE_SIZE, table_size as u64);
-        put32(&mut out, header::FLAGS, 0);
+        let header_flags = if self.on_target_tests {
+            flags::ON_TARGET_TESTS
+        } else {
+            0
+        };
+        put32(&mut out, header::FLAGS, header_flags);
         put64(&mut out, header::POOL_MIN, self.pool.min);
         put64(&mut out, header::POOL_LOW, self.pool.low);
         put64(&mut out, header::POOL_HIGH, self.pool.high);

@@ -1,7 +1,7 @@
 //! The guest bundle reader over any bytes. Invariants: a bundle it accepts
 //! is internally consistent (every VM's blobs lie inside the input, names
 //! are valid and unique, counts agree) and survives a round trip through
-//! the writer: the rebuilt bundle parses to the same VMs.
+//! the writer: the rebuilt bundle parses to the same VMs and header flags.
 #![no_main]
 
 use guest_bundle::{parse, parse_untrusted, BundleBuilder, PoolSpec, VmMemory, VmSpec};
@@ -25,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(bundle.vms().count(), bundle.vm_count());
     let mut names = Vec::new();
     let mut builder = BundleBuilder::new();
+    builder.on_target_tests(bundle.on_target_tests());
     let stop_lowest = bundle.stop_lowest_when_exhausted();
     if bundle.pool_watermarks().is_some() || stop_lowest {
         let (min, low, high) = bundle.pool_watermarks().unwrap_or((0, 0, 0));
@@ -84,6 +85,8 @@ fuzz_target!(|data: &[u8]| {
     let rebuilt = builder.build();
     let again = parse(&rebuilt).expect("a rebuilt bundle parses");
     assert_eq!(again.vm_count(), bundle.vm_count());
+    assert_eq!(again.flags(), bundle.flags());
+    assert_eq!(again.on_target_tests(), bundle.on_target_tests());
     for (a, b) in again.vms().zip(bundle.vms()) {
         assert_eq!(
             (

@@ -249,6 +249,10 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
             .out
             .line(format_args!("tidal: [{}] VM not started: {e}", vm.name)),
     });
+    // A test bundle: the on-target checks, then the shell as usual.
+    if bundle.on_target_tests() {
+        crate::ontarget::run(board, &bundle);
+    }
     println!("Type 'help' for the list of commands.");
     shell_loop(board)
 }

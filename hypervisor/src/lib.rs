@@ -19,6 +19,7 @@ pub mod mm;
 pub mod mmio;
 pub mod pl011;
 pub mod report;
+pub mod selftest;
 pub mod size;
 
 #[cfg(target_os = "none")]
@@ -33,6 +34,8 @@ mod heap;
 pub mod held;
 #[cfg(target_os = "none")]
 pub mod hog;
+#[cfg(target_os = "none")]
+mod ontarget;
 #[cfg(target_os = "none")]
 pub mod run;
 pub mod trace;

@@ -28,6 +28,9 @@
 //! low = "48M"
 //! high = "80M"
 //! when_exhausted = "wait" # or "stop-lowest"
+//!
+//! on_target_tests = true  # optional, top level (before any table): the
+//!                         # hypervisor runs its on-target self-checks
 //! ```
 //!
 //! RAM may be overcommitted: the VMs' `ram` may add up to more than the board
@@ -810,8 +813,9 @@ pub fn bundle_from_str_in(
     inputs: &Inputs,
     load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<Vec<u8>, String> {
-    let (specs, pool) = specs_from_str(text, file, base, inputs, load)?;
+    let (specs, pool, on_target_tests) = specs_from_str(text, file, base, inputs, load)?;
     let mut builder = BundleBuilder::new();
+    builder.on_target_tests(on_target_tests);
     builder
         .pool(pool)
         .map_err(|e| format!("{file}: bundle writer refused {e}"))?;
@@ -924,9 +928,12 @@ fn parse_doc(text: &str, file: &str) -> Result<toml::Table, String> {
 /// The `[[vm]]` tables, keys and types checked; every error located.
 fn read_vms(doc: &toml::Table, loc: &Locator) -> Result<Vec<VmConfig>, String> {
     let file = loc.file;
-    if let Some(k) = doc.keys().find(|k| !matches!(k.as_str(), "vm" | "pool")) {
+    if let Some(k) = doc
+        .keys()
+        .find(|k| !matches!(k.as_str(), "vm" | "pool" | "on_target_tests"))
+    {
         return Err(format!(
-            "{}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables and an optional [pool] table",
+            "{}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables, an optional [pool] table and an optional on_target_tests = true",
             loc.at(loc.span(k, None, &[]))
         ));
     }
@@ -982,13 +989,17 @@ struct Seen<'a> {
     guaranteed: u64,
 }
 
+/// What a file describes: each VM with its memory limits, the pool, and
+/// whether the bundle runs the on-target checks.
+type FileSpecs = (Vec<(VmSpec, VmMemory)>, PoolSpec, bool);
+
 fn specs_from_str(
     text: &str,
     file: &str,
     base: &Path,
     inputs: &Inputs,
     load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
-) -> Result<(Vec<(VmSpec, VmMemory)>, PoolSpec), String> {
+) -> Result<FileSpecs, String> {
     let doc = parse_doc(text, file)?;
     let loc = Locator::new(text, file);
     let vms = read_vms(&doc, &loc)?;
@@ -1011,7 +1022,18 @@ fn specs_from_str(
         None => PoolSpec::default(),
         Some(v) => pool_from_value(v).map_err(|e| format!("{}: pool: {e}", loc.pool(&e)))?,
     };
-    Ok((specs, pool))
+    let on_target_tests = match doc.get("on_target_tests") {
+        None => false,
+        Some(toml::Value::Boolean(b)) => *b,
+        Some(other) => {
+            return Err(format!(
+                "{}: on_target_tests must be true or false, found {}",
+                loc.at(loc.span("on_target_tests", None, &[])),
+                describe(other)
+            ))
+        }
+    };
+    Ok((specs, pool, on_target_tests))
 }
 
 /// Validates VM `index` against itself and the VMs before it (`seen`) and
@@ -1464,6 +1486,12 @@ kernel = "testguest"
                 b.vms().any(|v| v.initrd().is_none()),
                 "{shown}"
             );
+            // Only the on-target bundle asks for the self-checks.
+            assert_eq!(
+                b.on_target_tests(),
+                f.file_stem().is_some_and(|n| n == "on-target"),
+                "{shown}"
+            );
             seen.push((
                 f.file_stem().unwrap().to_string_lossy().to_string(),
                 b.vms()
@@ -1575,6 +1603,14 @@ kernel = "testguest"
                     ]
                 ),
                 linux_alone("linux-stats", quiet),
+                (
+                    "on-target".into(),
+                    vec![
+                        ("wild".into(), 64, 2, p("wild")),
+                        ("beta".into(), 128, 4, p("pattern")),
+                        ("linux".into(), 384, 8, p(quiet))
+                    ]
+                ),
                 (
                     "overcommit".into(),
                     vec![
@@ -2069,6 +2105,28 @@ on_bad_access = "stop"
         assert_eq!(
             guest_bundle::parse(&b).unwrap().vm(0).unwrap().ram_size(),
             MAX_VM_RAM
+        );
+    }
+
+    #[test]
+    fn on_target_tests_is_a_top_level_boolean() {
+        let on = |text: &str| {
+            let bytes = build(text).unwrap();
+            guest_bundle::parse(&bytes).unwrap().on_target_tests()
+        };
+        assert!(!on(ONE));
+        for (text, want) in [
+            (format!("on_target_tests = true\n{ONE}"), true),
+            (format!("on_target_tests = false\n{ONE}"), false),
+        ] {
+            assert_eq!(on(&text), want, "{text}");
+        }
+        let got = err(&format!("on_target_tests = \"yes\"\n{ONE}"));
+        assert!(
+            got.starts_with(
+                "t.toml:1:19: on_target_tests must be true or false, found string \"yes\""
+            ),
+            "{got}"
         );
     }
 

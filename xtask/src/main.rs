@@ -3,7 +3,7 @@
 //!
 //! Commands: `setup`, `build`, `bundle CONFIG -o FILE`, `run [--board B]
 //! [--bundle NAME | --config CONFIG]`, `trace [--board B] [--bundle NAME]`,
-//! `sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG]`, `test`, `bench`, `fuzz`.
+//! `sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG | --tests]`, `test`, `bench`, `fuzz`.
 //! Every command starts with `setup`, which is quick
 //! when everything is present.
 
@@ -92,14 +92,17 @@ fn print_help() {
                      (default) or virt-gicv3; NAME: a bundle of target/bundles (default:
                      the demo bundle); at exit the trace is decoded to
                      target/trace-<board>.log
-  sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG.toml]
+  sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG.toml | --tests]
                      build, then write the Raspberry Pi 4 SD card's boot partition to DIR
                      (default target/sdcard): the Pi firmware (start4.elf, fixup4.dat), the
                      BCM2711 device trees, the hypervisor as kernel8.img, the guest bundle
                      (default target/guests.img) as guests.img, a commented config.txt and
                      a README.txt (flashing, serial wiring, what to expect); --image FILE:
                      also an SD card image (MBR, one FAT32 partition) to dd to the card;
-                     --config: the guests of your own VM configuration (docs/CONFIGURATION.md)
+                     --config: the guests of your own VM configuration (docs/CONFIGURATION.md);
+                     --tests: the on-target test bundle (guests/tests/on-target.toml): the
+                     hypervisor checks itself on the board and prints 'ON-TARGET: ...'
+                     lines, the last 'ON-TARGET: N passed, M failed' (README.txt)
   test               run every test, host and QEMU; ends with 'N passed, M failed'
   bench              balloon benchmarks: a bare-metal guest under QEMU -icount (table, and
                      target/bench/balloon.json), then Linux under Tidal vs. directly under

@@ -2,7 +2,10 @@
 //! with the boot partition's files (the GPU firmware, the BCM2711 device
 //! trees, the hypervisor as `kernel8.img`, the guest bundle as the
 //! initramfs, `config.txt` and `README.txt`) and, on request, an image for
-//! `dd`: an MBR with one FAT32 partition holding the same files.
+//! `dd`: an MBR with one FAT32 partition holding the same files. With
+//! `--tests` the bundle is the on-target test bundle
+//! (`guests/tests/on-target.toml`): the hypervisor checks itself on the
+//! board and prints `ON-TARGET:` lines on the serial console.
 //!
 //! The image is made without root by dosfstools (`mkfs.fat --offset`) and
 //! mtools (`mcopy -i IMAGE@@OFFSET`), both installed by `cargo xtask setup`;
@@ -21,6 +24,9 @@ use crate::fixtures;
 pub const KERNEL: &str = "kernel8.img";
 /// The guest bundle's name on the card (`initramfs ... followkernel`).
 pub const BUNDLE: &str = "guests.img";
+/// The on-target test bundle (`--tests`), `target/bundles/<this>.img`,
+/// built from `guests/tests/<this>.toml`.
+pub const TESTS_BUNDLE: &str = "on-target";
 /// The GPU firmware files the Pi 4 needs, from Debian's `raspi-firmware`.
 pub const FIRMWARE: &[&str] = &["start4.elf", "fixup4.dat"];
 /// The BCM2711 device trees, from Debian's kernel package: the firmware
@@ -179,6 +185,34 @@ The guests' own output follows, each line prefixed with [<vm>].
 `help` lists the commands; `mem` shows where every byte of RAM is, `vms`
 the guests, `console <vm>` attaches to a guest's console.
 
+The on-target tests
+-------------------
+A card made with `cargo xtask sdcard --tests` carries the on-target test
+bundle (guests/tests/on-target.toml): a test guest making bad accesses
+(wild), one keeping a checksummed pattern (beta) and a Debian Linux
+(linux), 576 MiB in all. Once they have started, the hypervisor checks
+itself on this board before the prompt appears, each check within its own
+deadline (the Linux ones wait up to 2 minutes for Linux to boot), one line
+each:
+
+  ON-TARGET: on-target checks start (8 of them; each has a deadline)
+  ON-TARGET: ok cpus: 4 of 4 CPUs the device tree lists are online
+  ON-TARGET: ok memory: accounting = RAM (<bytes> bytes); check: ok (...)
+  ON-TARGET: ok isolation: wild: 7 bad accesses refused with an abort, ...
+  ON-TARGET: ok balloon: beta: target 8192 pages reached in <ms> ms, ...
+  ON-TARGET: ok linux-balloon: linux: target 16384 pages reached in ...
+  ON-TARGET: ok linux-reporting: pages reported grew from 0 to <pages>
+  ON-TARGET: ok linux-hint: linux: run 2 done: <pages> pages hinted ...
+  ON-TARGET: ok final-check: accounting = RAM (<bytes> bytes); check: ok (...)
+  ON-TARGET: 8 passed, 0 failed
+
+with the guests' own lines in between. The last line is always
+`ON-TARGET: N passed, M failed`; a check that failed says why on its
+`ON-TARGET: FAILED <name>: ...` line, and one that could not run on this
+board (the Linux checks, when its RAM is too small for the bundle) says so
+on an `ON-TARGET: skipped <name>: ...` line and counts as neither. Then the
+shell's prompt comes up as usual. Keep the serial log: it is the result.
+
 When nothing appears
 --------------------
 Nothing on the UART comes from the firmware itself: if the hypervisor does
@@ -226,11 +260,12 @@ pub struct Card {
 /// `cargo xtask sdcard [-o DIR] [--image FILE] [--bundle FILE]`.
 pub fn run(args: &[String]) -> Result<(), String> {
     const USAGE: &str =
-        "usage: cargo xtask sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG.toml]";
+        "usage: cargo xtask sdcard [-o DIR] [--image FILE] [--bundle FILE | --config CONFIG.toml | --tests]";
     let mut dir = None;
     let mut image = None;
     let mut bundle = None;
     let mut config = None;
+    let mut tests = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().map(PathBuf::from).ok_or(USAGE.to_string());
@@ -239,11 +274,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
             "--image" => image = Some(value()?),
             "--bundle" => bundle = Some(value()?),
             "--config" => config = Some(value()?),
+            "--tests" => tests = true,
             other => return Err(format!("unknown option '{other}'; {USAGE}")),
         }
     }
-    if bundle.is_some() && config.is_some() {
-        return Err(format!("--bundle and --config exclude each other; {USAGE}"));
+    let chosen = [bundle.is_some(), config.is_some(), tests];
+    if chosen.iter().filter(|&&c| c).count() > 1 {
+        return Err(format!(
+            "--bundle, --config and --tests exclude each other; {USAGE}"
+        ));
     }
     crate::setup::run()?;
     let root = crate::root();
@@ -256,7 +295,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         }
         None => {
             let artifacts = crate::build(&root)?;
-            (artifacts.image, bundle.unwrap_or(artifacts.bundle))
+            let bundle = match bundle {
+                Some(b) => b,
+                // `build` writes every guests/tests/<name>.toml's bundle.
+                None if tests => tests_bundle(&root),
+                None => artifacts.bundle,
+            };
+            (artifacts.image, bundle)
         }
     };
     let card = Card {
@@ -270,6 +315,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 /// Write `card`'s folder (and image), fetching the firmware and the device
 /// trees on first use.
+/// The on-target test bundle `cargo xtask build` writes.
+pub fn tests_bundle(root: &Path) -> PathBuf {
+    root.join("target")
+        .join("bundles")
+        .join(format!("{TESTS_BUNDLE}.img"))
+}
+
 pub fn make(root: &Path, card: &Card) -> Result<(), String> {
     if !card.bundle.is_file() {
         return Err(format!("no guest bundle {}", card.bundle.display()));
@@ -407,6 +459,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tests_excludes_the_other_bundle_choices() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for other in [["--bundle", "x.img"], ["--config", "x.toml"]] {
+            let mut a = args(&["--tests"]);
+            a.extend(args(&other));
+            let e = run(&a).unwrap_err();
+            assert!(
+                e.starts_with("--bundle, --config and --tests exclude each other"),
+                "{e}"
+            );
+        }
+        assert!(tests_bundle(Path::new("/ws")).ends_with("target/bundles/on-target.img"));
+    }
+
+    #[test]
     fn the_card_has_every_file_the_pi_4_boots_from() {
         let names: Vec<&str> = files().iter().map(|(n, _)| *n).collect();
         for want in [
@@ -471,6 +538,13 @@ mod tests {
     #[test]
     fn readme_txt_says_how_to_flash_wire_and_what_to_expect() {
         let text = readme_txt();
+        for want in [
+            "cargo xtask sdcard --tests",
+            "ON-TARGET: 8 passed, 0 failed",
+            "ON-TARGET: FAILED <name>",
+        ] {
+            assert!(text.contains(want), "{want} not in README.txt");
+        }
         for want in [
             "dd if=",
             "FAT32",
