@@ -226,7 +226,14 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     if let [.., inflate, deflate] = &moves[..] {
         if let (Some(i), Some(d)) = (&inflate.exit_profile, &deflate.exit_profile) {
             println!();
-            for line in exits::move_table(inflate.round, i, d) {
+            let heading = [
+                &format!(
+                    "Round {}'s moves by kind of exit (`info exits bench`, started over before each move,",
+                    inflate.round
+                )[..],
+                "read after the guest's check of its memory, whose console line is in mmio-uart)",
+            ];
+            for line in exits::move_table(&heading, i, d) {
                 println!("{line}");
             }
         }

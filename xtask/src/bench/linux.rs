@@ -31,7 +31,10 @@
 //! the guest is ready (its boot), then over 10 s of the idle guest, before
 //! the balloon moves; and once more after the rounds in a Tidal boot under
 //! `-icount shift=0`, the only way QEMU's PMU counts the hypervisor's
-//! instructions.
+//! instructions, with free page reporting on; that boot also inflates and
+//! deflates once, with each move's exit profile (where a move's hypervisor
+//! instructions go: stage-2 faults of pages reported and taken back,
+//! notifies, interrupts).
 //!
 //! Results: a table on stdout and target/bench/linux.json.
 
@@ -484,22 +487,16 @@ impl Guest {
         match self.side {
             Side::Tidal => {
                 let sent = Instant::now();
-                self.session
-                    .send_line(&format!("balloon {VM} {balloon_mib}M"))
-                    .map_err(harness)?;
-                let c = self
-                    .session
-                    .expect(
-                        &format!(
-                            r"{VM}: (balloon target (\d+) pages|cannot set the balloon: [^\r\n]*)"
-                        ),
-                        COMMAND,
-                    )
-                    .map_err(harness)?;
-                if c[2].parse::<u64>().ok() != Some((balloon_mib << 20) / PAGE_SIZE) {
-                    return Err(format!("Tidal: `balloon {VM} {balloon_mib}M`: {}", c[1]));
+                // `run`, not an `expect` of the next prompt: lines the guest
+                // prints meanwhile erase the prompt and draw it again below
+                // them, and the next prompt left standing may come after the
+                // watcher's `done` line, which must not be passed over.
+                let command = format!("balloon {VM} {balloon_mib}M");
+                let reply = self.session.run(&command, COMMAND).map_err(harness)?;
+                let pages = (balloon_mib << 20) / PAGE_SIZE;
+                if !reply.contains(&format!("{VM}: balloon target {pages} pages")) {
+                    return Err(format!("Tidal: `{command}`: {}", reply.trim()));
                 }
-                self.session.expect(r"tidal> ", COMMAND).map_err(harness)?;
                 Ok(sent)
             }
             Side::Qemu => {
@@ -615,6 +612,49 @@ impl Guest {
     }
 }
 
+impl Guest {
+    /// Before the moves: [`IDLE_POLLS`] agent round trips reading the
+    /// balloon counters (the last reading and every round trip returned),
+    /// and the watcher script written; the shell has the keyboard again.
+    fn prepare_moves(&mut self) -> Result<(Counters, Vec<f64>), String> {
+        self.enter_console()?;
+        let mut round_trips = Vec::new();
+        let mut start = None;
+        for _ in 0..IDLE_POLLS {
+            let (counters, _, took) = self.vmstat()?;
+            round_trips.push(took.as_secs_f64());
+            start = Some(counters);
+        }
+        let start = start.expect("IDLE_POLLS > 0");
+        self.write_file(WATCHER_PATH, WATCHER)?;
+        self.leave_console()?;
+        Ok((start, round_trips))
+    }
+
+    /// Tidal: [`Guest::balloon`] with the VM's exit profile started over
+    /// before the request and read once the move is done.
+    fn profiled_move(
+        &mut self,
+        direction: Direction,
+        balloon_mib: u64,
+        before: Counters,
+    ) -> Result<(exits::Profile, Counters), String> {
+        let reset = self
+            .session
+            .run(&format!("info exits {VM} reset"), COMMAND)
+            .map_err(harness)?;
+        if !reset.contains("exit profile started over") {
+            return Err(format!("`info exits {VM} reset` answered: {reset}"));
+        }
+        let (_, after) = self.balloon(direction, balloon_mib, before)?;
+        let text = self
+            .session
+            .run(&format!("info exits {VM}"), COMMAND)
+            .map_err(harness)?;
+        Ok((exits::parse(&text)?, after))
+    }
+}
+
 /// The balloon counters in /proc/vmstat lines.
 fn parse_counters(side: &str, lines: &[String]) -> Result<Counters, String> {
     let value = |key: &str| {
@@ -669,17 +709,7 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
         Side::Tidal => Some(exits::capture(&mut guest.session, VM, COMMAND)?),
         Side::Qemu => None,
     };
-    guest.enter_console()?;
-    let mut round_trips = Vec::new();
-    let mut start = None;
-    for _ in 0..IDLE_POLLS {
-        let (counters, _, took) = guest.vmstat()?;
-        round_trips.push(took.as_secs_f64());
-        start = Some(counters);
-    }
-    let start = start.expect("IDLE_POLLS > 0");
-    guest.write_file(WATCHER_PATH, WATCHER)?;
-    guest.leave_console()?;
+    let (start, round_trips) = guest.prepare_moves()?;
     let (inflate, after) = guest.balloon(Direction::Inflate, BALLOON_MIB, start)?;
     let (deflate, _) = guest.balloon(Direction::Deflate, 0, after)?;
     // Dropping the session kills QEMU: nothing in the guest needs saving.
@@ -811,13 +841,34 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     }
     // The rounds run without -icount: QEMU's PMU counts no instructions.
     eprintln!("bench: Linux under Tidal with -icount shift=0, for the exits' EL2 instructions ...");
-    let mut guest = Guest::boot_tidal(artifacts, "bench-linux-tidal-icount", Reporting::On, true)?;
-    let icount = guest
-        .wait_ready()
-        .and_then(|_| exits::capture(&mut guest.session, VM, COMMAND))
-        .map_err(|e| format!("Linux exit profile under -icount: {e}"))?;
-    drop(guest);
+    let icount = icount_run(artifacts).map_err(|e| format!("Linux under -icount: {e}"))?;
     report(root, &fixture, &runs, &icount)
+}
+
+/// Tidal's exit profiles under -icount, with EL2 instructions: the boot and
+/// the idle guest, then one inflate and one deflate of [`BALLOON_MIB`].
+#[derive(Serialize)]
+struct IcountProfiles {
+    #[serde(flatten)]
+    profiles: exits::Profiles,
+    inflate: exits::Profile,
+    deflate: exits::Profile,
+}
+
+/// One boot under -icount with free page reporting on (the demo's
+/// configuration): where a move's hypervisor time goes, by kind of exit.
+fn icount_run(artifacts: &Artifacts) -> Result<IcountProfiles, String> {
+    let mut guest = Guest::boot_tidal(artifacts, "bench-linux-tidal-icount", Reporting::On, true)?;
+    guest.wait_ready()?;
+    let profiles = exits::capture(&mut guest.session, VM, COMMAND)?;
+    let (start, _) = guest.prepare_moves()?;
+    let (inflate, after) = guest.profiled_move(Direction::Inflate, BALLOON_MIB, start)?;
+    let (deflate, _) = guest.profiled_move(Direction::Deflate, 0, after)?;
+    Ok(IcountProfiles {
+        profiles,
+        inflate,
+        deflate,
+    })
 }
 
 /// A table row: label, JSON key, value, whether a ratio is meaningful, and
@@ -895,7 +946,7 @@ struct Report<'a> {
     /// Tidal's exit profiles under -icount, with EL2 instructions (the
     /// runs' `exit_profile` have none: the PMU counts only with -icount).
     #[serde(skip_serializing_if = "Option::is_none")]
-    exit_profile_icount: Option<&'a exits::Profiles>,
+    exit_profile_icount: Option<&'a IcountProfiles>,
 }
 
 /// One reporting mode's metrics, by [`METRICS`] key.
@@ -928,7 +979,7 @@ impl<'a> Report<'a> {
         fixture: &'a crate::linux::LinuxFixture,
         summary: Vec<(&'static str, ModeSummary)>,
         runs: &'a [(Reporting, Side, usize, Run)],
-        icount: Option<&'a exits::Profiles>,
+        icount: Option<&'a IcountProfiles>,
     ) -> Self {
         Report {
             benchmark: "balloon-linux",
@@ -959,7 +1010,7 @@ fn report(
     root: &Path,
     fixture: &crate::linux::LinuxFixture,
     runs: &[(Reporting, Side, usize, Run)],
-    icount: &exits::Profiles,
+    icount: &IcountProfiles,
 ) -> Result<(), String> {
     let values = |reporting: Reporting, side: Side, metric: &Metric| -> Vec<f64> {
         runs.iter()
@@ -1045,7 +1096,15 @@ fn report(
         println!();
         println!("Free page reporting on (the demo's configuration):");
     }
-    for line in exits::table(&profiles, Some(icount)) {
+    for line in exits::table(&profiles, Some(&icount.profiles)) {
+        println!("{line}");
+    }
+    println!();
+    let heading = [
+        "The inflate and deflate under -icount (reporting on), by kind of exit (`info exits linux`,",
+        "started over before each request, read once the guest's watcher saw every page moved)",
+    ];
+    for line in exits::move_table(&heading, &icount.inflate, &icount.deflate) {
         println!("{line}");
     }
 
@@ -1186,15 +1245,27 @@ mod tests {
             kernel_release: "6.1.0-57-arm64".into(),
             busybox_version: "1".into(),
         };
-        let icount = exits::Profiles {
-            boot: exits::parse(exits::tests::SAMPLE).unwrap(),
-            idle: exits::parse(exits::tests::SAMPLE).unwrap(),
+        let icount = IcountProfiles {
+            profiles: exits::Profiles {
+                boot: exits::parse(exits::tests::SAMPLE).unwrap(),
+                idle: exits::parse(exits::tests::SAMPLE).unwrap(),
+            },
+            inflate: exits::parse(exits::tests::SAMPLE).unwrap(),
+            deflate: exits::parse(exits::tests::SAMPLE_NO_PMU).unwrap(),
         };
         let report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
         let value = serde_json::to_value(report).unwrap();
         assert_eq!(
             value["exit_profile_icount"]["idle"]["total"],
             serde_json::json!({"count": 2242, "instructions": 12477155})
+        );
+        assert_eq!(
+            value["exit_profile_icount"]["inflate"]["total"],
+            serde_json::json!({"count": 2242, "instructions": 12477155})
+        );
+        assert_eq!(
+            value["exit_profile_icount"]["deflate"]["total"],
+            serde_json::json!({"count": 2236, "instructions": null})
         );
     }
 
