@@ -1,5 +1,6 @@
 //! The console UART drivers: the PL011 and the BCM2835 mini UART, polled,
-//! on a register base the caller has mapped.
+//! on a register base the caller has mapped; the receive interrupt can be
+//! turned on so that a CPU waiting for input sleeps until a byte arrives.
 //!
 //! They keep the line settings the firmware chose (the baud divisors in
 //! particular, since only the firmware knows the UART clock) and only make
@@ -44,8 +45,21 @@ register_bitfields! {u32,
         TXE OFFSET(8) NUMBITS(1) [],
         UARTEN OFFSET(0) NUMBITS(1) []
     ],
+    UARTIMSC [
+        /// Receive timeout: bytes in the FIFO and the line quiet.
+        RTIM OFFSET(6) NUMBITS(1) [],
+        /// Receive: the FIFO reached its trigger level.
+        RXIM OFFSET(4) NUMBITS(1) []
+    ],
     AUX_MU_IO [
         DATA OFFSET(0) NUMBITS(8) []
+    ],
+    AUX_MU_IER [
+        /// Must be set for any interrupt (BCM2835 datasheet errata: the
+        /// bits are documented as don't-care).
+        REQUIRED OFFSET(2) NUMBITS(2) [],
+        /// Receive interrupt (the datasheet swaps it with transmit, bit 1).
+        RX OFFSET(0) NUMBITS(1) []
     ],
     AUX_MU_LSR [
         /// Transmitter idle: FIFO empty and the last bit sent.
@@ -69,12 +83,15 @@ register_structs! {
         (0x1c => _reserved1),
         (0x2c => lcr_h: ReadWrite<u32, UARTLCR_H::Register>),
         (0x30 => cr: ReadWrite<u32, UARTCR::Register>),
-        (0x34 => @END),
+        (0x34 => _reserved2),
+        (0x38 => imsc: ReadWrite<u32, UARTIMSC::Register>),
+        (0x3c => @END),
     },
     /// The mini UART's registers (from AUX_MU_IO).
     AuxUartRegs {
         (0x00 => io: ReadWrite<u32, AUX_MU_IO::Register>),
-        (0x04 => _reserved0),
+        (0x04 => ier: ReadWrite<u32, AUX_MU_IER::Register>),
+        (0x08 => _reserved0),
         (0x14 => lsr: ReadOnly<u32, AUX_MU_LSR::Register>),
         (0x18 => _reserved1),
         (0x20 => cntl: ReadWrite<u32, AUX_MU_CNTL::Register>),
@@ -174,6 +191,13 @@ impl Pl011 {
         (!regs.fr.is_set(UARTFR::RXFE)).then(|| regs.dr.read(UARTDR::DATA) as u8)
     }
 
+    /// Raises the UART's interrupt while received bytes wait (the FIFO at
+    /// its trigger level, or any byte once the line is quiet).
+    pub fn enable_rx_interrupt(&mut self) {
+        let imsc = &self.regs.get().imsc;
+        imsc.set(imsc.get() | (UARTIMSC::RXIM::SET + UARTIMSC::RTIM::SET).value);
+    }
+
     /// Waits until every queued byte has left the shift register.
     pub fn flush(&mut self) {
         while self.regs.get().fr.is_set(UARTFR::BUSY) {
@@ -226,6 +250,15 @@ impl Bcm2835AuxUart {
         regs.lsr
             .is_set(AUX_MU_LSR::DATA_READY)
             .then(|| regs.io.read(AUX_MU_IO::DATA) as u8)
+    }
+
+    /// Raises the AUX interrupt while a received byte waits (the transmit
+    /// interrupt stays off).
+    pub fn enable_rx_interrupt(&mut self) {
+        self.regs
+            .get()
+            .ier
+            .write(AUX_MU_IER::RX::SET + AUX_MU_IER::REQUIRED.val(0b11));
     }
 
     /// Waits until the FIFO is empty and the transmitter idle.
@@ -295,6 +328,14 @@ impl ConsoleUart {
         match self {
             Self::Pl011(u) => u.flush(),
             Self::Aux(u) => u.flush(),
+        }
+    }
+
+    /// Turns the receive interrupt on (routing it is the caller's).
+    pub fn enable_rx_interrupt(&mut self) {
+        match self {
+            Self::Pl011(u) => u.enable_rx_interrupt(),
+            Self::Aux(u) => u.enable_rx_interrupt(),
         }
     }
 }

@@ -137,6 +137,14 @@ mod uart_console {
     pub fn try_read_byte() -> Option<u8> {
         console().as_mut().and_then(|u| u.try_get_byte())
     }
+
+    /// Turns the console UART's receive interrupt on; false without one.
+    pub fn enable_rx_interrupt() -> bool {
+        console()
+            .as_mut()
+            .map(|u| u.enable_rx_interrupt())
+            .is_some()
+    }
 }
 
 #[cfg(target_os = "none")]

@@ -192,6 +192,32 @@ pub fn init_cpu(cpu: usize) -> bool {
     true
 }
 
+/// Route shared peripheral interrupt `intid` (32 or more; level, as the
+/// console UART's) to the calling CPU alone and enable it, at the priority
+/// of our own interrupts; false for an INTID that is no SPI or without a
+/// GIC. The interrupt then only wakes this CPU from WFI: [`super::idle_wait`]
+/// acknowledges whatever woke it and the device is read by polling.
+pub fn route_spi_here(intid: u32) -> bool {
+    if !present() || !(32..1020).contains(&intid) {
+        return false;
+    }
+    if is_v3() {
+        v3::route_spi(intid, super::mpidr(), 0xa0);
+        return true;
+    }
+    let target = CPU_IF
+        .get(super::cpu_index())
+        .map_or(0, |c| c.load(Ordering::Relaxed));
+    let i = intid as usize;
+    let shift = (intid % 4) * 8;
+    let priority = &gicd().ipriorityr[i / 4];
+    priority.set(priority.get() & !(0xff << shift) | (0xa0 << shift));
+    let targets = &gicd().itargetsr[i / 4];
+    targets.set(targets.get() & !(0xff << shift) | (u32::from(target) << shift));
+    gicd().isenabler[i / 32].set(1 << (intid % 32));
+    true
+}
+
 /// Clear every list register and the active priorities; enable GICH.
 pub fn reset_virtual_interface() {
     if is_v3() {

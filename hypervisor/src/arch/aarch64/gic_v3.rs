@@ -66,7 +66,15 @@ register_structs! {
     /// The GICv3 distributor, as far as the hypervisor uses it.
     Distributor {
         (0x0000 => ctlr: ReadWrite<u32, GICD_CTLR::Register>),
-        (0x0004 => @END),
+        (0x0004 => _reserved0),
+        (0x0080 => igroupr: [ReadWrite<u32>; 32]),
+        (0x0100 => isenabler: [ReadWrite<u32>; 32]),
+        (0x0180 => _reserved1),
+        (0x0400 => ipriorityr: [ReadWrite<u32>; 255]),
+        (0x07fc => _reserved2),
+        /// One per INTID; those of SGIs and PPIs (0-31) are reserved.
+        (0x6000 => irouter: [ReadWrite<u64>; 1020]),
+        (0x7fe0 => @END),
     },
     /// One redistributor frame: RD_base, then SGI_base 64 KiB on.
     Redistributor {
@@ -108,6 +116,22 @@ pub fn init_distributor(gicd: u64, gicr: u64, gicr_size: u64) {
     // Group 1 forwarded, affinity routing (whichever security view).
     gicd.ctlr
         .write(GICD_CTLR::EnableGrp0::SET + GICD_CTLR::EnableGrp1::SET + GICD_CTLR::ARE::SET);
+    wait_rwp(gicd);
+}
+
+/// Route SPI `intid` (32..1020) to the CPU with affinity `mpidr`, group 1,
+/// at `priority`, and enable it.
+pub fn route_spi(intid: u32, mpidr: u64, priority: u8) {
+    let gicd = self::gicd();
+    let i = intid as usize;
+    // Aff3 (bits 39:32) and Aff2.Aff1.Aff0 (23:0); routing mode 0: this CPU.
+    gicd.irouter[i].set(mpidr & 0xff_00ff_ffff);
+    let shift = (intid % 4) * 8;
+    let priorities = &gicd.ipriorityr[i / 4];
+    priorities.set(priorities.get() & !(0xff << shift) | (u32::from(priority) << shift));
+    let group = &gicd.igroupr[i / 32];
+    group.set(group.get() | 1 << (intid % 32));
+    gicd.isenabler[i / 32].set(1 << (intid % 32));
     wait_rwp(gicd);
 }
 
