@@ -84,8 +84,11 @@ impl Reporting {
     /// Tidal's bundle (target/bundles/) and the configuration it is built from.
     fn bundle(self) -> (&'static str, &'static str) {
         match self {
-            Reporting::Off => ("linux.img", "guests/tests/linux.toml"),
-            Reporting::On => ("linux-reporting.img", "guests/tests/linux-reporting.toml"),
+            Reporting::Off => ("bench-linux.img", "guests/tests/bench-linux.toml"),
+            Reporting::On => (
+                "bench-linux-reporting.img",
+                "guests/tests/bench-linux-reporting.toml",
+            ),
         }
     }
 
@@ -1073,8 +1076,8 @@ fn report(
     println!();
     for line in [
         "Tidal: the hypervisor on QEMU virt (GICv2, 4 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2;",
-        "its balloon offers must-tell-host (reporting off: guests/tests/linux.toml) or free page reporting",
-        "(reporting on: guests/tests/linux-reporting.toml).",
+        "its balloon offers must-tell-host (reporting off: guests/tests/bench-linux.toml) or free page",
+        "reporting (reporting on: guests/tests/bench-linux-reporting.toml); RAM backed on first touch.",
         "QEMU: the same kernel and initramfs on `-M virt -cpu cortex-a72 -smp 2 -m 512M`,",
         "virtio-balloon-device (reporting on: free-page-reporting=on).",
         "Boot: from spawning QEMU to `tidal-guest: ready` on the console. Inflate/deflate: from sending the",
