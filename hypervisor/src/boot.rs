@@ -520,46 +520,72 @@ fn shell_loop(board: &BoardInfo) -> ! {
     };
     let mut editor = LineEditor::new();
     draw_shell_line("");
+    let mut typed = [0u8; INPUT_BATCH];
     loop {
-        let Some(byte) = crate::console::try_read_byte() else {
+        // What has arrived, taken in one go: bytes for a VM then reach it
+        // under one lock.
+        let n = (0..INPUT_BATCH)
+            .map_while(|_| crate::console::try_read_byte())
+            .zip(typed.iter_mut())
+            .map(|(byte, slot)| *slot = byte)
+            .count();
+        if n == 0 {
             // Sleep rather than spin: an idle shell must not steal cycles
             // (or, under QEMU, instruction counts) from the CPUs running
             // guests.
             aarch64::idle_wait(idle_us);
             vm::memory_tick();
             continue;
-        };
-        // Ctrl-] gives the keyboard back to the shell.
-        if byte == 0x1d && vm::input_to_focus_active() {
-            vm::unfocus();
-            println!("[back to the shell]");
-            draw_shell_line("");
-            continue;
         }
-        if vm::input_to_focus(byte) {
-            continue;
-        }
-        match editor.feed(byte) {
-            Event::None => {}
-            Event::Echo(bytes) => {
-                if bytes == b"\x07" {
-                    crate::console::bell();
+        let mut rest = &typed[..n];
+        while let Some((&byte, after)) = rest.split_first() {
+            if vm::input_to_focus_active() {
+                // Up to a Ctrl-], which gives the keyboard back to the shell.
+                let end = rest.iter().position(|&b| b == 0x1d).unwrap_or(rest.len());
+                if end > 0 && vm::input_to_focus(&rest[..end]) {
+                    rest = &rest[end..];
+                    continue;
                 }
-                draw_shell_line(editor.text());
-            }
-            Event::Line(line) => {
-                crate::console::shell_line(None);
-                defmt::debug!("shell: {=str}", line);
-                match shell::parse(line) {
-                    Ok(Some(cmd)) => run(cmd, board),
-                    Ok(None) => {}
-                    Err(e) => println!("{e}"),
-                }
-                // `console <vm>` gave the keyboard away: no prompt until
-                // Ctrl-] brings it back.
-                if !vm::input_to_focus_active() {
+                if byte == 0x1d {
+                    vm::unfocus();
+                    println!("[back to the shell]");
                     draw_shell_line("");
+                    rest = after;
+                    continue;
                 }
+            }
+            rest = after;
+            shell_byte(&mut editor, byte, board);
+        }
+    }
+}
+
+/// Bytes read from the console at most at once (the PL011's FIFO holds 16
+/// or 32, the mini UART's 8; more may arrive while they are read).
+const INPUT_BATCH: usize = 64;
+
+/// One byte typed at the shell (no VM has the keyboard).
+fn shell_byte(editor: &mut LineEditor, byte: u8, board: &BoardInfo) {
+    match editor.feed(byte) {
+        Event::None => {}
+        Event::Echo(bytes) => {
+            if bytes == b"\x07" {
+                crate::console::bell();
+            }
+            draw_shell_line(editor.text());
+        }
+        Event::Line(line) => {
+            crate::console::shell_line(None);
+            defmt::debug!("shell: {=str}", line);
+            match shell::parse(line) {
+                Ok(Some(cmd)) => run(cmd, board),
+                Ok(None) => {}
+                Err(e) => println!("{e}"),
+            }
+            // `console <vm>` gave the keyboard away: no prompt until
+            // Ctrl-] brings it back.
+            if !vm::input_to_focus_active() {
+                draw_shell_line("");
             }
         }
     }

@@ -727,12 +727,6 @@ fn count_taken(intid: u32) {
     }
 }
 
-/// Give a byte typed on the physical console to a VM's PL011, and make its
-/// vCPU notice. False if the VM's receive FIFO is full.
-pub fn console_input(vm: &mut Vm, byte: u8) -> bool {
-    irq::console_input(vm, &mut TargetCpu::new(), byte)
-}
-
 /// The VM whose console has the keyboard, if any (`console <vm>`).
 static FOCUS: AtomicUsize = AtomicUsize::new(NO_VM);
 
@@ -765,21 +759,24 @@ pub fn unfocus() {
     crate::console::end_live_output();
 }
 
-/// Pass a byte to the focused VM; false when no VM has the keyboard. It
-/// goes into the guest's receive FIFO or waits in the VM's input queue
+/// Pass bytes typed to the focused VM; false when no VM has the keyboard.
+/// They go into the guest's receive FIFO or waits in the VM's input queue
 /// until the guest reads, so the shell never waits on a guest and a long
 /// line (or a paste) arrives whole. A guest that reads nothing while the
 /// queue fills loses what does not fit, as a UART would; the console says
 /// so once per stretch of loss (Ctrl-] still gets through).
-pub fn input_to_focus(byte: u8) -> bool {
+pub fn input_to_focus(bytes: &[u8]) -> bool {
     let id = FOCUS.load(Ordering::Relaxed);
     if id >= MAX_GUESTS {
         return false;
     }
+    // One lock for the whole batch: the VM's vCPUs take this lock on every
+    // exit (the guest reading those bytes among them), and under QEMU a
+    // spinning waiter can hold up a preempted holder for a host time slice.
     let mut guard = lock_vm(id);
     let pending = guard.as_mut().and_then(|vm| {
         if vm.state == VmState::Running {
-            let kept = console_input(vm, byte);
+            let kept = irq::console_input_bytes(vm, &mut TargetCpu::new(), bytes) == bytes.len();
             let was_losing = INPUT_LOST.swap(!kept, Ordering::Relaxed);
             if !kept && !was_losing {
                 vm.out.line(format_args!(

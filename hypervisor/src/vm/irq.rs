@@ -49,7 +49,17 @@ fn set_line(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, level: bool) {
 /// [`feed_console`]). False (the byte is lost) only when the queue is full:
 /// the guest has not read for [`super::state::CONSOLE_INPUT_MAX`] bytes.
 pub fn console_input(vm: &mut Vm, cpu: &mut impl PhysCpu, byte: u8) -> bool {
-    let kept = vm.input.push_back(byte).is_ok();
+    console_input_bytes(vm, cpu, &[byte]) == 1
+}
+
+/// [`console_input`] for several bytes at once, with one update of the
+/// PL011's interrupt: how many were kept (the first ones; the rest found
+/// the queue full and are lost).
+pub fn console_input_bytes(vm: &mut Vm, cpu: &mut impl PhysCpu, bytes: &[u8]) -> usize {
+    let kept = bytes
+        .iter()
+        .take_while(|&&b| vm.input.push_back(b).is_ok())
+        .count();
     feed_console(vm, cpu);
     kept
 }
