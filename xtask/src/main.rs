@@ -109,7 +109,8 @@ fn print_help() {
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
                      QEMU, side by side (table, and target/bench/linux.json), then the
                      balloon features with Linux: page faults with free page reporting off
-                     and on, free to back in the pool, a hinting run (target/bench/features.json)
+                     and on (under Tidal and, for reference, directly under QEMU with its own
+                     device), free to back in the pool, a hinting run (target/bench/features.json)
   bench bare-metal   only the first part: the bare-metal guest under QEMU -icount
   bench linux        only the Linux comparison (Tidal vs. QEMU, free page reporting off and
                      on), with Tidal's exit profile of the boot and of 10 s idle, by kind
