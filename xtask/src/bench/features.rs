@@ -1174,11 +1174,14 @@ fn report(
             "{FAULT_SECONDS} s) after {} s idle and a {WARMUP_SECONDS} s warm-up, one run per boot. Tidal: linux.img (reporting off)",
             SETTLE.as_secs()
         ),
-        "against linux-reporting.img (on). QEMU: the same kernel, initramfs and command line on `-M virt".into(),
+        "against linux-reporting.img (on). QEMU: the same kernel, initramfs and command line on".into(),
         format!(
-            "-cpu cortex-a72 -smp {} -m {}M`, {} (off) against free-page-reporting=on.",
+            "`-M virt,dtb-randomness=off -cpu cortex-a72 -smp {} -m {}M` (no KASLR seed, as under Tidal: KASLR",
             linux::VCPUS,
             linux::GUEST_MIB,
+        ),
+        format!(
+            "brings KPTI, half the page-fault rate), {} (off) against free-page-reporting=on.",
             Reporting::Off.qemu_device()
         ),
         "Overhead: (off - on) / off; upstream measured 0.8-1.7% on hardware. Every guest exit here is".into(),
