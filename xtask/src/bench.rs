@@ -115,6 +115,11 @@ pub fn linux(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     linux::run(root, artifacts)
 }
 
+/// The balloon features alone (`cargo xtask bench features`).
+pub fn features(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    features::run(root, artifacts)
+}
+
 /// The memory manager under overcommit, against static partitions
 /// (`cargo xtask bench policy`).
 pub fn policy(root: &Path, artifacts: &Artifacts) -> Result<(), String> {

@@ -47,9 +47,10 @@ fn main() -> ExitCode {
                 None => bench::run(&root, &build(&root)?),
                 Some("bare-metal") => bench::bare_metal(&root, &build(&root)?),
                 Some("linux") => bench::linux(&root, &build(&root)?),
+                Some("features") => bench::features(&root, &build(&root)?),
                 Some("policy") => bench::policy(&root, &build(&root)?),
                 Some(other) => Err(format!(
-                    "unknown bench '{other}'; `cargo xtask bench` runs the balloon benches, `cargo xtask bench bare-metal` the -icount part only, `cargo xtask bench linux` the Linux comparison only, `cargo xtask bench policy` the memory manager under overcommit"
+                    "unknown bench '{other}'; `cargo xtask bench` runs the balloon benches, `cargo xtask bench bare-metal` the -icount part only, `cargo xtask bench linux` the Linux comparison only, `cargo xtask bench features` the balloon features only, `cargo xtask bench policy` the memory manager under overcommit"
                 )),
             }
         }),
@@ -108,11 +109,13 @@ fn print_help() {
                      target/bench/balloon.json), then Linux under Tidal vs. directly under
                      QEMU, side by side (table, and target/bench/linux.json), then the
                      balloon features with Linux: page faults with free page reporting off
-                     and on, free to back in the pool, a hinting run (target/bench/features.json)
+                     and on (under Tidal and, for reference, directly under QEMU with its own
+                     device), free to back in the pool, a hinting run (target/bench/features.json)
   bench bare-metal   only the first part: the bare-metal guest under QEMU -icount
   bench linux        only the Linux comparison (Tidal vs. QEMU, free page reporting off and
                      on), with Tidal's exit profile of the boot and of 10 s idle, by kind
                      (in target/bench/linux.json too)
+  bench features     only the balloon features with Linux (the last part of `bench`)
   bench policy       the memory manager under overcommit (not part of `bench`): three 1 GiB
                      Linux VMs and a test guest on 2 GiB, a 700 MiB hog moving between them,
                      then the same on static 600 MiB partitions; per phase the time until the

@@ -37,6 +37,9 @@
 //! notifies, interrupts).
 //!
 //! Results: a table on stdout and target/bench/linux.json.
+//!
+//! [`super::features`] boots its QEMU reference for free page reporting's
+//! overhead through the same [`Guest::boot_qemu`] and [`check_config`].
 
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -53,8 +56,8 @@ use crate::json;
 use crate::linux::{build_initramfs, memtool_path, CMDLINE, READY};
 
 const ROUNDS: usize = 3;
-const GUEST_MIB: u64 = 512;
-const VCPUS: u32 = 2;
+pub(super) const GUEST_MIB: u64 = 512;
+pub(super) const VCPUS: u32 = 2;
 const BALLOON_MIB: u64 = 256;
 const PAGE_SIZE: u64 = 4096;
 const PAGES: u64 = (BALLOON_MIB << 20) / PAGE_SIZE;
@@ -66,15 +69,15 @@ const VM: &str = "linux";
 /// both sides: Tidal's bundle offers it or not, QEMU's device has it on or
 /// off. Each round runs both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reporting {
+pub(super) enum Reporting {
     Off,
     On,
 }
 
 impl Reporting {
-    const BOTH: [Reporting; 2] = [Reporting::Off, Reporting::On];
+    pub(super) const BOTH: [Reporting; 2] = [Reporting::Off, Reporting::On];
 
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Reporting::Off => "off",
             Reporting::On => "on",
@@ -82,7 +85,7 @@ impl Reporting {
     }
 
     /// Tidal's bundle (target/bundles/) and the configuration it is built from.
-    fn bundle(self) -> (&'static str, &'static str) {
+    pub(super) fn bundle(self) -> (&'static str, &'static str) {
         match self {
             Reporting::Off => ("bench-linux.img", "guests/tests/bench-linux.toml"),
             Reporting::On => (
@@ -92,8 +95,9 @@ impl Reporting {
         }
     }
 
-    /// QEMU's device with the same feature.
-    fn qemu_device(self) -> &'static str {
+    /// QEMU's device with the same feature (its free-page-reporting
+    /// property is off by default).
+    pub(super) fn qemu_device(self) -> &'static str {
         match self {
             Reporting::Off => "virtio-balloon-device",
             Reporting::On => "virtio-balloon-device,free-page-reporting=on",
@@ -121,14 +125,14 @@ const MAX_INPUT_LINE: usize = 1024;
 const WATCHER: &str = "echo watching;until grep -q \"_$1 $2$\" /proc/vmstat;do usleep 10000;done;grep ^ball /proc/vmstat";
 const WATCHER_PATH: &str = "/w";
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Side {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Side {
     Tidal,
     Qemu,
 }
 
 impl Side {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Side::Tidal => "Tidal",
             Side::Qemu => "QEMU",
@@ -266,14 +270,14 @@ fn strip_escapes(text: &str) -> String {
 }
 
 /// A booted Linux guest on one side, with its agent listening.
-struct Guest {
+pub(super) struct Guest {
     side: Side,
     session: Session,
     monitor: Option<Monitor>,
     next_id: u32,
 }
 
-fn harness(e: HarnessError) -> String {
+pub(super) fn harness(e: HarnessError) -> String {
     e.to_string()
 }
 
@@ -303,21 +307,25 @@ impl Guest {
         })
     }
 
-    fn boot_qemu(
+    /// The same kernel and initramfs directly under QEMU, with QEMU's own
+    /// balloon; `name`: the session's (its log's), and in
+    /// [`process_name`] QEMU's `-name`.
+    pub(super) fn boot_qemu(
         kernel: &Path,
         initramfs: &Path,
         elf: &Path,
-        round: usize,
+        name: &str,
         reporting: Reporting,
     ) -> Result<Guest, String> {
-        let socket = std::env::temp_dir().join(format!(
-            "tidal-bench-{}-{}-{round}.mon",
-            std::process::id(),
-            reporting.name()
-        ));
+        let process = process_name(name);
+        let socket = std::env::temp_dir().join(format!("{process}.mon"));
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new(harness::QEMU);
-        cmd.args(["-M", "virt,gic-version=2", "-cpu", "cortex-a72"])
+        // No kaslr-seed or rng-seed in the device tree, as under Tidal:
+        // with a seed Linux turns KASLR on and, on a CPU without E0PD, KPTI
+        // with it, which halves the page-fault rate under TCG.
+        cmd.args(["-M", "virt,gic-version=2,dtb-randomness=off"])
+            .args(["-cpu", "cortex-a72"])
             .args(["-smp", &VCPUS.to_string(), "-m", &format!("{GUEST_MIB}M")])
             .arg("-kernel")
             .arg(kernel)
@@ -332,9 +340,9 @@ impl Guest {
             .arg(format!("unix:{},server=on,wait=off", socket.display()))
             .args(["-serial", "stdio", "-display", "none", "-no-reboot"])
             // No default NIC: its ROM needs ipxe-qemu, which setup does not install.
-            .args(["-nic", "none"]);
-        let name = format!("bench-linux-qemu-reporting-{}-{round}", reporting.name());
-        let session = Session::start_command(&name, cmd, elf).map_err(harness)?;
+            .args(["-nic", "none"])
+            .args(["-name", &process]);
+        let session = Session::start_command(name, cmd, elf).map_err(harness)?;
         session.set_deadline(SESSION);
         let monitor = Monitor::connect(&socket, COMMAND)?;
         Ok(Guest {
@@ -355,7 +363,7 @@ impl Guest {
 
     /// Waits for `tidal-guest: ready` and then for the agent; returns the
     /// time from QEMU's start to `ready`.
-    fn wait_ready(&mut self) -> Result<Duration, String> {
+    pub(super) fn wait_ready(&mut self) -> Result<Duration, String> {
         let prefix = self.prefix();
         // `\s`: the match ends inside the line end, so it is taken at once.
         self.session
@@ -441,7 +449,10 @@ impl Guest {
     /// Runs `command` through the agent (the console must be the guest's):
     /// its output lines, and when the request was sent and the `done` line
     /// arrived.
-    fn agent(&mut self, command: &str) -> Result<(Vec<String>, Instant, Instant), String> {
+    pub(super) fn agent(
+        &mut self,
+        command: &str,
+    ) -> Result<(Vec<String>, Instant, Instant), String> {
         let (id, sent) = self.send_request(command)?;
         let (lines, arrived) = self.await_done(id, STEP)?;
         Ok((lines, sent, arrived))
@@ -725,6 +736,12 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
     })
 }
 
+/// QEMU's `-name` (and the monitor socket's name) for the session `name`:
+/// no other QEMU on the machine has it, so its pid can be found in /proc.
+pub(super) fn process_name(name: &str) -> String {
+    format!("tidal-bench-{}-{name}", std::process::id())
+}
+
 /// The median of `values` (the mean of the middle two for an even count).
 pub(super) fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
@@ -757,7 +774,12 @@ pub(super) fn spread(values: &[f64]) -> Spread {
 
 /// The Tidal bundle must hold the guest the QEMU side runs: same RAM, vCPU
 /// count, command line and fixture files.
-fn check_config(root: &Path, config: &str, kernel: &Path, initramfs: &Path) -> Result<(), String> {
+pub(super) fn check_config(
+    root: &Path,
+    config: &str,
+    kernel: &Path,
+    initramfs: &Path,
+) -> Result<(), String> {
     let path = root.join(config);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let table: toml::Table = text
@@ -828,7 +850,7 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                         &fixture.kernel,
                         &fixture.initramfs,
                         &artifacts.elf,
-                        round,
+                        &format!("bench-linux-qemu-reporting-{}-{round}", reporting.name()),
                         reporting,
                     )?,
                 };
@@ -1078,8 +1100,8 @@ fn report(
         "Tidal: the hypervisor on QEMU virt (GICv2, 4 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2;",
         "its balloon offers must-tell-host (reporting off: guests/tests/bench-linux.toml) or free page",
         "reporting (reporting on: guests/tests/bench-linux-reporting.toml); RAM backed on first touch.",
-        "QEMU: the same kernel and initramfs on `-M virt -cpu cortex-a72 -smp 2 -m 512M`,",
-        "virtio-balloon-device (reporting on: free-page-reporting=on).",
+        "QEMU: the same kernel and initramfs on `-M virt,dtb-randomness=off -cpu cortex-a72 -smp 2 -m 512M`",
+        "(no KASLR seed, as under Tidal), virtio-balloon-device (reporting on: free-page-reporting=on).",
         "Boot: from spawning QEMU to `tidal-guest: ready` on the console. Inflate/deflate: from sending the",
         "request (Tidal shell `balloon linux 256M`/`0`, QEMU monitor `balloon 256`/`512`) to the end of a",
         "guest watcher, started through the agent before, that reads /proc/vmstat every 10 ms until",
