@@ -634,13 +634,26 @@ fn run_vcpu(id: usize, vcpu: usize) {
     loop {
         // An exit's cost (the exit profile) runs from here: the list
         // registers synced, the world switch in, the trap, the handling.
-        let before = pmu::instructions();
+        let mut before = pmu::instructions();
         if let Some(vm) = lock_vm(id).as_mut() {
             irq::sync_list_registers(vm, &mut cpu, vcpu);
         }
-        let vector = vcpu::run(&mut ctx);
-        let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
-        let mut guard = lock_vm(id);
+        // Notifies with nothing to do go straight back to the guest
+        // (`handle::empty_notify` says what that skips and why it may);
+        // each is counted from the previous one's record, so the unlock
+        // and the world switch are in its cost.
+        let (exit, mut guard) = loop {
+            let vector = vcpu::run(&mut ctx);
+            let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
+            let mut guard = lock_vm(id);
+            let Some(vm) = guard.as_mut() else { return };
+            match handle::empty_notify(vm, &mut cpu, vcpu, &mut ctx, &exit, before) {
+                Some(recorded) => before = recorded,
+                None => break (exit, guard),
+            }
+            drop(guard);
+            memory_tick();
+        };
         let Some(vm) = guard.as_mut() else { return };
         if vm.state == VmState::StopRequested {
             lifecycle::leave(vm, &mut cpu, vcpu, true);

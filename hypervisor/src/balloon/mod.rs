@@ -1430,6 +1430,17 @@ impl VirtioDevice for Balloon {
     fn take_config_change(&mut self) -> bool {
         core::mem::take(&mut self.config_change)
     }
+
+    /// An empty pass changes nothing, except on the statistics queue (it
+    /// forgets the held buffer when the queue was restarted) or with a
+    /// config change waiting (the transport would raise it).
+    fn quiet_when_empty(&self, queue: usize) -> bool {
+        !self.config_change
+            && (queue < 2
+                || self
+                    .queue_kind(queue)
+                    .is_some_and(|k| k != QueueKind::Stats))
+    }
 }
 
 impl<E: BalloonEnv + ?Sized> VirtioDeviceIo<E> for Balloon {

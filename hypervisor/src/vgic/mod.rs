@@ -513,6 +513,13 @@ impl VDistributor {
         self.next_pending(vcpu, |_| false).is_some()
     }
 
+    /// The input line of SPI `intid` as last driven ([`Self::set_level`]);
+    /// `None` for anything that is no SPI of this distributor.
+    pub fn spi_line(&self, intid: u32) -> Option<bool> {
+        self.check_spi(intid).ok()?;
+        self.irq(0, intid).map(|irq| irq.line)
+    }
+
     /// Whether `intid` is pending for `vcpu` in the distributor (for a
     /// level interrupt: latched or its line high). False for anything out
     /// of range.

@@ -563,6 +563,42 @@ impl<D: VirtioDevice> MmioTransport<D> {
         self.process(index, env)
     }
 
+    /// A `width`-byte QueueNotify write of `value` that certainly has
+    /// nothing to do: counted as [`write`](Self::write) counts it, and true.
+    /// False, with nothing changed, whenever the full write could do
+    /// anything more (or refuse the access): a bad width, an unknown or not
+    /// ready queue, the device stopped or not live yet (a notify before
+    /// DRIVER_OK is remembered), a device that does not call the pass
+    /// quiet ([`VirtioDevice::quiet_when_empty`]), used buffers not yet
+    /// signalled, or anything new (or unreadable) in the avail ring, read
+    /// through `mem` with the checks [`Virtqueue::pop`] makes.
+    ///
+    /// The notify fast path's decision (`vm::handle::empty_notify`); `mem`
+    /// may be a view that only reads what is mapped, so that an answer of
+    /// true never backed a page or wrote anything.
+    pub fn empty_notify<E: GuestMemory + ?Sized>(
+        &mut self,
+        width: u8,
+        value: u32,
+        mem: &mut E,
+    ) -> bool {
+        let quiet = check_register_access(QUEUE_NOTIFY, width).is_ok()
+            && self.status & STATUS_DRIVER_OK != 0
+            && !self.stopped()
+            && usize::try_from(value).is_ok_and(|index| {
+                self.queues
+                    .get(index)
+                    .is_some_and(|q| q.ready() && self.device.quiet_when_empty(index))
+            })
+            && !self.queues.iter().any(Virtqueue::used_signal_pending);
+        // Only now the guest memory read (the costly part).
+        if !quiet || !self.queues[value as usize].nothing_available(mem) {
+            return false;
+        }
+        self.stats.notifications += 1;
+        true
+    }
+
     /// Let the device process `index`, then turn returned buffers into the
     /// used-buffer interrupt, or an error into NEEDS_RESET.
     fn process<E: GuestMemory + ?Sized>(&mut self, index: usize, env: &mut E) -> TransportEvent
@@ -879,6 +915,160 @@ mod tests {
             Ok(())
         });
         assert!(!called, "stopped");
+    }
+
+    /// Per queue: ready, last avail index, used index, chains in flight.
+    type QueueFacts = Vec<(bool, u16, u16, u32)>;
+
+    /// What a test can see of a transport after a write.
+    fn observed(t: &MmioTransport<Sink>) -> (TransportStats, u32, u32, QueueFacts) {
+        let queues = t
+            .queues()
+            .iter()
+            .map(|q| (q.ready(), q.last_avail_idx(), q.used_idx(), q.in_flight()))
+            .collect();
+        (*t.stats(), t.status(), t.interrupt_status(), queues)
+    }
+
+    /// A transport with a quiet device, queues set up and (`live`)
+    /// DRIVER_OK set.
+    fn quiet_rig(live: bool) -> (MmioTransport<Sink>, VecMemory, [DriverQueue; 2]) {
+        let (mut t, mut mem, qs) = rig();
+        t.device_mut().quiet = true;
+        handshake(&mut t, &mut mem, 1 | VIRTIO_F_VERSION_1, &qs);
+        if live {
+            driver_ok(&mut t, &mut mem);
+        }
+        (t, mem, qs)
+    }
+
+    #[test]
+    fn an_empty_notify_is_only_taken_when_nothing_is_to_do() {
+        // Before DRIVER_OK a notify is remembered: the full write's.
+        let (mut t, mut mem, mut qs) = quiet_rig(false);
+        assert!(!t.empty_notify(4, 0, &mut mem));
+        driver_ok(&mut t, &mut mem);
+        let before = observed(&t);
+        assert!(t.empty_notify(4, 0, &mut mem));
+        assert!(t.empty_notify(4, 1, &mut mem));
+        let after = observed(&t);
+        assert_eq!(after.0.notifications, before.0.notifications + 2);
+        assert_eq!(
+            (after.1, after.2, &after.3),
+            (before.1, before.2, &before.3)
+        );
+        assert!(mem.writes().is_empty(), "nothing written");
+        // Not a notify the register takes, or no such queue.
+        for (width, value) in [(2, 0), (8, 0), (1, 0), (4, 2), (4, u32::MAX)] {
+            assert!(!t.empty_notify(width, value, &mut mem), "{width} {value}");
+        }
+        // A buffer on queue 1: not empty; queue 0 still is.
+        qs[1].add(&mut mem, &[(BASE + 0x8000, 4, false)]);
+        assert!(!t.empty_notify(4, 1, &mut mem));
+        assert!(t.empty_notify(4, 0, &mut mem));
+        // Used buffers not signalled yet: the full path raises them.
+        let c = t.queues[1].pop(&mut mem).unwrap().unwrap();
+        t.queues[1].push_used(&mut mem, c.head(), 0).unwrap();
+        assert!(!t.empty_notify(4, 0, &mut mem));
+        assert_eq!(
+            write_reg(&mut t, &mut mem, QUEUE_NOTIFY, 0),
+            TransportEvent::Interrupt
+        );
+        assert!(t.empty_notify(4, 0, &mut mem));
+        assert!(t.empty_notify(4, 1, &mut mem));
+        // An index too far ahead is an error for the full path to find.
+        mem.poke(BASE + 0x800 + 2, &100u16.to_le_bytes());
+        assert!(!t.empty_notify(4, 0, &mut mem));
+        assert!(matches!(
+            write_reg(&mut t, &mut mem, QUEUE_NOTIFY, 0),
+            TransportEvent::NeedsReset { .. }
+        ));
+        // A stopped device ignores (and counts) notifies the full way.
+        assert!(!t.empty_notify(4, 1, &mut mem));
+        // A device that does not call it quiet.
+        let (mut t, mut mem, _) = quiet_rig(true);
+        assert!(t.empty_notify(4, 0, &mut mem));
+        t.device_mut().quiet = false;
+        assert!(!t.empty_notify(4, 0, &mut mem));
+        // A queue not ready.
+        let (mut t, mut mem, _) = quiet_rig(true);
+        write_reg(&mut t, &mut mem, QUEUE_SEL, 1);
+        write_reg(&mut t, &mut mem, QUEUE_READY, 0);
+        assert!(!t.empty_notify(4, 1, &mut mem));
+        assert!(t.empty_notify(4, 0, &mut mem));
+    }
+
+    /// One step of a driver (or a hostile guest) for the differential test.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Notify { width: u8, value: u32 },
+        Add { queue: usize },
+        Ack(u32),
+        AvailIdx { queue: usize, idx: u16 },
+        QueueReady { queue: u32, value: u32 },
+        Status(u32),
+    }
+
+    fn any_step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            12 => (prop_oneof![4 => Just(4u8), 1 => Just(2), 1 => Just(8)], 0u32..3)
+                .prop_map(|(width, value)| Step::Notify { width, value }),
+            3 => (0usize..2).prop_map(|queue| Step::Add { queue }),
+            2 => (0u32..4).prop_map(Step::Ack),
+            1 => (0usize..2, any::<u16>()).prop_map(|(queue, idx)| Step::AvailIdx { queue, idx }),
+            1 => (0u32..3, 0u32..2).prop_map(|(queue, value)| Step::QueueReady { queue, value }),
+            1 => prop_oneof![Just(0u32), Just(STATUS_DRIVER_OK)].prop_map(Step::Status),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the driver does between them, a notify that
+        /// `empty_notify` takes leaves the transport, its queues and guest
+        /// memory exactly as the full QueueNotify write leaves them.
+        #[test]
+        fn an_empty_notify_is_the_full_write_without_the_work(
+            steps in proptest::collection::vec(any_step(), 1..60),
+        ) {
+            let (mut fast, mut fast_mem, mut fast_qs) = quiet_rig(true);
+            let (mut full, mut full_mem, mut full_qs) = quiet_rig(true);
+            for step in steps {
+                for (t, mem, qs, is_fast) in [
+                    (&mut fast, &mut fast_mem, &mut fast_qs, true),
+                    (&mut full, &mut full_mem, &mut full_qs, false),
+                ] {
+                    match step {
+                        Step::Notify { width, value } => {
+                            if !(is_fast && t.empty_notify(width, value, mem)) {
+                                let _ = t.write(QUEUE_NOTIFY, width, value, mem);
+                            }
+                        }
+                        Step::Add { queue } => {
+                            qs[queue].add(mem, &[(BASE + 0x8000, 4, false)]);
+                        }
+                        Step::Ack(bits) => {
+                            write_reg(t, mem, INTERRUPT_ACK, bits);
+                        }
+                        Step::AvailIdx { queue, idx } => {
+                            mem.poke(qs[queue].avail + 2, &idx.to_le_bytes());
+                        }
+                        Step::QueueReady { queue, value } => {
+                            write_reg(t, mem, QUEUE_SEL, queue);
+                            write_reg(t, mem, QUEUE_READY, value);
+                        }
+                        Step::Status(0) => {
+                            write_reg(t, mem, STATUS, 0);
+                        }
+                        Step::Status(_) => {
+                            let status = t.status();
+                            write_reg(t, mem, STATUS, status | STATUS_DRIVER_OK);
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(observed(&fast), observed(&full));
+                proptest::prop_assert_eq!(&fast_mem.bytes, &full_mem.bytes);
+            }
+        }
     }
 
     #[test]

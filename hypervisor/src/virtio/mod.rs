@@ -144,6 +144,14 @@ pub trait VirtioDevice {
     fn take_config_change(&mut self) -> bool {
         false
     }
+    /// Whether a notification of `queue` with nothing available would
+    /// change nothing in the device: no state it updates on every
+    /// notification, no config change waiting to be taken. The transport's
+    /// [`MmioTransport::empty_notify`] is allowed only then; a device that
+    /// does not say so (the default) always gets the full notification.
+    fn quiet_when_empty(&self, _queue: usize) -> bool {
+        false
+    }
 }
 
 /// What a device does to the VM, through `E`: the device's view of the VM,

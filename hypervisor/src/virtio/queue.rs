@@ -498,6 +498,21 @@ impl Virtqueue {
         core::mem::take(&mut self.used_signal)
     }
 
+    /// Whether used elements were added since the transport last looked,
+    /// without taking the signal ([`take_used_signal`](Self::take_used_signal)).
+    pub fn used_signal_pending(&self) -> bool {
+        self.used_signal
+    }
+
+    /// Whether the driver has certainly made nothing new available: the
+    /// queue is ready and avail.idx, read once through `mem` exactly as
+    /// [`pop`](Self::pop) reads it, equals the index the device reached.
+    /// False for anything else (new buffers, an index too far ahead, a ring
+    /// `mem` cannot read): then `pop` must look, and reports any error.
+    pub fn nothing_available<M: GuestMemory + ?Sized>(&self, mem: &mut M) -> bool {
+        self.ready && read_le16(mem, self.avail + 2).is_ok_and(|idx| idx == self.last_avail_idx)
+    }
+
     /// Take the next available chain, if any.
     ///
     /// Once the head index has been read the slot is consumed, whatever

@@ -314,6 +314,9 @@ pub struct Sink {
     pub resets: u32,
     /// The features of the latest DRIVER_OK, until a reset.
     pub activated: Option<u64>,
+    /// Whether it calls an empty pass quiet
+    /// ([`VirtioDevice::quiet_when_empty`]; its notify has no other effect).
+    pub quiet: bool,
 }
 
 impl VirtioDevice for Sink {
@@ -343,6 +346,9 @@ impl VirtioDevice for Sink {
     fn config_write(&mut self, _offset: u64, _data: &[u8]) {}
     fn activate(&mut self, features: u64) {
         self.activated = Some(features);
+    }
+    fn quiet_when_empty(&self, _queue: usize) -> bool {
+        self.quiet
     }
 }
 

@@ -483,46 +483,50 @@ fn virtio_read(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64)
     ctx.x[2] as u32
 }
 
-#[test]
-fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
-    let (mut vm, mut cpu) = started(1);
-    let mut ctx = enter(&mut vm, &mut cpu, 0);
-    let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
-    let mut inflate = DriverQueue::new(16, rings, rings + 0x1000, rings + 0x2000);
-    let mut deflate = DriverQueue::new(16, rings + 0x4000, rings + 0x5000, rings + 0x6000);
+/// The guest's driver probes the balloon and sets it live, entirely
+/// through trapped accesses as Linux's virtio_mmio does, with its inflate
+/// and deflate queues (16 entries) at `rings`; returns them.
+fn driver_live(
+    vm: &mut Vm,
+    cpu: &mut FakeCpu,
+    ctx: &mut GuestContext,
+    rings: u64,
+) -> (DriverQueue, DriverQueue) {
+    let inflate = DriverQueue::new(16, rings, rings + 0x1000, rings + 0x2000);
+    let deflate = DriverQueue::new(16, rings + 0x4000, rings + 0x5000, rings + 0x6000);
     // Probe, as Linux's virtio_mmio does, entirely through trapped accesses.
-    assert_eq!(
-        virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::MAGIC_VALUE),
-        mmio::MAGIC
-    );
-    assert_eq!(virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::DEVICE_ID), 5);
+    assert_eq!(virtio_read(vm, cpu, ctx, mmio::MAGIC_VALUE), mmio::MAGIC);
+    assert_eq!(virtio_read(vm, cpu, ctx, mmio::DEVICE_ID), 5);
     let ack = mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER;
-    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::STATUS, 0);
-    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::STATUS, ack);
-    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::DRIVER_FEATURES_SEL, 1);
-    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::DRIVER_FEATURES, 1);
-    virtio_write(
-        &mut vm,
-        &mut cpu,
-        &mut ctx,
-        mmio::STATUS,
-        ack | mmio::STATUS_FEATURES_OK,
-    );
+    virtio_write(vm, cpu, ctx, mmio::STATUS, 0);
+    virtio_write(vm, cpu, ctx, mmio::STATUS, ack);
+    virtio_write(vm, cpu, ctx, mmio::DRIVER_FEATURES_SEL, 1);
+    virtio_write(vm, cpu, ctx, mmio::DRIVER_FEATURES, 1);
+    virtio_write(vm, cpu, ctx, mmio::STATUS, ack | mmio::STATUS_FEATURES_OK);
     for (i, q) in [&inflate, &deflate].into_iter().enumerate() {
-        virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_SEL, i as u32);
-        virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NUM, q.size.into());
+        virtio_write(vm, cpu, ctx, mmio::QUEUE_SEL, i as u32);
+        virtio_write(vm, cpu, ctx, mmio::QUEUE_NUM, q.size.into());
         for (reg, ipa) in [
             (mmio::QUEUE_DESC_LOW, q.desc),
             (mmio::QUEUE_DRIVER_LOW, q.avail),
             (mmio::QUEUE_DEVICE_LOW, q.used),
         ] {
-            virtio_write(&mut vm, &mut cpu, &mut ctx, reg, ipa as u32);
+            virtio_write(vm, cpu, ctx, reg, ipa as u32);
         }
-        virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_READY, 1);
+        virtio_write(vm, cpu, ctx, mmio::QUEUE_READY, 1);
     }
     let ok = ack | mmio::STATUS_FEATURES_OK | mmio::STATUS_DRIVER_OK;
-    virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::STATUS, ok);
-    assert_eq!(virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::STATUS), ok);
+    virtio_write(vm, cpu, ctx, mmio::STATUS, ok);
+    assert_eq!(virtio_read(vm, cpu, ctx, mmio::STATUS), ok);
+    (inflate, deflate)
+}
+
+#[test]
+fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
+    let (mut inflate, mut deflate) = driver_live(&mut vm, &mut cpu, &mut ctx, rings);
 
     // The host asks for 16 pages: the config-change interrupt is raised.
     let free_before = cpu.host.frames.free_pages();
@@ -1235,4 +1239,236 @@ fn exits_are_profiled_by_kind() {
         .write_table("guest", stopped_at + 9_000_000, true, &mut text)
         .unwrap();
     assert!(text.starts_with("guest: 0 exits in 0.000 s (until the VM stopped)\n"));
+}
+
+/// A VM with a live balloon driver on vCPU 0, for the notify fast path.
+struct Live {
+    vm: Vm,
+    cpu: FakeCpu,
+    ctx: GuestContext,
+    inflate: DriverQueue,
+}
+
+impl Live {
+    /// Where the driver's rings are.
+    const RINGS: u64 = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
+
+    fn new() -> Self {
+        let (mut vm, mut cpu) = started(1);
+        let mut ctx = enter(&mut vm, &mut cpu, 0);
+        let (inflate, _) = driver_live(&mut vm, &mut cpu, &mut ctx, Self::RINGS);
+        // The vCPU loop prints what an exit said once it is handled.
+        lines(&mut vm);
+        Live {
+            vm,
+            cpu,
+            ctx,
+            inflate,
+        }
+    }
+
+    /// One exit costing 100 instructions, as the vCPU loop handles it: the
+    /// fast path first when `fast`, the full path if it declines. Whether
+    /// the fast path took it.
+    fn exit(&mut self, exit: VcpuExit, fast: bool) -> bool {
+        let before = self.cpu.instructions;
+        self.cpu.instructions = before.wrapping_add(100);
+        if fast {
+            let taken =
+                handle::empty_notify(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, before);
+            if let Some(recorded) = taken {
+                assert_eq!(recorded, self.cpu.instructions, "recorded up to now");
+                return true;
+            }
+        }
+        let outcome =
+            handle::after_exit(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, exit, before);
+        assert_eq!(outcome, Outcome::Continue);
+        false
+    }
+
+    /// A `width`-byte store of `value` (in x1) at `ipa`.
+    fn store(&mut self, ipa: GuestAddr, width: u8, value: u64, fast: bool) -> bool {
+        self.ctx.x[1] = value;
+        self.exit(store(ipa, width), fast)
+    }
+
+    fn notify(&mut self, queue: u64, fast: bool) -> bool {
+        self.store(layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY, 4, queue, fast)
+    }
+
+    /// What the exits did, as far as anything outside can tell.
+    fn observed(&mut self) -> String {
+        let lines = lines(&mut self.vm);
+        let vm = &self.vm;
+        let b = vm.balloon.as_ref().expect("balloon");
+        let queues: Vec<_> = b
+            .queues()
+            .iter()
+            .map(|q| (q.ready(), q.last_avail_idx(), q.used_idx(), q.in_flight()))
+            .collect();
+        let counts = ExitKind::ALL.map(|k| vm.profile.get(k).count);
+        format!(
+            "{:?} {:?} {:#x} {:#x} {queues:?} {:?} pc={:#x} x={:?} spsr={:#x} pool={} mapped={:?} kicks={:?} injected={:?} exits={counts:?} lines={:?}",
+            b.stats(),
+            b.device().stats(),
+            b.status(),
+            b.interrupt_status(),
+            vm.vgic.as_ref().map(|g| g.spi_line(irq::VIRTIO_INTID)),
+            self.ctx.elr,
+            self.ctx.x,
+            self.ctx.spsr,
+            self.cpu.host.frames.free_pages(),
+            vm.ram.as_ref().map(|r| r.mapped_pages()),
+            self.cpu.kicks,
+            self.cpu.injected,
+            lines,
+        )
+    }
+}
+
+/// The notify fast path takes exactly the notifies with nothing to do, and
+/// leaves the VM as the full path would: two VMs get the same exits, one
+/// through the fast path as the vCPU loop tries it, one always the full
+/// way, and look the same after each. Everything that must go the full
+/// way does.
+#[test]
+fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
+    let mut twins = [Live::new(), Live::new()];
+    let notify_ipa = layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY;
+    // Each step on both: whether the fast path took it, then the same
+    // effects.
+    let mut step = |what: &str, expect: bool, f: &mut dyn FnMut(&mut Live, bool) -> bool| {
+        let [fast, full] = &mut twins;
+        assert_eq!(f(fast, true), expect, "{what}: fast path taken");
+        assert!(!f(full, false));
+        assert_eq!(fast.observed(), full.observed(), "{what}");
+    };
+    step("empty inflateq", true, &mut |l, f| l.notify(0, f));
+    step("empty deflateq", true, &mut |l, f| l.notify(1, f));
+    step("no such queue", false, &mut |l, f| l.notify(7, f));
+    // A 32-bit store writes the register's low half only.
+    step("upper bits", true, &mut |l, f| l.notify(1 << 32, f));
+    step("2-byte store", false, &mut |l, f| {
+        l.store(notify_ipa, 2, 0, f)
+    });
+    step("8-byte store", false, &mut |l, f| {
+        l.store(notify_ipa, 8, 0, f)
+    });
+    step("another register", false, &mut |l, f| {
+        l.store(notify_ipa + 4, 4, 0, f)
+    });
+    step("the UART", false, &mut |l, f| l.store(UART_DR, 4, 0x41, f));
+    step("a load", false, &mut |l, f| l.exit(load(notify_ipa, 4), f));
+    // A PFN queued: the full path inflates it and raises the interrupt.
+    let pfn = (layout::RAM_BASE + (3 << 20)).pfn().raw() as u32;
+    step("an inflate queued", false, &mut |l, f| {
+        let array = Live::RINGS + 0x8000;
+        let mut stores = GuestStores {
+            vm: &mut l.vm,
+            cpu: &mut l.cpu,
+        };
+        stores.poke(array, &pfn.to_le_bytes());
+        l.inflate.add(&mut stores, &[(array, 4, false)]);
+        l.notify(0, f)
+    });
+    step("empty, interrupt up", true, &mut |l, f| {
+        assert!(l.vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending()));
+        l.notify(0, f)
+    });
+    step("interrupt acked", false, &mut |l, f| {
+        l.store(layout::VIRTIO_BASE + mmio::INTERRUPT_ACK, 4, 1, f)
+    });
+    step("empty, interrupt down", true, &mut |l, f| l.notify(0, f));
+    // The vGIC's line not what the device says: the full path fixes it.
+    step("line out of step", false, &mut |l, f| {
+        let vgic = l.vm.vgic.as_mut().expect("vGIC");
+        vgic.set_level(irq::VIRTIO_INTID, true).expect("an SPI");
+        l.notify(0, f)
+    });
+    // Console text waiting: the full path's caller prints it.
+    step("outbox", false, &mut |l, f| {
+        l.vm.out.line(format_args!("waiting"));
+        let taken = l.notify(0, f);
+        let _ = l.vm.out.take();
+        taken
+    });
+    // A balloon change being measured counts its exits.
+    step("a change", false, &mut |l, f| {
+        balloon_ctl::set_target(&mut l.vm, &mut l.cpu, 16).expect("target set");
+        l.notify(0, f)
+    });
+    step("change over", false, &mut |l, f| {
+        balloon_ctl::set_target(&mut l.vm, &mut l.cpu, 1).expect("target set");
+        l.store(layout::VIRTIO_BASE + mmio::CONFIG + 4, 4, 1, f)
+    });
+    step("again", true, &mut |l, f| {
+        assert!(l.vm.change.is_none());
+        l.notify(1, f)
+    });
+    // A ring page without a frame: the fast path never backs it.
+    step("ring page unmapped", false, &mut |l, f| {
+        let ring = GuestAddr::new(l.inflate.avail);
+        let ram = l.vm.ram.as_mut().expect("RAM");
+        assert_eq!(ram.release(&mut l.cpu.host, &[ring.pfn()]), 1);
+        if f {
+            let mapped = ram.mapped_pages();
+            l.ctx.x[1] = 0;
+            let taken = handle::empty_notify(
+                &mut l.vm,
+                &mut l.cpu,
+                0,
+                &mut l.ctx,
+                &store(notify_ipa, 4),
+                0,
+            );
+            assert!(taken.is_none());
+            assert_eq!(l.vm.ram.as_ref().expect("RAM").mapped_pages(), mapped);
+        }
+        l.notify(0, false)
+    });
+    // A stop asked for: the vCPU loop must see it.
+    let mut live = Live::new();
+    assert!(live.notify(0, true));
+    lifecycle::request_stop(&mut live.vm, &mut live.cpu).expect("running");
+    let taken = handle::empty_notify(
+        &mut live.vm,
+        &mut live.cpu,
+        0,
+        &mut live.ctx,
+        &store(notify_ipa, 4),
+        0,
+    );
+    assert!(taken.is_none());
+    // `debug fail` armed: the full path fails.
+    let mut live = Live::new();
+    live.vm.inject_failure = Some(false);
+    let taken = handle::empty_notify(
+        &mut live.vm,
+        &mut live.cpu,
+        0,
+        &mut live.ctx,
+        &store(notify_ipa, 4),
+        0,
+    );
+    assert!(taken.is_none());
+}
+
+/// The fast path's exits are in the profile: one `virtio-notify` each,
+/// with every instruction since the previous record.
+#[test]
+fn fast_notifies_are_profiled() {
+    let mut live = Live::new();
+    let before = live.vm.profile.get(ExitKind::VirtioNotify);
+    let mut at = 1000u32;
+    for _ in 0..3 {
+        live.cpu.instructions = at.wrapping_add(250);
+        let exit = store(layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY, 4);
+        live.ctx.x[1] = 0;
+        at = handle::empty_notify(&mut live.vm, &mut live.cpu, 1, &mut live.ctx, &exit, at)
+            .expect("taken");
+    }
+    let after = live.vm.profile.get(ExitKind::VirtioNotify);
+    assert_eq!(after.count, before.count + 3);
+    assert_eq!(after.instructions, before.instructions + 750);
 }

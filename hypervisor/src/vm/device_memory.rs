@@ -34,6 +34,31 @@ impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
     }
 }
 
+/// Guest memory as the notify fast path reads it: this VM's RAM, only the
+/// pages mapped now (a page without a frame is an error, never backed), and
+/// never written.
+pub struct MappedView<'a, M> {
+    pub ram: &'a mut GuestRam,
+    pub mem: &'a mut M,
+}
+
+impl<M: HostMemory> GuestMemory for MappedView<'_, M> {
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
+        self.ram
+            .read_mapped(self.mem, ipa, buf)
+            .map_err(|_| GuestMemError {
+                ipa,
+                len: buf.len(),
+            })
+    }
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
+        Err(GuestMemError {
+            ipa,
+            len: data.len(),
+        })
+    }
+}
+
 impl<M> DeviceView<'_, M> {
     /// The `inflate` or `deflate` trace event of one request's PFNs
     /// (ascending); `released`: frames given back to the pool.

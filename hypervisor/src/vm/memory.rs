@@ -84,6 +84,10 @@ pub enum RamError {
     NotRam {
         ipa: GuestAddr,
     },
+    /// The page at `ipa` has no frame now (a read that may not back it).
+    NotMapped {
+        ipa: GuestAddr,
+    },
 }
 
 impl core::fmt::Display for RamError {
@@ -92,6 +96,7 @@ impl core::fmt::Display for RamError {
             RamError::OutOfMemory { ipa } => write!(f, "no free frame to back guest page {ipa:#x}"),
             RamError::Stage2(e) => write!(f, "stage 2: {e}"),
             RamError::NotRam { ipa } => write!(f, "IPA {ipa:#x} is not guest RAM"),
+            RamError::NotMapped { ipa } => write!(f, "guest page {ipa:#x} has no frame"),
         }
     }
 }
@@ -427,6 +432,30 @@ impl GuestRam {
         self.for_each_page(mem, ipa, buf.len(), |mem, pa, span| {
             mem.read(pa, &mut buf[span])
         })
+    }
+
+    /// Copy guest memory at `ipa` into `buf` if every page of it is mapped
+    /// now: never backs a page (an unmapped one is
+    /// [`RamError::NotMapped`]). For the notify fast path's look at a ring.
+    pub fn read_mapped(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: GuestAddr,
+        buf: &mut [u8],
+    ) -> Result<(), RamError> {
+        self.check_span(ipa, buf.len())?;
+        let mut done = 0;
+        while done < buf.len() {
+            let at = ipa + done as u64;
+            let n = (PAGE_SIZE - at.page_offset()).min((buf.len() - done) as u64) as usize;
+            let pa = self
+                .stage2
+                .lookup(mem, at)
+                .ok_or(RamError::NotMapped { ipa: at })?;
+            mem.read(pa, &mut buf[done..done + n]);
+            done += n;
+        }
+        Ok(())
     }
 
     /// Copy `data` into guest memory at `ipa` (backing pages as needed).
