@@ -1528,6 +1528,8 @@ kernel = "testguest"
                     "bench".into(),
                     vec![("bench".into(), 256, 2, p("pattern empty-notifies"))]
                 ),
+                linux_alone("bench-linux", quiet),
+                linux_alone("bench-linux-reporting", quiet),
                 (
                     "demo".into(),
                     vec![
