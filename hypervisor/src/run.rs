@@ -631,7 +631,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         }
         GuestContext::new(entry, x0)
     };
-    loop {
+    'entry: loop {
         // An exit's cost (the exit profile) runs from here: the list
         // registers synced, the world switch in, the trap, the handling.
         let mut before = pmu::instructions();
@@ -652,7 +652,10 @@ fn run_vcpu(id: usize, vcpu: usize) {
                 None => break (exit, guard),
             }
             drop(guard);
-            memory_tick();
+            if memory_tick() {
+                // What it changed is listed before the guest runs.
+                continue 'entry;
+            }
         };
         let Some(vm) = guard.as_mut() else { return };
         if vm.state == VmState::StopRequested {
@@ -873,15 +876,18 @@ fn try_lock_vm(id: usize) -> Option<Tracked<TicketMutexGuard<'static, Option<Vm>
 /// One tick of the memory manager if one is due (every [`TICK_US`], or at
 /// once after a pool event), from any CPU's loop with no lock held. One
 /// CPU ticks at a time; the others go on at once. Nothing here waits for
-/// a VM: a VM whose lock is busy is skipped this round.
+/// a VM: a VM whose lock is busy is skipped this round. Whether this CPU
+/// ticked: a target it set raises an interrupt without kicking this CPU
+/// (its own), so a vCPU loop must sync its list registers before it
+/// enters the guest again.
 #[inline]
-pub fn memory_tick() {
+pub fn memory_tick() -> bool {
     // The fast path runs after every exit: a counter read and a compare,
     // no division (the time in microseconds is worked out only when due).
     let (count, freq) = aarch64::counter();
     let due = NEXT_TICK.load(Ordering::Relaxed);
     if count < due && !POOL_EVENT.load(Ordering::Relaxed) {
-        return;
+        return false;
     }
     let period = freq.saturating_mul(TICK_US) / 1_000_000;
     if NEXT_TICK
@@ -893,9 +899,10 @@ pub fn memory_tick() {
         )
         .is_err()
     {
-        return;
+        return false;
     }
     tick_now();
+    true
 }
 
 /// The tick itself, once [`memory_tick`] found it due.

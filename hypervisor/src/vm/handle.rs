@@ -123,7 +123,9 @@ pub fn after_exit(
 /// another CPU that does kicks this CPU, and an EOI or an underflow the
 /// sync must see raises the maintenance interrupt; either is a physical
 /// interrupt pending at EL2, taken as an exit as soon as the guest runs,
-/// which goes the full way.
+/// which goes the full way. The one thing that runs on this CPU between
+/// two fast exits and can change them, the memory manager's tick (it kicks
+/// other CPUs only), sends the loop round the sync when it ran.
 #[inline]
 pub fn empty_notify(
     vm: &mut Vm,
