@@ -21,6 +21,7 @@ pub const MANAGER: u32 = 1 << 3;
 const VM_BASE: u32 = 8;
 
 /// The bit of VM `id`'s lock (`id` < 24).
+#[inline]
 pub const fn vm(id: usize) -> u32 {
     1 << (VM_BASE + id as u32)
 }

@@ -183,6 +183,12 @@ impl HostMemory for HostMem {
         // splits at pages), identity-mapped.
         unsafe { core::ptr::copy_nonoverlapping(pa as *const u8, buf.as_mut_ptr(), buf.len()) };
     }
+    fn read_u16(&mut self, pa: PhysAddr) -> u16 {
+        debug_assert!(pa.raw().is_multiple_of(2));
+        // SAFETY: an even address in a frame of this VM (GuestRam checked
+        // it), identity-mapped; volatile because the guest may be writing.
+        u16::from_le(unsafe { core::ptr::read_volatile(pa.raw() as usize as *const u16) })
+    }
     fn write(&mut self, pa: PhysAddr, data: &[u8]) {
         let pa = pa.raw() as usize;
         // SAFETY: as in `read`.

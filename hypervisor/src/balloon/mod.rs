@@ -716,6 +716,7 @@ impl Balloon {
 
     /// When the statistics buffer falls due if nothing else happens, for the
     /// owner's timer; `None` while no buffer is held or polling is off.
+    #[inline]
     pub fn next_stats_poll_us(&self) -> Option<u64> {
         if self.negotiated & F_STATS_VQ == 0 || self.held_stats.is_none() {
             return None;

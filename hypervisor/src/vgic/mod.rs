@@ -515,6 +515,7 @@ impl VDistributor {
 
     /// The input line of SPI `intid` as last driven ([`Self::set_level`]);
     /// `None` for anything that is no SPI of this distributor.
+    #[inline]
     pub fn spi_line(&self, intid: u32) -> Option<bool> {
         self.check_spi(intid).ok()?;
         self.irq(0, intid).map(|irq| irq.line)

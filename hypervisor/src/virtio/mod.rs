@@ -48,6 +48,13 @@ pub trait GuestMemory {
     fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError>;
     /// Copy `data` to guest memory starting at `ipa`.
     fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError>;
+    /// Read a little-endian `u16` at `ipa` (one access: the value is
+    /// fetched once and then only the copy is used).
+    fn read_le16(&mut self, ipa: GuestAddr) -> Result<u16, GuestMemError> {
+        let mut b = [0u8; 2];
+        self.read(ipa, &mut b)?;
+        Ok(u16::from_le_bytes(b))
+    }
 }
 
 /// A guest memory access that is not entirely inside guest RAM.
@@ -72,13 +79,12 @@ impl fmt::Display for GuestMemError {
 
 /// Read a little-endian `u16` from guest memory (one access: the value is
 /// fetched once and then only the copy is used).
+#[inline]
 pub(crate) fn read_le16<M: GuestMemory + ?Sized>(
     mem: &mut M,
     ipa: GuestAddr,
 ) -> Result<u16, GuestMemError> {
-    let mut b = [0u8; 2];
-    mem.read(ipa, &mut b)?;
-    Ok(u16::from_le_bytes(b))
+    mem.read_le16(ipa)
 }
 
 /// A hexadecimal number printed with `_` between groups of four digits

@@ -509,6 +509,7 @@ impl Virtqueue {
     /// [`pop`](Self::pop) reads it, equals the index the device reached.
     /// False for anything else (new buffers, an index too far ahead, a ring
     /// `mem` cannot read): then `pop` must look, and reports any error.
+    #[inline]
     pub fn nothing_available<M: GuestMemory + ?Sized>(&self, mem: &mut M) -> bool {
         self.ready && read_le16(mem, self.avail + 2).is_ok_and(|idx| idx == self.last_avail_idx)
     }

@@ -57,6 +57,12 @@ impl<M: HostMemory> GuestMemory for MappedView<'_, M> {
             len: data.len(),
         })
     }
+    #[inline]
+    fn read_le16(&mut self, ipa: GuestAddr) -> Result<u16, GuestMemError> {
+        self.ram
+            .read_u16_mapped(self.mem, ipa)
+            .map_err(|_| GuestMemError { ipa, len: 2 })
+    }
 }
 
 impl<M> DeviceView<'_, M> {

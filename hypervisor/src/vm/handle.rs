@@ -108,7 +108,8 @@ pub fn after_exit(
 ///   change being measured (its exits are counted and its end is detected
 ///   after each exit);
 /// - the address is the balloon's QueueNotify as [`bus::route`] decodes it
-///   (not RAM), the access 4 bytes, and the transport's
+///   ([`bus::is_balloon_notify`]; not RAM), the access 4 bytes, and the
+///   transport's
 ///   [`empty_notify`](crate::virtio::mmio::MmioTransport::empty_notify)
 ///   finds the queue live with nothing new in its avail ring, read through
 ///   the VM's stage 2 without backing a page ([`MappedView`]: a ring page
@@ -167,7 +168,7 @@ fn empty_notify_checked(
         || vm.inject_failure.is_some()
         || vm.change.is_some()
         || !vm.out.is_empty()
-        || bus::route(vm, ipa) != Some(bus::Window::Virtio(QUEUE_NOTIFY))
+        || !bus::is_balloon_notify(vm, ipa)
     {
         return None;
     }

@@ -56,6 +56,12 @@ pub trait HostMemory: TableMemory {
         freed
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]);
+    /// The little-endian `u16` at the even address `pa`, in one load.
+    fn read_u16(&mut self, pa: PhysAddr) -> u16 {
+        let mut b = [0u8; 2];
+        self.read(pa, &mut b);
+        u16::from_le_bytes(b)
+    }
     fn write(&mut self, pa: PhysAddr, data: &[u8]);
     /// Invalidate the TLBs of VMID `vmid` on every CPU.
     fn flush_tlb(&mut self, vmid: u16);
@@ -456,6 +462,29 @@ impl GuestRam {
             done += n;
         }
         Ok(())
+    }
+
+    /// [`Self::read_mapped`] of a little-endian `u16`: one aligned load
+    /// (a ring index, which the driver may be writing), no copy loop.
+    #[inline]
+    pub fn read_u16_mapped(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: GuestAddr,
+    ) -> Result<u16, RamError> {
+        if !ipa.raw().is_multiple_of(2) {
+            // Unaligned (a ring the transport accepted is not): may cross
+            // a page, so the general path.
+            let mut b = [0u8; 2];
+            self.read_mapped(mem, ipa, &mut b)?;
+            return Ok(u16::from_le_bytes(b));
+        }
+        self.check_span(ipa, 2)?;
+        let pa = self
+            .stage2
+            .lookup(mem, ipa)
+            .ok_or(RamError::NotMapped { ipa })?;
+        Ok(mem.read_u16(pa))
     }
 
     /// Copy `data` into guest memory at `ipa` (backing pages as needed).
