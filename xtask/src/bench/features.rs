@@ -221,6 +221,7 @@ impl QemuGuest {
             &artifacts.elf,
             &name,
             reporting,
+            false,
         )?;
         let pid = find_qemu(&process_name(&name))?;
         guest.wait_ready()?;

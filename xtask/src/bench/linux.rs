@@ -114,6 +114,13 @@ const SESSION: Duration = Duration::from_secs(900);
 /// Agent requests timed on the idle guest before the first move.
 const IDLE_POLLS: usize = 3;
 const VMSTAT: &str = "grep ^ball /proc/vmstat";
+/// The agent's work without the console: [`VMSTAT`] run this many times by
+/// one shell inside the guest (a fork and an exec of busybox each), timed
+/// by the guest's clock (`time`), which under -icount counts instructions.
+const WORK_LOOPS: u32 = 100;
+/// [`WORK_LOOPS`] under -icount: about 2.3 s of guest time, which `time`
+/// gives to 10 ms (0.4%).
+const ICOUNT_WORK_LOOPS: u32 = 1000;
 /// The longest line (with its `\r`) typed to the agent at once: Tidal
 /// queues what its PL011's 32-byte receive FIFO cannot hold yet (4 KiB) and
 /// QEMU's PL011 holds the input back while its FIFO is full, so on both
@@ -175,6 +182,9 @@ struct Run {
     /// Median agent round trip of the vmstat polls before the first move.
     #[serde(rename = "agent_idle_s", serialize_with = "json::decimals::<4, _>")]
     idle_poll_s: f64,
+    /// [`WORK_LOOPS`] polls inside the guest, by the guest's clock.
+    #[serde(rename = "agent_work_s", serialize_with = "json::decimals::<3, _>")]
+    work_s: f64,
     inflate: Move,
     deflate: Move,
     /// Tidal: the VM's exits by kind over the boot and 10 s idle.
@@ -316,6 +326,7 @@ impl Guest {
         elf: &Path,
         name: &str,
         reporting: Reporting,
+        icount: bool,
     ) -> Result<Guest, String> {
         let process = process_name(name);
         let socket = std::env::temp_dir().join(format!("{process}.mon"));
@@ -342,6 +353,9 @@ impl Guest {
             // No default NIC: its ROM needs ipxe-qemu, which setup does not install.
             .args(["-nic", "none"])
             .args(["-name", &process]);
+        if icount {
+            cmd.args(["-icount", "shift=0"]);
+        }
         let session = Session::start_command(name, cmd, elf).map_err(harness)?;
         session.set_deadline(SESSION);
         let monitor = Monitor::connect(&socket, COMMAND)?;
@@ -467,6 +481,17 @@ impl Guest {
             arrived,
             arrived - sent,
         ))
+    }
+
+    /// `loops` agent polls run by one shell in the guest: the
+    /// guest's `time` of them, in s. The shell has the keyboard before and
+    /// after.
+    fn work_loop(&mut self, loops: u32) -> Result<f64, String> {
+        self.enter_console()?;
+        let (lines, _, _) = self.agent(&work_command(loops))?;
+        self.leave_console()?;
+        busybox_real_s(&lines)
+            .ok_or_else(|| format!("{}: no `real` time in {lines:?}", self.side.name()))
     }
 
     /// Writes `content` to `path` in the guest through the agent, in pieces
@@ -653,6 +678,16 @@ impl Guest {
         balloon_mib: u64,
         before: Counters,
     ) -> Result<(exits::Profile, Counters), String> {
+        let ((_, after), profile) = self.profiled(|g| g.balloon(direction, balloon_mib, before))?;
+        Ok((profile, after))
+    }
+
+    /// Tidal: what `work` returns, and the VM's exit profile over it
+    /// (started over before, read after; the shell has the keyboard).
+    fn profiled<T>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<T, String>,
+    ) -> Result<(T, exits::Profile), String> {
         let reset = self
             .session
             .run(&format!("info exits {VM} reset"), COMMAND)
@@ -660,12 +695,12 @@ impl Guest {
         if !reset.contains("exit profile started over") {
             return Err(format!("`info exits {VM} reset` answered: {reset}"));
         }
-        let (_, after) = self.balloon(direction, balloon_mib, before)?;
+        let value = work(self)?;
         let text = self
             .session
             .run(&format!("info exits {VM}"), COMMAND)
             .map_err(harness)?;
-        Ok((exits::parse(&text)?, after))
+        Ok((value, exits::parse(&text)?))
     }
 }
 
@@ -724,12 +759,14 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
         Side::Qemu => None,
     };
     let (start, round_trips) = guest.prepare_moves()?;
+    let work_s = guest.work_loop(WORK_LOOPS)?;
     let (inflate, after) = guest.balloon(Direction::Inflate, BALLOON_MIB, start)?;
     let (deflate, _) = guest.balloon(Direction::Deflate, 0, after)?;
     // Dropping the session kills QEMU: nothing in the guest needs saving.
     Ok(Run {
         ready_s: ready.as_secs_f64(),
         idle_poll_s: median(&round_trips),
+        work_s,
         inflate,
         deflate,
         exits,
@@ -852,6 +889,7 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                         &artifacts.elf,
                         &format!("bench-linux-qemu-reporting-{}-{round}", reporting.name()),
                         reporting,
+                        false,
                     )?,
                 };
                 let run = run_once(guest)
@@ -866,7 +904,8 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     }
     // The rounds run without -icount: QEMU's PMU counts no instructions.
     eprintln!("bench: Linux under Tidal with -icount shift=0, for the exits' EL2 instructions ...");
-    let icount = icount_run(artifacts).map_err(|e| format!("Linux under -icount: {e}"))?;
+    let icount =
+        icount_run(artifacts, &fixture).map_err(|e| format!("Linux under -icount: {e}"))?;
     report(root, &fixture, &runs, &icount)
 }
 
@@ -878,21 +917,72 @@ struct IcountProfiles {
     profiles: exits::Profiles,
     inflate: exits::Profile,
     deflate: exits::Profile,
+    agent_work: IcountWork,
+}
+
+/// [`ICOUNT_WORK_LOOPS`] agent polls in the guest under -icount on both sides:
+/// guest time there is instructions (1 ns each), the hypervisor's included.
+#[derive(Serialize)]
+struct IcountWork {
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    tidal_guest_s: f64,
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    qemu_guest_s: f64,
+    /// Tidal's exits over the loop, with their EL2 instructions.
+    tidal_exits: exits::Profile,
 }
 
 /// One boot under -icount with free page reporting on (the demo's
 /// configuration): where a move's hypervisor time goes, by kind of exit.
-fn icount_run(artifacts: &Artifacts) -> Result<IcountProfiles, String> {
+/// Then [`ICOUNT_WORK_LOOPS`] agent polls in the guest, on this boot and on the
+/// same kernel directly under QEMU with -icount.
+fn icount_run(
+    artifacts: &Artifacts,
+    fixture: &crate::linux::LinuxFixture,
+) -> Result<IcountProfiles, String> {
     let mut guest = Guest::boot_tidal(artifacts, "bench-linux-tidal-icount", Reporting::On, true)?;
     guest.wait_ready()?;
     let profiles = exits::capture(&mut guest.session, VM, COMMAND)?;
     let (start, _) = guest.prepare_moves()?;
     let (inflate, after) = guest.profiled_move(Direction::Inflate, BALLOON_MIB, start)?;
     let (deflate, _) = guest.profiled_move(Direction::Deflate, 0, after)?;
+    let (tidal_guest_s, tidal_exits) = guest.profiled(|g| g.work_loop(ICOUNT_WORK_LOOPS))?;
+    drop(guest);
+    eprintln!("bench: Linux directly under QEMU with -icount shift=0, for the agent's work ...");
+    let mut qemu = Guest::boot_qemu(
+        &fixture.kernel,
+        &fixture.initramfs,
+        &artifacts.elf,
+        "bench-linux-qemu-icount",
+        Reporting::On,
+        true,
+    )?;
+    qemu.wait_ready()?;
+    let qemu_guest_s = qemu.work_loop(ICOUNT_WORK_LOOPS)?;
     Ok(IcountProfiles {
         profiles,
         inflate,
         deflate,
+        agent_work: IcountWork {
+            tidal_guest_s,
+            qemu_guest_s,
+            tidal_exits,
+        },
+    })
+}
+
+/// The command [`Guest::work_loop`] sends.
+fn work_command(loops: u32) -> String {
+    format!("time sh -c 'i=0; while [ $i -lt {loops} ]; do {VMSTAT} >/dev/null; i=$((i+1)); done'")
+}
+
+/// Busybox `time`'s `real` line (`real\t0m 1.10s`) in seconds.
+fn busybox_real_s(lines: &[String]) -> Option<f64> {
+    lines.iter().find_map(|line| {
+        let rest = line.trim().strip_prefix("real")?.trim();
+        let (minutes, seconds) = rest.split_once('m')?;
+        let seconds = seconds.trim().strip_suffix('s')?;
+        Some(minutes.trim().parse::<f64>().ok()? * 60.0 + seconds.parse::<f64>().ok()?)
     })
 }
 
@@ -906,7 +996,7 @@ struct Metric {
     decimals: usize,
 }
 
-const METRICS: [Metric; 6] = [
+const METRICS: [Metric; 7] = [
     Metric {
         label: "boot to `tidal-guest: ready` (s)",
         key: "ready_s",
@@ -948,6 +1038,13 @@ const METRICS: [Metric; 6] = [
         value: |r| 1000.0 * r.idle_poll_s,
         ratio: true,
         decimals: 0,
+    },
+    Metric {
+        label: "agent work, 100 polls in guest (s) [2]",
+        key: "agent_work_s",
+        value: |r| r.work_s,
+        ratio: true,
+        decimals: 2,
     },
 ];
 
@@ -1109,8 +1206,35 @@ fn report(
         "through the agent on the idle guest, from typing the request to its `done` line.",
         "[1] Tidal: the hypervisor's own report (its counter, from setting the target to the driver reporting",
         "    it reached); QEMU: from the request until `info balloon`, polled every 5 ms, shows the target.",
+        "[2] The poll run 100 times by one shell in the guest (a fork and exec of busybox grep each),",
+        "    timed by the guest's `time`: the agent's work without the console.",
     ] {
         println!("{line}");
+    }
+    let work = &icount.agent_work;
+    let total = &work.tidal_exits.total;
+    println!();
+    println!(
+        "The agent's work under -icount (guest time = instructions, 1 ns each, timed to 10 ms), reporting"
+    );
+    println!(
+        "on: {ICOUNT_WORK_LOOPS} polls in the guest took {:.2} s under Tidal, {:.2} s directly under QEMU (Tidal/QEMU {:.3});",
+        work.tidal_guest_s,
+        work.qemu_guest_s,
+        work.tidal_guest_s / work.qemu_guest_s
+    );
+    match total.instructions {
+        Some(instructions) => println!(
+            "Tidal's {} exits over it ran {} EL2 instructions, {:.2}% of its {:.0} million.",
+            total.count,
+            instructions,
+            100.0 * instructions as f64 / (work.tidal_guest_s * 1e9),
+            work.tidal_guest_s * 1e3
+        ),
+        None => println!(
+            "Tidal's {} exits over it (EL2 instructions not counted).",
+            total.count
+        ),
     }
     let profiles: Vec<&exits::Profiles> = runs
         .iter()
@@ -1154,6 +1278,7 @@ mod tests {
     #[test]
     fn report_keeps_its_fields() {
         let run = |ready_s: f64| Run {
+            work_s: 1.25,
             ready_s,
             idle_poll_s: 0.0123456,
             inflate: Move {
@@ -1211,11 +1336,11 @@ mod tests {
                 },
                 "runs": [
                     {"side": "Tidal", "reporting": "on", "round": 1, "ready_s": 3.22,
-                     "agent_idle_s": 0.0123,
+                     "agent_idle_s": 0.0123, "agent_work_s": 1.25,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}},
                     {"side": "QEMU", "reporting": "on", "round": 1, "ready_s": 2.5,
-                     "agent_idle_s": 0.0123,
+                     "agent_idle_s": 0.0123, "agent_work_s": 1.25,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
                 ]
@@ -1229,6 +1354,7 @@ mod tests {
         let run = |exits| Run {
             ready_s: 1.0,
             idle_poll_s: 0.01,
+            work_s: 1.0,
             inflate: Move {
                 guest_s: 1.0,
                 device_s: 1.0,
@@ -1277,6 +1403,11 @@ mod tests {
             },
             inflate: exits::parse(exits::tests::SAMPLE).unwrap(),
             deflate: exits::parse(exits::tests::SAMPLE_NO_PMU).unwrap(),
+            agent_work: IcountWork {
+                tidal_guest_s: 1.1,
+                qemu_guest_s: 1.0,
+                tidal_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
+            },
         };
         let report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
         let value = serde_json::to_value(report).unwrap();
@@ -1292,6 +1423,18 @@ mod tests {
             value["exit_profile_icount"]["deflate"]["total"],
             serde_json::json!({"count": 2236, "instructions": null})
         );
+    }
+
+    #[test]
+    fn busybox_time_is_read() {
+        let lines = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            busybox_real_s(&lines(&["real\t0m 1.10s", "user\t0m 0.40s"])),
+            Some(1.1)
+        );
+        assert_eq!(busybox_real_s(&lines(&["real\t1m 2.50s"])), Some(62.5));
+        assert_eq!(busybox_real_s(&lines(&["realm", "nothing"])), None);
+        assert!(work_command(100).contains("-lt 100 ]"));
     }
 
     #[test]
