@@ -221,22 +221,51 @@ pub fn route_spi_here(intid: u32) -> bool {
 /// Clear every list register and the active priorities; enable GICH.
 pub fn reset_virtual_interface() {
     if is_v3() {
-        return v3::reset_virtual_interface();
+        v3::reset_virtual_interface();
+    } else {
+        for i in 0..list_registers() {
+            clear_lr(i);
+        }
+        gich().apr.set(0);
+        gich().vmcr.set(0);
+        gich().hcr.write(GICH_HCR::En::SET);
     }
-    for i in 0..list_registers() {
-        clear_lr(i);
-    }
-    gich().apr.set(0);
-    gich().vmcr.set(0);
-    gich().hcr.write(GICH_HCR::En::SET);
+    set_hcr_shadow(HCR_ENABLED);
 }
+
+/// The number of list registers, read once (every CPU has the same).
+static LIST_REGS: AtomicU8 = AtomicU8::new(0);
 
 /// Number of list registers (GICH_VTR.ListRegs + 1).
 pub fn list_registers() -> usize {
-    if is_v3() {
-        return v3::list_registers();
+    // Read on every exit's list-register sync: under QEMU each GICv2
+    // register access is a trip through its device model and lock.
+    let cached = LIST_REGS.load(Ordering::Relaxed);
+    if cached != 0 {
+        return usize::from(cached);
     }
-    (gich().vtr.read(GICH_VTR::ListRegs) + 1) as usize
+    let count = if is_v3() {
+        v3::list_registers()
+    } else {
+        (gich().vtr.read(GICH_VTR::ListRegs) + 1) as usize
+    };
+    LIST_REGS.store(count as u8, Ordering::Relaxed);
+    count
+}
+
+/// What this CPU last wrote to GICH_HCR / ICH_HCR_EL2 through
+/// [`enable_virtual_interface`] or [`reset_virtual_interface`] (nothing
+/// else writes it): [`HCR_UNKNOWN`], [`HCR_ENABLED`] or [`HCR_UNDERFLOW`].
+static HCR_SHADOW: [AtomicU8; super::MAX_CPUS] =
+    [const { AtomicU8::new(HCR_UNKNOWN) }; super::MAX_CPUS];
+const HCR_UNKNOWN: u8 = 0;
+const HCR_ENABLED: u8 = 1;
+const HCR_UNDERFLOW: u8 = 2;
+
+fn set_hcr_shadow(value: u8) {
+    if let Some(shadow) = HCR_SHADOW.get(super::cpu_index()) {
+        shadow.store(value, Ordering::Relaxed);
+    }
 }
 
 /// Acknowledge the highest pending interrupt: its INTID (1023: none) and
@@ -313,13 +342,28 @@ pub fn clear_lr(i: usize) {
 /// The virtual interface on, with the underflow maintenance interrupt
 /// (at most one list register valid) when `underflow`.
 pub fn enable_virtual_interface(underflow: bool) {
-    if is_v3() {
-        return v3::enable_virtual_interface(underflow);
-    }
-    let uie = if underflow {
-        GICH_HCR::UIE::SET
+    // Called after every exit's sync, nearly always with what is already
+    // there: the write is skipped then (see `list_registers`).
+    let want = if underflow {
+        HCR_UNDERFLOW
     } else {
-        GICH_HCR::UIE::CLEAR
+        HCR_ENABLED
     };
-    gich().hcr.write(GICH_HCR::En::SET + uie);
+    let shadow = HCR_SHADOW.get(super::cpu_index());
+    if shadow.is_some_and(|s| s.load(Ordering::Relaxed) == want) {
+        return;
+    }
+    if is_v3() {
+        v3::enable_virtual_interface(underflow);
+    } else {
+        let uie = if underflow {
+            GICH_HCR::UIE::SET
+        } else {
+            GICH_HCR::UIE::CLEAR
+        };
+        gich().hcr.write(GICH_HCR::En::SET + uie);
+    }
+    if let Some(shadow) = shadow {
+        shadow.store(want, Ordering::Relaxed);
+    }
 }
