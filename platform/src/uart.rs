@@ -20,6 +20,7 @@ register_bitfields! {u32,
         DATA OFFSET(0) NUMBITS(8) []
     ],
     UARTFR [
+        TXFE OFFSET(7) NUMBITS(1) [],
         TXFF OFFSET(5) NUMBITS(1) [],
         RXFE OFFSET(4) NUMBITS(1) [],
         BUSY OFFSET(3) NUMBITS(1) []
@@ -132,7 +133,17 @@ impl<T> Regs<T> {
 #[derive(Debug)]
 pub struct Pl011 {
     regs: Regs<Pl011Regs>,
+    /// Bytes the transmit FIFO certainly has room for without a look at
+    /// FR: every PL011 revision's FIFO holds at least [`TX_FIFO_MIN`],
+    /// all free when FR shows TXFE. Only [`Pl011::put_byte`] writes DR.
+    tx_room: u8,
+    /// LCR_H.FEN as [`Pl011::init`] left it (off: a one-byte holding
+    /// register, so TXFE means room for one).
+    fifo_on: bool,
 }
+
+/// The smallest PL011 transmit FIFO (r1p3 and earlier; r1p5 has 32).
+const TX_FIFO_MIN: u8 = 16;
 
 impl Pl011 {
     /// # Safety
@@ -143,6 +154,8 @@ impl Pl011 {
     pub const unsafe fn new(base: usize) -> Self {
         Self {
             regs: Regs::new(base),
+            tx_room: 0,
+            fifo_on: false,
         }
     }
 
@@ -176,14 +189,31 @@ impl Pl011 {
             .get()
             .cr
             .set(cr.get() | (UARTCR::UARTEN::SET + UARTCR::TXE::SET + UARTCR::RXE::SET).value);
+        self.fifo_on = true;
+        self.tx_room = 0;
     }
 
     pub fn put_byte(&mut self, b: u8) {
         let regs = self.regs.get();
-        while regs.fr.is_set(UARTFR::TXFF) {
-            core::hint::spin_loop();
+        // FR is read once per FIFO's worth when the FIFO drains as fast as
+        // it fills (under QEMU each read is a trip through its device
+        // model and lock), per byte when it does not.
+        if self.tx_room == 0 {
+            let fr = loop {
+                let fr = regs.fr.extract();
+                if !fr.is_set(UARTFR::TXFF) {
+                    break fr;
+                }
+                core::hint::spin_loop();
+            };
+            self.tx_room = if self.fifo_on && fr.is_set(UARTFR::TXFE) {
+                TX_FIFO_MIN
+            } else {
+                1
+            };
         }
         regs.dr.write(UARTDR::DATA.val(b.into()));
+        self.tx_room -= 1;
     }
 
     pub fn try_get_byte(&mut self) -> Option<u8> {
@@ -350,5 +380,80 @@ impl fmt::Write for ConsoleUart {
             self.put_byte(b);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A PL011 register block in plain memory: DR keeps the last byte
+    /// written, FR reads whatever the test stored.
+    #[repr(C, align(4096))]
+    struct FakeBlock([u32; 1024]);
+
+    const FR: usize = 0x18 / 4;
+    const TXFE: u32 = 1 << 7;
+    const TXFF: u32 = 1 << 5;
+
+    /// Runs `f` on a thread: false if it has not returned within a second
+    /// (it spins on FR showing the FIFO full).
+    fn returns(f: impl FnOnce() + Send + 'static) -> bool {
+        let (done, wait) = mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = done.send(());
+        });
+        wait.recv_timeout(Duration::from_secs(1)).is_ok()
+    }
+
+    #[test]
+    fn fr_is_read_once_per_fifo_when_it_drains() {
+        let block: &'static mut FakeBlock = Box::leak(Box::new(FakeBlock([0; 1024])));
+        let base = block as *mut FakeBlock as usize;
+        let fr = |value: u32| {
+            // SAFETY: the leaked block lives for the test; the UART only
+            // reads FR and writes DR.
+            unsafe { core::ptr::write_volatile((base as *mut u32).add(FR), value) }
+        };
+        // SAFETY: the block stands in for the registers, used by this UART only.
+        let mut uart = unsafe { Pl011::new(base) };
+        uart.fifo_on = true;
+        fr(TXFE);
+        uart.put_byte(b'a');
+        // Empty at the first byte: 15 more go without a look at FR, even
+        // though FR now says full.
+        fr(TXFF);
+        let (uart, more) = {
+            let (tx, rx) = mpsc::channel();
+            let ok = returns(move || {
+                for _ in 0..15 {
+                    uart.put_byte(b'b');
+                }
+                let _ = tx.send(uart);
+            });
+            (rx.recv_timeout(Duration::from_millis(10)).ok(), ok)
+        };
+        assert!(more, "a byte within the FIFO's room waited on FR");
+        let mut uart = uart.expect("the thread handed the UART back");
+        // The 17th looks again, and waits while FR says full.
+        let spins = returns(move || uart.put_byte(b'c'));
+        assert!(!spins, "the 17th byte did not wait for room");
+    }
+
+    #[test]
+    fn without_fifo_every_byte_looks_at_fr() {
+        let block: &'static mut FakeBlock = Box::leak(Box::new(FakeBlock([0; 1024])));
+        let base = block as *mut FakeBlock as usize;
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile((base as *mut u32).add(FR), TXFE) };
+        // SAFETY: as above; never `init`ed, so the FIFO is not known on.
+        let mut uart = unsafe { Pl011::new(base) };
+        uart.put_byte(b'a');
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile((base as *mut u32).add(FR), TXFF) };
+        assert!(!returns(move || uart.put_byte(b'b')));
     }
 }
