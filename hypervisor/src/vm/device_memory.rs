@@ -2,7 +2,7 @@
 //! RAM only, read and written through its stage 2, and the balloon's
 //! backend (inflated, reported and hinted pages unmapped and given back).
 
-use super::memory::{GuestRam, HostMemory};
+use super::memory::{GuestRam, HostMemory, RamError};
 use crate::addr::{GuestAddr, GuestPfn};
 use crate::trace::{self, trace_event};
 use crate::virtio::{GuestMemError, GuestMemory};
@@ -15,22 +15,19 @@ pub struct DeviceView<'a, M> {
     pub now_us: u64,
 }
 
+/// A refusal of guest RAM as a device sees it: the whole access, from its
+/// first IPA (which page failed, or why, is the hypervisor's business).
+fn refused<T>(result: Result<T, RamError>, ipa: GuestAddr, len: usize) -> Result<T, GuestMemError> {
+    result.map_err(|_| GuestMemError { ipa, len })
+}
+
 impl<M: HostMemory> GuestMemory for DeviceView<'_, M> {
     fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
-        self.ram
-            .read(self.mem, ipa, buf)
-            .map_err(|_| GuestMemError {
-                ipa,
-                len: buf.len(),
-            })
+        let len = buf.len();
+        refused(self.ram.read(self.mem, ipa, buf), ipa, len)
     }
     fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
-        self.ram
-            .write(self.mem, ipa, data)
-            .map_err(|_| GuestMemError {
-                ipa,
-                len: data.len(),
-            })
+        refused(self.ram.write(self.mem, ipa, data), ipa, data.len())
     }
 }
 
@@ -44,12 +41,8 @@ pub struct MappedView<'a, M> {
 
 impl<M: HostMemory> GuestMemory for MappedView<'_, M> {
     fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
-        self.ram
-            .read_mapped(self.mem, ipa, buf)
-            .map_err(|_| GuestMemError {
-                ipa,
-                len: buf.len(),
-            })
+        let len = buf.len();
+        refused(self.ram.read_mapped(self.mem, ipa, buf), ipa, len)
     }
     fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
         Err(GuestMemError {
@@ -59,9 +52,7 @@ impl<M: HostMemory> GuestMemory for MappedView<'_, M> {
     }
     #[inline]
     fn read_le16(&mut self, ipa: GuestAddr) -> Result<u16, GuestMemError> {
-        self.ram
-            .read_u16_mapped(self.mem, ipa)
-            .map_err(|_| GuestMemError { ipa, len: 2 })
+        refused(self.ram.read_u16_mapped(self.mem, ipa), ipa, 2)
     }
 }
 

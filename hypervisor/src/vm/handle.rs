@@ -22,7 +22,6 @@ use super::device_memory::MappedView;
 use super::exit::{il32, load_result, FaultKind, VcpuExit};
 use super::exit_profile::ExitKind;
 use super::fault::{BadAccessKind, OnBadAccess};
-use super::fdt::layout;
 use super::inject::GuestException;
 use super::irq;
 use super::manage;
@@ -138,14 +137,15 @@ pub fn empty_notify(
 ) -> Option<u32> {
     // What every other exit pays: a compare or two, no call.
     match *exit {
-        VcpuExit::MmioWrite { ipa, width: 4, .. } if ipa == layout::VIRTIO_BASE + QUEUE_NOTIFY => {
+        VcpuExit::MmioWrite { ipa, width: 4, .. } if bus::is_balloon_notify(vm, ipa) => {
             empty_notify_checked(vm, cpu, vcpu, ctx, exit, before)
         }
         _ => None,
     }
 }
 
-/// [`empty_notify`] once the exit looks like a notify.
+/// [`empty_notify`] once the exit is a 4-byte store to the balloon's
+/// QueueNotify.
 #[inline(never)]
 fn empty_notify_checked(
     vm: &mut Vm,
@@ -168,7 +168,6 @@ fn empty_notify_checked(
         || vm.inject_failure.is_some()
         || vm.change.is_some()
         || !vm.out.is_empty()
-        || !bus::is_balloon_notify(vm, ipa)
     {
         return None;
     }
