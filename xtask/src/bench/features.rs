@@ -51,7 +51,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
-use harness::{target_dir, Artifacts, Board, QemuOptions, Session};
+use harness::{Artifacts, Board, Session};
 use serde::Serialize;
 
 use super::linux::{self, harness, process_name, spread, Reporting, Side, Spread};
@@ -146,8 +146,7 @@ struct Guest {
 impl Guest {
     fn boot(artifacts: &Artifacts, bundle: &str, round: usize) -> Result<Guest, String> {
         let board = Board::VirtGicv2;
-        let mut opts = QemuOptions::for_board(board, artifacts);
-        opts.initrd = Some(target_dir().join("bundles").join(bundle));
+        let mut opts = linux::tidal_board(artifacts, bundle);
         let stem = bundle.trim_end_matches(".img");
         let name = format!("bench-features-{stem}-{round}");
         // A name no other QEMU on the machine has, to find this one's pid.
