@@ -139,6 +139,11 @@ impl TableMemory for HostMem {
 
 impl HostMemory for HostMem {
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
+        let pa = self.alloc_frame_to_overwrite(vm)?;
+        zero_and_clean(pa);
+        Some(pa)
+    }
+    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
         let (pa, free) = {
             let mut table = frames();
             (table.alloc_guest(vm), table.unreserved_free())
@@ -148,9 +153,7 @@ impl HostMemory for HostMem {
         if pa.is_none() || free < POOL_LOW.load(Ordering::Relaxed) {
             POOL_EVENT.store(true, Ordering::Relaxed);
         }
-        let pa = pa?;
-        zero_and_clean(pa);
-        Some(pa)
+        pa
     }
     fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
         let (n, free) = {

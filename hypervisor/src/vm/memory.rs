@@ -24,6 +24,12 @@ use crate::trace::trace_event;
 pub trait HostMemory: TableMemory {
     /// A zeroed frame owned by VM `vm`.
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr>;
+    /// A frame owned by VM `vm` that the caller writes whole before it maps
+    /// it, so its old contents never reach the guest: the target skips the
+    /// zeroing ([`Self::alloc_frame`] by default).
+    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
+        self.alloc_frame(vm)
+    }
     /// Zeroed frames owned by VM `vm` into `out`, as many as the pool gives
     /// (one lock of the frame table on the target); how many.
     fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
@@ -488,15 +494,51 @@ impl GuestRam {
     }
 
     /// Copy `data` into guest memory at `ipa` (backing pages as needed).
+    /// A whole page not backed yet (the kernel and initrd a VM starts with)
+    /// gets a frame that is written first and mapped after, without the
+    /// zeroing a first touch needs: the copy overwrites all of it, and no
+    /// vCPU can see the frame before it holds the data.
     pub fn write(
         &mut self,
         mem: &mut impl HostMemory,
         ipa: GuestAddr,
         data: &[u8],
     ) -> Result<(), RamError> {
-        self.for_each_page(mem, ipa, data.len(), |mem, pa, span| {
-            mem.write(pa, &data[span])
-        })
+        self.check_span(ipa, data.len())?;
+        let mut done = 0;
+        while done < data.len() {
+            let at = ipa + done as u64;
+            let n = page_piece(at, data.len() - done);
+            let piece = &data[done..done + n];
+            if n as u64 == PAGE_SIZE && self.stage2.lookup(mem, at).is_none() {
+                self.map_written(mem, at, piece)?;
+            } else {
+                let pa = self.translate_or_back(mem, at)?;
+                mem.write(pa, piece);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Back the unbacked page at `ipa` (page-aligned) with a frame holding
+    /// `page` (a whole page), written before it is mapped.
+    fn map_written(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: GuestAddr,
+        page: &[u8],
+    ) -> Result<(), RamError> {
+        let pa = mem
+            .alloc_frame_to_overwrite(self.vm)
+            .ok_or(RamError::OutOfMemory { ipa })?;
+        mem.write(pa, page);
+        if let Err(e) = self.stage2.map(mem, ipa, pa) {
+            self.free_frame(mem, pa);
+            return Err(RamError::Stage2(e));
+        }
+        self.stats.faults_backed += 1;
+        Ok(())
     }
 
     /// Split `[ipa, ipa + len)` at page boundaries and call `f` with each
@@ -512,7 +554,7 @@ impl GuestRam {
         let mut done = 0;
         while done < len {
             let at = ipa + done as u64;
-            let n = (PAGE_SIZE - at.page_offset()).min((len - done) as u64) as usize;
+            let n = page_piece(at, len - done);
             let pa = self.translate_or_back(mem, at)?;
             f(mem, pa, done..done + n);
             done += n;
@@ -639,6 +681,11 @@ impl core::fmt::Display for OwnershipError {
     }
 }
 
+/// How many of `left` bytes from `at` lie in `at`'s page.
+fn page_piece(at: GuestAddr, left: usize) -> usize {
+    (PAGE_SIZE - at.page_offset()).min(left as u64) as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -748,6 +795,49 @@ mod tests {
         // Pages never given back keep their contents.
         ram.read(&mut host, BASE, &mut buf[..4]).unwrap();
         assert_eq!(&buf[..4], b"kept");
+        ram.check(&mut host).unwrap();
+        ram.destroy(&mut host);
+        host.frames.check_invariants().unwrap();
+    }
+
+    /// A load's whole pages get frames that are not zeroed (the fake's
+    /// hold stale bytes, as a frame back from the pool may), written before
+    /// they are mapped: the guest reads exactly the data, zeros around it
+    /// in its partial first and last pages, and a page already backed is
+    /// written in place.
+    #[test]
+    fn whole_page_writes_show_the_data_alone() {
+        let mut host = FakeHost::new(256);
+        let mut ram = GuestRam::new(&mut host, 1, 1, BASE, 64 * PAGE_SIZE).unwrap();
+        let start = BASE + 4000;
+        let data: Vec<u8> = (0..3 * PAGE_SIZE + 100).map(|i| (i % 251) as u8).collect();
+        ram.write(&mut host, start, &data).unwrap();
+        // Two partial pages and three whole ones: five backed.
+        assert_eq!(ram.stats.faults_backed, 5);
+        assert_eq!(host.frames_owned(1), 5);
+        let mut back = vec![0u8; data.len()];
+        ram.read(&mut host, start, &mut back).unwrap();
+        assert_eq!(back, data);
+        let end = start + data.len() as u64;
+        let mut before = vec![1u8; 4000];
+        ram.read(&mut host, BASE, &mut before).unwrap();
+        let mut after = vec![1u8; (PAGE_SIZE - end.page_offset()) as usize];
+        ram.read(&mut host, end, &mut after).unwrap();
+        assert!(before.iter().chain(&after).all(|&b| b == 0));
+        let page = vec![7u8; PAGE_SIZE as usize];
+        ram.write(&mut host, BASE + PAGE_SIZE, &page).unwrap();
+        assert_eq!(host.frames_owned(1), 5);
+        let mut back = vec![0u8; PAGE_SIZE as usize];
+        ram.read(&mut host, BASE + PAGE_SIZE, &mut back).unwrap();
+        assert_eq!(back, page);
+        // With no frame left, an error: nothing mapped, nothing leaked.
+        let mut small = FakeHost::new(4);
+        let mut ram2 = GuestRam::new(&mut small, 2, 2, BASE, 64 * PAGE_SIZE).unwrap();
+        assert!(matches!(
+            ram2.write(&mut small, BASE, &data),
+            Err(RamError::OutOfMemory { .. })
+        ));
+        ram2.check(&mut small).unwrap();
         ram.check(&mut host).unwrap();
         ram.destroy(&mut host);
         host.frames.check_invariants().unwrap();

@@ -91,6 +91,15 @@ impl HostMemory for FakeHost {
         }
         Some(pa)
     }
+    /// With the stale bytes a frame back from the pool may hold (0xdd, as
+    /// [`Self::free_frame`] leaves them): nothing may read them.
+    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
+        let pa = self.frames.alloc_guest(vm)?;
+        if self.keep_data {
+            self.data[Self::frame(pa)] = Some(Box::new([0xdd; 4096]));
+        }
+        Some(pa)
+    }
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         self.frames.free_guest(vm, pa)?;
         if self.keep_data {
