@@ -17,7 +17,7 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use guest_bundle::Bundle;
-use spin::mutex::{TicketMutex, TicketMutexGuard};
+use spin::mutex::{SpinMutex, SpinMutexGuard, TicketMutex, TicketMutexGuard};
 use spin::{Mutex, MutexGuard};
 
 use crate::addr::PhysAddr;
@@ -89,8 +89,15 @@ fn encode(id: usize, vcpu: usize) -> usize {
 }
 const NO_VM: usize = usize::MAX;
 
-/// Ticket locks: a vCPU exiting in a tight loop must not starve the shell.
-static VMS: [TicketMutex<Option<Vm>>; MAX_GUESTS] = [const { TicketMutex::new(None) }; MAX_GUESTS];
+/// Each VM behind its lock. Whoever runs takes it: under QEMU a ticket
+/// lock handed it to waiters whose host threads were not running, and the
+/// VM's other vCPUs then waited for them, milliseconds at a time, in a
+/// guest's every burst of console output. A vCPU loop takes it once per
+/// exit and releases it before the guest runs, so the shell waiting for it
+/// gets it within an exit.
+static VMS: [VmLock; MAX_GUESTS] = [const { VmLock::new(None) }; MAX_GUESTS];
+type VmLock = SpinMutex<Option<Vm>, aarch64::SpinThenNap>;
+type VmGuard = SpinMutexGuard<'static, Option<Vm>, aarch64::SpinThenNap>;
 /// The VM and vCPU each physical CPU runs, or NO_VM.
 static CPU_VM: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(NO_VM) }; MAX_CPUS];
 static FRAMES: spin::Once<&'static Mutex<FrameTable<'static>>> = spin::Once::new();
@@ -102,7 +109,7 @@ pub(crate) fn frames() -> Tracked<MutexGuard<'static, FrameTable<'static>>> {
 
 /// VM `id`'s lock, marked held by this CPU (`crate::held`) so that a
 /// failure can release it.
-fn lock_vm(id: usize) -> Tracked<TicketMutexGuard<'static, Option<Vm>>> {
+fn lock_vm(id: usize) -> Tracked<VmGuard> {
     Tracked::new(VMS[id].lock(), held::vm(id))
 }
 
@@ -640,13 +647,22 @@ fn run_vcpu(id: usize, vcpu: usize) {
         }
         GuestContext::new(entry, x0)
     };
+    // Whether the list registers were synced since the last wait: an exit
+    // handled with nothing to wait for syncs them under the lock it
+    // already holds, so the common exit takes the VM's lock once (its
+    // other vCPU takes it as often).
+    let mut synced = false;
+    // An exit's cost (the exit profile) runs from here: the list registers
+    // synced, the world switch in, the trap, the handling.
+    let mut before = pmu::instructions();
     'entry: loop {
-        // An exit's cost (the exit profile) runs from here: the list
-        // registers synced, the world switch in, the trap, the handling.
-        let mut before = pmu::instructions();
-        if let Some(vm) = lock_vm(id).as_mut() {
-            irq::sync_list_registers(vm, &mut cpu, vcpu);
+        if !synced {
+            before = pmu::instructions();
+            if let Some(vm) = lock_vm(id).as_mut() {
+                irq::sync_list_registers(vm, &mut cpu, vcpu);
+            }
         }
+        synced = false;
         // Notifies with nothing to do go straight back to the guest
         // (`handle::empty_notify` says what that skips and why it may);
         // each is counted from the previous one's record, so the unlock
@@ -707,6 +723,11 @@ fn run_vcpu(id: usize, vcpu: usize) {
         if left {
             lifecycle::leave(vm, &mut cpu, vcpu, true);
         }
+        if outcome == Outcome::Continue {
+            before = pmu::instructions();
+            irq::sync_list_registers(vm, &mut cpu, vcpu);
+            synced = true;
+        }
         let pending = take_pending(vm);
         drop(guard);
         show(pending);
@@ -718,7 +739,9 @@ fn run_vcpu(id: usize, vcpu: usize) {
             // the wait; it is taken as soon as the guest runs again.
             aarch64::wait_for_interrupt_or(10_000);
         }
-        memory_tick();
+        if memory_tick() {
+            synced = false;
+        }
         if outcome == Outcome::WaitMemory {
             // No frame for its fault: only this vCPU waits (no lock held),
             // then retries the access.
@@ -876,7 +899,7 @@ pub fn with_manager<R>(f: impl FnOnce(&mut MemoryManager) -> R) -> Option<R> {
 }
 
 /// Try VM `id`'s lock without waiting.
-fn try_lock_vm(id: usize) -> Option<Tracked<TicketMutexGuard<'static, Option<Vm>>>> {
+fn try_lock_vm(id: usize) -> Option<Tracked<VmGuard>> {
     VMS.get(id)?
         .try_lock()
         .map(|g| Tracked::new(g, held::vm(id)))

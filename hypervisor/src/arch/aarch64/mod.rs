@@ -21,6 +21,7 @@ pub mod sysreg;
 pub mod vcpu;
 
 use core::arch::asm;
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use aarch64_cpu::asm::barrier;
 use aarch64_cpu::registers::{
@@ -253,6 +254,36 @@ pub fn wait_for_interrupt_or(micros: u64) {
     wait_for_interrupt();
     CNTHP_CTL_EL2.set(0);
     barrier::isb(barrier::SY);
+}
+
+/// How a CPU waits for a VM's lock: it spins, and every
+/// [`SPINS_PER_NAP`]th turn sleeps in WFI for [`NAP_US`] instead. On a board
+/// a holder keeps the lock for microseconds and the spin takes it. Under
+/// QEMU each emulated CPU is a host thread: a holder its host preempted
+/// keeps the lock for a host time slice (milliseconds), and a waiter that
+/// only spins keeps one of the host's cores from it meanwhile; WFI halts the
+/// waiter's thread (QEMU treats WFE as a no-op), which gives the core back.
+pub struct SpinThenNap;
+
+/// Turns of [`SpinThenNap`] between two naps.
+const SPINS_PER_NAP: u32 = 64;
+/// A nap of [`SpinThenNap`], in microseconds.
+const NAP_US: u64 = 20;
+
+/// [`SpinThenNap`]'s turns, per CPU (never reset: the first nap of a
+/// wait comes within [`SPINS_PER_NAP`] turns).
+static SPINS: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
+
+impl spin::RelaxStrategy for SpinThenNap {
+    fn relax() {
+        let turn = SPINS[cpu_index()].fetch_add(1, Ordering::Relaxed);
+        // Without a GIC we drive, the EL2 timer might not wake WFI.
+        if turn % SPINS_PER_NAP == SPINS_PER_NAP - 1 && gic::present() {
+            wait_for_interrupt_or(NAP_US);
+        } else {
+            core::hint::spin_loop();
+        }
+    }
 }
 
 /// Wait for an interrupt (WFI).
