@@ -108,7 +108,8 @@ pub(crate) fn frames() -> Tracked<MutexGuard<'static, FrameTable<'static>>> {
 }
 
 /// VM `id`'s lock, marked held by this CPU (`crate::held`) so that a
-/// failure can release it.
+/// failure can release it. Inlined: every exit takes it.
+#[inline(always)]
 fn lock_vm(id: usize) -> Tracked<VmGuard> {
     Tracked::new(VMS[id].lock(), held::vm(id))
 }
@@ -663,8 +664,8 @@ fn run_vcpu(id: usize, vcpu: usize) {
             }
         }
         synced = false;
-        // Notifies with nothing to do go straight back to the guest
-        // (`handle::empty_notify` says what that skips and why it may);
+        // Exits with nothing else to do go straight back to the guest
+        // (`handle::fast_exit` says which, what that skips and why it may);
         // each is counted from the previous one's record, so the unlock
         // and the world switch are in its cost.
         let (exit, mut guard) = loop {
@@ -672,7 +673,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
             let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
             let mut guard = lock_vm(id);
             let Some(vm) = guard.as_mut() else { return };
-            match handle::empty_notify(vm, &mut cpu, vcpu, &mut ctx, &exit, before) {
+            match handle::fast_exit(vm, &mut cpu, vcpu, &mut ctx, &exit, before) {
                 Some(recorded) => before = recorded,
                 None => break (exit, guard),
             }

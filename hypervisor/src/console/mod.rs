@@ -13,14 +13,19 @@ mod uart_console {
     use super::terminal::Terminal;
     use crate::vm::console::LiveOutput;
 
+    use crate::arch::aarch64::SpinThenNap;
     use crate::held::{self, Tracked};
     use platform::uart::ConsoleUart;
+    use spin::mutex::{SpinMutex, SpinMutexGuard};
     use spin::{Mutex, MutexGuard};
 
-    static CONSOLE: Mutex<Option<ConsoleUart>> = Mutex::new(None);
+    /// Every CPU prints, the shell reads input here: a waiter naps rather
+    /// than keep a host core from a preempted holder under QEMU (see
+    /// [`SpinThenNap`]).
+    static CONSOLE: SpinMutex<Option<ConsoleUart>, SpinThenNap> = SpinMutex::new(None);
 
     /// The console UART, locked and marked held by this CPU (`crate::held`).
-    fn console() -> Tracked<MutexGuard<'static, Option<ConsoleUart>>> {
+    fn console() -> Tracked<SpinMutexGuard<'static, Option<ConsoleUart>, SpinThenNap>> {
         Tracked::new(CONSOLE.lock(), held::CONSOLE)
     }
 

@@ -108,6 +108,13 @@ pub fn is_balloon_notify(vm: &Vm, ipa: GuestAddr) -> bool {
     vm.balloon.is_some() && ipa == layout::VIRTIO_BASE + crate::virtio::mmio::QUEUE_NOTIFY
 }
 
+/// Whether `ipa` is in the PL011's window: a first cheap test for the
+/// UART fast path, which then asks [`route`] (the one decode).
+#[inline]
+pub fn is_uart(ipa: GuestAddr) -> bool {
+    offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE).is_some()
+}
+
 /// What was refused, and the device's own reason if it gave one.
 pub struct Refused {
     pub kind: BadAccessKind,

@@ -26,6 +26,7 @@ use super::testing::FakeCpu;
 use crate::addr::{GuestAddr, PhysAddr};
 use crate::balloon::F_VERSION_1;
 use crate::mm::frames::{FrameUse, PAGE_SIZE};
+use crate::pl011;
 use crate::virtio::mmio;
 use crate::virtio::testing::{DriverMemory, DriverQueue};
 
@@ -1275,7 +1276,7 @@ impl Live {
         self.cpu.instructions = before.wrapping_add(100);
         if fast {
             let taken =
-                handle::empty_notify(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, before);
+                handle::fast_exit(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, before);
             if let Some(recorded) = taken {
                 assert_eq!(recorded, self.cpu.instructions, "recorded up to now");
                 return true;
@@ -1296,7 +1297,7 @@ impl Live {
     /// The fast path alone on a notify of queue 0 (x1 is left as it is).
     fn try_fast_notify(&mut self) -> Option<u32> {
         let exit = store(layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY, 4);
-        handle::empty_notify(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, 0)
+        handle::fast_exit(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, 0)
     }
 
     fn notify(&mut self, queue: u64, fast: bool) -> bool {
@@ -1314,8 +1315,14 @@ impl Live {
             .map(|q| (q.ready(), q.last_avail_idx(), q.used_idx(), q.in_flight()))
             .collect();
         let counts = ExitKind::ALL.map(|k| vm.profile.get(k).count);
+        let uart = (
+            vm.uart.counters(),
+            vm.uart.irq_level(),
+            vm.vgic.as_ref().map(|g| g.spi_line(irq::UART_INTID)),
+            vm.input.len(),
+        );
         format!(
-            "{:?} {:?} {:#x} {:#x} {queues:?} {:?} pc={:#x} x={:?} spsr={:#x} pool={} mapped={:?} kicks={:?} injected={:?} exits={counts:?} lines={:?}",
+            "{:?} {:?} {:#x} {:#x} {queues:?} {:?} {uart:?} pc={:#x} x={:?} spsr={:#x} pool={} mapped={:?} kicks={:?} injected={:?} exits={counts:?} lines={:?}",
             b.stats(),
             b.device().stats(),
             b.status(),
@@ -1439,6 +1446,103 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
     assert!(taken.is_none());
 }
 
+/// The UART fast path takes exactly the loads that change nothing but the
+/// guest's register (the flag register polled before each byte sent, above
+/// all), and leaves the VM as the full path would: the same twins as for
+/// the notify fast path.
+#[test]
+fn a_quiet_uart_read_goes_the_fast_way_with_the_full_paths_effects() {
+    let mut twins = [Live::new(), Live::new()];
+    let mut step = |what: &str, expect: bool, f: &mut dyn FnMut(&mut Live, bool) -> bool| {
+        let [fast, full] = &mut twins;
+        assert_eq!(f(fast, true), expect, "{what}: fast path taken");
+        assert!(!f(full, false));
+        assert_eq!(fast.observed(), full.observed(), "{what}");
+    };
+    let at = |offset: u64| layout::UART_BASE + offset;
+    // Linux's setup, as the full path sees it: FIFOs and the receive
+    // interrupts on.
+    step("LCR_H", false, &mut |l, f| {
+        l.store(at(pl011::UARTLCR_H), 2, 0x70, f)
+    });
+    step("IMSC", false, &mut |l, f| {
+        l.store(at(pl011::UARTIMSC), 2, 0x50, f)
+    });
+    step("CR", false, &mut |l, f| {
+        l.store(at(pl011::UARTCR), 2, 0x301, f)
+    });
+    for width in [2, 4] {
+        step("FR", true, &mut |l, f| l.exit(load(UART_FR, width), f));
+    }
+    step("FR, a byte", true, &mut |l, f| l.exit(load(UART_FR, 1), f));
+    step("IMSC read", true, &mut |l, f| {
+        l.exit(load(at(pl011::UARTIMSC), 2), f)
+    });
+    step("MIS read", true, &mut |l, f| {
+        l.exit(load(at(pl011::UARTMIS), 2), f)
+    });
+    step("no register", true, &mut |l, f| {
+        l.exit(load(at(0x800), 4), f)
+    });
+    step("misaligned", true, &mut |l, f| l.exit(load(at(0x19), 2), f));
+    step("a store to FR", false, &mut |l, f| {
+        l.store(UART_FR, 2, 0, f)
+    });
+    step("DR, empty", false, &mut |l, f| l.exit(load(UART_DR, 2), f));
+    step("DR's upper byte", false, &mut |l, f| {
+        l.exit(load(at(1), 1), f)
+    });
+    step("a byte sent", false, &mut |l, f| {
+        l.store(UART_DR, 2, 0x41, f)
+    });
+    // Input typed: the console raised the interrupt with it; FR shows the
+    // bytes without a change.
+    step("FR with input", true, &mut |l, f| {
+        assert_eq!(irq::console_input_bytes(&mut l.vm, &mut l.cpu, b"hi"), 2);
+        assert!(l.vm.uart.irq_level());
+        l.exit(load(UART_FR, 2), f)
+    });
+    step("DR with input", false, &mut |l, f| {
+        l.exit(load(UART_DR, 2), f)
+    });
+    // More input than the FIFO holds waits behind it: the full path feeds
+    // the FIFO after each read.
+    step("input queued", false, &mut |l, f| {
+        let many = [b'x'; 40];
+        assert_eq!(irq::console_input_bytes(&mut l.vm, &mut l.cpu, &many), 40);
+        assert!(!l.vm.input.is_empty());
+        l.exit(load(UART_FR, 2), f)
+    });
+    step("FR, input queued", false, &mut |l, f| {
+        l.exit(load(UART_FR, 2), f)
+    });
+    // The vGIC's line not what the UART says: the full path fixes it.
+    step("line out of step", false, &mut |l, f| {
+        let level = l.vm.uart.irq_level();
+        let vgic = l.vm.vgic.as_mut().expect("vGIC");
+        vgic.set_level(irq::UART_INTID, !level).expect("an SPI");
+        l.exit(load(UART_FR, 2), f)
+    });
+    // Console text waiting: the full path's caller prints it.
+    step("outbox", false, &mut |l, f| {
+        l.vm.out.line(format_args!("waiting"));
+        let taken = l.exit(load(UART_FR, 2), f);
+        let _ = l.vm.out.take();
+        taken
+    });
+    // A balloon change being measured counts its exits.
+    step("a change", false, &mut |l, f| {
+        balloon_ctl::set_target(&mut l.vm, &mut l.cpu, 16).expect("target set");
+        l.exit(load(UART_FR, 2), f)
+    });
+    // A stop asked for: the vCPU loop must see it.
+    let mut live = Live::new();
+    lifecycle::request_stop(&mut live.vm, &mut live.cpu).expect("running");
+    let exit = load(UART_FR, 2);
+    let taken = handle::fast_exit(&mut live.vm, &mut live.cpu, 0, &mut live.ctx, &exit, 0);
+    assert!(taken.is_none());
+}
+
 /// The fast path's exits are in the profile: one `virtio-notify` each,
 /// with every instruction since the previous record.
 #[test]
@@ -1450,7 +1554,7 @@ fn fast_notifies_are_profiled() {
         live.cpu.instructions = at.wrapping_add(250);
         let exit = store(layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY, 4);
         live.ctx.x[1] = 0;
-        at = handle::empty_notify(&mut live.vm, &mut live.cpu, 1, &mut live.ctx, &exit, at)
+        at = handle::fast_exit(&mut live.vm, &mut live.cpu, 1, &mut live.ctx, &exit, at)
             .expect("taken");
     }
     let after = live.vm.profile.get(ExitKind::VirtioNotify);

@@ -3,9 +3,9 @@
 //! WFI, WFE, a physical interrupt by source, anything else), how many exits
 //! and the hypervisor (EL2) instructions they cost, world switch included.
 //! `handle::after_exit` records every exit ([`ExitProfile::record`]: an
-//! index and two adds), `handle::empty_notify` those of the notify fast
-//! path (each from the previous record to its own: unlock, world switch
-//! and trap included); `info exits <vm>` prints the table
+//! index and two adds), `handle::fast_exit` those of the fast paths (each
+//! from the previous record to its own: unlock, world switch and trap
+//! included); `info exits <vm>` prints the table
 //! ([`ExitProfile::write_table`]), `info exits <vm> reset` starts it over.
 //! It starts over when the VM starts, too.
 

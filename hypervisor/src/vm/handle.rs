@@ -31,7 +31,7 @@ use super::ratelimit::LineKind;
 use super::state::{Vm, VmState};
 use crate::addr::{GuestAddr, GuestPfn};
 use crate::trace::trace_event;
-use crate::vgic::{ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
+use crate::vgic::{VDistributor, ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
 use crate::virtio::mmio::QUEUE_NOTIFY;
 
 /// Why a VM stopped after a hypervisor failure in its path.
@@ -90,33 +90,30 @@ pub fn after_exit(
     outcome
 }
 
-/// The notify fast path: a trapped 32-bit store to the balloon's
-/// QueueNotify that certainly has nothing to do is finished here, right
-/// after the decode, instead of by [`after_exit`]: the notification counted
-/// and the PC stepped, as the full path would, and the exit recorded in the
-/// profile as a `virtio-notify` costing the EL2 instructions since `before`.
+/// The fast paths: an exit that certainly has nothing to do but its own
+/// access is finished here, right after the decode, instead of by
+/// [`after_exit`], with the effects the full path would have. Two kinds
+/// qualify:
+/// - a trapped 32-bit store to the balloon's QueueNotify with nothing new
+///   in the queue ([`empty_notify`]);
+/// - a load from the PL011 of any register but DR (the flag register
+///   polled before each byte sent, above all), while no console input
+///   waits behind its FIFO ([`quiet_uart_read`]).
+///
 /// Returns the instruction count it recorded up to (the next exit's
 /// `before`: the vCPU loop counts every instruction of a fast exit, unlock
 /// and world switch included, in one exit or the next); `None`, with
 /// nothing changed, for anything the full path must see.
 ///
-/// "Nothing to do" means every effect of the full path is certainly none:
-/// - the VM runs normally: no stop requested (the full path leaves then),
-///   no `debug fail` armed, no frame-table failure to stop on, no console
-///   text waiting in its outbox (the full path prints it), no balloon
-///   change being measured (its exits are counted and its end is detected
-///   after each exit);
-/// - the address is the balloon's QueueNotify as [`bus::route`] decodes it
-///   ([`bus::is_balloon_notify`]; not RAM), the access 4 bytes, and the
-///   transport's
-///   [`empty_notify`](crate::virtio::mmio::MmioTransport::empty_notify)
-///   finds the queue live with nothing new in its avail ring, read through
-///   the VM's stage 2 without backing a page ([`MappedView`]: a ring page
-///   without a frame goes the full way, which backs it);
-/// - no time-driven balloon work is due on vCPU 0 (the statistics buffer
-///   the full path's [`balloon_ctl::poll`] would return);
-/// - the balloon's interrupt line in the vGIC already has the level the
-///   device asks for, so [`irq::update_virtio`] would change nothing.
+/// Both ask that the VM run normally ([`runs_plainly`]): no stop requested
+/// (the full path leaves then), no `debug fail` armed, no frame-table
+/// failure to stop on, no console text waiting in its outbox (the full
+/// path prints it), no balloon change being measured (its exits are counted
+/// and its end is detected after each exit), no time-driven balloon work
+/// due on vCPU 0 (the statistics buffer the full path's
+/// [`balloon_ctl::poll`] would return); and that the device's interrupt
+/// line in the vGIC already has the level the device asks for, so the
+/// full path's update of it would change nothing.
 ///
 /// What the vCPU loop skips after a fast exit, the list registers' sync,
 /// is only needed once something else changes this vCPU's interrupts:
@@ -127,7 +124,7 @@ pub fn after_exit(
 /// two fast exits and can change them, the memory manager's tick (it kicks
 /// other CPUs only), sends the loop round the sync when it ran.
 #[inline]
-pub fn empty_notify(
+pub fn fast_exit(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
     vcpu: usize,
@@ -138,16 +135,41 @@ pub fn empty_notify(
     // What every other exit pays: a compare or two, no call.
     match *exit {
         VcpuExit::MmioWrite { ipa, width: 4, .. } if bus::is_balloon_notify(vm, ipa) => {
-            empty_notify_checked(vm, cpu, vcpu, ctx, exit, before)
+            empty_notify(vm, cpu, vcpu, ctx, exit, before)
+        }
+        VcpuExit::MmioRead { ipa, .. } if bus::is_uart(ipa) => {
+            quiet_uart_read(vm, cpu, vcpu, ctx, exit, before)
         }
         _ => None,
     }
 }
 
-/// [`empty_notify`] once the exit is a 4-byte store to the balloon's
-/// QueueNotify.
+/// The conditions every fast path shares (see [`fast_exit`]).
+#[inline]
+fn runs_plainly(vm: &Vm, cpu: &impl PhysCpu, vcpu: usize) -> bool {
+    vm.state == VmState::Running
+        && vm.inject_failure.is_none()
+        && vm.change.is_none()
+        && vm.out.is_empty()
+        && vm.ram.as_ref().is_some_and(|r| r.frame_error.is_none())
+        && !(vcpu == 0
+            && vm.balloon.as_ref().is_some_and(|b| {
+                b.device()
+                    .next_stats_poll_us()
+                    .is_some_and(|t| t <= cpu.uptime_us())
+            }))
+}
+
+/// [`fast_exit`] for a 4-byte store to the balloon's QueueNotify: taken
+/// when the address is the QueueNotify as [`bus::route`] decodes it
+/// ([`bus::is_balloon_notify`]; not RAM) and the transport's
+/// [`empty_notify`](crate::virtio::mmio::MmioTransport::empty_notify) finds
+/// the queue live with nothing new in its avail ring, read through the VM's
+/// stage 2 without backing a page ([`MappedView`]: a ring page without a
+/// frame goes the full way, which backs it). The notification is counted
+/// and the exit recorded as a `virtio-notify`.
 #[inline(never)]
-fn empty_notify_checked(
+fn empty_notify(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
     vcpu: usize,
@@ -164,33 +186,20 @@ fn empty_notify_checked(
     else {
         return None;
     };
-    if vm.state != VmState::Running
-        || vm.inject_failure.is_some()
-        || vm.change.is_some()
-        || !vm.out.is_empty()
-    {
+    if !runs_plainly(vm, cpu, vcpu) {
         return None;
     }
     let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
         return None;
     };
-    if ram.contains(ipa) || ram.frame_error.is_some() {
+    if ram.contains(ipa) {
         return None;
     }
-    if vcpu == 0
-        && balloon
-            .device()
-            .next_stats_poll_us()
-            .is_some_and(|t| t <= cpu.uptime_us())
-    {
-        return None;
-    }
-    let level = balloon.interrupt_pending();
-    if vm
-        .vgic
-        .as_ref()
-        .is_some_and(|g| g.spi_line(irq::VIRTIO_INTID) != Some(level))
-    {
+    if !line_at(
+        vm.vgic.as_ref(),
+        irq::VIRTIO_INTID,
+        balloon.interrupt_pending(),
+    ) {
         return None;
     }
     let value = ctx.reg(reg);
@@ -201,19 +210,87 @@ fn empty_notify_checked(
     if !balloon.empty_notify(width, value as u32, &mut view) {
         return None;
     }
+    trace_exit(vm, vcpu, exit, ctx.elr);
+    trace_mmio(vm, "write", ipa, width, value);
+    ctx.elr += u64::from(insn_len);
+    Some(record_fast(vm, cpu, ExitKind::VirtioNotify, before))
+}
+
+/// [`fast_exit`] for a load from the PL011: taken when [`bus::route`]
+/// decodes the address as the UART (not RAM), the register is not DR (a
+/// DR read takes input, which may lower the interrupt and lets the console
+/// feed more), no console input waits behind the receive FIFO (the full
+/// path would feed it), and the UART's line in the vGIC has the level the
+/// UART asks for. Such a read changes nothing but the guest's register and
+/// PC (the model's access counters aside, which the full path's read
+/// updates alike); the exit is recorded as an `mmio-uart`.
+#[inline(never)]
+fn quiet_uart_read(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ctx: &mut GuestContext,
+    exit: &VcpuExit,
+    before: u32,
+) -> Option<u32> {
+    let VcpuExit::MmioRead {
+        ipa,
+        width,
+        reg,
+        sign_extend,
+        sixty_four,
+        insn_len,
+    } = *exit
+    else {
+        return None;
+    };
+    let Some(bus::Window::Uart(offset)) = bus::route(vm, ipa) else {
+        return None;
+    };
+    if offset & !3 == crate::pl011::UARTDR
+        || !vm.input.is_empty()
+        || vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
+        || !runs_plainly(vm, cpu, vcpu)
+    {
+        return None;
+    }
+    if !line_at(vm.vgic.as_ref(), irq::UART_INTID, vm.uart.irq_level()) {
+        return None;
+    }
+    let value = u64::from(vm.uart.read(offset, width));
+    trace_exit(vm, vcpu, exit, ctx.elr);
+    trace_mmio(vm, "read", ipa, width, value);
+    ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four));
+    ctx.elr += u64::from(insn_len);
+    let kind = ExitKind::mmio(Some(super::fault::Device::Uart));
+    Some(record_fast(vm, cpu, kind, before))
+}
+
+/// The trace's record of an exit (nothing without the `trace` feature).
+#[inline]
+fn trace_exit(vm: &Vm, vcpu: usize, exit: &VcpuExit, pc: u64) {
     trace_event!(
         "exit vm{=usize} vcpu{=usize} {} pc={=u64:#x}",
         vm.id,
         vcpu,
         exit.kind(),
-        ctx.elr
+        pc
     );
-    trace_mmio(vm, "write", ipa, width, value);
-    ctx.elr += u64::from(insn_len);
+}
+
+/// Whether SPI `intid`'s line in the vGIC (if the VM has one) is at `level`.
+#[inline]
+fn line_at(vgic: Option<&VDistributor>, intid: u32, level: bool) -> bool {
+    vgic.is_none_or(|g| g.spi_line(intid) == Some(level))
+}
+
+/// A fast exit recorded as `kind`, with the instructions since `before`;
+/// the count it recorded up to.
+#[inline]
+fn record_fast(vm: &mut Vm, cpu: &mut impl PhysCpu, kind: ExitKind, before: u32) -> u32 {
     let now = cpu.instructions();
-    vm.profile
-        .record(ExitKind::VirtioNotify, u64::from(now.wrapping_sub(before)));
-    Some(now)
+    vm.profile.record(kind, u64::from(now.wrapping_sub(before)));
+    now
 }
 
 /// Whether an exit is part of moving the balloon: a balloon register access
@@ -256,13 +333,7 @@ pub fn handle(
         }
         other => other,
     };
-    trace_event!(
-        "exit vm{=usize} vcpu{=usize} {} pc={=u64:#x}",
-        vm.id,
-        vcpu,
-        exit.kind(),
-        ctx.elr
-    );
+    trace_exit(vm, vcpu, &exit, ctx.elr);
     match exit {
         VcpuExit::MmioRead {
             ipa,
