@@ -1254,6 +1254,19 @@ fn report(
             total.count
         ),
     }
+    let work_wall = summary
+        .iter()
+        .find(|(mode, _)| *mode == "reporting_on")
+        .and_then(|(_, mode)| mode.0.iter().find(|(key, _)| *key == "agent_work_s"))
+        .and_then(|(_, metric)| metric.ratio_of_medians);
+    if let Some(ratio) = work_wall {
+        println!(
+            "In wall time the same polls took {ratio:.2} times QEMU's (agent work, reporting on): the part the"
+        );
+        println!(
+            "instructions above do not explain is host time per guest instruction (TCG, stage 2 on), not work."
+        );
+    }
     let profiles: Vec<&exits::Profiles> = runs
         .iter()
         .filter(|(m, _, _, _)| *m == Reporting::On)
