@@ -95,17 +95,17 @@ pub fn after_exit(
 /// [`after_exit`], with the effects the full path would have. Two kinds
 /// qualify:
 /// - a trapped 32-bit store to the balloon's QueueNotify with nothing new
-///   in the queue ([`empty_notify`]);
+///   in the queue (`empty_notify`);
 /// - a load from the PL011 of any register but DR (the flag register
 ///   polled before each byte sent, above all), while no console input
-///   waits behind its FIFO ([`quiet_uart_read`]).
+///   waits behind its FIFO (`quiet_uart_read`).
 ///
 /// Returns the instruction count it recorded up to (the next exit's
 /// `before`: the vCPU loop counts every instruction of a fast exit, unlock
 /// and world switch included, in one exit or the next); `None`, with
 /// nothing changed, for anything the full path must see.
 ///
-/// Both ask that the VM run normally ([`runs_plainly`]): no stop requested
+/// Both ask that the VM run normally (`runs_plainly`): no stop requested
 /// (the full path leaves then), no `debug fail` armed, no frame-table
 /// failure to stop on, no console text waiting in its outbox (the full
 /// path prints it), no balloon change being measured (its exits are counted
