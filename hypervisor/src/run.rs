@@ -93,8 +93,9 @@ const NO_VM: usize = usize::MAX;
 /// lock handed it to waiters whose host threads were not running, and the
 /// VM's other vCPUs then waited for them, milliseconds at a time, in a
 /// guest's every burst of console output. A vCPU loop takes it once per
-/// exit and releases it before the guest runs, so the shell waiting for it
-/// gets it within an exit.
+/// exit and releases it before the guest runs: a waiting shell finds it
+/// free while the guest runs (the QEMU test `spin_flood_and_held_stats`
+/// uses the shell while a guest writes its console without pause).
 static VMS: [VmLock; MAX_GUESTS] = [const { VmLock::new(None) }; MAX_GUESTS];
 type VmLock = SpinMutex<Option<Vm>, aarch64::SpinThenNap>;
 type VmGuard = SpinMutexGuard<'static, Option<Vm>, aarch64::SpinThenNap>;
