@@ -81,8 +81,10 @@ fn stop_in_the_middle_of_an_inflate(board: Board) {
     s.assert_check();
     assert_alive(&mut s, "beta");
     // alpha starts again with all its RAM and a fresh balloon.
+    // Its lines may come before the command's own reply.
+    let mut since = s.mark();
     ok(s.run("start alpha", COMMAND));
-    ok(s.expect(r"\[alpha\] testguest: balloon at ", STEP));
+    ok(s.expect_since(&mut since, r"\[alpha\] testguest: balloon at ", STEP));
     assert_eq!(category(&mut s, "guest RAM"), guest0);
     ok(s.balloon_test_guest("alpha", 64, STEP));
     s.assert_check();
@@ -187,9 +189,15 @@ fn spin_flood_and_held_stats(board: Board) {
     assert_eq!(stop(&mut s, "flooder"), 16384, "flooder's 64 MiB");
     assert_alive(&mut s, "holder");
     s.assert_check();
-    // The spinner can be started again and stopped again.
+    // The spinner can be started again and stopped again. Its first line
+    // may come before the command's own reply: looked for from before it.
+    let mut since = s.mark();
     ok(s.run("start spinner", COMMAND));
-    ok(s.expect(r"\[spinner\] testguest: spin: interrupts masked", STEP));
+    ok(s.expect_since(
+        &mut since,
+        r"\[spinner\] testguest: spin: interrupts masked",
+        STEP,
+    ));
     assert_eq!(stop(&mut s, "spinner"), 16384);
     assert_eq!(stop(&mut s, "holder"), 32768);
     assert_eq!(category(&mut s, "guest RAM"), 0);
