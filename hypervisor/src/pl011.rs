@@ -235,6 +235,13 @@ impl Pl011 {
         self.ris & self.imsc
     }
 
+    /// The interrupt output once a byte has been written to DR (which
+    /// raises TXRIS): whether such a write would leave the line as
+    /// [`Pl011::irq_level`] has it is what the vCPU's fast path asks.
+    pub fn irq_level_after_transmit(&self) -> bool {
+        (self.ris | INT_TX) & self.imsc != 0
+    }
+
     /// Bytes waiting in the receive FIFO.
     pub fn rx_len(&self) -> usize {
         self.rx_len
@@ -640,8 +647,12 @@ mod tests {
                         uart.read(offset, width);
                     }
                     1 => {
+                        let predicted = uart.irq_level_after_transmit();
                         let effect = uart.write(offset, width, value);
                         prop_assert_eq!(effect.irq_changed, uart.irq_level() != level);
+                        if offset == UARTDR && effect.output.is_some() {
+                            prop_assert_eq!(uart.irq_level(), predicted);
+                        }
                     }
                     _ => {
                         let full = uart.read(UARTFR, 4) & FR_RXFF != 0;

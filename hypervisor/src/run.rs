@@ -667,18 +667,25 @@ fn run_vcpu(id: usize, vcpu: usize) {
         synced = false;
         // Exits with nothing else to do go straight back to the guest
         // (`handle::fast_exit` says which, what that skips and why it may);
-        // each is counted from the previous one's record, so the unlock
-        // and the world switch are in its cost.
+        // each is counted from the previous one's record, so the unlock,
+        // the world switch and the printing of a byte it sent are in its
+        // cost.
         let (exit, mut guard) = loop {
             let vector = vcpu::run(&mut ctx);
             let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
             let mut guard = lock_vm(id);
             let Some(vm) = guard.as_mut() else { return };
-            match handle::fast_exit(vm, &mut cpu, vcpu, &mut ctx, &exit, before) {
-                Some(recorded) => before = recorded,
-                None => break (exit, guard),
+            let Some(fast) = handle::fast_exit(vm, &mut cpu, vcpu, &mut ctx, &exit, before) else {
+                break (exit, guard);
+            };
+            before = fast.recorded;
+            if fast.printed {
+                let pending = take_pending(vm);
+                drop(guard);
+                show(pending);
+            } else {
+                drop(guard);
             }
-            drop(guard);
             if memory_tick() {
                 // What it changed is listed before the guest runs.
                 continue 'entry;

@@ -261,7 +261,7 @@ pub fn write(
 
 /// A byte the guest wrote to its console: part of a line, or shown live
 /// when its console has the keyboard (prompts, echo).
-fn console_output(vm: &mut Vm, byte: u8) {
+pub(super) fn console_output(vm: &mut Vm, byte: u8) {
     if vm.focused {
         let output = vm.console.push_live(byte);
         vm.out.live(output);

@@ -1248,6 +1248,8 @@ struct Live {
     cpu: FakeCpu,
     ctx: GuestContext,
     inflate: DriverQueue,
+    /// What the exits printed since the last look ([`Live::observed`]).
+    shown: Vec<String>,
 }
 
 impl Live {
@@ -1265,6 +1267,7 @@ impl Live {
             cpu,
             ctx,
             inflate,
+            shown: Vec::new(),
         }
     }
 
@@ -1277,15 +1280,26 @@ impl Live {
         if fast {
             let taken =
                 handle::fast_exit(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, before);
-            if let Some(recorded) = taken {
-                assert_eq!(recorded, self.cpu.instructions, "recorded up to now");
+            if let Some(fast) = taken {
+                assert_eq!(fast.recorded, self.cpu.instructions, "recorded up to now");
+                assert_eq!(fast.printed, !self.vm.out.is_empty(), "says what it left");
+                self.print();
                 return true;
             }
         }
         let outcome =
             handle::after_exit(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, exit, before);
         assert_eq!(outcome, Outcome::Continue);
+        self.print();
         false
+    }
+
+    /// What the vCPU loop does after an exit once the lock is released:
+    /// print the outbox (here: keep it in `shown`).
+    fn print(&mut self) {
+        let (notices, dropped) = self.vm.out.take();
+        assert_eq!(dropped, 0);
+        self.shown.extend(notices.iter().map(|n| format!("{n:?}")));
     }
 
     /// A `width`-byte store of `value` (in x1) at `ipa`.
@@ -1298,6 +1312,7 @@ impl Live {
     fn try_fast_notify(&mut self) -> Option<u32> {
         let exit = store(layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY, 4);
         handle::fast_exit(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, 0)
+            .map(|fast| fast.recorded)
     }
 
     fn notify(&mut self, queue: u64, fast: bool) -> bool {
@@ -1306,7 +1321,8 @@ impl Live {
 
     /// What the exits did, as far as anything outside can tell.
     fn observed(&mut self) -> String {
-        let lines = lines(&mut self.vm);
+        self.print();
+        let lines = core::mem::take(&mut self.shown);
         let vm = &self.vm;
         let b = vm.balloon.as_ref().expect("balloon");
         let queues: Vec<_> = b
@@ -1340,6 +1356,40 @@ impl Live {
     }
 }
 
+/// Two [`Live`] VMs given the same exits, one through the fast path as the
+/// vCPU loop tries it, one always the full way.
+struct Twins([Live; 2]);
+
+impl Twins {
+    fn new() -> Self {
+        Twins([Live::new(), Live::new()])
+    }
+
+    /// `f` on both: whether the fast path took it is `expect`, and the
+    /// effects are the same.
+    fn step(&mut self, what: &str, expect: bool, f: &mut dyn FnMut(&mut Live, bool) -> bool) {
+        let [fast, full] = &mut self.0;
+        assert_eq!(f(fast, true), expect, "{what}: fast path taken");
+        assert!(!f(full, false));
+        assert_eq!(fast.observed(), full.observed(), "{what}");
+    }
+}
+
+/// Linux's setup of its UART, which goes the full way: FIFOs and the
+/// receive interrupts on.
+fn linux_uart_setup(step: &mut impl FnMut(&str, bool, &mut dyn FnMut(&mut Live, bool) -> bool)) {
+    let at = |offset: u64| layout::UART_BASE + offset;
+    step("LCR_H", false, &mut |l, f| {
+        l.store(at(pl011::UARTLCR_H), 2, 0x70, f)
+    });
+    step("IMSC", false, &mut |l, f| {
+        l.store(at(pl011::UARTIMSC), 2, 0x50, f)
+    });
+    step("CR", false, &mut |l, f| {
+        l.store(at(pl011::UARTCR), 2, 0x301, f)
+    });
+}
+
 /// The notify fast path takes exactly the notifies with nothing to do, and
 /// leaves the VM as the full path would: two VMs get the same exits, one
 /// through the fast path as the vCPU loop tries it, one always the full
@@ -1347,15 +1397,10 @@ impl Live {
 /// way does.
 #[test]
 fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
-    let mut twins = [Live::new(), Live::new()];
+    let mut twins = Twins::new();
     let notify_ipa = layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY;
-    // Each step on both: whether the fast path took it, then the same
-    // effects.
     let mut step = |what: &str, expect: bool, f: &mut dyn FnMut(&mut Live, bool) -> bool| {
-        let [fast, full] = &mut twins;
-        assert_eq!(f(fast, true), expect, "{what}: fast path taken");
-        assert!(!f(full, false));
-        assert_eq!(fast.observed(), full.observed(), "{what}");
+        twins.step(what, expect, f)
     };
     step("empty inflateq", true, &mut |l, f| l.notify(0, f));
     step("empty deflateq", true, &mut |l, f| l.notify(1, f));
@@ -1371,7 +1416,7 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
     step("another register", false, &mut |l, f| {
         l.store(notify_ipa + 4, 4, 0, f)
     });
-    step("the UART", false, &mut |l, f| l.store(UART_DR, 4, 0x41, f));
+    step("the UART", false, &mut |l, f| l.store(UART_FR, 4, 0x41, f));
     step("a load", false, &mut |l, f| l.exit(load(notify_ipa, 4), f));
     // A PFN queued: the full path inflates it and raises the interrupt.
     let pfn = (layout::RAM_BASE + (3 << 20)).pfn().raw() as u32;
@@ -1452,25 +1497,14 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
 /// the notify fast path.
 #[test]
 fn a_quiet_uart_read_goes_the_fast_way_with_the_full_paths_effects() {
-    let mut twins = [Live::new(), Live::new()];
+    let mut twins = Twins::new();
     let mut step = |what: &str, expect: bool, f: &mut dyn FnMut(&mut Live, bool) -> bool| {
-        let [fast, full] = &mut twins;
-        assert_eq!(f(fast, true), expect, "{what}: fast path taken");
-        assert!(!f(full, false));
-        assert_eq!(fast.observed(), full.observed(), "{what}");
+        twins.step(what, expect, f)
     };
     let at = |offset: u64| layout::UART_BASE + offset;
     // Linux's setup, as the full path sees it: FIFOs and the receive
     // interrupts on.
-    step("LCR_H", false, &mut |l, f| {
-        l.store(at(pl011::UARTLCR_H), 2, 0x70, f)
-    });
-    step("IMSC", false, &mut |l, f| {
-        l.store(at(pl011::UARTIMSC), 2, 0x50, f)
-    });
-    step("CR", false, &mut |l, f| {
-        l.store(at(pl011::UARTCR), 2, 0x301, f)
-    });
+    linux_uart_setup(&mut step);
     for width in [2, 4] {
         step("FR", true, &mut |l, f| l.exit(load(UART_FR, width), f));
     }
@@ -1492,7 +1526,7 @@ fn a_quiet_uart_read_goes_the_fast_way_with_the_full_paths_effects() {
     step("DR's upper byte", false, &mut |l, f| {
         l.exit(load(at(1), 1), f)
     });
-    step("a byte sent", false, &mut |l, f| {
+    step("a byte sent", true, &mut |l, f| {
         l.store(UART_DR, 2, 0x41, f)
     });
     // Input typed: the console raised the interrupt with it; FR shows the
@@ -1543,6 +1577,78 @@ fn a_quiet_uart_read_goes_the_fast_way_with_the_full_paths_effects() {
     assert!(taken.is_none());
 }
 
+/// A byte the guest sends goes the fast way while the UART's line stays
+/// where it is, and shows on the console as the full path shows it: two
+/// VMs get the same exits, one through the fast path as the vCPU loop
+/// tries it, one always the full way.
+#[test]
+fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
+    let mut twins = Twins::new();
+    let mut step = |what: &str, expect: bool, f: &mut dyn FnMut(&mut Live, bool) -> bool| {
+        twins.step(what, expect, f)
+    };
+    let at = |offset: u64| layout::UART_BASE + offset;
+    let send = |text: &[u8], width: u8| {
+        let text = text.to_vec();
+        // Every byte is sent; whether all went the fast way.
+        move |l: &mut Live, f: bool| {
+            text.iter().fold(true, |all, &b| {
+                let taken = l.store(UART_DR, width, b.into(), f);
+                all && taken
+            })
+        }
+    };
+    // Out of reset, and with Linux's setup (receive interrupts only).
+    step("a byte before setup", true, &mut send(b"e", 1));
+    linux_uart_setup(&mut step);
+    step("a line", true, &mut send(b"hello\r\n", 2));
+    step("a word", true, &mut send(b"w\n", 4));
+    step("a doubleword (refused by the model)", true, &mut |l, f| {
+        l.store(UART_DR, 8, 0x41, f)
+    });
+    step("DR's upper byte", false, &mut |l, f| {
+        l.store(at(1), 1, 0x41, f)
+    });
+    // The console has the keyboard: every byte shows at once.
+    step("live", true, &mut |l, f| {
+        l.vm.focused = true;
+        send(b"$ ls\x08\x1b[K\r\n", 2)(l, f)
+    });
+    // TXIM on with TXRIS raised: the line is up and a byte keeps it up.
+    step("TXIM", false, &mut |l, f| {
+        l.store(at(pl011::UARTIMSC), 2, 0x70, f)
+    });
+    step("a byte, line up", true, &mut |l, f| {
+        assert!(l.vm.uart.irq_level());
+        l.store(UART_DR, 2, 0x42, f)
+    });
+    // TXRIS cleared: the next byte raises the line, which the full path does.
+    step("ICR", false, &mut |l, f| {
+        l.store(at(pl011::UARTICR), 2, 0x20, f)
+    });
+    step("a byte raising the line", false, &mut |l, f| {
+        assert!(!l.vm.uart.irq_level());
+        l.store(UART_DR, 2, 0x43, f)
+    });
+    step("IMSC back", false, &mut |l, f| {
+        l.store(at(pl011::UARTIMSC), 2, 0x50, f)
+    });
+    step("line out of step", false, &mut |l, f| {
+        let level = l.vm.uart.irq_level();
+        let vgic = l.vm.vgic.as_mut().expect("vGIC");
+        vgic.set_level(irq::UART_INTID, !level).expect("an SPI");
+        l.store(UART_DR, 2, 0x44, f)
+    });
+    step("outbox", false, &mut |l, f| {
+        l.vm.out.line(format_args!("waiting"));
+        l.store(UART_DR, 2, 0x45, f)
+    });
+    step("a change", false, &mut |l, f| {
+        balloon_ctl::set_target(&mut l.vm, &mut l.cpu, 16).expect("target set");
+        l.store(UART_DR, 2, 0x46, f)
+    });
+}
+
 /// The fast path's exits are in the profile: one `virtio-notify` each,
 /// with every instruction since the previous record.
 #[test]
@@ -1555,7 +1661,8 @@ fn fast_notifies_are_profiled() {
         let exit = store(layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY, 4);
         live.ctx.x[1] = 0;
         at = handle::fast_exit(&mut live.vm, &mut live.cpu, 1, &mut live.ctx, &exit, at)
-            .expect("taken");
+            .expect("taken")
+            .recorded;
     }
     let after = live.vm.profile.get(ExitKind::VirtioNotify);
     assert_eq!(after.count, before.count + 3);

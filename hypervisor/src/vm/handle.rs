@@ -98,14 +98,13 @@ pub fn after_exit(
 ///   in the queue (`empty_notify`);
 /// - a load from the PL011 of any register but DR (the flag register
 ///   polled before each byte sent, above all), while no console input
-///   waits behind its FIFO (`quiet_uart_read`).
+///   waits behind its FIFO (`quiet_uart_read`);
+/// - a store to the PL011's DR, a byte the guest sends (`uart_transmit`).
 ///
-/// Returns the instruction count it recorded up to (the next exit's
-/// `before`: the vCPU loop counts every instruction of a fast exit, unlock
-/// and world switch included, in one exit or the next); `None`, with
-/// nothing changed, for anything the full path must see.
+/// Returns what it did ([`FastExit`]); `None`, with nothing changed, for
+/// anything the full path must see.
 ///
-/// Both ask that the VM run normally (`runs_plainly`): no stop requested
+/// All ask that the VM run normally (`runs_plainly`): no stop requested
 /// (the full path leaves then), no `debug fail` armed, no frame-table
 /// failure to stop on, no console text waiting in its outbox (the full
 /// path prints it), no balloon change being measured (its exits are counted
@@ -131,16 +130,41 @@ pub fn fast_exit(
     ctx: &mut GuestContext,
     exit: &VcpuExit,
     before: u32,
-) -> Option<u32> {
+) -> Option<FastExit> {
     // What every other exit pays: a compare or two, no call.
     match *exit {
         VcpuExit::MmioWrite { ipa, width: 4, .. } if bus::is_balloon_notify(vm, ipa) => {
             empty_notify(vm, cpu, vcpu, ctx, exit, before)
         }
         VcpuExit::MmioRead { ipa, .. } if bus::is_uart(ipa) => {
-            quiet_uart_read(vm, cpu, vcpu, ctx, exit, before)
+            quiet_uart_read(vm, cpu, vcpu, ctx, exit, before).map(FastExit::quiet)
+        }
+        VcpuExit::MmioWrite { ipa, .. } if bus::is_uart(ipa) => {
+            uart_transmit(vm, cpu, vcpu, ctx, exit, before)
         }
         _ => None,
+    }
+}
+
+/// What a fast exit did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastExit {
+    /// The instruction count it recorded up to (the next exit's `before`:
+    /// the vCPU loop counts every instruction of a fast exit, unlock, world
+    /// switch and printing included, in one exit or the next).
+    pub recorded: u32,
+    /// It left console text in the VM's outbox (a byte sent): the caller
+    /// prints it once the VM's lock is released, as after a full exit.
+    pub printed: bool,
+}
+
+impl FastExit {
+    #[inline]
+    fn quiet(recorded: u32) -> Self {
+        Self {
+            recorded,
+            printed: false,
+        }
     }
 }
 
@@ -176,7 +200,7 @@ fn empty_notify(
     ctx: &mut GuestContext,
     exit: &VcpuExit,
     before: u32,
-) -> Option<u32> {
+) -> Option<FastExit> {
     let VcpuExit::MmioWrite {
         ipa,
         width,
@@ -213,7 +237,12 @@ fn empty_notify(
     trace_exit(vm, vcpu, exit, ctx.elr);
     trace_mmio(vm, "write", ipa, width, value);
     ctx.elr += u64::from(insn_len);
-    Some(record_fast(vm, cpu, ExitKind::VirtioNotify, before))
+    Some(FastExit::quiet(record_fast(
+        vm,
+        cpu,
+        ExitKind::VirtioNotify,
+        before,
+    )))
 }
 
 /// [`fast_exit`] for a load from the PL011: taken when [`bus::route`]
@@ -264,6 +293,63 @@ fn quiet_uart_read(
     ctx.elr += u64::from(insn_len);
     let kind = ExitKind::mmio(Some(super::fault::Device::Uart));
     Some(record_fast(vm, cpu, kind, before))
+}
+
+/// [`fast_exit`] for a store to the PL011's DR: taken when [`bus::route`]
+/// decodes the address as the UART's DR (not RAM), and the UART's line in
+/// the vGIC has the level the UART asks for both before the byte and after
+/// it (the write raises TXRIS; with TXIM masked, or TXRIS already raised,
+/// the line stays). The byte goes where the full path sends it (the VM's
+/// console line, its outbox when that is shown live or a line completes:
+/// [`FastExit::printed`]); the exit is recorded as an `mmio-uart`.
+#[inline(never)]
+fn uart_transmit(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    vcpu: usize,
+    ctx: &mut GuestContext,
+    exit: &VcpuExit,
+    before: u32,
+) -> Option<FastExit> {
+    let VcpuExit::MmioWrite {
+        ipa,
+        width,
+        reg,
+        insn_len,
+    } = *exit
+    else {
+        return None;
+    };
+    let Some(bus::Window::Uart(crate::pl011::UARTDR)) = bus::route(vm, ipa) else {
+        return None;
+    };
+    if vm.ram.as_ref().is_some_and(|r| r.contains(ipa)) || !runs_plainly(vm, cpu, vcpu) {
+        return None;
+    }
+    let level = vm.uart.irq_level();
+    if vm.uart.irq_level_after_transmit() != level
+        || !line_at(vm.vgic.as_ref(), irq::UART_INTID, level)
+    {
+        return None;
+    }
+    trace_exit(vm, vcpu, exit, ctx.elr);
+    let value = ctx.reg(reg);
+    let effect = vm.uart.write(crate::pl011::UARTDR, width, value as u32);
+    if effect.irq_changed {
+        // Not reached (the level was checked above); should the model
+        // ever disagree, the vGIC still gets the level.
+        irq::update_uart(vm, cpu);
+    }
+    if let Some(byte) = effect.output {
+        bus::console_output(vm, byte);
+    }
+    trace_mmio(vm, "write", ipa, width, value);
+    ctx.elr += u64::from(insn_len);
+    let kind = ExitKind::mmio(Some(super::fault::Device::Uart));
+    Some(FastExit {
+        recorded: record_fast(vm, cpu, kind, before),
+        printed: !vm.out.is_empty(),
+    })
 }
 
 /// The trace's record of an exit (nothing without the `trace` feature).
