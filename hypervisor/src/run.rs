@@ -33,9 +33,10 @@ use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTI
 use crate::vgic::{LrState, PendingIrq};
 use crate::vm::balloon_ctl;
 pub use crate::vm::balloon_ctl::HintStartError;
+use crate::vm::console::Echo;
 use crate::vm::cpu::{GuestContext, PhysCpu};
 use crate::vm::exit::decode;
-use crate::vm::handle::{self, Outcome, FAILURE};
+use crate::vm::handle::{self, Outcome, Shown, FAILURE};
 use crate::vm::inject::GuestException;
 use crate::vm::irq;
 use crate::vm::lifecycle;
@@ -368,6 +369,13 @@ fn show(pending: Option<Pending>) {
     }
 }
 
+/// Print a byte VM `id` showed live (a fast exit's, no VM lock held).
+fn show_live(id: usize, name: &str, echo: &Echo) {
+    crate::console::guest_live_output(id, name, echo.output(), || {
+        FOCUS.load(Ordering::Relaxed) == id
+    });
+}
+
 /// Register the bundle's VMs (all stopped) and the frame table they draw from.
 pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'static>>) {
     FRAMES.call_once(|| frame_table);
@@ -679,12 +687,18 @@ fn run_vcpu(id: usize, vcpu: usize) {
                 break (exit, guard);
             };
             before = fast.recorded;
-            if fast.printed {
-                let pending = take_pending(vm);
-                drop(guard);
-                show(pending);
-            } else {
-                drop(guard);
+            match fast.shown {
+                Shown::Nothing => drop(guard),
+                Shown::Outbox => {
+                    let pending = take_pending(vm);
+                    drop(guard);
+                    show(pending);
+                }
+                Shown::Live(echo) => {
+                    let name = vm.name.clone();
+                    drop(guard);
+                    show_live(id, &name, &echo);
+                }
             }
             if memory_tick() {
                 // What it changed is listed before the guest runs.

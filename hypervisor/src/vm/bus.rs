@@ -3,6 +3,7 @@
 //! register accesses the vCPU trapped on, given to that device, and what a
 //! device does back (an interrupt line, console output, a balloon event).
 
+use super::console::Echo;
 use super::cpu::PhysCpu;
 use super::device_memory::DeviceView;
 use super::fault::{BadAccessKind, Device};
@@ -247,8 +248,8 @@ pub fn write(
         }
         Window::Uart(off) => {
             let effect = vm.uart.write(off, width, value as u32);
-            if let Some(byte) = effect.output {
-                console_output(vm, byte);
+            if let Some(echo) = effect.output.and_then(|byte| console_output(vm, byte)) {
+                vm.out.live(echo.output());
             }
             if effect.irq_changed {
                 irq::update_uart(vm, cpu);
@@ -260,14 +261,22 @@ pub fn write(
 }
 
 /// A byte the guest wrote to its console: part of a line, or shown live
-/// when its console has the keyboard (prompts, echo).
-pub(super) fn console_output(vm: &mut Vm, byte: u8) {
+/// when its console has the keyboard (prompts, echo). Live output whose
+/// line fits an [`Echo`] is returned for the caller to print once the VM's
+/// lock is released; whatever else it makes goes to the outbox.
+pub(super) fn console_output(vm: &mut Vm, byte: u8) -> Option<Echo> {
     if vm.focused {
         let output = vm.console.push_live(byte);
-        vm.out.live(output);
-    } else if let Some(line) = vm.console.push(byte) {
+        let echo = Echo::of(&output);
+        if echo.is_none() {
+            vm.out.live(output);
+        }
+        return echo;
+    }
+    if let Some(line) = vm.console.push(byte) {
         vm.out.line(format_args!("[{}] {line}", vm.name));
     }
+    None
 }
 
 fn virtio_write(

@@ -212,9 +212,78 @@ pub enum LiveOutput<'a> {
     Erase,
 }
 
+/// Longest line so far an [`Echo`] carries (a shell's command line, a
+/// short answer); live output of a longer line goes through the outbox.
+pub const ECHO_MAX: usize = 96;
+
+/// One byte's [`LiveOutput`], owned: it leaves the VM's lock by value (the
+/// vCPU's fast path prints it after unlocking), without the outbox's heap
+/// copy of the line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Echo {
+    kind: EchoKind,
+    shown: usize,
+    text: heapless::String<ECHO_MAX>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EchoKind {
+    Nothing,
+    Partial,
+    Line,
+    Erase,
+}
+
+impl Echo {
+    /// `output` owned; `None` when its line is longer than [`ECHO_MAX`].
+    pub fn of(output: &LiveOutput<'_>) -> Option<Echo> {
+        let (kind, text, shown) = match *output {
+            LiveOutput::Nothing => (EchoKind::Nothing, "", 0),
+            LiveOutput::Erase => (EchoKind::Erase, "", 0),
+            LiveOutput::Partial { text, shown } => (EchoKind::Partial, text, shown),
+            LiveOutput::Line { text, shown } => (EchoKind::Line, text, shown),
+        };
+        let mut owned = heapless::String::new();
+        owned.push_str(text).ok()?;
+        Some(Echo {
+            kind,
+            shown,
+            text: owned,
+        })
+    }
+
+    /// The live output it carries.
+    pub fn output(&self) -> LiveOutput<'_> {
+        let text = self.text.as_str();
+        let shown = self.shown;
+        match self.kind {
+            EchoKind::Nothing => LiveOutput::Nothing,
+            EchoKind::Erase => LiveOutput::Erase,
+            EchoKind::Partial => LiveOutput::Partial { text, shown },
+            EchoKind::Line => LiveOutput::Line { text, shown },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_echo_carries_short_live_output_unchanged() {
+        let mut line = ConsoleLine::new();
+        for &b in b"$ lx\x08s\n" {
+            let output = line.push_live(b);
+            let echo = Echo::of(&output).expect("short");
+            assert_eq!(echo.output(), output);
+        }
+        let long = [b'a'; ECHO_MAX + 1];
+        let mut last = None;
+        for &b in &long {
+            last = Some(Echo::of(&line.push_live(b)));
+        }
+        assert_eq!(last, Some(None), "a longer line is not carried");
+    }
 
     #[test]
     fn live_output_shows_prompts_and_erases() {

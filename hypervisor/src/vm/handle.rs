@@ -17,6 +17,7 @@ use core::fmt::Write as _;
 
 use super::balloon_ctl;
 use super::bus::{self, Detail, Refused};
+use super::console::Echo;
 use super::cpu::{GuestContext, PhysCpu};
 use super::device_memory::MappedView;
 use super::exit::{il32, load_result, FaultKind, VcpuExit};
@@ -96,9 +97,10 @@ pub fn after_exit(
 /// qualify:
 /// - a trapped 32-bit store to the balloon's QueueNotify with nothing new
 ///   in the queue (`empty_notify`);
-/// - a load from the PL011 of any register but DR (the flag register
-///   polled before each byte sent, above all), while no console input
-///   waits behind its FIFO (`quiet_uart_read`);
+/// - a load from the PL011 that leaves its interrupt line where it is (the
+///   flag register polled before each byte sent, above all, and a byte
+///   read that leaves the receive interrupt as it was), while no console
+///   input waits behind its FIFO (`quiet_uart_read`);
 /// - a store to the PL011's DR, a byte the guest sends (`uart_transmit`).
 ///
 /// Returns what it did ([`FastExit`]); `None`, with nothing changed, for
@@ -147,15 +149,24 @@ pub fn fast_exit(
 }
 
 /// What a fast exit did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FastExit {
     /// The instruction count it recorded up to (the next exit's `before`:
     /// the vCPU loop counts every instruction of a fast exit, unlock, world
     /// switch and printing included, in one exit or the next).
     pub recorded: u32,
-    /// It left console text in the VM's outbox (a byte sent): the caller
-    /// prints it once the VM's lock is released, as after a full exit.
-    pub printed: bool,
+    /// What the caller prints once the VM's lock is released.
+    pub shown: Shown,
+}
+
+/// Console output a fast exit made (a byte sent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shown {
+    Nothing,
+    /// Text in the VM's outbox, printed as after a full exit.
+    Outbox,
+    /// A byte shown live, carried by value.
+    Live(Echo),
 }
 
 impl FastExit {
@@ -163,7 +174,7 @@ impl FastExit {
     fn quiet(recorded: u32) -> Self {
         Self {
             recorded,
-            printed: false,
+            shown: Shown::Nothing,
         }
     }
 }
@@ -246,13 +257,16 @@ fn empty_notify(
 }
 
 /// [`fast_exit`] for a load from the PL011: taken when [`bus::route`]
-/// decodes the address as the UART (not RAM), the register is not DR (a
-/// DR read takes input, which may lower the interrupt and lets the console
-/// feed more), no console input waits behind the receive FIFO (the full
-/// path would feed it), and the UART's line in the vGIC has the level the
-/// UART asks for. Such a read changes nothing but the guest's register and
-/// PC (the model's access counters aside, which the full path's read
-/// updates alike); the exit is recorded as an `mmio-uart`.
+/// decodes the address as the UART (not RAM), no console input waits
+/// behind the receive FIFO (the full path would feed it after a byte is
+/// taken), the UART's line in the vGIC has the level the UART asks for,
+/// and the read leaves that level as it is ([`Pl011::read_keeping_level`]:
+/// a DR read that empties the FIFO, or takes it below its trigger level,
+/// lowers the line and goes the full way). Such a read changes nothing but
+/// the model (as the full path's read changes it), the guest's register
+/// and PC; the exit is recorded as an `mmio-uart`.
+///
+/// [`Pl011::read_keeping_level`]: crate::pl011::Pl011::read_keeping_level
 #[inline(never)]
 fn quiet_uart_read(
     vm: &mut Vm,
@@ -276,8 +290,7 @@ fn quiet_uart_read(
     let Some(bus::Window::Uart(offset)) = bus::route(vm, ipa) else {
         return None;
     };
-    if offset & !3 == crate::pl011::UARTDR
-        || !vm.input.is_empty()
+    if !vm.input.is_empty()
         || vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
         || !runs_plainly(vm, cpu, vcpu)
     {
@@ -286,7 +299,7 @@ fn quiet_uart_read(
     if !line_at(vm.vgic.as_ref(), irq::UART_INTID, vm.uart.irq_level()) {
         return None;
     }
-    let value = u64::from(vm.uart.read(offset, width));
+    let value = u64::from(vm.uart.read_keeping_level(offset, width)?);
     trace_exit(vm, vcpu, exit, ctx.elr);
     trace_mmio(vm, "read", ipa, width, value);
     ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four));
@@ -300,8 +313,8 @@ fn quiet_uart_read(
 /// the vGIC has the level the UART asks for both before the byte and after
 /// it (the write raises TXRIS; with TXIM masked, or TXRIS already raised,
 /// the line stays). The byte goes where the full path sends it (the VM's
-/// console line, its outbox when that is shown live or a line completes:
-/// [`FastExit::printed`]); the exit is recorded as an `mmio-uart`.
+/// console line; what it shows: [`FastExit::shown`]); the exit is recorded
+/// as an `mmio-uart`.
 #[inline(never)]
 fn uart_transmit(
     vm: &mut Vm,
@@ -340,15 +353,18 @@ fn uart_transmit(
         // ever disagree, the vGIC still gets the level.
         irq::update_uart(vm, cpu);
     }
-    if let Some(byte) = effect.output {
-        bus::console_output(vm, byte);
-    }
+    let echo = effect.output.and_then(|byte| bus::console_output(vm, byte));
     trace_mmio(vm, "write", ipa, width, value);
     ctx.elr += u64::from(insn_len);
+    let shown = match echo {
+        Some(echo) => Shown::Live(echo),
+        None if vm.out.is_empty() => Shown::Nothing,
+        None => Shown::Outbox,
+    };
     let kind = ExitKind::mmio(Some(super::fault::Device::Uart));
     Some(FastExit {
         recorded: record_fast(vm, cpu, kind, before),
-        printed: !vm.out.is_empty(),
+        shown,
     })
 }
 
