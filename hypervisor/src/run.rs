@@ -694,10 +694,13 @@ fn run_vcpu(id: usize, vcpu: usize) {
                     drop(guard);
                     show(pending);
                 }
-                Shown::Live(echo) => {
+                Shown::Live => {
+                    let echo = vm.echo.take();
                     let name = vm.name.clone();
                     drop(guard);
-                    show_live(id, &name, &echo);
+                    if let Some(echo) = echo {
+                        show_live(id, &name, &echo);
+                    }
                 }
             }
             if memory_tick() {

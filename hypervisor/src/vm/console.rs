@@ -217,8 +217,8 @@ pub enum LiveOutput<'a> {
 pub const ECHO_MAX: usize = 96;
 
 /// One byte's [`LiveOutput`], owned: it leaves the VM's lock by value (the
-/// vCPU's fast path prints it after unlocking), without the outbox's heap
-/// copy of the line.
+/// vCPU loop copies it out of `Vm::echo` and prints it after unlocking),
+/// without the outbox's heap copy of the line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Echo {
     kind: EchoKind,

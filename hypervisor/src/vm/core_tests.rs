@@ -1284,7 +1284,13 @@ impl Live {
                 assert_eq!(fast.recorded, self.cpu.instructions, "recorded up to now");
                 let outbox = !self.vm.out.is_empty();
                 assert_eq!(outbox, fast.shown == Shown::Outbox, "says what it left");
-                if let Shown::Live(echo) = fast.shown {
+                let echo = self.vm.echo.take();
+                assert_eq!(
+                    echo.is_some(),
+                    fast.shown == Shown::Live,
+                    "says what it left"
+                );
+                if let Some(echo) = echo {
                     // Shown as the full path's outbox would show it.
                     self.vm.out.live(echo.output());
                 }

@@ -17,7 +17,6 @@ use core::fmt::Write as _;
 
 use super::balloon_ctl;
 use super::bus::{self, Detail, Refused};
-use super::console::Echo;
 use super::cpu::{GuestContext, PhysCpu};
 use super::device_memory::MappedView;
 use super::exit::{il32, load_result, FaultKind, VcpuExit};
@@ -148,8 +147,8 @@ pub fn fast_exit(
     }
 }
 
-/// What a fast exit did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a fast exit did (small: every fast exit returns it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FastExit {
     /// The instruction count it recorded up to (the next exit's `before`:
     /// the vCPU loop counts every instruction of a fast exit, unlock, world
@@ -160,13 +159,13 @@ pub struct FastExit {
 }
 
 /// Console output a fast exit made (a byte sent).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shown {
     Nothing,
     /// Text in the VM's outbox, printed as after a full exit.
     Outbox,
-    /// A byte shown live, carried by value.
-    Live(Echo),
+    /// A byte shown live, in [`Vm::echo`].
+    Live,
 }
 
 impl FastExit {
@@ -357,7 +356,10 @@ fn uart_transmit(
     trace_mmio(vm, "write", ipa, width, value);
     ctx.elr += u64::from(insn_len);
     let shown = match echo {
-        Some(echo) => Shown::Live(echo),
+        Some(echo) => {
+            vm.echo = Some(echo);
+            Shown::Live
+        }
         None if vm.out.is_empty() => Shown::Nothing,
         None => Shown::Outbox,
     };

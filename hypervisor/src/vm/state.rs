@@ -5,7 +5,7 @@
 
 use guest_bundle::VmEntry;
 
-use super::console::ConsoleLine;
+use super::console::{ConsoleLine, Echo};
 use super::exit_profile::ExitProfile;
 use super::fault::{BadAccessStats, OnBadAccess};
 use super::fdt::GicVersion;
@@ -221,6 +221,9 @@ pub struct Vm {
     pub focused: bool,
     /// Console text produced under the VM's lock, printed once it is released.
     pub out: Outbox,
+    /// A byte's live output from the vCPU fast path
+    /// ([`super::handle::Shown::Live`]), printed like the outbox.
+    pub echo: Option<Echo>,
     /// Its limits and what the memory manager keeps on it (`vm::manage`).
     pub managed: Managed,
 }
@@ -270,6 +273,7 @@ impl Vm {
             lines: GuestLines::new(),
             focused: false,
             out: Outbox::new(),
+            echo: None,
             managed: Managed::from_config(
                 spec.ram_size(),
                 spec.mem_min(),
