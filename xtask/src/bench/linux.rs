@@ -18,9 +18,9 @@
 //!   guest, started through the agent beforehand, reports that
 //!   `balloon_inflate` (`_deflate`) in /proc/vmstat has grown by all 65536
 //!   pages;
-//! - the agent's round trip on the idle guest (`grep ^ball /proc/vmstat`),
-//!   which is why the watcher runs in the guest rather than being polled
-//!   from here.
+//! - the agent's round trip on the idle guest (`grep ^ball /proc/vmstat`,
+//!   the median of [`IDLE_POLLS`] requests), which is why the watcher runs
+//!   in the guest rather than being polled from here.
 //!
 //! Besides, each side's device view: the hypervisor's own `balloon: reached`
 //! report (its counter, from setting the target to the driver reporting it
@@ -34,7 +34,9 @@
 //! instructions, with free page reporting on; that boot also inflates and
 //! deflates once, with each move's exit profile (where a move's hypervisor
 //! instructions go: stage-2 faults of pages reported and taken back,
-//! notifies, interrupts).
+//! notifies, interrupts); then the agent's work in the guest, and
+//! [`ICOUNT_ROUND_TRIPS`] agent requests with their exit profile (what one
+//! request costs the hypervisor).
 //!
 //! Results: a table on stdout and target/bench/linux.json.
 //!
@@ -111,8 +113,12 @@ const COMMAND: Duration = Duration::from_secs(30);
 /// Whole-session limit: QEMU is killed after this whatever happens.
 const SESSION: Duration = Duration::from_secs(900);
 
-/// Agent requests timed on the idle guest before the first move.
-const IDLE_POLLS: usize = 3;
+/// Agent requests timed on the idle guest before the first move (their
+/// median is the round's figure: a single request varies by a third).
+const IDLE_POLLS: usize = 20;
+/// Agent requests sent back to back under -icount, profiled together: the
+/// exits and EL2 instructions one request costs.
+const ICOUNT_ROUND_TRIPS: u64 = 20;
 const VMSTAT: &str = "grep ^ball /proc/vmstat";
 /// The agent's work without the console: [`VMSTAT`] run this many times by
 /// one shell inside the guest (a fork and an exec of busybox each), timed
@@ -507,6 +513,16 @@ impl Guest {
         self.leave_console()?;
         busybox_real_s(&lines)
             .ok_or_else(|| format!("{}: no `real` time in {lines:?}", self.side.name()))
+    }
+
+    /// `count` agent requests ([`VMSTAT`]) back to back; the shell has the
+    /// keyboard before and after.
+    fn round_trips(&mut self, count: u64) -> Result<(), String> {
+        self.enter_console()?;
+        for _ in 0..count {
+            self.vmstat()?;
+        }
+        self.leave_console()
     }
 
     /// Writes `content` to `path` in the guest through the agent, in pieces
@@ -947,6 +963,10 @@ struct IcountWork {
     qemu_guest_s: f64,
     /// Tidal's exits over the loop, with their EL2 instructions.
     tidal_exits: exits::Profile,
+    /// Requests in [`IcountWork::round_trip_exits`].
+    round_trips: u64,
+    /// Tidal's exits over [`ICOUNT_ROUND_TRIPS`] agent requests.
+    round_trip_exits: exits::Profile,
 }
 
 /// One boot under -icount with free page reporting on (the demo's
@@ -964,6 +984,7 @@ fn icount_run(
     let (inflate, after) = guest.profiled_move(Direction::Inflate, BALLOON_MIB, start)?;
     let (deflate, _) = guest.profiled_move(Direction::Deflate, 0, after)?;
     let (tidal_guest_s, tidal_exits) = guest.profiled(|g| g.work_loop(ICOUNT_WORK_LOOPS))?;
+    let ((), round_trip_exits) = guest.profiled(|g| g.round_trips(ICOUNT_ROUND_TRIPS))?;
     drop(guest);
     eprintln!("bench: Linux directly under QEMU with -icount shift=0, for the agent's work ...");
     let mut qemu = Guest::boot_qemu(
@@ -984,6 +1005,8 @@ fn icount_run(
             tidal_guest_s,
             qemu_guest_s,
             tidal_exits,
+            round_trips: ICOUNT_ROUND_TRIPS,
+            round_trip_exits,
         },
     })
 }
@@ -1221,7 +1244,8 @@ fn report(
         "request (Tidal shell `balloon linux 256M`/`0`, QEMU monitor `balloon 256`/`512`) to the end of a",
         "guest watcher, started through the agent before, that reads /proc/vmstat every 10 ms until",
         "balloon_inflate/_deflate has grown by all 65536 pages. Agent round trip: `grep ^ball /proc/vmstat`",
-        "through the agent on the idle guest, from typing the request to its `done` line.",
+        "through the agent on the idle guest, from typing the request to its `done` line (a round: the",
+        "median of 20 requests sent back to back).",
         "[1] Tidal: the hypervisor's own report (its counter, from setting the target to the driver reporting",
         "    it reached); QEMU: from the request until `info balloon`, polled every 5 ms, shows the target.",
         "[2] The poll run 100 times by one shell in the guest (a fork and exec of busybox grep each),",
@@ -1252,6 +1276,28 @@ fn report(
         None => println!(
             "Tidal's {} exits over it (EL2 instructions not counted).",
             total.count
+        ),
+    }
+    let trips = &work.round_trip_exits;
+    let per = |n: u64| n as f64 / work.round_trips as f64;
+    let uart = trips
+        .kinds
+        .iter()
+        .find(|(kind, _)| kind == "mmio-uart")
+        .map_or(0, |(_, tally)| tally.count);
+    match trips.total.instructions {
+        Some(instructions) => println!(
+            "{} agent requests back to back: {:.0} exits each ({:.0} of them the UART's), {:.0} EL2 instructions each.",
+            work.round_trips,
+            per(trips.total.count),
+            per(uart),
+            per(instructions)
+        ),
+        None => println!(
+            "{} agent requests back to back: {:.0} exits each ({:.0} of them the UART's).",
+            work.round_trips,
+            per(trips.total.count),
+            per(uart)
         ),
     }
     let work_wall = summary
@@ -1438,6 +1484,8 @@ mod tests {
                 tidal_guest_s: 1.1,
                 qemu_guest_s: 1.0,
                 tidal_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
+                round_trips: 20,
+                round_trip_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
             },
         };
         let report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
@@ -1453,6 +1501,14 @@ mod tests {
         assert_eq!(
             value["exit_profile_icount"]["deflate"]["total"],
             serde_json::json!({"count": 2236, "instructions": null})
+        );
+        assert_eq!(
+            value["exit_profile_icount"]["agent_work"]["round_trips"],
+            20
+        );
+        assert_eq!(
+            value["exit_profile_icount"]["agent_work"]["round_trip_exits"]["total"],
+            serde_json::json!({"count": 2242, "instructions": 12477155})
         );
     }
 
