@@ -38,6 +38,10 @@
 //! [`ICOUNT_ROUND_TRIPS`] agent requests with their exit profile (what one
 //! request costs the hypervisor).
 //!
+//! Besides, in each round, the agent directly under QEMU on one CPU more,
+//! which Linux leaves off ([`CpuOffRun`]): what TCG's thread for Tidal's
+//! shell CPU costs the guest, apart from anything the hypervisor does.
+//!
 //! Results: a table on stdout and target/bench/linux.json.
 //!
 //! [`super::features`] boots its QEMU reference for free page reporting's
@@ -349,7 +353,26 @@ impl Guest {
         reporting: Reporting,
         icount: bool,
     ) -> Result<Guest, String> {
+        Self::boot_qemu_cpus(kernel, initramfs, elf, name, reporting, icount, false)
+    }
+
+    /// [`Guest::boot_qemu`]; with `cpu_off`, on one CPU more that Linux
+    /// leaves off (`maxcpus`), as Tidal's shell CPU is to its guest.
+    fn boot_qemu_cpus(
+        kernel: &Path,
+        initramfs: &Path,
+        elf: &Path,
+        name: &str,
+        reporting: Reporting,
+        icount: bool,
+        cpu_off: bool,
+    ) -> Result<Guest, String> {
         let process = process_name(name);
+        let (cpus, cmdline) = if cpu_off {
+            (VCPUS + 1, format!("{CMDLINE} maxcpus={VCPUS}"))
+        } else {
+            (VCPUS, CMDLINE.to_string())
+        };
         let socket = std::env::temp_dir().join(format!("{process}.mon"));
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new(harness::QEMU);
@@ -358,12 +381,12 @@ impl Guest {
         // with it, which halves the page-fault rate under TCG.
         cmd.args(["-M", "virt,gic-version=2,dtb-randomness=off"])
             .args(["-cpu", "cortex-a72"])
-            .args(["-smp", &VCPUS.to_string(), "-m", &format!("{GUEST_MIB}M")])
+            .args(["-smp", &cpus.to_string(), "-m", &format!("{GUEST_MIB}M")])
             .arg("-kernel")
             .arg(kernel)
             .arg("-initrd")
             .arg(initramfs)
-            .args(["-append", CMDLINE])
+            .args(["-append", &cmdline])
             // Default features but reporting as asked: like Tidal's device
             // it offers no deflate-on-oom or free page hinting (QEMU always
             // adds the stats queue, which stays idle unless polled).
@@ -804,6 +827,31 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
     })
 }
 
+/// The agent directly under QEMU on one CPU more, which Linux leaves off
+/// (`-smp 3`, `maxcpus=2`), as Tidal's shell CPU is to its guest: what
+/// that CPU's thread costs the guest under TCG, which wakes every CPU's
+/// thread for each broadcast TLBI. Reporting on.
+#[derive(Serialize)]
+struct CpuOffRun {
+    /// Median agent round trip of [`IDLE_POLLS`] requests.
+    #[serde(rename = "agent_idle_s", serialize_with = "json::decimals::<4, _>")]
+    idle_poll_s: f64,
+    /// [`WORK_LOOPS`] polls inside the guest, by the guest's clock.
+    #[serde(rename = "agent_work_s", serialize_with = "json::decimals::<3, _>")]
+    work_s: f64,
+}
+
+/// Boots QEMU with a CPU off ([`CpuOffRun`]) and times the agent.
+fn cpu_off_once(mut guest: Guest) -> Result<CpuOffRun, String> {
+    guest.wait_ready()?;
+    let (_, round_trips) = guest.prepare_moves()?;
+    let work_s = guest.work_loop(WORK_LOOPS)?;
+    Ok(CpuOffRun {
+        idle_poll_s: median(&round_trips),
+        work_s,
+    })
+}
+
 /// QEMU's `-name` (and the monitor socket's name) for the session `name`:
 /// no other QEMU on the machine has it, so its pid can be found in /proc.
 pub(super) fn process_name(name: &str) -> String {
@@ -904,6 +952,7 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
         )?;
     }
     let mut runs: Vec<(Reporting, Side, usize, Run)> = Vec::new();
+    let mut cpu_off = Vec::new();
     for round in 1..=ROUNDS {
         for reporting in Reporting::BOTH {
             for side in [Side::Tidal, Side::Qemu] {
@@ -934,12 +983,26 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                 runs.push((reporting, side, round, run));
             }
         }
+        eprintln!("bench: Linux round {round}/{ROUNDS}: QEMU with a CPU off, reporting on ...");
+        let guest = Guest::boot_qemu_cpus(
+            &fixture.kernel,
+            &fixture.initramfs,
+            &artifacts.elf,
+            &format!("bench-linux-qemu-cpu-off-{round}"),
+            Reporting::On,
+            false,
+            true,
+        )?;
+        cpu_off.push(
+            cpu_off_once(guest)
+                .map_err(|e| format!("Linux bench, round {round}, QEMU with a CPU off: {e}"))?,
+        );
     }
     // The rounds run without -icount: QEMU's PMU counts no instructions.
     eprintln!("bench: Linux under Tidal with -icount shift=0, for the exits' EL2 instructions ...");
     let icount =
         icount_run(artifacts, &fixture).map_err(|e| format!("Linux under -icount: {e}"))?;
-    report(root, &fixture, &runs, &icount)
+    report(root, &fixture, &runs, &cpu_off, &icount)
 }
 
 /// Tidal's exit profiles under -icount, with EL2 instructions: the boot and
@@ -1109,6 +1172,27 @@ struct Report<'a> {
     /// runs' `exit_profile` have none: the PMU counts only with -icount).
     #[serde(skip_serializing_if = "Option::is_none")]
     exit_profile_icount: Option<&'a IcountProfiles>,
+    /// The agent on QEMU with a CPU off ([`CpuOffRun`]), over the rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    qemu_cpu_off: Option<&'a CpuOffSummary>,
+}
+
+/// [`CpuOffRun`]s over the rounds.
+#[derive(Serialize)]
+struct CpuOffSummary {
+    agent_idle_ms: Spread,
+    agent_work_s: Spread,
+}
+
+impl CpuOffSummary {
+    fn of(runs: &[CpuOffRun]) -> Self {
+        let trips: Vec<f64> = runs.iter().map(|r| 1000.0 * r.idle_poll_s).collect();
+        let work: Vec<f64> = runs.iter().map(|r| r.work_s).collect();
+        CpuOffSummary {
+            agent_idle_ms: spread(&trips),
+            agent_work_s: spread(&work),
+        }
+    }
 }
 
 /// One reporting mode's metrics, by [`METRICS`] key.
@@ -1164,6 +1248,7 @@ impl<'a> Report<'a> {
                 })
                 .collect(),
             exit_profile_icount: icount,
+            qemu_cpu_off: None,
         }
     }
 }
@@ -1172,6 +1257,7 @@ fn report(
     root: &Path,
     fixture: &crate::linux::LinuxFixture,
     runs: &[(Reporting, Side, usize, Run)],
+    cpu_off: &[CpuOffRun],
     icount: &IcountProfiles,
 ) -> Result<(), String> {
     let values = |reporting: Reporting, side: Side, metric: &Metric| -> Vec<f64> {
@@ -1313,6 +1399,33 @@ fn report(
             "instructions above do not explain is host time per guest instruction (TCG, stage 2 on), not work."
         );
     }
+    let cpu_off = CpuOffSummary::of(cpu_off);
+    let on = |key: &str| {
+        summary
+            .iter()
+            .find(|(mode, _)| *mode == "reporting_on")
+            .and_then(|(_, mode)| mode.0.iter().find(|(k, _)| *k == key))
+            .map(|(_, metric)| (metric.tidal.median, metric.qemu.median))
+    };
+    if let (Some(trip), Some(work)) = (on("agent_idle_ms"), on("agent_work_s")) {
+        let c = &cpu_off;
+        println!();
+        println!(
+            "QEMU alone on one CPU more that Linux leaves off (-smp 3, maxcpus=2; reporting on), as Tidal's"
+        );
+        println!(
+            "CPU 0 is to its guest: agent round trip {} ms, agent work {} s; over plain QEMU's {:.2} and {:.2},",
+            cell(&c.agent_idle_ms, 0),
+            cell(&c.agent_work_s, 2),
+            c.agent_idle_ms.median / trip.1,
+            c.agent_work_s.median / work.1
+        );
+        println!(
+            "Tidal over it {:.2} and {:.2}: what TCG's thread for that CPU costs, apart from the hypervisor.",
+            trip.0 / c.agent_idle_ms.median,
+            work.0 / c.agent_work_s.median
+        );
+    }
     let profiles: Vec<&exits::Profiles> = runs
         .iter()
         .filter(|(m, _, _, _)| *m == Reporting::On)
@@ -1335,7 +1448,9 @@ fn report(
     }
 
     let path = root.join("target").join("bench").join("linux.json");
-    json::write(&path, &Report::new(fixture, summary, runs, Some(icount)))?;
+    let mut report = Report::new(fixture, summary, runs, Some(icount));
+    report.qemu_cpu_off = Some(&cpu_off);
+    json::write(&path, &report)?;
     println!("written to {}", path.display());
     Ok(())
 }
@@ -1488,8 +1603,28 @@ mod tests {
                 round_trip_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
             },
         };
-        let report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
+        let cpu_off = CpuOffSummary::of(&[
+            CpuOffRun {
+                idle_poll_s: 0.021,
+                work_s: 0.7,
+            },
+            CpuOffRun {
+                idle_poll_s: 0.025,
+                work_s: 0.8,
+            },
+            CpuOffRun {
+                idle_poll_s: 0.022,
+                work_s: 0.9,
+            },
+        ]);
+        let mut report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
+        report.qemu_cpu_off = Some(&cpu_off);
         let value = serde_json::to_value(report).unwrap();
+        assert_eq!(
+            value["qemu_cpu_off"]["agent_idle_ms"],
+            serde_json::json!({"median": 22.0, "min": 21.0, "max": 25.0})
+        );
+        assert_eq!(value["qemu_cpu_off"]["agent_work_s"]["median"], 0.8);
         assert_eq!(
             value["exit_profile_icount"]["idle"]["total"],
             serde_json::json!({"count": 2242, "instructions": 12477155})
