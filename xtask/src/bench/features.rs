@@ -221,6 +221,7 @@ impl QemuGuest {
             &name,
             reporting,
             false,
+            false,
         )?;
         let pid = find_qemu(&process_name(&name))?;
         guest.wait_ready()?;

@@ -344,21 +344,10 @@ impl Guest {
 
     /// The same kernel and initramfs directly under QEMU, with QEMU's own
     /// balloon; `name`: the session's (its log's), and in
-    /// [`process_name`] QEMU's `-name`.
+    /// [`process_name`] QEMU's `-name`. With `cpu_off`, on one CPU more
+    /// that Linux leaves off (`maxcpus`), as Tidal's shell CPU is to its
+    /// guest.
     pub(super) fn boot_qemu(
-        kernel: &Path,
-        initramfs: &Path,
-        elf: &Path,
-        name: &str,
-        reporting: Reporting,
-        icount: bool,
-    ) -> Result<Guest, String> {
-        Self::boot_qemu_cpus(kernel, initramfs, elf, name, reporting, icount, false)
-    }
-
-    /// [`Guest::boot_qemu`]; with `cpu_off`, on one CPU more that Linux
-    /// leaves off (`maxcpus`), as Tidal's shell CPU is to its guest.
-    fn boot_qemu_cpus(
         kernel: &Path,
         initramfs: &Path,
         elf: &Path,
@@ -972,6 +961,7 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                         &format!("bench-linux-qemu-reporting-{}-{round}", reporting.name()),
                         reporting,
                         false,
+                        false,
                     )?,
                 };
                 let run = run_once(guest)
@@ -984,7 +974,7 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             }
         }
         eprintln!("bench: Linux round {round}/{ROUNDS}: QEMU with a CPU off, reporting on ...");
-        let guest = Guest::boot_qemu_cpus(
+        let guest = Guest::boot_qemu(
             &fixture.kernel,
             &fixture.initramfs,
             &artifacts.elf,
@@ -1057,6 +1047,7 @@ fn icount_run(
         "bench-linux-qemu-icount",
         Reporting::On,
         true,
+        false,
     )?;
     qemu.wait_ready()?;
     let qemu_guest_s = qemu.work_loop(ICOUNT_WORK_LOOPS)?;
