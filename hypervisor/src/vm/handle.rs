@@ -260,10 +260,11 @@ fn empty_notify(
 /// behind the receive FIFO (the full path would feed it after a byte is
 /// taken), the UART's line in the vGIC has the level the UART asks for,
 /// and the read leaves that level as it is ([`Pl011::read_keeping_level`]:
-/// a DR read that empties the FIFO, or takes it below its trigger level,
-/// lowers the line and goes the full way). Such a read changes nothing but
-/// the model (as the full path's read changes it), the guest's register
-/// and PC; the exit is recorded as an `mmio-uart`.
+/// a DR read that lowers the line, taking the last byte or the FIFO below
+/// its trigger level with no other interrupt up, goes the full way). Such
+/// a read changes nothing but the model (as the full path's read changes
+/// it), the guest's register and PC; the exit is recorded as an
+/// `mmio-uart`.
 ///
 /// [`Pl011::read_keeping_level`]: crate::pl011::Pl011::read_keeping_level
 #[inline(never)]
