@@ -294,6 +294,9 @@ impl PhysCpu for TargetCpu {
     fn enable_virtual_interface(&mut self, underflow: bool) {
         gic::enable_virtual_interface(underflow);
     }
+    fn trap_wfi(&mut self, trap: bool) {
+        vcpu::set_wfi_trap(trap);
+    }
     fn reset_virtual_interface(&mut self) {
         gic::reset_virtual_interface();
     }
@@ -483,6 +486,12 @@ pub fn request_stats(vm: &mut Vm) -> Result<(), &'static str> {
 
 pub use crate::vm::balloon_ctl::stats_arrived_us;
 
+/// Poll VM `vm`'s statistics every `seconds` (shell `balloon-stats`);
+/// `None` when it has no balloon device.
+pub fn set_stats_interval(vm: &mut Vm, seconds: u32) -> Option<()> {
+    balloon_ctl::set_stats_interval(vm, &mut TargetCpu::new(), seconds)
+}
+
 /// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
 pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
     balloon_ctl::start_hint(vm, &mut TargetCpu::new())
@@ -669,7 +678,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         if !synced {
             before = pmu::instructions();
             if let Some(vm) = lock_vm(id).as_mut() {
-                irq::sync_list_registers(vm, &mut cpu, vcpu);
+                handle::before_entry(vm, &mut cpu, vcpu);
             }
         }
         synced = false;
@@ -751,7 +760,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         }
         if outcome == Outcome::Continue {
             before = pmu::instructions();
-            irq::sync_list_registers(vm, &mut cpu, vcpu);
+            handle::before_entry(vm, &mut cpu, vcpu);
             synced = true;
         }
         let pending = take_pending(vm);
