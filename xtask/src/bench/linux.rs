@@ -124,6 +124,13 @@ const IDLE_POLLS: usize = 20;
 /// exits and EL2 instructions one request costs.
 const ICOUNT_ROUND_TRIPS: u64 = 20;
 const VMSTAT: &str = "grep ^ball /proc/vmstat";
+/// A request like [`VMSTAT`] (busybox reading /proc/vmstat) whose output is
+/// this many bytes more: the difference of the two medians, per byte, is
+/// what the console path costs a byte the guest prints.
+const BULK_BYTES: usize = 3000;
+/// Requests of [`bulk_command`] timed per boot, after the idle polls (the
+/// round's figure is their median).
+const BULK_POLLS: usize = 10;
 /// The agent's work without the console: [`VMSTAT`] run this many times by
 /// one shell inside the guest (a fork and an exec of busybox each), timed
 /// by the guest's clock (`time`), which under -icount counts instructions.
@@ -195,6 +202,13 @@ struct Run {
     /// [`WORK_LOOPS`] polls inside the guest, by the guest's clock.
     #[serde(rename = "agent_work_s", serialize_with = "json::decimals::<3, _>")]
     work_s: f64,
+    /// What one byte the guest prints costs the round trip
+    /// ([`Guest::console_cost`]), in µs.
+    #[serde(
+        rename = "console_us_per_byte",
+        serialize_with = "json::decimals::<2, _>"
+    )]
+    console_us_per_byte: f64,
     inflate: Move,
     deflate: Move,
     /// Tidal: the VM's exits by kind over the boot and 10 s idle.
@@ -527,6 +541,33 @@ impl Guest {
             .ok_or_else(|| format!("{}: no `real` time in {lines:?}", self.side.name()))
     }
 
+    /// What a byte the guest prints costs the round trip, in µs: the median
+    /// of [`BULK_POLLS`] requests of [`bulk_command`] less `idle_s` (the
+    /// median [`VMSTAT`] round trip), over the difference of the bytes
+    /// the guest printed (each line and its CR LF). The shell has the
+    /// keyboard before and after.
+    fn console_cost(&mut self, idle_s: f64, idle_lines: &[String]) -> Result<f64, String> {
+        let printed = |lines: &[String]| lines.iter().map(|l| l.len() + 2).sum::<usize>();
+        self.enter_console()?;
+        let mut took = Vec::new();
+        let mut bulk = 0;
+        for _ in 0..BULK_POLLS {
+            let (lines, sent, arrived) = self.agent(&bulk_command())?;
+            took.push((arrived - sent).as_secs_f64());
+            bulk = printed(&lines);
+        }
+        self.leave_console()?;
+        let extra = bulk.saturating_sub(printed(idle_lines));
+        if extra < BULK_BYTES / 2 {
+            return Err(format!(
+                "{}: `{}` printed {bulk} bytes, {extra} more than `{VMSTAT}`",
+                self.side.name(),
+                bulk_command()
+            ));
+        }
+        Ok(1e6 * (median(&took) - idle_s) / extra as f64)
+    }
+
     /// `count` agent requests ([`VMSTAT`]) back to back; the shell has the
     /// keyboard before and after.
     fn round_trips(&mut self, count: u64) -> Result<(), String> {
@@ -698,19 +739,21 @@ impl Guest {
     /// Before the moves: [`IDLE_POLLS`] agent round trips reading the
     /// balloon counters (the last reading and every round trip returned),
     /// and the watcher script written; the shell has the keyboard again.
-    fn prepare_moves(&mut self) -> Result<(Counters, Vec<f64>), String> {
+    fn prepare_moves(&mut self) -> Result<(Counters, IdlePolls), String> {
         self.enter_console()?;
         let mut round_trips = Vec::new();
         let mut start = None;
+        let mut lines = Vec::new();
         for _ in 0..IDLE_POLLS {
-            let (counters, _, took) = self.vmstat()?;
-            round_trips.push(took.as_secs_f64());
-            start = Some(counters);
+            let (output, sent, arrived) = self.agent(VMSTAT)?;
+            start = Some(parse_counters(self.side.name(), &output)?);
+            round_trips.push((arrived - sent).as_secs_f64());
+            lines = output;
         }
         let start = start.expect("IDLE_POLLS > 0");
         self.write_file(WATCHER_PATH, WATCHER)?;
         self.leave_console()?;
-        Ok((start, round_trips))
+        Ok((start, IdlePolls { round_trips, lines }))
     }
 
     /// Tidal: [`Guest::balloon`] with the VM's exit profile started over
@@ -778,6 +821,14 @@ fn watch_actual(
     Ok(None)
 }
 
+/// The idle guest's agent requests ([`Guest::prepare_moves`]).
+struct IdlePolls {
+    /// Each request's round trip, s.
+    round_trips: Vec<f64>,
+    /// The last one's output.
+    lines: Vec<String>,
+}
+
 #[derive(Clone, Copy)]
 struct Counters {
     inflate: u64,
@@ -801,15 +852,18 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
         Side::Tidal => Some(exits::capture(&mut guest.session, VM, COMMAND)?),
         Side::Qemu => None,
     };
-    let (start, round_trips) = guest.prepare_moves()?;
+    let (start, idle) = guest.prepare_moves()?;
+    let idle_poll_s = median(&idle.round_trips);
     let work_s = guest.work_loop(WORK_LOOPS)?;
+    let console_us_per_byte = guest.console_cost(idle_poll_s, &idle.lines)?;
     let (inflate, after) = guest.balloon(Direction::Inflate, BALLOON_MIB, start)?;
     let (deflate, _) = guest.balloon(Direction::Deflate, 0, after)?;
     // Dropping the session kills QEMU: nothing in the guest needs saving.
     Ok(Run {
         ready_s: ready.as_secs_f64(),
-        idle_poll_s: median(&round_trips),
+        idle_poll_s,
         work_s,
+        console_us_per_byte,
         inflate,
         deflate,
         exits,
@@ -833,10 +887,10 @@ struct CpuOffRun {
 /// Boots QEMU with a CPU off ([`CpuOffRun`]) and times the agent.
 fn cpu_off_once(mut guest: Guest) -> Result<CpuOffRun, String> {
     guest.wait_ready()?;
-    let (_, round_trips) = guest.prepare_moves()?;
+    let (_, idle) = guest.prepare_moves()?;
     let work_s = guest.work_loop(WORK_LOOPS)?;
     Ok(CpuOffRun {
-        idle_poll_s: median(&round_trips),
+        idle_poll_s: median(&idle.round_trips),
         work_s,
     })
 }
@@ -1066,6 +1120,11 @@ fn icount_run(
 }
 
 /// The command [`Guest::work_loop`] sends.
+/// [`VMSTAT`]'s file, [`BULK_BYTES`] of it (/proc/vmstat is longer).
+fn bulk_command() -> String {
+    format!("head -c {BULK_BYTES} /proc/vmstat")
+}
+
 fn work_command(loops: u32) -> String {
     format!("time sh -c 'i=0; while [ $i -lt {loops} ]; do {VMSTAT} >/dev/null; i=$((i+1)); done'")
 }
@@ -1090,7 +1149,7 @@ struct Metric {
     decimals: usize,
 }
 
-const METRICS: [Metric; 7] = [
+const METRICS: [Metric; 8] = [
     Metric {
         label: "boot to `tidal-guest: ready` (s)",
         key: "ready_s",
@@ -1139,6 +1198,13 @@ const METRICS: [Metric; 7] = [
         value: |r| r.work_s,
         ratio: true,
         decimals: 2,
+    },
+    Metric {
+        label: "console, a byte printed (us) [3]",
+        key: "console_us_per_byte",
+        value: |r| r.console_us_per_byte,
+        ratio: true,
+        decimals: 1,
     },
 ];
 
@@ -1327,6 +1393,8 @@ fn report(
         "    it reached); QEMU: from the request until `info balloon`, polled every 5 ms, shows the target.",
         "[2] The poll run 100 times by one shell in the guest (a fork and exec of busybox grep each),",
         "    timed by the guest's `time`: the agent's work without the console.",
+        "[3] The round trip of `head -c 3000 /proc/vmstat` (median of 10) less the idle one, per byte more",
+        "    the guest printed (lines and their CR LF): what the console path costs a byte.",
     ] {
         println!("{line}");
     }
@@ -1464,6 +1532,7 @@ mod tests {
             work_s: 1.25,
             ready_s,
             idle_poll_s: 0.0123456,
+            console_us_per_byte: 12.345,
             inflate: Move {
                 guest_s: 1.5,
                 device_s: 1.23456,
@@ -1520,10 +1589,12 @@ mod tests {
                 "runs": [
                     {"side": "Tidal", "reporting": "on", "round": 1, "ready_s": 3.22,
                      "agent_idle_s": 0.0123, "agent_work_s": 1.25,
+                     "console_us_per_byte": 12.35,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}},
                     {"side": "QEMU", "reporting": "on", "round": 1, "ready_s": 2.5,
                      "agent_idle_s": 0.0123, "agent_work_s": 1.25,
+                     "console_us_per_byte": 12.35,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
                 ]
@@ -1538,6 +1609,7 @@ mod tests {
             ready_s: 1.0,
             idle_poll_s: 0.01,
             work_s: 1.0,
+            console_us_per_byte: 10.0,
             inflate: Move {
                 guest_s: 1.0,
                 device_s: 1.0,
