@@ -429,8 +429,9 @@ fn start_secondaries(board: &BoardInfo) {
 
 #[no_mangle]
 extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
-    smp::set_state(index, smp::CpuState::Online);
+    // Before it counts as online: the PMU's event is known by then.
     aarch64::pmu::init();
+    smp::set_state(index, smp::CpuState::Online);
     if aarch64::gic::present() && !aarch64::gic::init_cpu(index) {
         println!(
             "cpu{index}: no GIC redistributor matches this CPU: guests on it get no interrupts"

@@ -4,6 +4,8 @@
 //! only with `-icount` (which `cargo xtask bench` uses); elsewhere the
 //! counter may not count and reports say so.
 
+use core::sync::atomic::{AtomicBool, Ordering};
+
 use aarch64_cpu::asm::barrier;
 use aarch64_cpu::registers::{ReadWriteable, Readable, Writeable};
 
@@ -24,16 +26,30 @@ pub fn init() {
     PMCNTENSET_EL0.write(PMCNTENSET_EL0::P0::SET);
     PMCR_EL0.modify(PMCR_EL0::E::SET);
     barrier::isb(barrier::SY);
+    COUNTING.store(
+        PMCEID0_EL0.is_set(PMCEID0_EL0::INST_RETIRED),
+        Ordering::Relaxed,
+    );
 }
+
+/// Whether the PMU implements the instructions-retired event (as `init`
+/// found it).
+static COUNTING: AtomicBool = AtomicBool::new(false);
 
 /// Whether the PMU implements the instructions-retired event.
 pub fn counts_instructions() -> bool {
-    PMCEID0_EL0.is_set(PMCEID0_EL0::INST_RETIRED)
+    COUNTING.load(Ordering::Relaxed)
 }
 
 /// Instructions retired at EL2 on this CPU (a 32-bit counter: use wrapping
-/// differences over short intervals).
+/// differences over short intervals); 0 where the PMU does not count them.
+/// Read around every exit: without the event the counter is not read at
+/// all, since under QEMU a PMU register access takes the global lock that
+/// every emulated CPU's device accesses contend for.
 #[inline]
 pub fn instructions() -> u32 {
+    if !COUNTING.load(Ordering::Relaxed) {
+        return 0;
+    }
     PMEVCNTR0_EL0.get() as u32
 }
