@@ -403,6 +403,25 @@ impl Session {
         self.error(ErrorKind::Unexpected, format!("{}: {message}", self.name))
     }
 
+    /// Waits until every bare-metal test guest in `vms` has said its balloon
+    /// is set up (`testguest: balloon at`), in whatever order they come up:
+    /// looking from the start of the output, so a guest that came up while
+    /// the test waited for another is found too.
+    pub fn await_test_guests(
+        &mut self,
+        vms: &[&str],
+        timeout: Duration,
+    ) -> Result<(), HarnessError> {
+        let mut waiting: Vec<&str> = vms.to_vec();
+        let mut since = 0;
+        while !waiting.is_empty() {
+            let any = format!(r"\[({})\] testguest: balloon at ", waiting.join("|"));
+            let name = self.expect_since(&mut since, &any, timeout)?[1].clone();
+            waiting.retain(|vm| *vm != name);
+        }
+        Ok(())
+    }
+
     /// Moves a bare-metal test guest's balloon to `mib` MiB (`balloon <vm>
     /// <mib>M`) and waits until the guest says it reached that target and its
     /// memory pattern is intact.

@@ -32,13 +32,7 @@ fn start(board: Board, bundle: &str, scenario: &str) -> Session {
 
 /// Waits until every bare-metal VM in `vms` has its balloon set up.
 fn wait_balloons(s: &mut Session, vms: &[&str]) {
-    let mut waiting: Vec<&str> = vms.to_vec();
-    let mut since = 0;
-    while !waiting.is_empty() {
-        let any = format!(r"\[({})\] testguest: balloon at ", waiting.join("|"));
-        let name = ok(s.expect_since(&mut since, &any, STEP))[1].clone();
-        waiting.retain(|vm| *vm != name);
-    }
+    ok(s.await_test_guests(vms, STEP));
 }
 
 fn category(s: &mut Session, name: &str) -> u64 {

@@ -36,13 +36,7 @@ fn boot(board: Board, scenario: &str, bundle: Option<&str>, ready: &[&str]) -> S
         &opts,
     ));
     s.set_deadline(Duration::from_secs(420));
-    // The guests come up in any order.
-    let mut waiting: Vec<&str> = ready.to_vec();
-    while !waiting.is_empty() {
-        let any = format!(r"\[({})\] testguest: balloon at ", waiting.join("|"));
-        let name = ok(s.expect(&any, STEP))[1].clone();
-        waiting.retain(|vm| *vm != name);
-    }
+    ok(s.await_test_guests(ready, STEP));
     s
 }
 
