@@ -35,7 +35,7 @@ use crate::vm::balloon_ctl;
 pub use crate::vm::balloon_ctl::HintStartError;
 use crate::vm::console::Echo;
 use crate::vm::cpu::{GuestContext, PhysCpu};
-use crate::vm::exit::{decode, VcpuExit};
+use crate::vm::exit::decode;
 use crate::vm::handle::{self, Outcome, Shown, FAILURE};
 use crate::vm::inject::GuestException;
 use crate::vm::irq;
@@ -751,13 +751,6 @@ fn run_vcpu(id: usize, vcpu: usize) {
                 ));
             }
             panic!("injected failure ('debug fail {}')", vm.name);
-        }
-        if matches!(exit, VcpuExit::Interrupt) && pmu::counts_instructions() {
-            // An interrupt exit's cost starts at its vector (which read the
-            // counter): since its entry the guest may have slept in WFI,
-            // which QEMU's -icount PMU counts as EL2 instructions. The
-            // world switch in and the sync before it are left out then.
-            before = ctx.irq_instructions as u32;
         }
         let outcome = handle::after_exit(vm, &mut cpu, vcpu, &mut ctx, exit, before);
         let left = match outcome {

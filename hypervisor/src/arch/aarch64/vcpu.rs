@@ -32,17 +32,12 @@ pub use crate::hw::context::{GuestContext, SPSR_EL1H_MASKED};
 const OFF_ELR: usize = 256;
 const OFF_ESR: usize = 272;
 const OFF_HPFAR: usize = 288;
-/// [`GuestContext::irq_instructions`], written by the IRQ vector
-/// (`exceptions.rs`).
-pub(super) const OFF_IRQ_INSTRUCTIONS: usize = 296;
 const OFF_FP: usize = 304;
 const OFF_FPSR: usize = OFF_FP + 512;
 const _: () = assert!(core::mem::offset_of!(GuestContext, elr) == OFF_ELR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, esr) == OFF_ESR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, hpfar) == OFF_HPFAR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, fp) == OFF_FP);
-const _: () =
-    assert!(core::mem::offset_of!(GuestContext, irq_instructions) == OFF_IRQ_INSTRUCTIONS);
 const _: () = assert!(core::mem::offset_of!(GuestContext, fpsr) == OFF_FPSR);
 
 global_asm!(
