@@ -294,9 +294,6 @@ impl PhysCpu for TargetCpu {
     fn enable_virtual_interface(&mut self, underflow: bool) {
         gic::enable_virtual_interface(underflow);
     }
-    fn trap_wfi(&mut self, trap: bool) {
-        vcpu::set_wfi_trap(trap);
-    }
     fn reset_virtual_interface(&mut self) {
         gic::reset_virtual_interface();
     }
@@ -486,12 +483,6 @@ pub fn request_stats(vm: &mut Vm) -> Result<(), &'static str> {
 
 pub use crate::vm::balloon_ctl::stats_arrived_us;
 
-/// Poll VM `vm`'s statistics every `seconds` (shell `balloon-stats`);
-/// `None` when it has no balloon device.
-pub fn set_stats_interval(vm: &mut Vm, seconds: u32) -> Option<()> {
-    balloon_ctl::set_stats_interval(vm, &mut TargetCpu::new(), seconds)
-}
-
 /// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
 pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
     balloon_ctl::start_hint(vm, &mut TargetCpu::new())
@@ -680,7 +671,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         if !synced {
             before = pmu::instructions();
             if let Some(vm) = lock_vm(id).as_mut() {
-                handle::before_entry(vm, &mut cpu, vcpu);
+                irq::sync_list_registers(vm, &mut cpu, vcpu);
             }
         }
         synced = false;
@@ -770,7 +761,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         }
         if outcome == Outcome::Continue {
             before = pmu::instructions();
-            handle::before_entry(vm, &mut cpu, vcpu);
+            irq::sync_list_registers(vm, &mut cpu, vcpu);
             synced = true;
         }
         let pending = take_pending(vm);

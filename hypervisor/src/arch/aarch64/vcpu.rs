@@ -11,7 +11,6 @@
 //! hardware; [`El1Regs`] loads them when a vCPU starts.
 
 use core::arch::{asm, global_asm};
-use core::sync::atomic::{AtomicU64, Ordering};
 
 use aarch64_cpu::asm::barrier;
 use aarch64_cpu::registers::{
@@ -196,9 +195,8 @@ pub fn run(ctx: &mut GuestContext) -> u64 {
 }
 
 /// Point this CPU's stage 2 at a VM and set the controls a guest runs under
-/// ([`controls`]), WFI trapped until [`set_wfi_trap`] says otherwise. With
-/// `virtual_irqs`, physical IRQs and FIQs are routed to EL2, which also
-/// enables virtual interrupts from the list registers.
+/// ([`controls`]). With `virtual_irqs`, physical IRQs and FIQs are routed to
+/// EL2, which also enables virtual interrupts from the list registers.
 pub fn load_vm_controls(vmid: u16, root: PhysAddr, vcpu_index: u64, virtual_irqs: bool) {
     // These registers only affect guest execution (EL1/EL0), which does not
     // run on this CPU until `run`.
@@ -207,36 +205,10 @@ pub fn load_vm_controls(vmid: u16, root: PhysAddr, vcpu_index: u64, virtual_irqs
     ));
     VTTBR_EL2.set(controls::vttbr(vmid, root));
     VMPIDR_EL2.set(controls::vmpidr(vcpu_index));
-    let hcr = controls::hcr(virtual_irqs, true);
-    HCR_EL2.set(hcr);
-    if let Some(shadow) = HCR_LOADED.get(super::cpu_index()) {
-        shadow.store(hcr, Ordering::Relaxed);
-    }
+    HCR_EL2.set(controls::hcr(virtual_irqs));
     CNTHCTL_EL2.set(controls::cnthctl());
     CNTVOFF_EL2.set(0);
     barrier::isb(barrier::SY);
-}
-
-/// HCR_EL2 as this CPU last loaded it ([`load_vm_controls`],
-/// [`set_wfi_trap`]): the trap is set before every entry from the full
-/// path, and a write of HCR_EL2 is not free (under QEMU it takes the
-/// global lock), so an unchanged value is not written again.
-static HCR_LOADED: [AtomicU64; super::MAX_CPUS] = [const { AtomicU64::new(0) }; super::MAX_CPUS];
-
-/// Trap the guest's WFI on this CPU, or let it sleep in WFI itself (it
-/// wakes on any interrupt for it: a physical one, routed to EL2, exits).
-pub fn set_wfi_trap(trap: bool) {
-    let Some(shadow) = HCR_LOADED.get(super::cpu_index()) else {
-        return;
-    };
-    let loaded = shadow.load(Ordering::Relaxed);
-    let twi = HCR_EL2::TWI::SET.value;
-    let want = if trap { loaded | twi } else { loaded & !twi };
-    if want != loaded {
-        HCR_EL2.set(want);
-        shadow.store(want, Ordering::Relaxed);
-        barrier::isb(barrier::SY);
-    }
 }
 
 /// Invalidate every stage-1 and stage-2 TLB entry of VM `vmid` on every CPU
