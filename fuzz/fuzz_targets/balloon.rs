@@ -79,6 +79,9 @@ impl HostMemory for CheckedHost {
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
         self.0.alloc_frame(vm)
     }
+    fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr> {
+        self.0.alloc_hypervisor_page()
+    }
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         self.0.free_frame(vm, pa)
     }

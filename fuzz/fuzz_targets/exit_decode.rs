@@ -70,6 +70,24 @@ fuzz_target!(|input: (u64, u64, u64, u64, u64)| {
             assert!(reg <= 31, "register {reg}");
             assert_eq!(ipa.raw(), ipa_expected);
         }
+        VcpuExit::ReadOnlyStore {
+            far: at,
+            width,
+            reg,
+            insn_len,
+        } => {
+            // A store with a syndrome that found a read-only stage-2 page
+            // (a permission fault, FSC 0b0011xx), not on a stage-1 walk.
+            assert_insn_len(insn_len, esr);
+            assert_eq!(ec, 0x24);
+            assert_ne!(esr & (1 << 24), 0);
+            assert_ne!(esr & (1 << 6), 0);
+            assert_eq!(esr & (1 << 7), 0, "not S1PTW");
+            assert_eq!(esr & 0x3c, 0b1100, "a permission fault");
+            assert!(matches!(width, 1 | 2 | 4 | 8), "width {width}");
+            assert!(reg <= 31, "register {reg}");
+            assert_eq!(at, far, "its IPA comes from FAR, not HPFAR");
+        }
         VcpuExit::Abort {
             ipa, instruction, ..
         } => {

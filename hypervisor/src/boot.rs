@@ -886,9 +886,9 @@ fn info_exits(name: &str, reset: bool) {
         if reset {
             vm.profile.reset(now);
         }
-        profile
+        (profile, vm.uart_mirror.stats, vm.uart_mirror.is_mapped())
     });
-    let Some(profile) = copied else {
+    let Some((profile, mirror, shown)) = copied else {
         return no_such_vm(name);
     };
     if reset {
@@ -902,6 +902,14 @@ fn info_exits(name: &str, reset: bool) {
     let counted = aarch64::pmu::counts_instructions();
     let _ = profile.write_table(name, now, counted, &mut text);
     print!("{text}");
+    // Since the VM was created, not reset with the profile.
+    println!(
+        "{name}: PL011 mirror page {} now (loads do not exit while shown); shown {} times, withdrawn {} (input, stops), {} register words rewritten",
+        if shown { "shown" } else { "not shown" },
+        mirror.shown,
+        mirror.withdrawn,
+        mirror.words_written
+    );
 }
 
 /// `balloon-stats <vm> now`: ask the guest for a fresh statistics sample,

@@ -82,6 +82,21 @@ pub const UARTPCELLID0: u64 = 0xff0;
 /// Size of the register window.
 pub const PL011_SIZE: u64 = 0x1000;
 
+/// Registers that [`Pl011::mirror_block`] covers: DR up to DMACR.
+pub const MIRROR_BLOCK_WORDS: usize = (UARTDMACR / 4 + 1) as usize;
+/// PeriphID0..3 then PCellID0..3 as words from [`UARTPERIPHID0`]: the
+/// rest of the mirror page (constant).
+pub const MIRROR_ID_WORDS: [u32; 8] = [
+    PERIPH_ID[0] as u32,
+    PERIPH_ID[1] as u32,
+    PERIPH_ID[2] as u32,
+    PERIPH_ID[3] as u32,
+    PCELL_ID[0] as u32,
+    PCELL_ID[1] as u32,
+    PCELL_ID[2] as u32,
+    PCELL_ID[3] as u32,
+];
+
 /// PeriphID0..3: part 0x011 (PL011), designer 0x41 (Arm), revision 3 (r1p5).
 pub const PERIPH_ID: [u8; 4] = [0x11, 0x10, 0x34, 0x00];
 /// PCellID0..3: the PrimeCell signature.
@@ -242,6 +257,14 @@ impl Pl011 {
         (self.ris | INT_TX) & self.imsc != 0
     }
 
+    /// Whether a byte written to DR would change what the registers read
+    /// (it raises TXRIS, which may be up already): if not, the mirror page
+    /// (`vm::uart_mirror`) needs no update after it.
+    #[inline]
+    pub fn transmit_changes_registers(&self) -> bool {
+        self.ris & INT_TX == 0
+    }
+
     /// Bytes waiting in the receive FIFO.
     pub fn rx_len(&self) -> usize {
         self.rx_len
@@ -280,6 +303,32 @@ impl Pl011 {
             fr |= FR_RXFF;
         }
         fr
+    }
+
+    /// The registers at offsets `0..MIRROR_BLOCK_WORDS * 4` as 32-bit
+    /// reads show them, while reading them changes nothing: with the
+    /// receive FIFO empty (a DR read then returns 0 and takes nothing).
+    /// `None` while it holds data. What the read-only mirror page holds
+    /// (`vm::uart_mirror`), so that a load from it returns what
+    /// [`Pl011::read`] would, narrow loads included (the little-endian
+    /// bytes of the word), without a trap.
+    pub fn mirror_block(&self) -> Option<[u32; MIRROR_BLOCK_WORDS]> {
+        if self.rx_len != 0 {
+            return None;
+        }
+        let mut block = [0; MIRROR_BLOCK_WORDS];
+        block[(UARTFR / 4) as usize] = self.flags();
+        block[(UARTILPR / 4) as usize] = self.ilpr;
+        block[(UARTIBRD / 4) as usize] = self.ibrd;
+        block[(UARTFBRD / 4) as usize] = self.fbrd;
+        block[(UARTLCR_H / 4) as usize] = self.lcr_h;
+        block[(UARTCR / 4) as usize] = self.cr;
+        block[(UARTIFLS / 4) as usize] = self.ifls;
+        block[(UARTIMSC / 4) as usize] = self.imsc;
+        block[(UARTRIS / 4) as usize] = self.ris;
+        block[(UARTMIS / 4) as usize] = self.mis();
+        block[(UARTDMACR / 4) as usize] = self.dmacr;
+        Some(block)
     }
 
     /// Console input for the guest. Returns false (and keeps nothing) if
@@ -647,6 +696,42 @@ mod tests {
         assert_eq!(uart.read(UARTIMSC, 4), INT_ALL);
     }
 
+    /// The mirror page image of `uart` (when it has one): every aligned
+    /// 1-, 2- and 4-byte load from it returns what [`Pl011::read`] does,
+    /// and such a read changes nothing the guest can see.
+    fn mirror_reads_as_the_model(uart: &Pl011) -> Result<(), TestCaseError> {
+        let Some(block) = uart.mirror_block() else {
+            prop_assert!(uart.rx_len() > 0);
+            return Ok(());
+        };
+        let mut page = [0u8; PL011_SIZE as usize];
+        for (i, word) in block.iter().enumerate() {
+            page[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        let ids = UARTPERIPHID0 as usize;
+        for (i, word) in MIRROR_ID_WORDS.iter().enumerate() {
+            page[ids + 4 * i..ids + 4 * i + 4].copy_from_slice(&word.to_le_bytes());
+        }
+        for width in [1u8, 2, 4] {
+            for offset in (0..PL011_SIZE).step_by(usize::from(width)) {
+                let at = offset as usize;
+                let mut bytes = [0u8; 4];
+                bytes[..usize::from(width)].copy_from_slice(&page[at..at + usize::from(width)]);
+                let mut model = uart.clone();
+                prop_assert_eq!(
+                    u32::from_le_bytes(bytes),
+                    model.read(offset, width),
+                    "offset {:#x} width {}",
+                    offset,
+                    width
+                );
+                prop_assert_eq!(model.mirror_block(), Some(block));
+                prop_assert_eq!(model.irq_level(), uart.irq_level());
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
         /// Random guest traffic never panics, the FIFO never exceeds its
         /// depth, and the line is always MIS != 0.
@@ -674,7 +759,12 @@ mod tests {
                     }
                     1 => {
                         let predicted = uart.irq_level_after_transmit();
+                        let changes = uart.transmit_changes_registers();
+                        let block = uart.mirror_block();
                         let effect = uart.write(offset, width, value);
+                        if offset == UARTDR && !changes {
+                            prop_assert_eq!(uart.mirror_block(), block);
+                        }
                         prop_assert_eq!(effect.irq_changed, uart.irq_level() != level);
                         if offset == UARTDR && effect.output.is_some() {
                             prop_assert_eq!(uart.irq_level(), predicted);
@@ -686,6 +776,7 @@ mod tests {
                     }
                 }
                 prop_assert!(uart.rx_len() <= RX_FIFO_SIZE);
+                mirror_reads_as_the_model(&uart)?;
                 prop_assert_eq!(uart.irq_level(), uart.read(UARTMIS, 4) != 0);
                 let fr = uart.read(UARTFR, 4);
                 prop_assert_eq!(fr & FR_RXFE != 0, uart.rx_len() == 0);

@@ -20,10 +20,11 @@ use guest_bundle::Bundle;
 use spin::mutex::{SpinMutex, SpinMutexGuard, TicketMutex, TicketMutexGuard};
 use spin::{Mutex, MutexGuard};
 
-use crate::addr::PhysAddr;
+use crate::addr::{GuestAddr, PhysAddr};
 use crate::arch::aarch64::vcpu::{self, El1Regs};
 use crate::arch::aarch64::{self, gic, pmu, recovery};
 use crate::held::{self, Tracked};
+use crate::hw::syndrome;
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
 use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
@@ -179,6 +180,11 @@ impl HostMemory for HostMem {
         }
         n
     }
+    fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr> {
+        let pa = frames().alloc(1, 1, FrameUse::Allocated)?;
+        zero_and_clean(pa);
+        Some(pa)
+    }
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         frames().free_guest(vm, pa)
     }
@@ -207,6 +213,15 @@ impl HostMemory for HostMem {
         // SAFETY: as in `read`.
         unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), pa as *mut u8, data.len()) };
         aarch64::clean_dcache_range(pa, data.len());
+    }
+    fn write_u32(&mut self, pa: PhysAddr, value: u32) {
+        debug_assert!(pa.raw().is_multiple_of(4));
+        let pa = pa.raw() as usize;
+        // SAFETY: a 4-aligned address in a frame we own (a mirror page),
+        // identity-mapped; volatile: a single store the guest may be
+        // reading.
+        unsafe { core::ptr::write_volatile(pa as *mut u32, value.to_le()) };
+        aarch64::clean_dcache_range(pa, 4);
     }
     fn flush_tlb(&mut self, vmid: u16) {
         vcpu::flush_vm_tlb(vmid);
@@ -263,6 +278,9 @@ impl PhysCpu for TargetCpu {
     }
     fn counts_instructions(&self) -> bool {
         pmu::counts_instructions()
+    }
+    fn stage1_ipa(&mut self, va: u64) -> Option<GuestAddr> {
+        syndrome::ipa_from_par(vcpu::stage1_translate(va), va)
     }
     fn cpu_online(&self, cpu: usize) -> bool {
         aarch64::smp::state(cpu) == aarch64::smp::CpuState::Online

@@ -49,6 +49,35 @@ fn free_bytes(s: &mut Session) -> u64 {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A row of `info exits`: the kind's exits.
+fn exits_of(table: &str, kind: &str) -> u64 {
+    harness::console::first_number(table, &format!(r"(?m)^  {kind} +(\d+) "))
+        .unwrap_or_else(|| panic!("no {kind} row in:\n{table}"))
+}
+
+/// Linux's console output through the PL011's read-only mirror page: the
+/// flag register it reads before each byte is a plain load, so a byte sent
+/// is one exit (the DR store), not two. Counted over a 4-5 KB answer.
+fn console_output_costs_one_exit_a_byte(s: &mut Session) {
+    let reset = ok(s.run("info exits linux reset", COMMAND));
+    assert!(reset.contains("exit profile started over"), "{reset}");
+    let lines = agent(s, 90, "cat /proc/vmstat");
+    let table = ok(s.run("info exits linux", COMMAND));
+    // What the guest printed: the lines with their CR LF, the echoed
+    // request and the agent's `done` line.
+    let bytes: usize = lines.iter().map(|l| l.len() + 2).sum::<usize>() + 64;
+    let uart = exits_of(&table, "mmio-uart");
+    assert!(bytes > 3000, "{lines:?}");
+    assert!(
+        uart >= lines.len() as u64 && uart < bytes as u64 * 5 / 4,
+        "{uart} PL011 exits for about {bytes} bytes printed:\n{table}"
+    );
+    assert!(
+        table.contains("linux: PL011 mirror page shown now"),
+        "{table}"
+    );
+}
+
 fn upstream_balloon_driver(board: Board) {
     let mut s = boot(board, "linux_balloon");
     let cpus = agent(&mut s, 1, "grep -c ^processor /proc/cpuinfo");
@@ -58,6 +87,7 @@ fn upstream_balloon_driver(board: Board) {
         mods.iter().any(|l| l.starts_with("virtio_balloon ")),
         "{mods:?}"
     );
+    console_output_costs_one_exit_a_byte(&mut s);
     let total0 = mem_total(&mut s, 3);
     let free0 = free_bytes(&mut s);
 

@@ -36,6 +36,7 @@ register_bitfields! [u64,
         ],
         /// Stage-2 access permissions.
         S2AP OFFSET(6) NUMBITS(2) [
+            ReadOnly = 0b01,
             ReadWrite = 0b11
         ],
         SH OFFSET(8) NUMBITS(2) [
@@ -75,6 +76,20 @@ pub fn device_page(pa: PhysAddr) -> u64 {
     (address(pa)
         + S2_DESC::AF::SET
         + S2_DESC::S2AP::ReadWrite
+        + S2_DESC::MEMATTR::DeviceNGnRE
+        + S2_DESC::XN::SET
+        + S2_DESC::TYPE::TableOrPage
+        + S2_DESC::VALID::SET)
+        .value
+}
+
+/// A leaf descriptor showing the page at `pa` read-only, as device
+/// memory: a store to it is a permission fault, taken to EL2 with its
+/// syndrome like a store to an unmapped page (the PL011's mirror page).
+pub fn read_only_device_page(pa: PhysAddr) -> u64 {
+    (address(pa)
+        + S2_DESC::AF::SET
+        + S2_DESC::S2AP::ReadOnly
         + S2_DESC::MEMATTR::DeviceNGnRE
         + S2_DESC::XN::SET
         + S2_DESC::TYPE::TableOrPage
@@ -258,6 +273,31 @@ impl Stage2 {
         pa: PhysAddr,
     ) -> Result<(), Stage2Error> {
         self.set_leaf(mem, ipa, device_page(pa))
+    }
+
+    /// Show the page at `pa` read-only at `ipa`, as device memory (not
+    /// RAM: not counted, reported or freed as a frame).
+    pub fn map_read_only_device(
+        &mut self,
+        mem: &mut impl TableMemory,
+        ipa: GuestAddr,
+        pa: PhysAddr,
+    ) -> Result<(), Stage2Error> {
+        self.set_leaf(mem, ipa, read_only_device_page(pa))
+    }
+
+    /// Remove the device page at `ipa` (RAM is left alone); the page it
+    /// showed, if any. The caller invalidates the TLB.
+    pub fn unmap_device(&mut self, mem: &mut impl TableMemory, ipa: GuestAddr) -> Option<PhysAddr> {
+        Self::check(ipa).ok()?;
+        let table = self.leaf_table(mem, ipa, false).ok()??;
+        let slot = &mut mem.table(table)[index(ipa, 3)];
+        if !is_valid(*slot) || is_ram(*slot) {
+            return None;
+        }
+        let pa = output_address(*slot);
+        *slot = 0;
+        Some(pa)
     }
 
     /// Map the page at `ipa` to the frame at `pa` as guest RAM.
@@ -710,6 +750,36 @@ pub mod tests {
             0x0040_0000_0804_0000 | 1 << 10 | 0b11 << 6 | 0b0001 << 2 | 0b11
         );
         assert!(!is_ram(d));
+    }
+
+    #[test]
+    fn a_read_only_device_page_comes_and_goes_leaving_ram_alone() {
+        let mut mem = FakeTables::default();
+        let mut s2 = Stage2::new(&mut mem).unwrap();
+        s2.map(&mut mem, g(0x0900_1000), p(0x9000_0000)).unwrap();
+        s2.map_read_only_device(&mut mem, g(0x0900_0000), p(0x8800_0000))
+            .unwrap();
+        assert_eq!(s2.mapped_pages(), 1, "not counted as RAM");
+        assert!(s2
+            .map_read_only_device(&mut mem, g(0x0900_0000), p(0x8800_1000))
+            .is_err());
+        assert_eq!(s2.unmap(&mut mem, g(0x0900_0000)), None, "not RAM");
+        assert_eq!(s2.unmap_device(&mut mem, g(0x0900_1000)), None, "RAM");
+        assert_eq!(
+            s2.unmap_device(&mut mem, g(0x0900_0000)),
+            Some(p(0x8800_0000))
+        );
+        assert_eq!(s2.unmap_device(&mut mem, g(0x0900_0000)), None, "gone");
+        assert_eq!(s2.unmap_device(&mut mem, g(0x7000_0000_0000)), None);
+        s2.map_read_only_device(&mut mem, g(0x0900_0000), p(0x8800_0000))
+            .unwrap();
+        let d = read_only_device_page(p(0x8800_0000));
+        assert_eq!(
+            d,
+            0x0040_0000_8800_0000 | 1 << 10 | 0b01 << 6 | 0b0001 << 2 | 0b11,
+            "read-only (S2AP 01), device nGnRE, execute-never"
+        );
+        assert_eq!(s2.destroy(&mut mem), Ok(1), "the RAM page only");
     }
 
     #[test]

@@ -202,6 +202,7 @@ pub fn read(
             let value = vm.uart.read(off, width);
             if vm.input.is_empty() {
                 irq::update_uart(vm, cpu);
+                irq::sync_uart_mirror(vm, cpu);
             } else {
                 irq::feed_console(vm, cpu);
             }
@@ -251,6 +252,8 @@ pub fn write(
             if let Some(echo) = effect.output.and_then(|byte| console_output(vm, byte)) {
                 vm.out.live(echo.output());
             }
+            // The page first: a vCPU the interrupt reaches reads it.
+            irq::sync_uart_mirror(vm, cpu);
             if effect.irq_changed {
                 irq::update_uart(vm, cpu);
             }

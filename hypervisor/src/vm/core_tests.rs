@@ -19,6 +19,7 @@ use super::inject::GuestException;
 use super::irq;
 use super::lifecycle::{self, KernelImage, KERNEL_OFFSET};
 use super::manage;
+use super::memory::HostMemory;
 use super::outbox::Notice;
 use super::psci;
 use super::state::{GuestGic, Power, Vm, VmState};
@@ -721,6 +722,88 @@ fn typed_input_longer_than_the_fifo_reaches_the_guest_whole() {
     assert!(vm.input.is_empty());
 }
 
+/// The mirror page's word at `offset`, as the guest would load it.
+fn mirror_word(vm: &Vm, cpu: &mut FakeCpu, offset: u64) -> u32 {
+    let frame = vm.uart_mirror.frame().expect("a mirror frame");
+    let mut word = [0u8; 4];
+    cpu.host.read(frame + offset, &mut word);
+    u32::from_le_bytes(word)
+}
+
+/// Whether every register the mirror shows reads as the model has it.
+fn assert_mirror_matches(vm: &Vm, cpu: &mut FakeCpu) {
+    for offset in (0..pl011::MIRROR_BLOCK_WORDS as u64 * 4)
+        .step_by(4)
+        .chain((pl011::UARTPERIPHID0..pl011::PL011_SIZE).step_by(4))
+    {
+        let expected = vm.uart.clone().read(offset, 4);
+        assert_eq!(mirror_word(vm, cpu, offset), expected, "offset {offset:#x}");
+    }
+}
+
+#[test]
+fn the_uart_mirror_is_shown_while_reads_change_nothing_and_withdrawn_for_input() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let allocated = cpu.host.frames.pages(FrameUse::Allocated);
+    assert!(vm.uart_mirror.is_mapped(), "shown from the start");
+    assert_mirror_matches(&vm, &mut cpu);
+    // Linux's setup and a byte sent: each store traps and the page follows.
+    for (offset, value) in [
+        (pl011::UARTLCR_H, 0x70),
+        (pl011::UARTIMSC, 0x50),
+        (pl011::UARTCR, 0x301),
+        (pl011::UARTDR, u64::from(b'x')),
+    ] {
+        ctx.x[1] = value;
+        exit(
+            &mut vm,
+            &mut cpu,
+            &mut ctx,
+            store(layout::UART_BASE + offset, 2),
+        );
+        assert!(vm.uart_mirror.is_mapped());
+        assert_mirror_matches(&vm, &mut cpu);
+    }
+    assert_eq!(
+        mirror_word(&vm, &mut cpu, pl011::UARTRIS) & pl011::INT_TX,
+        pl011::INT_TX,
+        "the byte left: TXRIS as the guest reads it"
+    );
+    // Input: the page goes, with one TLB invalidation, before the guest
+    // can see the byte; reads trap until the FIFO is empty again.
+    let flushes = cpu.host.flushes;
+    assert!(irq::console_input_bytes(&mut vm, &mut cpu, b"ab") == 2);
+    assert!(!vm.uart_mirror.is_mapped());
+    assert_eq!(cpu.host.flushes, flushes + 1);
+    exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 2));
+    assert_eq!(ctx.x[2], u64::from(b'a'));
+    assert!(!vm.uart_mirror.is_mapped(), "a byte is left");
+    exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 2));
+    assert_eq!(ctx.x[2], u64::from(b'b'));
+    assert!(vm.uart_mirror.is_mapped(), "empty again");
+    assert_mirror_matches(&vm, &mut cpu);
+    assert_ne!(
+        mirror_word(&vm, &mut cpu, pl011::UARTFR) & pl011::FR_RXFE,
+        0
+    );
+    let stats = vm.uart_mirror.stats;
+    assert_eq!((stats.shown, stats.withdrawn), (2, 1));
+    // A store to the page is emulated as the store it is: the permission
+    // fault decodes to an MMIO write (`exit::decode`), handled as above.
+    assert_check(&vm, &mut cpu);
+    // A restart keeps the frame: no page per start.
+    lifecycle::request_stop(&mut vm, &mut cpu).expect("running");
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    let frame = vm.uart_mirror.frame();
+    lifecycle::start(&mut vm, &mut cpu).expect("starts again");
+    assert_eq!(vm.uart_mirror.frame(), frame);
+    assert!(vm.uart_mirror.is_mapped());
+    assert_mirror_matches(&vm, &mut cpu);
+    assert_eq!(cpu.host.frames.pages(FrameUse::Allocated), allocated);
+    assert_check(&vm, &mut cpu);
+}
+
 /// One arbitrary exit a hostile guest could cause.
 fn any_exit() -> impl Strategy<Value = VcpuExit> {
     let ipa = prop_oneof![
@@ -733,6 +816,14 @@ fn any_exit() -> impl Strategy<Value = VcpuExit> {
     ];
     let width = prop_oneof![Just(1u8), Just(2), Just(4), Just(8), 0u8..=16];
     prop_oneof![
+        (any::<u64>(), width.clone(), 0u8..=31).prop_map(|(far, width, reg)| {
+            VcpuExit::ReadOnlyStore {
+                far,
+                width,
+                reg,
+                insn_len: 4,
+            }
+        }),
         (
             ipa.clone(),
             width.clone(),
@@ -1347,6 +1438,8 @@ impl Live {
             vm.uart.irq_level(),
             vm.vgic.as_ref().map(|g| g.spi_line(irq::UART_INTID)),
             vm.input.len(),
+            vm.uart_mirror.is_mapped(),
+            vm.uart_mirror.stats,
         );
         format!(
             "{:?} {:?} {:#x} {:#x} {queues:?} {:?} {uart:?} pc={:#x} x={:?} spsr={:#x} pool={} mapped={:?} kicks={:?} injected={:?} exits={counts:?} lines={:?}",
@@ -1633,6 +1726,32 @@ fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
     let mut long = vec![b'x'; super::console::ECHO_MAX + 8];
     long.extend_from_slice(b"\r\n");
     step("a long live line", true, &mut send(&long, 2));
+    // Through the mirror page: a store that found it read-only, its IPA
+    // from the guest's stage 1 (here: off, the VA is the IPA).
+    let read_only_store = |value: u64, l: &mut Live, f: bool| {
+        l.ctx.x[1] = value;
+        let exit = VcpuExit::ReadOnlyStore {
+            far: UART_DR.raw(),
+            width: 2,
+            reg: 1,
+            insn_len: 4,
+        };
+        l.exit(exit, f)
+    };
+    step("a byte through the mirror page", true, &mut |l, f| {
+        read_only_store(0x47, l, f)
+    });
+    // The guest's stage 1 no longer maps the address: the store runs again
+    // (nothing done, the PC where it was).
+    step("a store whose address is gone", false, &mut |l, f| {
+        l.cpu.stage1_fails = true;
+        let pc = l.ctx.elr;
+        let tx = l.vm.uart.counters().tx_bytes;
+        read_only_store(0x48, l, f);
+        assert_eq!((l.ctx.elr, l.vm.uart.counters().tx_bytes), (pc, tx));
+        l.cpu.stage1_fails = false;
+        false
+    });
     // TXIM on with TXRIS raised: the line is up and a byte keeps it up.
     step("TXIM", false, &mut |l, f| {
         l.store(at(pl011::UARTIMSC), 2, 0x70, f)

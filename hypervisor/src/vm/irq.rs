@@ -44,6 +44,22 @@ fn set_line(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, level: bool) {
     }
 }
 
+/// The PL011's mirror page brought up to date with the model (shown, or
+/// withdrawn while input waits): after every UART access that trapped and
+/// every move of input into its FIFO, before the UART's line moves.
+#[inline]
+pub fn sync_uart_mirror(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    let input_waits = !vm.input.is_empty();
+    vm.uart_mirror
+        .sync(&vm.uart, input_waits, vm.ram.as_mut(), cpu.memory());
+}
+
+/// The PL011's mirror page withdrawn (before input enters its FIFO, and at
+/// a stop).
+pub fn withdraw_uart_mirror(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    vm.uart_mirror.withdraw(vm.ram.as_mut(), cpu.memory());
+}
+
 /// Give a byte typed on the physical console to a VM: into its PL011's
 /// receive FIFO, or queued behind it until the guest reads (see
 /// [`feed_console`]). False (the byte is lost) only when the queue is full:
@@ -67,6 +83,10 @@ pub fn console_input_bytes(vm: &mut Vm, cpu: &mut impl PhysCpu, bytes: &[u8]) ->
 /// Move queued console input into the PL011's receive FIFO while it has
 /// room (after a guest read took a byte out), and update its interrupt.
 pub fn feed_console(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    if !vm.input.is_empty() {
+        // Before the byte can be seen: the guest must trap to take it.
+        withdraw_uart_mirror(vm, cpu);
+    }
     while let Some(&byte) = vm.input.front() {
         if !vm.uart.push_input(byte) {
             break;
@@ -74,6 +94,7 @@ pub fn feed_console(vm: &mut Vm, cpu: &mut impl PhysCpu) {
         vm.input.pop_front();
     }
     update_uart(vm, cpu);
+    sync_uart_mirror(vm, cpu);
 }
 
 /// Take the pending physical interrupts on this CPU (the guest was

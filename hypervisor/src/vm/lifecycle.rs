@@ -150,6 +150,9 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
         }
     }
     vm.ram = Some(ram);
+    let input_waits = !vm.input.is_empty();
+    vm.uart_mirror
+        .start(&vm.uart, input_waits, vm.ram.as_mut(), cpu.memory());
     vm.state = VmState::Running;
     vm.starts += 1;
     // Each run's exits are profiled from its start (`info exits`).
@@ -253,6 +256,8 @@ pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
         ));
     }
     let why = vm.last_stop;
+    // The mirror's leaf out of the tables before they are freed.
+    super::irq::withdraw_uart_mirror(vm, cpu);
     if let Some(ram) = vm.ram.take() {
         let freed = give_back(vm, cpu, ram);
         vm.out.line(format_args!(

@@ -41,6 +41,9 @@ pub trait HostMemory: TableMemory {
         }
         out.len()
     }
+    /// A zeroed frame for the hypervisor's own use (frame table use
+    /// `Allocated`), kept for good: a VM's PL011 mirror page.
+    fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr>;
     /// Give VM `vm`'s frame back to the pool (after the TLB flush); an
     /// error if the frame table does not record it as VM `vm`'s.
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError>;
@@ -69,6 +72,11 @@ pub trait HostMemory: TableMemory {
         u16::from_le_bytes(b)
     }
     fn write(&mut self, pa: PhysAddr, data: &[u8]);
+    /// The little-endian `u32` at the 4-aligned address `pa`, in one
+    /// store (a CPU reading it meanwhile sees the old or the new value).
+    fn write_u32(&mut self, pa: PhysAddr, value: u32) {
+        self.write(pa, &value.to_le_bytes());
+    }
     /// Invalidate the TLBs of VMID `vmid` on every CPU.
     fn flush_tlb(&mut self, vmid: u16);
     /// The VM owning the frame at `pa`, per the frame table.
@@ -217,6 +225,30 @@ impl GuestRam {
         self.stage2
             .map_device(mem, ipa, pa)
             .map_err(RamError::Stage2)
+    }
+
+    /// Show the page at `pa` read-only at `ipa`, as device memory (its
+    /// stores trap). Mapping where nothing was needs no TLB maintenance.
+    pub fn map_read_only_device(
+        &mut self,
+        mem: &mut impl HostMemory,
+        ipa: GuestAddr,
+        pa: PhysAddr,
+    ) -> Result<(), RamError> {
+        self.stage2
+            .map_read_only_device(mem, ipa, pa)
+            .map_err(RamError::Stage2)
+    }
+
+    /// Remove the device page at `ipa` and invalidate the VM's TLBs on
+    /// every CPU: once this returns, no vCPU reads the page any more (its
+    /// next access traps). Whether a page was there.
+    pub fn unmap_device(&mut self, mem: &mut impl HostMemory, ipa: GuestAddr) -> bool {
+        let removed = self.stage2.unmap_device(mem, ipa).is_some();
+        if removed {
+            mem.flush_tlb(self.vmid);
+        }
+        removed
     }
 
     /// Back every page of RAM (at VM start).

@@ -51,6 +51,7 @@ pub mod outbox;
 pub mod psci;
 pub mod ratelimit;
 pub mod state;
+pub mod uart_mirror;
 
 pub use crate::hw::{controls, inject, syndrome};
 #[cfg(any(test, feature = "testing"))]

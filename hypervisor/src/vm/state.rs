@@ -192,6 +192,8 @@ pub struct Vm {
     pub console: ConsoleLine,
     /// The emulated PL011 the guest's console driver talks to.
     pub uart: Pl011,
+    /// Its registers shown read-only while reading them changes nothing.
+    pub uart_mirror: super::uart_mirror::UartMirror,
     /// Typed bytes its receive FIFO had no room for yet: they move into it
     /// as the guest reads, so a long line typed or pasted at once arrives
     /// whole although the FIFO holds 32 bytes, and the shell never waits.
@@ -260,6 +262,7 @@ impl Vm {
             balloon: None,
             console: ConsoleLine::new(),
             uart: Pl011::new(),
+            uart_mirror: super::uart_mirror::UartMirror::new(),
             input: heapless::Deque::new(),
             profile: ExitProfile::default(),
             last_stop: "not started yet",

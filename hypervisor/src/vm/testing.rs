@@ -11,7 +11,7 @@ use alloc::vec::Vec;
 use platform::PhysRange;
 
 use super::memory::HostMemory;
-use crate::addr::PhysAddr;
+use crate::addr::{GuestAddr, PhysAddr};
 use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
 
@@ -100,6 +100,11 @@ impl HostMemory for FakeHost {
         }
         Some(pa)
     }
+    fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr> {
+        let pa = self.frames.alloc(1, 1, FrameUse::Allocated)?;
+        self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
+        Some(pa)
+    }
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         self.frames.free_guest(vm, pa)?;
         if self.keep_data {
@@ -174,6 +179,8 @@ pub struct FakeCpu {
     pub icache_invalidations: u64,
     /// How often a vCPU left its run loop on this CPU.
     pub left: u64,
+    /// The guest's stage 1 maps nothing ([`PhysCpu::stage1_ipa`]).
+    pub stage1_fails: bool,
 }
 
 impl FakeCpu {
@@ -195,6 +202,7 @@ impl FakeCpu {
             deactivated: Vec::new(),
             icache_invalidations: 0,
             left: 0,
+            stage1_fails: false,
         }
     }
 }
@@ -219,6 +227,11 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
     }
     fn counts_instructions(&self) -> bool {
         true
+    }
+    /// The fake guest's stage 1 is off (a virtual address is its IPA),
+    /// unless `stage1_fails`.
+    fn stage1_ipa(&mut self, va: u64) -> Option<GuestAddr> {
+        (!self.stage1_fails).then_some(GuestAddr::new(va))
     }
     fn cpu_online(&self, cpu: usize) -> bool {
         cpu < 64 && self.online & (1 << cpu) != 0
