@@ -20,11 +20,10 @@ use guest_bundle::Bundle;
 use spin::mutex::{SpinMutex, SpinMutexGuard, TicketMutex, TicketMutexGuard};
 use spin::{Mutex, MutexGuard};
 
-use crate::addr::{GuestAddr, PhysAddr};
+use crate::addr::PhysAddr;
 use crate::arch::aarch64::vcpu::{self, El1Regs};
 use crate::arch::aarch64::{self, gic, pmu, recovery};
 use crate::held::{self, Tracked};
-use crate::hw::syndrome;
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
 use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
@@ -278,9 +277,6 @@ impl PhysCpu for TargetCpu {
     }
     fn counts_instructions(&self) -> bool {
         pmu::counts_instructions()
-    }
-    fn stage1_ipa(&mut self, va: u64) -> Option<GuestAddr> {
-        syndrome::ipa_from_par(vcpu::stage1_translate(va), va)
     }
     fn cpu_online(&self, cpu: usize) -> bool {
         aarch64::smp::state(cpu) == aarch64::smp::CpuState::Online

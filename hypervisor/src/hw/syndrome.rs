@@ -133,19 +133,6 @@ impl Syndrome {
     }
 }
 
-/// The IPA in PAR_EL1 after a stage-1 address translation of `va` (AT
-/// S1E1R), with `va`'s offset in its page; `None` if it failed (PAR.F).
-/// For a stage-2 permission fault on a data access HPFAR_EL2 is UNKNOWN
-/// (it is valid for translation, access flag and address size faults and
-/// for faults on a stage-1 walk): the IPA of such a store (to the PL011's
-/// read-only mirror) comes from translating FAR_EL2, as KVM does.
-#[inline]
-pub fn ipa_from_par(par: u64, va: u64) -> Option<GuestAddr> {
-    const PAR_F: u64 = 1;
-    const PAR_PA: u64 = 0x000f_ffff_ffff_f000;
-    (par & PAR_F == 0).then_some(GuestAddr::new((par & PAR_PA) | (va & 0xfff)))
-}
-
 /// The IPA of a stage-2 abort: the page from HPFAR_EL2, the offset in it
 /// from FAR_EL2.
 #[inline]

@@ -9,7 +9,6 @@
 //! asked for (`vm::testing::FakeCpu`).
 
 use super::memory::HostMemory;
-use crate::addr::GuestAddr;
 use crate::hw::inject::GuestException;
 use crate::vgic::{LrState, PendingIrq};
 
@@ -31,11 +30,6 @@ pub trait PhysCpu {
     /// EL2 instructions retired so far (wrapping), when the PMU counts them.
     fn instructions(&self) -> u32;
     fn counts_instructions(&self) -> bool;
-
-    /// The IPA the stage 1 of the guest this CPU runs maps the virtual
-    /// address `va` to (its EL1 translation registers are this CPU's
-    /// between its exits), or `None` if it maps none now.
-    fn stage1_ipa(&mut self, va: u64) -> Option<GuestAddr>;
 
     /// Whether physical CPU `cpu` is online and free to run vCPUs.
     fn cpu_online(&self, cpu: usize) -> bool;

@@ -57,10 +57,12 @@ pub enum VcpuExit {
     },
     /// An IRQ, FIQ or SError arrived while the guest ran.
     Interrupt,
-    /// A store that found a read-only stage-2 page (the PL011's mirror),
-    /// with a valid syndrome: emulated like a [`VcpuExit::MmioWrite`], but
-    /// HPFAR_EL2 does not hold its IPA; the guest's stage 1 maps `far` to
-    /// it (`PhysCpu::stage1_ipa`).
+    /// A store that found a read-only stage-2 page, with a valid syndrome:
+    /// emulated like a [`VcpuExit::MmioWrite`], but the architecture
+    /// leaves HPFAR_EL2 UNKNOWN for a permission fault, so only `far`'s
+    /// offset in its page is known. The one page a VM's stage 2 maps
+    /// read-only is the PL011's mirror (`vm::uart_mirror`), which places
+    /// it ([`VcpuExit::read_only_store_at`]).
     ReadOnlyStore {
         far: u64,
         width: u8,
@@ -89,6 +91,28 @@ pub enum ExitKind {
 }
 
 impl VcpuExit {
+    /// A [`VcpuExit::ReadOnlyStore`] as the MMIO store it is, in the page
+    /// at `page` (the read-only page it found), at `far`'s offset: a
+    /// stage-1 page is 4 KiB or a multiple, so a virtual address and its
+    /// IPA share their low 12 bits. `None` for any other exit.
+    pub fn read_only_store_at(&self, page: GuestAddr) -> Option<VcpuExit> {
+        let VcpuExit::ReadOnlyStore {
+            far,
+            width,
+            reg,
+            insn_len,
+        } = *self
+        else {
+            return None;
+        };
+        Some(VcpuExit::MmioWrite {
+            ipa: page + (far & 0xfff),
+            width,
+            reg,
+            insn_len,
+        })
+    }
+
     pub fn kind(&self) -> ExitKind {
         match self {
             VcpuExit::MmioRead { .. } => ExitKind::MmioRead,
@@ -270,7 +294,6 @@ pub fn load_result(value: u64, width: u8, sign_extend: bool, sixty_four: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hw::syndrome;
 
     const EC_DABT_LOW: u64 = 0x24 << 26;
     const IL: u64 = 1 << 25;
@@ -396,8 +419,8 @@ mod tests {
             }
         );
         // A store that found a read-only page (the PL011's mirror) is
-        // emulated once the guest's stage 1 gives its IPA (HPFAR_EL2 does
-        // not hold it); a load that did is not MMIO.
+        // emulated in that page, at FAR's offset (HPFAR_EL2 does not hold
+        // its IPA); a load that did is not MMIO.
         let esr = EC_DABT_LOW | IL | (1 << 24) | (1 << 6) | 0b001111;
         assert_eq!(
             decode(8, esr | 3 << 16, 0xffff_0000_0900_0018, 0x1234),
@@ -409,10 +432,19 @@ mod tests {
             }
         );
         assert_eq!(
-            syndrome::ipa_from_par(0x0900_0f80, 0xffff_0000_1234_5018),
-            Some(GuestAddr::new(0x0900_0018))
+            decode(8, esr | 3 << 16, 0xffff_0000_1234_5018, 0x1234)
+                .read_only_store_at(GuestAddr::new(0x0900_0000)),
+            Some(VcpuExit::MmioWrite {
+                ipa: GuestAddr::new(0x0900_0018),
+                width: 1,
+                reg: 3,
+                insn_len: 4
+            })
         );
-        assert_eq!(syndrome::ipa_from_par(0x0900_0f81, 0x18), None, "PAR.F");
+        assert_eq!(
+            VcpuExit::Interrupt.read_only_store_at(GuestAddr::new(0)),
+            None
+        );
         assert!(
             matches!(decode(8, esr | 1 << 7, 0, 0), VcpuExit::Abort { .. }),
             "S1PTW"

@@ -29,6 +29,7 @@ use super::memory::{HostMemory as _, RamError};
 use super::psci::{self, PsciOutcome};
 use super::ratelimit::LineKind;
 use super::state::{Vm, VmState};
+use super::uart_mirror;
 use crate::addr::{GuestAddr, GuestPfn};
 use crate::trace::trace_event;
 use crate::vgic::{VDistributor, ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
@@ -167,8 +168,7 @@ fn uart_exit(
 }
 
 /// [`fast_exit`] for a store to the PL011's mirror page (`uart_mirror`),
-/// a byte sent above all: once the guest's stage 1 gives its IPA, as
-/// `uart_transmit`.
+/// a byte sent above all: placed in that page, as `uart_transmit`.
 #[inline(never)]
 fn read_only_store(
     vm: &mut Vm,
@@ -178,35 +178,8 @@ fn read_only_store(
     exit: &VcpuExit,
     before: u32,
 ) -> Option<FastExit> {
-    let exit = resolved_store(cpu, exit)?;
-    match exit {
-        VcpuExit::MmioWrite { ipa, .. } if bus::is_uart(ipa) => {
-            uart_exit(vm, cpu, vcpu, ctx, &exit, before)
-        }
-        _ => None,
-    }
-}
-
-/// A [`VcpuExit::ReadOnlyStore`] as the MMIO store it is, at the IPA the
-/// guest's stage 1 maps its address to; `None` if it maps none now (or the
-/// exit is another).
-#[inline]
-fn resolved_store(cpu: &mut impl PhysCpu, exit: &VcpuExit) -> Option<VcpuExit> {
-    let VcpuExit::ReadOnlyStore {
-        far,
-        width,
-        reg,
-        insn_len,
-    } = *exit
-    else {
-        return None;
-    };
-    Some(VcpuExit::MmioWrite {
-        ipa: cpu.stage1_ipa(far)?,
-        width,
-        reg,
-        insn_len,
-    })
+    let exit = exit.read_only_store_at(uart_mirror::PAGE)?;
+    uart_exit(vm, cpu, vcpu, ctx, &exit, before)
 }
 
 /// What a fast exit did (small: every fast exit returns it).
@@ -548,15 +521,7 @@ pub fn handle(
     ctx: &mut GuestContext,
     exit: VcpuExit,
 ) -> (Outcome, ExitKind) {
-    let exit = match exit {
-        VcpuExit::ReadOnlyStore { .. } => match resolved_store(cpu, &exit) {
-            Some(store) => store,
-            // The guest changed its stage 1 since the store: it runs the
-            // store again.
-            None => return (Outcome::Continue, ExitKind::Other),
-        },
-        other => other,
-    };
+    let exit = exit.read_only_store_at(uart_mirror::PAGE).unwrap_or(exit);
     // A simple load or store to a RAM page that has no frame (given back
     // through the balloon) carries a full syndrome too: it is a fault to
     // back, not MMIO to emulate.
@@ -665,7 +630,7 @@ pub fn handle(
             let access = Access::trap(esr & (1 << 25) != 0);
             (bad_access(vm, cpu, ctx, refused, access), ExitKind::Other)
         }
-        // Made an MMIO write (or retried) above.
+        // Made an MMIO write above.
         VcpuExit::ReadOnlyStore { .. } => (Outcome::Continue, ExitKind::Other),
     }
 }

@@ -229,6 +229,9 @@ impl GuestRam {
 
     /// Show the page at `pa` read-only at `ipa`, as device memory (its
     /// stores trap). Mapping where nothing was needs no TLB maintenance.
+    /// Its one caller is the PL011's mirror (`vm::uart_mirror`): a store
+    /// that found a read-only page is placed in that page, HPFAR_EL2 being
+    /// UNKNOWN for it. A second read-only page needs FAR translated.
     pub fn map_read_only_device(
         &mut self,
         mem: &mut impl HostMemory,

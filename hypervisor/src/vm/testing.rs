@@ -11,7 +11,7 @@ use alloc::vec::Vec;
 use platform::PhysRange;
 
 use super::memory::HostMemory;
-use crate::addr::{GuestAddr, PhysAddr};
+use crate::addr::PhysAddr;
 use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::stage2::TableMemory;
 
@@ -179,8 +179,6 @@ pub struct FakeCpu {
     pub icache_invalidations: u64,
     /// How often a vCPU left its run loop on this CPU.
     pub left: u64,
-    /// The guest's stage 1 maps nothing ([`PhysCpu::stage1_ipa`]).
-    pub stage1_fails: bool,
 }
 
 impl FakeCpu {
@@ -202,7 +200,6 @@ impl FakeCpu {
             deactivated: Vec::new(),
             icache_invalidations: 0,
             left: 0,
-            stage1_fails: false,
         }
     }
 }
@@ -227,11 +224,6 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
     }
     fn counts_instructions(&self) -> bool {
         true
-    }
-    /// The fake guest's stage 1 is off (a virtual address is its IPA),
-    /// unless `stage1_fails`.
-    fn stage1_ipa(&mut self, va: u64) -> Option<GuestAddr> {
-        (!self.stage1_fails).then_some(GuestAddr::new(va))
     }
     fn cpu_online(&self, cpu: usize) -> bool {
         cpu < 64 && self.online & (1 << cpu) != 0

@@ -25,7 +25,14 @@
 
 use super::fdt::layout;
 use super::memory::{GuestRam, HostMemory};
-use crate::addr::PhysAddr;
+use crate::addr::{GuestAddr, PhysAddr};
+
+/// Where the page is shown: the PL011's. It is the one page a VM's stage
+/// 2 maps read-only ([`GuestRam::map_read_only_device`] has no other
+/// caller), so a store that found a read-only page (a permission fault,
+/// for which HPFAR_EL2 is UNKNOWN) found this one
+/// (`VcpuExit::read_only_store_at`).
+pub const PAGE: GuestAddr = layout::UART_BASE;
 use crate::pl011::{Pl011, MIRROR_BLOCK_WORDS, MIRROR_ID_WORDS, UARTPERIPHID0};
 
 /// One VM's mirror page.
@@ -115,7 +122,7 @@ impl UartMirror {
         }
         self.stats.withdrawn += 1;
         if let Some(ram) = ram {
-            ram.unmap_device(mem, layout::UART_BASE);
+            ram.unmap_device(mem, PAGE);
         }
     }
 
@@ -153,10 +160,7 @@ impl UartMirror {
         if self.mapped {
             return;
         }
-        if ram
-            .map_read_only_device(mem, layout::UART_BASE, frame)
-            .is_ok()
-        {
+        if ram.map_read_only_device(mem, PAGE, frame).is_ok() {
             self.mapped = true;
             self.stats.shown += 1;
         }

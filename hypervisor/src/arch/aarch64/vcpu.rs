@@ -194,30 +194,6 @@ pub fn run(ctx: &mut GuestContext) -> u64 {
     unsafe { enter_guest(ctx) }
 }
 
-/// PAR_EL1 after translating the guest's virtual address `va` by its
-/// stage 1 (AT S1E1R: this CPU holds the guest's EL1 translation
-/// registers and its VTTBR between its exits). PAR_EL1 is the guest's
-/// register: restored after.
-pub fn stage1_translate(va: u64) -> u64 {
-    let par;
-    // SAFETY: AT only writes PAR_EL1, saved and restored around it; the ISB
-    // makes the result visible to the read.
-    unsafe {
-        asm!(
-            "mrs {saved}, PAR_EL1",
-            "at s1e1r, {va}",
-            "isb",
-            "mrs {par}, PAR_EL1",
-            "msr PAR_EL1, {saved}",
-            va = in(reg) va,
-            saved = out(reg) _,
-            par = out(reg) par,
-            options(nostack)
-        )
-    };
-    par
-}
-
 /// Point this CPU's stage 2 at a VM and set the controls a guest runs under
 /// ([`controls`]). With `virtual_irqs`, physical IRQs and FIQs are routed to
 /// EL2, which also enables virtual interrupts from the list registers.
