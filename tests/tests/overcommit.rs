@@ -11,7 +11,9 @@
 use std::time::{Duration, Instant};
 
 use harness::linux::overcommit::{BETA, BOOT, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE};
-use harness::linux::{hog_phase, mm_raw, oom_kills, wait_for_agents, HogOutcome, HogPhase};
+use harness::linux::{
+    agent_run, hog_phase, leave_console, mm_raw, oom_kills, wait_for_agents, HogOutcome, HogPhase,
+};
 use harness::{Artifacts, Board, HarnessError, QemuOptions, Session};
 
 const COMMAND: Duration = Duration::from_secs(30);
@@ -67,7 +69,7 @@ fn hog_moves_between_guests(board: Board) {
     let mut outcomes: Vec<(&str, HogOutcome)> = Vec::new();
     for (i, &vm) in LINUX.iter().enumerate() {
         let churn: Vec<&str> = LINUX.iter().copied().filter(|&v| v != vm).collect();
-        let outcome = ok(hog_phase(
+        let outcome = hog_phase(
             &mut s,
             &HogPhase {
                 vm,
@@ -81,7 +83,11 @@ fn hog_moves_between_guests(board: Board) {
                 settle: SETTLE,
                 origin,
             },
-        ));
+        )
+        .unwrap_or_else(|e| {
+            diagnose(&mut s);
+            panic!("{e}")
+        });
         println!(
             "phase {} (hog in {vm}): {:.1}-{:.1} s, demand met after {}, rc {:?}, \
              {} pages moved, churn {:?}, {} samples",
@@ -96,6 +102,9 @@ fn hog_moves_between_guests(board: Board) {
             outcome.churn_iterations,
             outcome.samples.len()
         );
+        if !outcome.completed() {
+            diagnose(&mut s);
+        }
         outcomes.push((vm, outcome));
     }
 
@@ -132,6 +141,29 @@ fn hog_moves_between_guests(board: Board) {
         "the memory manager reclaimed nothing: {last:?}"
     );
     s.assert_check();
+}
+
+/// After a phase failed: what the hypervisor and each guest that still
+/// answers say about their balloons, printed with the test's output (a
+/// guest whose vCPU waits for memory times out and is passed over).
+fn diagnose(s: &mut Session) {
+    // The failed step may have left the shell in a guest's console.
+    let _ = leave_console(s);
+    match s.run("info balloon", COMMAND) {
+        Ok(out) => println!("--- info balloon ---\n{out}"),
+        Err(e) => println!("--- info balloon failed: {e}"),
+    }
+    let probe = "dmesg|tail -20;grep -E 'virtio|balloon' /proc/interrupts;\
+                 grep ^balloon /proc/vmstat;grep -l balloon /proc/[0-9]*/stack 2>/dev/null|xargs cat";
+    for (i, vm) in LINUX.iter().enumerate() {
+        match agent_run(s, vm, 900 + i as u32, probe, Duration::from_secs(15)) {
+            Ok(reply) => println!("--- {vm} (rc {}) ---\n{}", reply.rc, reply.lines.join("\n")),
+            Err(e) => {
+                println!("--- {vm} did not answer: {e}");
+                let _ = leave_console(s);
+            }
+        }
+    }
 }
 
 mod virt_gicv2 {

@@ -521,6 +521,13 @@ impl VDistributor {
         self.irq(0, intid).map(|irq| irq.line)
     }
 
+    /// Whether SPI `intid` is configured edge-triggered (GICD_ICFGR);
+    /// `None` for anything that is no SPI of this distributor.
+    pub fn spi_is_edge(&self, intid: u32) -> Option<bool> {
+        self.check_spi(intid).ok()?;
+        self.irq(0, intid).map(|irq| irq.edge)
+    }
+
     /// Whether `intid` is pending for `vcpu` in the distributor (for a
     /// level interrupt: latched or its line high). False for anything out
     /// of range.

@@ -15,6 +15,46 @@ use crate::balloon::{
 };
 use crate::size::Size;
 
+/// The transport's interrupt state, from the device to the vGIC, and each
+/// ready queue's indices: what to look at when a driver stops answering.
+fn write_transport_line(
+    out: &mut impl fmt::Write,
+    vm: &Vm,
+    balloon: &crate::virtio::mmio::MmioTransport<Balloon>,
+) -> fmt::Result {
+    let intid = super::irq::VIRTIO_INTID;
+    let (line, pending) = vm.vgic.as_ref().map_or((None, false), |g| {
+        (g.spi_line(intid), g.is_pending(0, intid))
+    });
+    let listed = vm
+        .listed
+        .first()
+        .is_some_and(|lrs| lrs.contains(&Some(intid)));
+    write!(
+        out,
+        "  interrupt status {:#x}, line {}, pending in the vGIC {}, in a list register {}; queues:",
+        balloon.interrupt_status(),
+        line.map_or("none", |l| if l { "high" } else { "low" }),
+        if pending { "yes" } else { "no" },
+        if listed { "yes" } else { "no" },
+    )?;
+    for (i, q) in balloon
+        .queues()
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| q.ready())
+    {
+        write!(
+            out,
+            " {i}: next avail {} used {} in flight {}",
+            q.last_avail_idx(),
+            q.used_idx(),
+            q.in_flight()
+        )?;
+    }
+    writeln!(out)
+}
+
 /// The `info balloon` block of one VM.
 pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Result {
     let Some(balloon) = vm.balloon.as_ref() else {
@@ -46,6 +86,7 @@ pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Resul
         crate::balloon::feature_names(balloon.negotiated_features())
     )?;
     writeln!(out, "  {}", dev.stats())?;
+    write_transport_line(out, vm, balloon)?;
     write_feature_lines(out, dev, now_us)?;
     if let Some(e) = balloon.last_error() {
         writeln!(out, "  last device error: {e}")?;

@@ -324,6 +324,9 @@ fn virtio_write(
         hint_before,
         balloon.device().hint_run(),
     );
-    irq::update_virtio(vm, cpu);
+    match off {
+        crate::virtio::mmio::INTERRUPT_ACK => irq::update_virtio_after_ack(vm, cpu),
+        _ => irq::update_virtio(vm, cpu),
+    }
     Ok(())
 }

@@ -1421,6 +1421,20 @@ impl Live {
         self.store(layout::VIRTIO_BASE + mmio::QUEUE_NOTIFY, 4, queue, fast)
     }
 
+    /// The driver queues one page (3 MiB into RAM) on the inflate queue and
+    /// notifies.
+    fn inflate_one(&mut self, fast: bool) -> bool {
+        let pfn = (layout::RAM_BASE + (3 << 20)).pfn().raw() as u32;
+        let array = Self::RINGS + 0x8000;
+        let mut stores = GuestStores {
+            vm: &mut self.vm,
+            cpu: &mut self.cpu,
+        };
+        stores.poke(array, &pfn.to_le_bytes());
+        self.inflate.add(&mut stores, &[(array, 4, false)]);
+        self.notify(0, fast)
+    }
+
     /// What the exits did, as far as anything outside can tell.
     fn observed(&mut self) -> String {
         self.print();
@@ -1523,17 +1537,7 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
     step("the UART", false, &mut |l, f| l.store(UART_FR, 4, 0x41, f));
     step("a load", false, &mut |l, f| l.exit(load(notify_ipa, 4), f));
     // A PFN queued: the full path inflates it and raises the interrupt.
-    let pfn = (layout::RAM_BASE + (3 << 20)).pfn().raw() as u32;
-    step("an inflate queued", false, &mut |l, f| {
-        let array = Live::RINGS + 0x8000;
-        let mut stores = GuestStores {
-            vm: &mut l.vm,
-            cpu: &mut l.cpu,
-        };
-        stores.poke(array, &pfn.to_le_bytes());
-        l.inflate.add(&mut stores, &[(array, 4, false)]);
-        l.notify(0, f)
-    });
+    step("an inflate queued", false, &mut |l, f| l.inflate_one(f));
     step("empty, interrupt up", true, &mut |l, f| {
         assert!(l.vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending()));
         l.notify(0, f)
@@ -1791,4 +1795,61 @@ fn fast_notifies_are_profiled() {
     let after = live.vm.profile.get(ExitKind::VirtioNotify);
     assert_eq!(after.count, before.count + 3);
     assert_eq!(after.instructions, before.instructions + 750);
+}
+
+/// The race that left Linux guests' balloons deaf under the memory manager
+/// (overcommit test, phase 3): the guest's handler reads InterruptStatus,
+/// a new bit is raised before its ACK (a target set from another CPU), and
+/// the ACK leaves that bit set with the line still high. With the SPI
+/// configured edge-triggered, as the device tree says, no rising edge
+/// follows and, before the fix, the interrupt was never delivered again;
+/// level-configured, the line keeps it pending.
+#[test]
+fn a_bit_raised_before_the_guests_ack_is_delivered_edge_or_level() {
+    for edge in [true, false] {
+        let mut l = Live::new();
+        let intid = irq::VIRTIO_INTID;
+        // The guest enables its distributor and the device's SPI, group 1,
+        // configured as the device tree says (or as level).
+        l.store(layout::GICD_BASE, 4, 0b11, false);
+        let (word, bit) = (u64::from(intid / 32) * 4, 1u64 << (intid % 32));
+        l.store(layout::GICD_BASE + 0x100 + word, 4, bit, false);
+        l.store(layout::GICD_BASE + 0x80 + word, 4, bit, false);
+        let cfg = layout::GICD_BASE + 0xc00 + u64::from(intid / 16) * 4;
+        let edge_bit = u64::from(edge) << (2 * (intid % 16) + 1);
+        l.store(cfg, 4, edge_bit, false);
+        let vgic = l.vm.vgic.as_ref().expect("vGIC");
+        assert_eq!(vgic.spi_is_edge(intid), Some(edge));
+
+        // A page inflated: the used-buffer interrupt, listed.
+        l.inflate_one(false);
+        irq::sync_list_registers(&mut l.vm, &mut l.cpu, 0);
+        assert_eq!(l.cpu.read_lr(0).intid, intid, "edge={edge}: listed");
+
+        // The handler reads the status; a target is set before its ACK.
+        l.exit(load(layout::VIRTIO_BASE + mmio::INTERRUPT_STATUS, 4), false);
+        assert_eq!(l.ctx.x[2], u64::from(mmio::INT_USED_BUFFER));
+        balloon_ctl::set_target(&mut l.vm, &mut l.cpu, 16).expect("target set");
+        l.store(
+            layout::VIRTIO_BASE + mmio::INTERRUPT_ACK,
+            4,
+            u64::from(mmio::INT_USED_BUFFER),
+            false,
+        );
+        let b = l.vm.balloon.as_ref().expect("balloon");
+        assert_eq!(b.interrupt_status(), mmio::INT_CONFIG_CHANGE);
+
+        // The guest completes the first interrupt: the config change is
+        // listed next.
+        l.cpu.lrs[0] = 0;
+        irq::sync_list_registers(&mut l.vm, &mut l.cpu, 0);
+        let vgic = l.vm.vgic.as_ref().expect("vGIC");
+        assert!(vgic.is_pending(0, intid) || l.vm.listed[0].contains(&Some(intid)));
+        assert_eq!(
+            l.vm.listed[0][0],
+            Some(intid),
+            "edge={edge}: the config change is delivered"
+        );
+        assert_eq!(l.cpu.read_lr(0).intid, intid);
+    }
 }

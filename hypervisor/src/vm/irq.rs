@@ -32,6 +32,26 @@ pub fn update_virtio(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     set_line(vm, cpu, VIRTIO_INTID, level);
 }
 
+/// After the guest's InterruptACK: bits it did not acknowledge keep the
+/// device's line high. A guest that configured the SPI edge-triggered (the
+/// device tree says edge, as QEMU's `virt` does) would then never see them:
+/// a bit raised between its read of InterruptStatus and its ACK (a target
+/// set from another CPU, a statistics request) makes no rising edge, and
+/// with the line stuck high no later event does either. So the ACK that
+/// leaves bits set signals a new edge, as an edge-signalling device pulses
+/// again. A level-configured SPI needs nothing: it stays pending while the
+/// line is high.
+pub fn update_virtio_after_ack(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    update_virtio(vm, cpu);
+    let pending = vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending());
+    let Some(vgic) = vm.vgic.as_mut() else { return };
+    if pending && vgic.spi_is_edge(VIRTIO_INTID) == Some(true) {
+        if let Ok(effect) = vgic.pend_edge(VIRTIO_INTID) {
+            apply_effect(vm, cpu, effect);
+        }
+    }
+}
+
 /// Drive the PL011's interrupt line into the virtual distributor.
 pub fn update_uart(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     let level = vm.uart.irq_level();
