@@ -721,11 +721,7 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::InfoExits { vm: name, reset } => info_exits(name, reset),
         Command::BalloonStats { vm: name, seconds } => {
-            let set = vm::with_vm(name, |vm| {
-                vm.balloon
-                    .as_mut()
-                    .map(|b| b.device_mut().set_stats_interval(seconds))
-            });
+            let set = vm::with_vm(name, |vm| vm::set_stats_interval(vm, seconds));
             match set {
                 None => no_such_vm(name),
                 Some(None) => println!("{name}: it has no balloon device"),

@@ -35,7 +35,7 @@ use crate::vm::balloon_ctl;
 pub use crate::vm::balloon_ctl::HintStartError;
 use crate::vm::console::Echo;
 use crate::vm::cpu::{GuestContext, PhysCpu};
-use crate::vm::exit::decode;
+use crate::vm::exit::{decode, VcpuExit};
 use crate::vm::handle::{self, Outcome, Shown, FAILURE};
 use crate::vm::inject::GuestException;
 use crate::vm::irq;
@@ -308,6 +308,9 @@ impl PhysCpu for TargetCpu {
     fn enable_virtual_interface(&mut self, underflow: bool) {
         gic::enable_virtual_interface(underflow);
     }
+    fn trap_wfi(&mut self, trap: bool) {
+        vcpu::set_wfi_trap(trap);
+    }
     fn reset_virtual_interface(&mut self) {
         gic::reset_virtual_interface();
     }
@@ -497,6 +500,12 @@ pub fn request_stats(vm: &mut Vm) -> Result<(), &'static str> {
 
 pub use crate::vm::balloon_ctl::stats_arrived_us;
 
+/// Poll VM `vm`'s statistics every `seconds` (shell `balloon-stats`);
+/// `None` when it has no balloon device.
+pub fn set_stats_interval(vm: &mut Vm, seconds: u32) -> Option<()> {
+    balloon_ctl::set_stats_interval(vm, &mut TargetCpu::new(), seconds)
+}
+
 /// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
 pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
     balloon_ctl::start_hint(vm, &mut TargetCpu::new())
@@ -685,7 +694,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         if !synced {
             before = pmu::instructions();
             if let Some(vm) = lock_vm(id).as_mut() {
-                irq::sync_list_registers(vm, &mut cpu, vcpu);
+                handle::before_entry(vm, &mut cpu, vcpu);
             }
         }
         synced = false;
@@ -757,6 +766,13 @@ fn run_vcpu(id: usize, vcpu: usize) {
             }
             panic!("injected failure ('debug fail {}')", vm.name);
         }
+        if matches!(exit, VcpuExit::Interrupt) && pmu::counts_instructions() {
+            // An interrupt exit's cost starts at its vector (which read the
+            // counter): since its entry the guest may have slept in WFI,
+            // which QEMU's -icount PMU counts as EL2 instructions. The
+            // world switch in and the sync before it are left out then.
+            before = ctx.irq_instructions as u32;
+        }
         let outcome = handle::after_exit(vm, &mut cpu, vcpu, &mut ctx, exit, before);
         let left = match outcome {
             Outcome::Continue | Outcome::Idle | Outcome::WaitMemory => false,
@@ -775,7 +791,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         }
         if outcome == Outcome::Continue {
             before = pmu::instructions();
-            irq::sync_list_registers(vm, &mut cpu, vcpu);
+            handle::before_entry(vm, &mut cpu, vcpu);
             synced = true;
         }
         let pending = take_pending(vm);

@@ -15,7 +15,9 @@ pub struct GuestContext {
     pub esr: u64,
     pub far: u64,
     pub hpfar: u64,
-    pub _pad2: u64,
+    /// The EL2 instruction counter as the interrupt vector was entered
+    /// (an IRQ exit's cost starts there: see `crate::run`).
+    pub irq_instructions: u64,
     /// q0-q31, then FPSR and FPCR.
     pub fp: [u128; 32],
     pub fpsr: u64,
@@ -37,7 +39,7 @@ impl GuestContext {
             esr: 0,
             far: 0,
             hpfar: 0,
-            _pad2: 0,
+            irq_instructions: 0,
             fp: [0; 32],
             fpsr: 0,
             fpcr: 0,

@@ -11,15 +11,16 @@ use crate::mm::stage2;
 
 /// HCR_EL2 while a guest runs: stage 2 on (VM), set/way invalidation
 /// upgraded (SWIO), forced broadcast (FB), inner-shareable barriers (BSU),
-/// WFI/WFE and SMC trapped, EL1 is AArch64 (RW). With `virtual_irqs`,
-/// physical IRQs and FIQs are routed to EL2 (IMO/FMO), which also enables
-/// virtual interrupts from the list registers.
-pub fn hcr(virtual_irqs: bool) -> u64 {
+/// WFE and SMC trapped, EL1 is AArch64 (RW); WFI trapped with `trap_wfi`
+/// (see `vm::handle::traps_wfi`: else the guest sleeps in WFI itself, on
+/// the CPU it alone uses). With `virtual_irqs`, physical IRQs and FIQs are
+/// routed to EL2 (IMO/FMO), which also enables virtual interrupts from the
+/// list registers.
+pub fn hcr(virtual_irqs: bool, trap_wfi: bool) -> u64 {
     let guest = HCR_EL2::VM::Enable
         + HCR_EL2::SWIO::SET
         + HCR_EL2::FB::SET
         + HCR_EL2::BSU::InnerShareable
-        + HCR_EL2::TWI::SET
         + HCR_EL2::TWE::SET
         + HCR_EL2::TSC::EnableTrapEl1SmcToEl2
         + HCR_EL2::RW::EL1IsAarch64;
@@ -28,7 +29,12 @@ pub fn hcr(virtual_irqs: bool) -> u64 {
     } else {
         HCR_EL2::IMO::DisableVirtualIRQ + HCR_EL2::FMO::DisableVirtualFIQ
     };
-    (guest + irqs).value
+    let wfi = if trap_wfi {
+        HCR_EL2::TWI::SET
+    } else {
+        HCR_EL2::TWI::CLEAR
+    };
+    (guest + irqs + wfi).value
 }
 
 /// VTCR_EL2 for [`crate::mm::stage2`]: its IPA size (T0SZ), start at level
@@ -81,8 +87,13 @@ mod tests {
             | (1 << 14)
             | (1 << 19)
             | (1 << 31);
-        assert_eq!(hcr(false), hcr_guest);
-        assert_eq!(hcr(true), hcr_guest | (1 << 4) | (1 << 3));
+        assert_eq!(hcr(false, true), hcr_guest);
+        assert_eq!(hcr(true, true), hcr_guest | (1 << 4) | (1 << 3));
+        // TWI is bit 13.
+        assert_eq!(
+            hcr(true, false),
+            (hcr_guest & !(1 << 13)) | (1 << 4) | (1 << 3)
+        );
         for ps in 0..=7u64 {
             let ps_field = (ps & 7).min(5);
             let old =

@@ -37,7 +37,8 @@ impl fmt::Display for HintStartError {
 }
 
 /// Time-driven balloon work (statistics requests), from vCPU 0's exits:
-/// a guest exits at least every 10 ms (its WFI sleep is bounded).
+/// while polling is scheduled, vCPU 0's WFI traps and its sleep is bounded
+/// (10 ms), so it exits at least that often (`handle::traps_wfi`).
 pub fn poll(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     let now = cpu.uptime_us();
     let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
@@ -61,6 +62,18 @@ pub fn poll(vm: &mut Vm, cpu: &mut impl PhysCpu) {
         vm.lines_at(now).say(kind, format_args!("balloon: {msg}"));
     }
     irq::update_virtio(vm, cpu);
+}
+
+/// Poll the guest's statistics every `seconds` (0: stop); `None` when the
+/// VM has no balloon device. vCPU 0 is kicked: asleep in WFI with polling
+/// off, it would not see the change before its next exit.
+pub fn set_stats_interval(vm: &mut Vm, cpu: &mut impl PhysCpu, seconds: u32) -> Option<()> {
+    vm.balloon
+        .as_mut()?
+        .device_mut()
+        .set_stats_interval(seconds);
+    irq::apply_effect(vm, cpu, VgicEffect { kick: 1 });
+    Some(())
 }
 
 /// Ask VM `vm`'s guest for fresh statistics now (`balloon-stats <vm> now`);

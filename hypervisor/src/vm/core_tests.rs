@@ -443,6 +443,34 @@ fn wfi_sleeps_only_when_nothing_is_pending() {
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfi), Outcome::Continue);
 }
 
+/// A guest with the virtual GIC sleeps in WFI itself, on every vCPU; one
+/// without it (no interrupt would end the sleep at EL2) traps WFI. Setting
+/// a statistics interval kicks vCPU 0, which may be asleep.
+#[test]
+fn wfi_traps_only_where_a_sleep_must_be_bounded() {
+    let (mut vm, mut cpu) = started(2);
+    for vcpu in 0..2 {
+        assert!(!handle::traps_wfi(&vm, vcpu), "vCPU {vcpu}");
+    }
+    assert!(cpu.wfi_trapped, "a vCPU starts with WFI trapped");
+    handle::before_entry(&mut vm, &mut cpu, 0);
+    assert!(!cpu.wfi_trapped);
+
+    cpu.kicks.clear();
+    assert_eq!(
+        balloon_ctl::set_stats_interval(&mut vm, &mut cpu, 5),
+        Some(())
+    );
+    assert_eq!(cpu.kicks, vec![vm.cpus[0]]);
+    // No statistics queue was negotiated: nothing is scheduled, no trap.
+    assert!(!handle::traps_wfi(&vm, 0));
+
+    let (mut bare, mut bare_cpu) = started_with(1, 0, GuestGic::None);
+    assert!(handle::traps_wfi(&bare, 0));
+    handle::before_entry(&mut bare, &mut bare_cpu, 0);
+    assert!(bare_cpu.wfi_trapped);
+}
+
 #[test]
 fn physical_interrupts_are_taken_and_the_timer_goes_to_the_guest() {
     let (mut vm, mut cpu) = started(1);

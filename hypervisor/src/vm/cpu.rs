@@ -51,6 +51,9 @@ pub trait PhysCpu {
     fn enable_virtual_interface(&mut self, underflow: bool);
     /// Clear every list register and the active priorities.
     fn reset_virtual_interface(&mut self);
+    /// Trap the guest's WFI on this CPU from its next entry, or let it
+    /// sleep in WFI itself.
+    fn trap_wfi(&mut self, trap: bool);
     /// Physical interrupts: acknowledge the highest pending one (its INTID,
     /// [`SPURIOUS`](crate::vgic::intid::SPURIOUS) if none, and the raw IAR),
     /// drop its priority, deactivate it.

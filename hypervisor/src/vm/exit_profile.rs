@@ -5,7 +5,8 @@
 //! `handle::after_exit` records every exit ([`ExitProfile::record`]: an
 //! index and two adds), `handle::fast_exit` those of the fast paths (each
 //! from the previous record to its own: unlock, world switch and trap
-//! included); `info exits <vm>` prints the table
+//! included; an interrupt exit from its vector on, see `crate::run`);
+//! `info exits <vm>` prints the table
 //! ([`ExitProfile::write_table`]), `info exits <vm> reset` starts it over.
 //! It starts over when the VM starts, too.
 

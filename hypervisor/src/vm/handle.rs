@@ -91,6 +91,35 @@ pub fn after_exit(
     outcome
 }
 
+/// What the vCPU loop does before it enters the guest from the full path:
+/// the list registers synced with the virtual distributor, and the guest's
+/// WFI trapped or not ([`traps_wfi`]).
+pub fn before_entry(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
+    irq::sync_list_registers(vm, cpu, vcpu);
+    cpu.trap_wfi(traps_wfi(vm, vcpu));
+}
+
+/// Whether vCPU `vcpu`'s WFI traps. Mostly not: the vCPU has its physical
+/// CPU to itself, and whatever is for it ends the sleep on its own: an
+/// interrupt in a list register (synced before every entry; one made
+/// deliverable later comes with a kick) or a physical interrupt, which
+/// exits to EL2 (IMO), its virtual timer's included. A trapped WFI costs
+/// an exit to fall asleep and a second one to wake: the kick or timer
+/// interrupt that ends the hypervisor's sleep is taken again once the
+/// guest runs. WFI traps where a sleep must be bounded or seen:
+/// - without the virtual GIC (physical interrupts are not routed to EL2);
+/// - on vCPU 0 while statistics polling is scheduled: the poll runs from
+///   its exits ([`balloon_ctl::poll`]), and a trapped WFI sleeps at most
+///   10 ms.
+pub fn traps_wfi(vm: &Vm, vcpu: usize) -> bool {
+    vm.vgic.is_none()
+        || (vcpu == 0
+            && vm
+                .balloon
+                .as_ref()
+                .is_some_and(|b| b.device().next_stats_poll_us().is_some()))
+}
+
 /// The fast paths: an exit that certainly has nothing to do but its own
 /// access is finished here, right after the decode, instead of by
 /// [`after_exit`], with the effects the full path would have. Two kinds

@@ -171,6 +171,8 @@ pub struct FakeCpu {
     pub lrs: [u32; 4],
     /// Whether the virtual interface asked for an underflow interrupt.
     pub underflow: bool,
+    /// Whether the guest's WFI traps (as a vCPU starts: it does).
+    pub wfi_trapped: bool,
     /// Physical interrupts waiting to be acknowledged, in order.
     pub pending_irqs: Vec<u32>,
     /// INTIDs whose priority was dropped, and those deactivated.
@@ -195,6 +197,7 @@ impl FakeCpu {
             injected: Vec::new(),
             lrs: [0; 4],
             underflow: false,
+            wfi_trapped: true,
             pending_irqs: Vec::new(),
             eois: Vec::new(),
             deactivated: Vec::new(),
@@ -257,6 +260,9 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
     }
     fn enable_virtual_interface(&mut self, underflow: bool) {
         self.underflow = underflow;
+    }
+    fn trap_wfi(&mut self, trap: bool) {
+        self.wfi_trapped = trap;
     }
     fn reset_virtual_interface(&mut self) {
         self.lrs = [0; 4];

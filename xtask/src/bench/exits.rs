@@ -169,8 +169,8 @@ pub(super) fn table(runs: &[&Profiles], icount: Option<&Profiles>) -> Vec<String
         ),
         format!("exits: median of {} rounds above; instr: the hypervisor's EL2 instructions per exit, world", runs.len()),
         match icount {
-            Some(_) => "switch included, from one more boot under -icount shift=0 (QEMU's PMU counts only then)",
-            None => "switch included (medians of the rounds that counted them)",
+            Some(_) => "switch included (irq-*: from the vector on), from one more boot under -icount shift=0 (PMU counts only then)",
+            None => "switch included (irq-*: from the vector on; medians of the rounds that counted them)",
         }
         .to_string(),
         format!(

@@ -62,6 +62,20 @@ global_asm!(
     b       guest_exit
 .endm
 
+/* An IRQ from a guest: the EL2 instruction counter goes into the context
+   (enter_guest pushed it just above) first. The guest may have slept in
+   WFI since it was entered, and QEMU's -icount PMU counts that sleep as
+   EL2 instructions: the exit's cost starts here (see run.rs). */
+.macro GUEST_IRQ_VECTOR kind
+    .balign 0x80
+    stp     x0, x1, [sp, #-16]!
+    ldr     x0, [sp, #16]
+    mrs     x1, PMEVCNTR0_EL0
+    str     x1, [x0, #{off_irq_instructions}]
+    mov     x1, #\kind
+    b       guest_exit
+.endm
+
 .section .text.vectors, "ax"
 .balign 0x800
 .global exception_vectors
@@ -75,7 +89,7 @@ exception_vectors:
     VECTOR 6
     VECTOR 7
     GUEST_VECTOR 8
-    GUEST_VECTOR 9
+    GUEST_IRQ_VECTOR 9
     GUEST_VECTOR 10
     GUEST_VECTOR 11
     VECTOR 12
@@ -129,7 +143,8 @@ exception_common:
     ldp     x0, x1, [sp, #0]
     add     sp, sp, #FRAME_SIZE
     eret
-"#
+"#,
+    off_irq_instructions = const super::vcpu::OFF_IRQ_INSTRUCTIONS,
 );
 
 const _: () = assert!(core::mem::size_of::<ExceptionFrame>() == 0x120);

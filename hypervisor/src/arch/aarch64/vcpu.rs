@@ -11,6 +11,7 @@
 //! hardware; [`El1Regs`] loads them when a vCPU starts.
 
 use core::arch::{asm, global_asm};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use aarch64_cpu::asm::barrier;
 use aarch64_cpu::registers::{
@@ -31,12 +32,17 @@ pub use crate::hw::context::{GuestContext, SPSR_EL1H_MASKED};
 const OFF_ELR: usize = 256;
 const OFF_ESR: usize = 272;
 const OFF_HPFAR: usize = 288;
+/// [`GuestContext::irq_instructions`], written by the IRQ vector
+/// (`exceptions.rs`).
+pub(super) const OFF_IRQ_INSTRUCTIONS: usize = 296;
 const OFF_FP: usize = 304;
 const OFF_FPSR: usize = OFF_FP + 512;
 const _: () = assert!(core::mem::offset_of!(GuestContext, elr) == OFF_ELR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, esr) == OFF_ESR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, hpfar) == OFF_HPFAR);
 const _: () = assert!(core::mem::offset_of!(GuestContext, fp) == OFF_FP);
+const _: () =
+    assert!(core::mem::offset_of!(GuestContext, irq_instructions) == OFF_IRQ_INSTRUCTIONS);
 const _: () = assert!(core::mem::offset_of!(GuestContext, fpsr) == OFF_FPSR);
 
 global_asm!(
@@ -195,8 +201,9 @@ pub fn run(ctx: &mut GuestContext) -> u64 {
 }
 
 /// Point this CPU's stage 2 at a VM and set the controls a guest runs under
-/// ([`controls`]). With `virtual_irqs`, physical IRQs and FIQs are routed to
-/// EL2, which also enables virtual interrupts from the list registers.
+/// ([`controls`]), WFI trapped until [`set_wfi_trap`] says otherwise. With
+/// `virtual_irqs`, physical IRQs and FIQs are routed to EL2, which also
+/// enables virtual interrupts from the list registers.
 pub fn load_vm_controls(vmid: u16, root: PhysAddr, vcpu_index: u64, virtual_irqs: bool) {
     // These registers only affect guest execution (EL1/EL0), which does not
     // run on this CPU until `run`.
@@ -205,10 +212,36 @@ pub fn load_vm_controls(vmid: u16, root: PhysAddr, vcpu_index: u64, virtual_irqs
     ));
     VTTBR_EL2.set(controls::vttbr(vmid, root));
     VMPIDR_EL2.set(controls::vmpidr(vcpu_index));
-    HCR_EL2.set(controls::hcr(virtual_irqs));
+    let hcr = controls::hcr(virtual_irqs, true);
+    HCR_EL2.set(hcr);
+    if let Some(shadow) = HCR_LOADED.get(super::cpu_index()) {
+        shadow.store(hcr, Ordering::Relaxed);
+    }
     CNTHCTL_EL2.set(controls::cnthctl());
     CNTVOFF_EL2.set(0);
     barrier::isb(barrier::SY);
+}
+
+/// HCR_EL2 as this CPU last loaded it ([`load_vm_controls`],
+/// [`set_wfi_trap`]): the trap is set before every entry from the full
+/// path, and a write of HCR_EL2 is not free (under QEMU it takes the
+/// global lock), so an unchanged value is not written again.
+static HCR_LOADED: [AtomicU64; super::MAX_CPUS] = [const { AtomicU64::new(0) }; super::MAX_CPUS];
+
+/// Trap the guest's WFI on this CPU, or let it sleep in WFI itself (it
+/// wakes on any interrupt for it: a physical one, routed to EL2, exits).
+pub fn set_wfi_trap(trap: bool) {
+    let Some(shadow) = HCR_LOADED.get(super::cpu_index()) else {
+        return;
+    };
+    let loaded = shadow.load(Ordering::Relaxed);
+    let twi = HCR_EL2::TWI::SET.value;
+    let want = if trap { loaded | twi } else { loaded & !twi };
+    if want != loaded {
+        HCR_EL2.set(want);
+        shadow.store(want, Ordering::Relaxed);
+        barrier::isb(barrier::SY);
+    }
 }
 
 /// Invalidate every stage-1 and stage-2 TLB entry of VM `vmid` on every CPU
