@@ -30,14 +30,15 @@ fn write_transport_line(
         .listed
         .first()
         .is_some_and(|lrs| lrs.contains(&Some(intid)));
-    write!(
+    writeln!(
         out,
-        "  interrupt status {:#x}, line {}, pending in the vGIC {}, in a list register {}; queues:",
+        "  interrupt: status {:#x}, line {}, pending in the vGIC {}, in a list register {}",
         balloon.interrupt_status(),
         line.map_or("none", |l| if l { "high" } else { "low" }),
         if pending { "yes" } else { "no" },
         if listed { "yes" } else { "no" },
     )?;
+    let mut sep = "  queues:";
     for (i, q) in balloon
         .queues()
         .iter()
@@ -46,13 +47,17 @@ fn write_transport_line(
     {
         write!(
             out,
-            " {i}: next avail {} used {} in flight {}",
+            "{sep} {i}: next avail {}, used {}, {} in flight",
             q.last_avail_idx(),
             q.used_idx(),
             q.in_flight()
         )?;
+        sep = ";";
     }
-    writeln!(out)
+    match sep {
+        ";" => writeln!(out),
+        _ => writeln!(out, "  queues: none ready"),
+    }
 }
 
 /// The `info balloon` block of one VM.

@@ -1866,6 +1866,19 @@ fn a_bit_raised_before_the_guests_ack_is_delivered_edge_or_level() {
         );
         let b = l.vm.balloon.as_ref().expect("balloon");
         assert_eq!(b.interrupt_status(), mmio::INT_CONFIG_CHANGE);
+        // `info balloon` shows where the interrupt stands.
+        let mut info = String::new();
+        super::balloon_info::write_info(&l.vm, 0, &mut info).unwrap();
+        assert!(
+            info.contains(
+                "  interrupt: status 0x2, line high, pending in the vGIC yes, in a list register yes\n"
+            ),
+            "{info}"
+        );
+        assert!(
+            info.contains("  queues: 0: next avail 1, used 1, 0 in flight; 1: next avail 0"),
+            "{info}"
+        );
 
         // The guest completes the first interrupt: the config change is
         // listed next.
