@@ -249,8 +249,8 @@ pub fn write(
         }
         Window::Uart(off) => {
             let effect = vm.uart.write(off, width, value as u32);
-            if let Some(echo) = effect.output.and_then(|byte| console_output(vm, byte)) {
-                vm.out.live(echo.output());
+            if let Some(byte) = effect.output {
+                console_output(vm, byte, false);
             }
             // The page first: a vCPU the interrupt reaches reads it.
             irq::sync_uart_mirror(vm, cpu);
@@ -267,10 +267,10 @@ pub fn write(
 /// when its console has the keyboard (prompts, echo). Live output whose
 /// line fits an [`Echo`] is returned for the caller to print once the VM's
 /// lock is released; whatever else it makes goes to the outbox.
-pub(super) fn console_output(vm: &mut Vm, byte: u8) -> Option<Echo> {
+pub(super) fn console_output(vm: &mut Vm, byte: u8, echo: bool) -> Option<Echo> {
     if vm.focused {
         let output = vm.console.push_live(byte);
-        let echo = Echo::of(&output);
+        let echo = echo.then(|| Echo::of(&output)).flatten();
         if echo.is_none() {
             vm.out.live(output);
         }

@@ -212,18 +212,26 @@ pub enum LiveOutput<'a> {
     Erase,
 }
 
-/// Longest line so far an [`Echo`] carries (a shell's command line, a
-/// short answer); live output of a longer line goes through the outbox.
-pub const ECHO_MAX: usize = 96;
+/// Most new text an [`Echo`] carries: one guest byte shows at most one
+/// character live ([`ConsoleLine::push_live`]); more goes through the
+/// outbox.
+pub const ECHO_MAX: usize = 8;
 
-/// One byte's [`LiveOutput`], owned: it leaves the VM's lock by value (the
-/// vCPU loop copies it out of `Vm::echo` and prints it after unlocking),
-/// without the outbox's heap copy of the line.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What one byte showed live, owned and small (`Copy`): it leaves the VM's
+/// lock by value (the vCPU loop copies it out of `Vm::echo` and prints it
+/// after unlocking) without the outbox's heap copy of the line. It carries
+/// only the text not shown before, not the line so far: the terminal shows
+/// that already (copying it on every byte cost about 300 EL2 instructions
+/// per byte). The line's start is needed only by a terminal that no longer
+/// shows it (the keyboard moved away and back while the byte was on its
+/// way): that terminal starts a new line with the new text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Echo {
     kind: EchoKind,
-    shown: usize,
-    text: heapless::String<ECHO_MAX>,
+    /// The line starts with this text (nothing of it was shown before).
+    starts_line: bool,
+    len: u8,
+    new: [u8; ECHO_MAX],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,33 +243,46 @@ enum EchoKind {
 }
 
 impl Echo {
-    /// `output` owned; `None` when its line is longer than [`ECHO_MAX`].
+    /// What `output` shows now; `None` when that is more than [`ECHO_MAX`]
+    /// bytes.
     pub fn of(output: &LiveOutput<'_>) -> Option<Echo> {
-        let (kind, text, shown) = match *output {
-            LiveOutput::Nothing => (EchoKind::Nothing, "", 0),
-            LiveOutput::Erase => (EchoKind::Erase, "", 0),
-            LiveOutput::Partial { text, shown } => (EchoKind::Partial, text, shown),
-            LiveOutput::Line { text, shown } => (EchoKind::Line, text, shown),
+        let (kind, new, starts_line) = match *output {
+            LiveOutput::Nothing => (EchoKind::Nothing, "", false),
+            LiveOutput::Erase => (EchoKind::Erase, "", false),
+            LiveOutput::Partial { text, shown } => {
+                (EchoKind::Partial, text.get(shown..)?, shown == 0)
+            }
+            LiveOutput::Line { text, shown } => (EchoKind::Line, text.get(shown..)?, shown == 0),
         };
-        let mut owned = heapless::String::new();
-        owned.push_str(text).ok()?;
-        Some(Echo {
+        let mut echo = Echo {
             kind,
-            shown,
-            text: owned,
-        })
+            starts_line,
+            len: 0,
+            new: [0; ECHO_MAX],
+        };
+        echo.new
+            .get_mut(..new.len())?
+            .copy_from_slice(new.as_bytes());
+        echo.len = new.len() as u8;
+        Some(echo)
     }
 
-    /// The live output it carries.
+    /// The live output it carries: its new text as a whole line so far
+    /// (`shown` 0), which the terminal that shows the line appends.
     pub fn output(&self) -> LiveOutput<'_> {
-        let text = self.text.as_str();
-        let shown = self.shown;
+        // Only whole characters of a `str` are copied in.
+        let text = core::str::from_utf8(&self.new[..usize::from(self.len)]).unwrap_or("");
         match self.kind {
             EchoKind::Nothing => LiveOutput::Nothing,
             EchoKind::Erase => LiveOutput::Erase,
-            EchoKind::Partial => LiveOutput::Partial { text, shown },
-            EchoKind::Line => LiveOutput::Line { text, shown },
+            EchoKind::Partial => LiveOutput::Partial { text, shown: 0 },
+            EchoKind::Line => LiveOutput::Line { text, shown: 0 },
         }
+    }
+
+    /// Whether the line starts with its text (see [`Echo`]).
+    pub fn starts_line(&self) -> bool {
+        self.starts_line
     }
 }
 
@@ -270,19 +291,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_echo_carries_short_live_output_unchanged() {
+    fn an_echo_carries_what_a_byte_shows_and_whether_it_starts_the_line() {
         let mut line = ConsoleLine::new();
         for &b in b"$ lx\x08s\n" {
             let output = line.push_live(b);
-            let echo = Echo::of(&output).expect("short");
-            assert_eq!(echo.output(), output);
+            let echo = Echo::of(&output).expect("one byte shows one character");
+            let (new, starts_line) = match output {
+                LiveOutput::Partial { text, shown } | LiveOutput::Line { text, shown } => {
+                    (&text[shown..], shown == 0)
+                }
+                _ => ("", false),
+            };
+            let carried = match echo.output() {
+                LiveOutput::Partial { text, shown: 0 } | LiveOutput::Line { text, shown: 0 } => {
+                    text
+                }
+                LiveOutput::Nothing | LiveOutput::Erase => "",
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(carried, new);
+            assert_eq!(echo.starts_line(), starts_line);
+            assert_eq!(
+                core::mem::discriminant(&echo.output()),
+                core::mem::discriminant(&output)
+            );
         }
-        let long = [b'a'; ECHO_MAX + 1];
-        let mut last = None;
-        for &b in &long {
-            last = Some(Echo::of(&line.push_live(b)));
+        // A long line is carried a byte at a time.
+        for &b in &[b'a'; LINE_MAX / 2] {
+            assert!(Echo::of(&line.push_live(b)).is_some());
         }
-        assert_eq!(last, Some(None), "a longer line is not carried");
+        // More new text than an echo holds (a prompt shown on focus) is not.
+        let begun = LiveOutput::Partial {
+            text: "root@guest:~# ",
+            shown: 0,
+        };
+        assert_eq!(Echo::of(&begun), None);
+        let small = Echo::of(&LiveOutput::Partial {
+            text: "root@guest:~# ",
+            shown: 12,
+        });
+        assert_eq!(small.map(|e| e.starts_line()), Some(false));
     }
 
     #[test]

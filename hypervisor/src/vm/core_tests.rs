@@ -26,6 +26,7 @@ use super::state::{GuestGic, Power, Vm, VmState};
 use super::testing::FakeCpu;
 use crate::addr::{GuestAddr, PhysAddr};
 use crate::balloon::F_VERSION_1;
+use crate::console::terminal::Terminal;
 use crate::mm::frames::{FrameUse, PAGE_SIZE};
 use crate::pl011;
 use crate::virtio::mmio;
@@ -1367,8 +1368,10 @@ struct Live {
     cpu: FakeCpu,
     ctx: GuestContext,
     inflate: DriverQueue,
-    /// What the exits printed since the last look ([`Live::observed`]).
-    shown: Vec<String>,
+    /// The terminal the vCPU loop prints to, and what it wrote since the
+    /// last look ([`Live::observed`]).
+    terminal: Terminal,
+    screen: String,
 }
 
 impl Live {
@@ -1386,7 +1389,8 @@ impl Live {
             cpu,
             ctx,
             inflate,
-            shown: Vec::new(),
+            terminal: Terminal::new(),
+            screen: String::new(),
         }
     }
 
@@ -1410,8 +1414,10 @@ impl Live {
                     "says what it left"
                 );
                 if let Some(echo) = echo {
-                    // Shown as the full path's outbox would show it.
-                    self.vm.out.live(echo.output());
+                    // Shown as the vCPU loop shows it (`run::show_live`).
+                    let name = self.vm.name.clone();
+                    self.terminal
+                        .guest_live(&mut self.screen, 0, &name, echo.output(), true);
                 }
                 self.print();
                 return true;
@@ -1425,11 +1431,24 @@ impl Live {
     }
 
     /// What the vCPU loop does after an exit once the lock is released:
-    /// print the outbox (here: keep it in `shown`).
+    /// print the outbox (`run::show`; here to `screen`).
     fn print(&mut self) {
         let (notices, dropped) = self.vm.out.take();
         assert_eq!(dropped, 0);
-        self.shown.extend(notices.iter().map(|n| format!("{n:?}")));
+        let name = self.vm.name.clone();
+        for notice in notices.iter() {
+            match (notice, notice.live()) {
+                (Notice::Line(line), _) => {
+                    self.terminal
+                        .lines(&mut self.screen, format_args!("{line}\n"));
+                }
+                (_, Some(output)) => {
+                    self.terminal
+                        .guest_live(&mut self.screen, 0, &name, output, true)
+                }
+                (_, None) => unreachable!("every other notice is live output"),
+            }
+        }
     }
 
     /// A `width`-byte store of `value` (in x1) at `ipa`.
@@ -1466,7 +1485,7 @@ impl Live {
     /// What the exits did, as far as anything outside can tell.
     fn observed(&mut self) -> String {
         self.print();
-        let lines = core::mem::take(&mut self.shown);
+        let lines = core::mem::take(&mut self.screen);
         let vm = &self.vm;
         let b = vm.balloon.as_ref().expect("balloon");
         let queues: Vec<_> = b
@@ -1754,8 +1773,9 @@ fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
         l.vm.focused = true;
         send(b"$ ls\x08\x1b[K\r\n", 2)(l, f)
     });
-    // Past what an echo carries, live output goes through the outbox.
-    let mut long = vec![b'x'; super::console::ECHO_MAX + 8];
+    // A line longer than a console line is kept: an echo carries each
+    // byte's character, and the full one ends the line.
+    let mut long = vec![b'x'; super::console::LINE_MAX + 8];
     long.extend_from_slice(b"\r\n");
     step("a long live line", true, &mut send(&long, 2));
     // Through the mirror page: a store that found it read-only, placed at

@@ -478,7 +478,10 @@ fn uart_transmit(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
         // ever disagree, the vGIC still gets the level.
         irq::update_uart(vm, fast.cpu);
     }
-    let shown = match effect.output.and_then(|byte| bus::console_output(vm, byte)) {
+    let shown = match effect
+        .output
+        .and_then(|byte| bus::console_output(vm, byte, true))
+    {
         Some(echo) => {
             vm.echo = Some(echo);
             Shown::Live
