@@ -269,12 +269,18 @@ pub fn write(
 /// lock is released; whatever else it makes goes to the outbox.
 pub(super) fn console_output(vm: &mut Vm, byte: u8, echo: bool) -> Option<Echo> {
     if vm.focused {
-        let output = vm.console.push_live(byte);
-        let echo = echo.then(|| Echo::of(&output)).flatten();
-        if echo.is_none() {
+        if !echo {
+            let output = vm.console.push_live(byte);
             vm.out.live(output);
+            return None;
         }
-        return echo;
+        return match vm.console.push_live_echo(byte) {
+            Ok(echo) => Some(echo),
+            Err(output) => {
+                vm.out.live(output);
+                None
+            }
+        };
     }
     if let Some(line) = vm.console.push(byte) {
         vm.out.line(format_args!("[{}] {line}", vm.name));

@@ -89,69 +89,116 @@ impl ConsoleLine {
 
     /// Add one byte of live output: terminal escape sequences are dropped
     /// whole, carriage returns and other control bytes dropped, non-ASCII
-    /// bytes become '?'.
-    fn push_filtered(&mut self, byte: u8) -> Option<&str> {
+    /// bytes become '?'. True when the byte ended the line (a newline, or
+    /// the line is full): the buffer is empty then, the line still in it.
+    fn push_filtered(&mut self, byte: u8) -> bool {
         match (self.escape, byte) {
             (_, 0x1b) => {
                 self.escape = Escape::Esc;
-                return None;
+                return false;
             }
             (Escape::Esc, b'[') => {
                 self.escape = Escape::Csi;
-                return None;
+                return false;
             }
             (Escape::Esc, _) => {
                 self.escape = Escape::None;
-                return None;
+                return false;
             }
             (Escape::Csi, 0x40..=0x7e) => {
                 self.escape = Escape::None;
-                return None;
+                return false;
             }
-            (Escape::Csi, _) => return None,
+            (Escape::Csi, _) => return false,
             (Escape::None, _) => {}
         }
         match byte {
-            b'\n' => return Some(self.take()),
+            b'\n' => {
+                self.end_line();
+                return true;
+            }
             b'\t' | 0x20..=0x7e => self.buf[self.len] = byte,
             0x80..=0xff => self.buf[self.len] = b'?',
-            _ => return None,
+            _ => return false,
         }
         self.len += 1;
         if self.len == LINE_MAX {
-            return Some(self.take());
+            self.end_line();
+            return true;
         }
-        None
+        false
     }
 
     /// Add one byte of a VM whose output is shown live: what to show now.
     /// Backspace and DEL erase the last character, as an echoing shell
     /// means them (busybox erases with "\b \b").
     pub fn push_live(&mut self, byte: u8) -> LiveOutput<'_> {
+        let step = self.step_live(byte);
+        self.live_output(step)
+    }
+
+    /// [`ConsoleLine::push_live`] as an [`Echo`] of what the byte shows;
+    /// the whole [`LiveOutput`] when that does not fit one. The line so far
+    /// is not looked at (it is not validated as a `str` on every byte).
+    pub fn push_live_echo(&mut self, byte: u8) -> Result<Echo, LiveOutput<'_>> {
+        let step = self.step_live(byte);
+        let (kind, new, starts_line) = match step {
+            LiveStep::Nothing => (EchoKind::Nothing, &[][..], false),
+            LiveStep::Erase => (EchoKind::Erase, &[][..], false),
+            LiveStep::Partial { shown } => {
+                (EchoKind::Partial, &self.buf[shown..self.len], shown == 0)
+            }
+            LiveStep::Line { len, shown } => (EchoKind::Line, &self.buf[shown..len], shown == 0),
+        };
+        Echo::new(kind, new, starts_line).ok_or_else(|| self.live_output(step))
+    }
+
+    /// What one live byte did to the line (positions in `buf`).
+    fn step_live(&mut self, byte: u8) -> LiveStep {
         if self.escape == Escape::None && matches!(byte, 0x08 | 0x7f) {
             self.len = self.len.saturating_sub(1);
             if self.shown > self.len {
                 self.shown = self.len;
-                return LiveOutput::Erase;
+                return LiveStep::Erase;
             }
-            return LiveOutput::Nothing;
+            return LiveStep::Nothing;
         }
         let shown = core::mem::take(&mut self.shown);
         let before = self.len;
-        if self.push_filtered(byte).is_some() {
-            // `take` emptied the buffer; the line is still in it.
+        if self.push_filtered(byte) {
+            // The buffer is empty; the line is still in it.
             let len = if byte == b'\n' { before } else { LINE_MAX };
-            let text = core::str::from_utf8(&self.buf[..len]).unwrap_or("");
-            return LiveOutput::Line { text, shown };
+            return LiveStep::Line { len, shown };
         }
         self.shown = self.len;
         if self.len == shown {
-            return LiveOutput::Nothing;
+            return LiveStep::Nothing;
         }
-        LiveOutput::Partial {
-            text: core::str::from_utf8(&self.buf[..self.len]).unwrap_or(""),
-            shown,
+        LiveStep::Partial { shown }
+    }
+
+    fn live_output(&self, step: LiveStep) -> LiveOutput<'_> {
+        // Only ASCII is stored.
+        let text = |len: usize| core::str::from_utf8(&self.buf[..len]).unwrap_or("");
+        match step {
+            LiveStep::Nothing => LiveOutput::Nothing,
+            LiveStep::Erase => LiveOutput::Erase,
+            LiveStep::Partial { shown } => LiveOutput::Partial {
+                text: text(self.len),
+                shown,
+            },
+            LiveStep::Line { len, shown } => LiveOutput::Line {
+                text: text(len),
+                shown,
+            },
         }
+    }
+
+    /// The line is over: the buffer starts again (what it held stays there
+    /// until overwritten).
+    fn end_line(&mut self) {
+        self.shown = 0;
+        self.len = 0;
     }
 
     fn take(&mut self) -> &str {
@@ -212,6 +259,23 @@ pub enum LiveOutput<'a> {
     Erase,
 }
 
+/// [`ConsoleLine::step_live`]'s result: a [`LiveOutput`] as positions in
+/// the line's buffer.
+#[derive(Clone, Copy)]
+enum LiveStep {
+    Nothing,
+    Erase,
+    /// The line so far is `buf[..len]`, of which `shown` bytes were shown.
+    Partial {
+        shown: usize,
+    },
+    /// The line `buf[..len]` ended.
+    Line {
+        len: usize,
+        shown: usize,
+    },
+}
+
 /// Most new text an [`Echo`] carries: one guest byte shows at most one
 /// character live ([`ConsoleLine::push_live`]); more goes through the
 /// outbox.
@@ -254,15 +318,18 @@ impl Echo {
             }
             LiveOutput::Line { text, shown } => (EchoKind::Line, text.get(shown..)?, shown == 0),
         };
+        Echo::new(kind, new.as_bytes(), starts_line)
+    }
+
+    /// `new` (ASCII) kept; `None` when longer than [`ECHO_MAX`].
+    fn new(kind: EchoKind, new: &[u8], starts_line: bool) -> Option<Echo> {
         let mut echo = Echo {
             kind,
             starts_line,
             len: 0,
             new: [0; ECHO_MAX],
         };
-        echo.new
-            .get_mut(..new.len())?
-            .copy_from_slice(new.as_bytes());
+        echo.new.get_mut(..new.len())?.copy_from_slice(new);
         echo.len = new.len() as u8;
         Some(echo)
     }
@@ -331,6 +398,31 @@ mod tests {
             shown: 12,
         });
         assert_eq!(small.map(|e| e.starts_line()), Some(false));
+    }
+
+    proptest::proptest! {
+        /// The fast path's echo of a byte is what the full path's live
+        /// output of it shows, whatever the guest prints (escapes, erases,
+        /// non-ASCII, lines longer than a console line).
+        #[test]
+        fn push_live_echo_shows_what_push_live_shows(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(b"\n\r\x08\x7f\x1b[Ax".to_vec()),
+                    proptest::num::u8::ANY,
+                ],
+                0..2200,
+            )
+        ) {
+            let mut full = ConsoleLine::new();
+            let mut fast = ConsoleLine::new();
+            for &b in &bytes {
+                let output = full.push_live(b);
+                let expected = Echo::of(&output).ok_or_else(|| format!("{output:?}"));
+                let got = fast.push_live_echo(b).map_err(|o| format!("{o:?}"));
+                proptest::prop_assert_eq!(got, expected);
+            }
+        }
     }
 
     #[test]
