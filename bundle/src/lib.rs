@@ -1104,6 +1104,19 @@ impl<'a> VmEntry<'a> {
 /// offsets/sizes/alignment, command line, fit in RAM, then uniqueness of the
 /// name). The first failure is returned.
 pub fn parse(bytes: &[u8]) -> Result<Bundle<'_>, BundleError> {
+    parse_with_crc(bytes, crc32)
+}
+
+/// [`parse`] with the CRC-32 (IEEE) of the bytes after the header computed
+/// by `crc32` instead of [`crc32()`]: the hypervisor's reads the bundle a
+/// 64-bit word at a time where it is aligned ([`Crc32::update_words`]),
+/// which this crate, free of `unsafe`, does not do. `crc32` must compute
+/// the same function; a different one can only make bundles fail their
+/// check.
+pub fn parse_with_crc(
+    bytes: &[u8],
+    crc32: impl FnOnce(&[u8]) -> u32,
+) -> Result<Bundle<'_>, BundleError> {
     let hdr = match bytes.get(..HEADER_SIZE) {
         Some(h) => h,
         None => return Err(BundleError::TooShort { len: bytes.len() }),

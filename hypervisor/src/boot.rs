@@ -380,7 +380,7 @@ fn check_bundle(board: &BoardInfo) -> guest_bundle::Bundle<'static> {
     // table marked it) and is mapped normal; nothing writes it.
     let bytes =
         unsafe { core::slice::from_raw_parts(range.start as *const u8, range.size() as usize) };
-    match guest_bundle::parse(bytes) {
+    match guest_bundle::parse_with_crc(bytes, crate::bundle_crc::crc32) {
         Ok(b) => {
             println!(
                 "guest bundle: format version {}, {} VM(s), {} at {:#x}",

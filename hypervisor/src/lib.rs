@@ -12,6 +12,7 @@
 
 pub mod addr;
 pub mod balloon;
+pub mod bundle_crc;
 pub mod console;
 pub mod hw;
 pub mod limits;
