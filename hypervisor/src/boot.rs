@@ -233,6 +233,14 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     let bundle = check_bundle(board);
 
     start_secondaries(board);
+    // With the console's input interrupt on this CPU the idle shell sleeps
+    // until a byte arrives, and a vCPU may share the CPU: its exits let the
+    // shell look at the console.
+    let input_interrupt = console_input_interrupt(board);
+    *SHELL.lock() = Some(LineEditor::new());
+    if input_interrupt {
+        vm::share_shell_cpu(look_from_guest);
+    }
     if let Some(frames) = FRAMES.get() {
         vm::init(bundle, frames);
         init_manager(&bundle, frames);
@@ -254,7 +262,7 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
         crate::ontarget::run(board, &bundle);
     }
     println!("Type 'help' for the list of commands.");
-    shell_loop(board)
+    shell_loop(input_interrupt)
 }
 
 fn image_range(load_addr: u64) -> PhysRange {
@@ -509,56 +517,92 @@ fn console_input_interrupt(board: &BoardInfo) -> bool {
         && crate::console::enable_rx_interrupt()
 }
 
-fn shell_loop(board: &BoardInfo) -> ! {
-    aarch64::enable_event_stream();
+/// The shell's line editor. Only the shell's CPU uses it: from its idle
+/// loop, or from the exits of the vCPU it runs ([`look_from_guest`]).
+static SHELL: Mutex<Option<LineEditor>> = Mutex::new(None);
+
+fn shell_loop(input_interrupt: bool) -> ! {
     // Woken by the UART rather than every millisecond: under QEMU each wake
     // of an idle CPU is a host thread switch taken from the CPUs that run
     // guests, and the mini UART's 8-byte FIFO fills in 0.7 ms at 115200.
-    let idle_us = if console_input_interrupt(board) {
+    let idle_us = if input_interrupt {
         SHELL_IDLE_US
     } else {
+        // Without a GIC the idle wait is a WFE: the event stream ends it.
+        aarch64::enable_event_stream();
         SHELL_POLL_US
     };
-    let mut editor = LineEditor::new();
     draw_shell_line("");
-    let mut typed = [0u8; INPUT_BATCH];
     loop {
-        // What has arrived, taken in one go: bytes for a VM then reach it
-        // under one lock.
-        let n = (0..INPUT_BATCH)
-            .map_while(|_| crate::console::try_read_byte())
-            .zip(typed.iter_mut())
-            .map(|(byte, slot)| *slot = byte)
-            .count();
-        if n == 0 {
-            // Sleep rather than spin: an idle shell must not steal cycles
-            // (or, under QEMU, instruction counts) from the CPUs running
-            // guests.
-            aarch64::idle_wait(idle_us);
-            vm::memory_tick();
+        if look_at_console() {
             continue;
         }
-        let mut rest = &typed[..n];
-        while let Some((&byte, after)) = rest.split_first() {
-            if vm::input_to_focus_active() {
-                // Up to a Ctrl-], which gives the keyboard back to the shell.
-                let end = rest.iter().position(|&b| b == 0x1d).unwrap_or(rest.len());
-                if end > 0 && vm::input_to_focus(&rest[..end]) {
-                    rest = &rest[end..];
-                    continue;
-                }
-                if byte == 0x1d {
-                    vm::unfocus();
-                    println!("[back to the shell]");
-                    draw_shell_line("");
-                    rest = after;
-                    continue;
-                }
-            }
-            rest = after;
-            shell_byte(&mut editor, byte, board);
+        // A vCPU pinned to this CPU runs until it leaves; its exits call
+        // `look_from_guest`.
+        if vm::run_assigned(vm::SHELL_CPU) {
+            continue;
+        }
+        // Sleep rather than spin: an idle shell must not steal cycles
+        // (or, under QEMU, instruction counts) from the CPUs running
+        // guests.
+        aarch64::idle_wait(idle_us);
+        vm::memory_tick();
+        check_stats_wait();
+    }
+}
+
+/// The shell's look at the console from the exits of a vCPU on its CPU:
+/// everything that has arrived (the UART's interrupt stays asserted until
+/// its FIFO is empty), and a `balloon-stats <vm> now` that waits.
+fn look_from_guest() {
+    check_stats_wait();
+    for _ in 0..16 {
+        if !look_at_console() {
+            break;
         }
     }
+}
+
+/// Read what has arrived at the console, taken in one go (bytes for a VM
+/// then reach it under one lock), and act on it; false if nothing had.
+fn look_at_console() -> bool {
+    let Some(board) = BOARD.get() else {
+        return false;
+    };
+    let mut typed = [0u8; INPUT_BATCH];
+    let n = (0..INPUT_BATCH)
+        .map_while(|_| crate::console::try_read_byte())
+        .zip(typed.iter_mut())
+        .map(|(byte, slot)| *slot = byte)
+        .count();
+    if n == 0 {
+        return false;
+    }
+    let mut guard = SHELL.lock();
+    let Some(editor) = guard.as_mut() else {
+        return false;
+    };
+    let mut rest = &typed[..n];
+    while let Some((&byte, after)) = rest.split_first() {
+        if vm::input_to_focus_active() {
+            // Up to a Ctrl-], which gives the keyboard back to the shell.
+            let end = rest.iter().position(|&b| b == 0x1d).unwrap_or(rest.len());
+            if end > 0 && vm::input_to_focus(&rest[..end]) {
+                rest = &rest[end..];
+                continue;
+            }
+            if byte == 0x1d {
+                vm::unfocus();
+                println!("[back to the shell]");
+                draw_shell_line("");
+                rest = after;
+                continue;
+            }
+        }
+        rest = after;
+        shell_byte(editor, byte, board);
+    }
+    true
 }
 
 /// Bytes read from the console at most at once (the PL011's FIFO holds 16
@@ -863,6 +907,11 @@ fn stop_vm(name: &str) {
         Some(Err(e)) => return println!("{name}: cannot stop: {e}"),
         Some(Ok(())) => {}
     }
+    if vm::on_shell_cpu(name) {
+        // It runs on this CPU once the shell returns to it, and stops
+        // then: its own line says so.
+        return;
+    }
     let (start, freq) = aarch64::counter();
     while aarch64::counter().0 - start < freq {
         if vm::with_vm(name, |vm| vm.state == vm::VmState::Stopped) == Some(true) {
@@ -909,7 +958,9 @@ fn info_exits(name: &str, reset: bool) {
 }
 
 /// `balloon-stats <vm> now`: ask the guest for a fresh statistics sample,
-/// wait for it (up to 2 s), show it.
+/// wait for it (up to 2 s), show it. A VM with a vCPU on the shell's CPU
+/// can answer only while the shell does not wait: its answer is shown when
+/// it comes ([`check_stats_wait`]), and the prompt comes back at once.
 fn stats_now(name: &str) {
     let asked = aarch64::uptime_us();
     match vm::with_vm(name, vm::request_stats) {
@@ -917,17 +968,47 @@ fn stats_now(name: &str) {
         Some(Err(e)) => return println!("{name}: cannot ask for statistics: {e}"),
         Some(Ok(())) => {}
     }
-    let fresh = |vm: &mut vm::Vm| vm::stats_arrived_us(vm).is_some_and(|t| t >= asked);
-    while aarch64::uptime_us() - asked < 2_000_000 {
-        if vm::with_vm(name, fresh) == Some(true) {
+    let mut vm_name = heapless::String::new();
+    let _ = vm_name.push_str(name);
+    *STATS_WAIT.lock() = Some(StatsWait { vm: vm_name, asked });
+    if vm::on_shell_cpu(name) {
+        return println!("{name}: statistics asked for; shown when the guest answers (its vCPU shares the shell's CPU)");
+    }
+    while STATS_WAIT.lock().is_some() {
+        aarch64::idle_wait(10_000);
+        check_stats_wait();
+    }
+}
+
+/// A `balloon-stats <vm> now` waiting for the guest's sample.
+struct StatsWait {
+    vm: heapless::String<32>,
+    /// When it was asked for (uptime, microseconds).
+    asked: u64,
+}
+
+static STATS_WAIT: Mutex<Option<StatsWait>> = Mutex::new(None);
+
+/// Show the sample a `balloon-stats <vm> now` waits for once it came, or
+/// say that it did not within 2 s.
+fn check_stats_wait() {
+    let mut wait = STATS_WAIT.lock();
+    let Some(StatsWait { vm: name, asked }) = wait.as_ref() else {
+        return;
+    };
+    let fresh = |vm: &mut vm::Vm| vm::stats_arrived_us(vm).is_some_and(|t| t >= *asked);
+    match vm::with_vm(name, fresh) {
+        Some(true) => {
             if let Some(text) = vm::with_vm(name, vm::balloon_info) {
                 print!("{text}");
             }
-            return;
         }
-        aarch64::idle_wait(10_000);
+        Some(false) if aarch64::uptime_us() - asked < 2_000_000 => return,
+        _ => println!(
+            "{name}: no statistics from the guest within 2 s (is its balloon driver running?)"
+        ),
     }
-    println!("{name}: no statistics from the guest within 2 s (is its balloon driver running?)");
+    *wait = None;
 }
 
 /// Drive the GIC's virtualization interface when the host has one we

@@ -28,6 +28,21 @@ use crate::{print, println};
 /// Runs every check and prints the results; returns when the last line is out.
 pub fn run(board: &BoardInfo, bundle: &Bundle<'static>) {
     let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
+    let mut on_shell_cpu = None;
+    vm::for_each(|vm| {
+        if vm.cpus[..vm.vcpus].contains(&vm::SHELL_CPU) {
+            on_shell_cpu.get_or_insert(vm.name.clone());
+        }
+    });
+    if let Some(name) = on_shell_cpu {
+        // They run on the shell's CPU and wait for guests: a vCPU there
+        // would not run until they end.
+        return println!(
+            "{} on-target checks not run: VM {name} is pinned to CPU {}, which runs them; pin it elsewhere",
+            selftest::PREFIX,
+            vm::SHELL_CPU
+        );
+    }
     println!(
         "{} on-target checks start ({} of them; each has a deadline)",
         selftest::PREFIX,

@@ -280,6 +280,7 @@ impl PhysCpu for TargetCpu {
     }
     fn cpu_online(&self, cpu: usize) -> bool {
         aarch64::smp::state(cpu) == aarch64::smp::CpuState::Online
+            && (cpu != SHELL_CPU || SHELL_CPU_SHARED.load(Ordering::Relaxed))
     }
     fn kick(&mut self, cpu: usize) {
         gic::kick(cpu);
@@ -532,21 +533,78 @@ fn wake_cpu(cpu: usize) {
 /// comes back here ([`contain_failure`]) and ends only that VM.
 pub fn cpu_loop(cpu: usize) -> ! {
     loop {
-        let slot = CPU_VM[cpu].load(Ordering::Acquire);
-        if slot == NO_VM {
+        if !run_assigned(cpu) {
             // A start or CPU_ON kicks this CPU; 10 ms bounds a missed kick.
             aarch64::idle_wait(10_000);
             memory_tick();
-            continue;
         }
-        let (id, vcpu) = (slot / MAX_VCPUS, slot % MAX_VCPUS);
-        if recovery::run_recoverable(|| run_vcpu(id, vcpu)).is_err() {
-            end_failed_vm(cpu, id, vcpu);
-        }
-        // The guest's virtual timer must not keep waking an idle CPU.
-        vcpu::disable_virtual_timer();
-        // The vCPU left: this CPU is free unless it was handed a new one.
-        let _ = CPU_VM[cpu].compare_exchange(slot, NO_VM, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// Run the vCPU handed to this CPU, if any, until it leaves; false if
+/// there was none. The shell's CPU calls it from its idle loop.
+pub fn run_assigned(cpu: usize) -> bool {
+    let slot = CPU_VM[cpu].load(Ordering::Acquire);
+    if slot == NO_VM {
+        return false;
+    }
+    let (id, vcpu) = (slot / MAX_VCPUS, slot % MAX_VCPUS);
+    if recovery::run_recoverable(|| run_vcpu(id, vcpu)).is_err() {
+        end_failed_vm(cpu, id, vcpu);
+    }
+    // The guest's virtual timer must not keep waking an idle CPU, nor the
+    // shell's look a shell that sleeps.
+    vcpu::disable_virtual_timer();
+    aarch64::disarm_el2_timer();
+    // The vCPU left: this CPU is free unless it was handed a new one.
+    let _ = CPU_VM[cpu].compare_exchange(slot, NO_VM, Ordering::AcqRel, Ordering::Acquire);
+    true
+}
+
+// ------------------------------------------------------------ the shell's CPU
+
+/// The physical CPU the shell runs on. A vCPU pinned to it runs from the
+/// shell's idle loop, and the shell is looked at from that vCPU's exits
+/// ([`share_shell_cpu`]): on a board every core can run a guest, and under
+/// QEMU no emulated CPU sits idle (TCG wakes an idle CPU's thread for each
+/// broadcast TLB invalidation a guest issues, taking a host core from the
+/// guests' threads).
+pub const SHELL_CPU: usize = 0;
+
+/// Whether a vCPU may run on [`SHELL_CPU`]: only when the console's input
+/// interrupt takes that CPU out of its guest (the shell must see every byte
+/// typed while the guest computes).
+static SHELL_CPU_SHARED: AtomicBool = AtomicBool::new(false);
+/// What a vCPU loop on the shell's CPU calls to let the shell read the
+/// console and act on it (set once by boot).
+static SHELL_POLL: spin::Once<fn()> = spin::Once::new();
+/// The console's interrupt (a host SPI) was taken while a guest ran on the
+/// shell's CPU: the shell looks at the console before the guest runs again.
+static HOST_SPI_TAKEN: AtomicBool = AtomicBool::new(false);
+/// How often a vCPU loop on the shell's CPU lets the shell look even
+/// without input (a `balloon-stats <vm> now` waits for its answer).
+const SHELL_LOOK_US: u64 = 20_000;
+
+/// Let vCPUs run on the shell's CPU, their exits calling `poll` (the
+/// shell's look at the console). Called by boot once the console's input
+/// interrupt is routed to the shell's CPU, before any VM starts.
+pub fn share_shell_cpu(poll: fn()) {
+    SHELL_POLL.call_once(|| poll);
+    SHELL_CPU_SHARED.store(true, Ordering::Relaxed);
+}
+
+/// Whether a vCPU of VM `name` is handed to the shell's CPU: the shell's
+/// commands must not wait for it to act (it runs only once they return).
+pub fn on_shell_cpu(name: &str) -> bool {
+    let slot = CPU_VM[SHELL_CPU].load(Ordering::Acquire);
+    slot != NO_VM && with_vm(name, |vm| vm.id == slot / MAX_VCPUS) == Some(true)
+}
+
+/// The shell's look from a vCPU loop on its CPU, with the recovery point
+/// disarmed: a failure in the shell is the hypervisor's, not the VM's.
+fn poll_shell() {
+    if let Some(poll) = SHELL_POLL.get() {
+        recovery::unarmed(poll);
     }
 }
 
@@ -690,10 +748,22 @@ fn run_vcpu(id: usize, vcpu: usize) {
     let mut before = pmu::instructions();
     // Fast exits since the clock was last looked at for the memory tick.
     let mut unticked: u32 = 0;
+    let on_shell_cpu = aarch64::cpu_index() == SHELL_CPU;
+    // When the shell (on its CPU) looks at the console next without input.
+    let mut next_shell_look = 0;
+    if on_shell_cpu {
+        schedule_shell_look(&mut next_shell_look);
+    }
     'entry: loop {
         if !synced {
             before = pmu::instructions();
-            if let Some(vm) = lock_vm(id).as_mut() {
+            let mut guard = lock_vm(id);
+            if let Some(vm) = guard.as_mut() {
+                if vm.state == VmState::StopRequested {
+                    // Asked while this CPU was away from the guest (the
+                    // shell's look, on its CPU, a stop's own kick skips).
+                    return leave_stopping(guard, &mut cpu, vcpu);
+                }
                 handle::before_entry(vm, &mut cpu, vcpu);
             }
         }
@@ -743,11 +813,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
         };
         let Some(vm) = guard.as_mut() else { return };
         if vm.state == VmState::StopRequested {
-            lifecycle::leave(vm, &mut cpu, vcpu, true);
-            let pending = take_pending(vm);
-            drop(guard);
-            show(pending);
-            return;
+            return leave_stopping(guard, &mut cpu, vcpu);
         }
         if let Some(abort) = vm.inject_failure.take() {
             // `debug fail`: a failure with the VM lock and the frame table
@@ -813,7 +879,52 @@ fn run_vcpu(id: usize, vcpu: usize) {
             // then retries the access.
             aarch64::idle_wait(1_000);
         }
+        let slept = matches!(outcome, Outcome::Idle | Outcome::WaitMemory);
+        if on_shell_cpu && shell_look_due(slept, &mut next_shell_look) {
+            // No lock held. What the shell changed (input for this guest,
+            // a stop) is synced before the guest runs again, and its work
+            // is not counted in the next exit's cost.
+            poll_shell();
+            synced = false;
+        }
     }
+}
+
+/// A vCPU of a stopping VM leaves its loop (the last one out frees it).
+fn leave_stopping(mut guard: Tracked<VmGuard>, cpu: &mut TargetCpu, vcpu: usize) {
+    let Some(vm) = guard.as_mut() else { return };
+    lifecycle::leave(vm, cpu, vcpu, true);
+    let pending = take_pending(vm);
+    drop(guard);
+    show(pending);
+}
+
+/// Whether a vCPU loop on the shell's CPU lets the shell look at the
+/// console now: the console's interrupt took the guest out, the vCPU just
+/// slept at EL2 (typing ends that sleep; the sleep used the EL2 timer), or
+/// [`SHELL_LOOK_US`] passed since the last look. When it does, the next
+/// look is scheduled.
+fn shell_look_due(after_sleep: bool, next: &mut u64) -> bool {
+    let input = HOST_SPI_TAKEN.load(Ordering::Relaxed);
+    if !(input || after_sleep || aarch64::counter().0 >= *next) {
+        return false;
+    }
+    if input {
+        HOST_SPI_TAKEN.store(false, Ordering::Relaxed);
+    }
+    schedule_shell_look(next);
+    true
+}
+
+/// The shell's next look in [`SHELL_LOOK_US`], with the EL2 timer armed for
+/// it: a guest asleep in WFI on the shell's CPU does not exit for a second
+/// or more on its own, and the shell (a statistics request it waits for,
+/// the memory manager's tick) must not wait that long.
+fn schedule_shell_look(next: &mut u64) {
+    let (now, freq) = aarch64::counter();
+    let period = crate::hw::timer::us_to_ticks(SHELL_LOOK_US, freq);
+    *next = now + period;
+    aarch64::arm_el2_timer(period);
 }
 
 /// Fast exits between two looks at the clock for the memory manager's tick
@@ -838,6 +949,10 @@ fn count_taken(intid: u32) {
         MAINTENANCE_PPI => 1,
         HYP_TIMER_PPI => 2,
         VTIMER_PPI => 3,
+        32..1020 => {
+            HOST_SPI_TAKEN.store(true, Ordering::Relaxed);
+            4
+        }
         _ => 4,
     };
     if let Some(c) = IRQS_TAKEN.get(aarch64::cpu_index()) {

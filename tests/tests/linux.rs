@@ -131,7 +131,8 @@ fn upstream_balloon_driver(board: Board) {
 }
 
 /// `reboot -f` restarts only that VM (PSCI SYSTEM_RESET); `poweroff -f`
-/// stops it (SYSTEM_OFF) and every page goes back to the pool.
+/// stops it (SYSTEM_OFF) and every page goes back to the pool; started
+/// again and busy, `stop` from the shell stops it.
 fn reboot_and_poweroff(board: Board) {
     let mut s = boot(board, "linux_reboot_and_poweroff");
     ok(enter_console(&mut s, "linux"));
@@ -155,6 +156,25 @@ fn reboot_and_poweroff(board: Board) {
             && l.trim_end().ends_with('2')),
         "{vms}"
     );
+    s.assert_check();
+    // Started again from the shell, it computes on both vCPUs, vCPU 0 on
+    // the shell's CPU: the shell still answers and stops it at once.
+    ok(s.send_line("start linux"));
+    ok(s.expect(r"\[linux\] tidal-guest: agent listening", BOOT));
+    ok(enter_console(&mut s, "linux"));
+    // Detached from the agent's output, which it reads to the end.
+    ok(s.send_line(
+        "run 3 sh -c 'for i in 1 2; do (while :; do :; done) </dev/null >/dev/null 2>&1 & done'",
+    ));
+    ok(s.expect(r"tidal-guest: done 3 rc=0", STEP));
+    ok(leave_console(&mut s));
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(vms.contains("running"), "{vms}");
+    ok(s.send_line("stop linux"));
+    ok(s.expect(
+        r"tidal: \[linux\] VM stopped: stopped from the shell; 131072 pages returned",
+        STEP,
+    ));
     s.assert_check();
 }
 

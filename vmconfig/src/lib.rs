@@ -8,7 +8,7 @@
 //! name = "alpha"          # [a-z0-9_-], 1 to 31 characters, unique
 //! ram = "256M"            # K/M/G suffix (or plain bytes); a multiple of 2 MiB
 //! vcpus = 1
-//! cpus = [1]              # one physical CPU per vCPU, never CPU 0
+//! cpus = [1]              # one physical CPU per vCPU (0 to 7; CPU 0 shares with the shell)
 //! kernel = "testguest"    # or an arm64 Image's path (relative: to this file's folder)
 //! initrd = "path"         # optional
 //! modules = "path"        # optional: the kernel's lib/modules/<release>; initramfs generated
@@ -61,8 +61,9 @@ pub const TESTGUEST: &str = "testguest";
 /// Longest VM name (the bundle's 32-byte field keeps room for a NUL).
 pub const MAX_NAME_LEN: usize = 31;
 
-/// Physical CPUs a VM may be pinned to are `1..MAX_CPUS` (CPU 0 runs the
-/// hypervisor's shell; the platform crate describes at most 8 CPUs).
+/// Physical CPUs a VM may be pinned to are `0..MAX_CPUS` (the platform
+/// crate describes at most 8 CPUs; a vCPU on CPU 0 shares it with the
+/// hypervisor's shell).
 pub const MAX_CPUS: u32 = 8;
 
 /// Guest RAM sizes are multiples of this (stage 2 can then use 2 MiB blocks,
@@ -1101,16 +1102,9 @@ fn check_vm<'a>(
     }
     let mut affinity: u64 = 0;
     for &cpu in &vm.cpus {
-        if cpu == 0 {
-            return Err(format!(
-                "cpus {:?} includes CPU 0, which runs the hypervisor's shell; use CPUs 1 to {}",
-                vm.cpus,
-                MAX_CPUS - 1
-            ));
-        }
         if cpu >= MAX_CPUS {
             return Err(format!(
-                "cpus {:?} includes CPU {cpu}; physical CPUs are numbered 1 to {}",
+                "cpus {:?} includes CPU {cpu}; physical CPUs are numbered 0 to {}",
                 vm.cpus,
                 MAX_CPUS - 1
             ));
@@ -1931,8 +1925,7 @@ on_bad_access = "stop"
             ),
             (one_with("vcpus = 2"), "t.toml: VM \"alpha\": vcpus is 2 but cpus lists 1 CPU(s) [1]"),
             (one_with("vcpus = 0\ncpus = []"), "t.toml: VM \"alpha\": vcpus is 0"),
-            (one_with("cpus = [0]"), "t.toml: VM \"alpha\": cpus [0] includes CPU 0, which runs the hypervisor's shell"),
-            (one_with("cpus = [8]"), "t.toml: VM \"alpha\": cpus [8] includes CPU 8; physical CPUs are numbered 1 to 7"),
+            (one_with("cpus = [8]"), "t.toml: VM \"alpha\": cpus [8] includes CPU 8; physical CPUs are numbered 0 to 7"),
             (
                 one_with("vcpus = 2\ncpus = [3, 3]"),
                 "t.toml: VM \"alpha\": cpus [3, 3] lists CPU 3 twice",

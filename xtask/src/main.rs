@@ -389,17 +389,16 @@ fn boot_interactive(root: &Path, board: Board, artifacts: &Artifacts) -> Result<
         .join(format!("trace-{}.defmt", board.name()));
     let mut opts = QemuOptions::for_board(board, artifacts);
     opts.interactive = true;
-    // Enough CPUs for every CPU the bundle pins a vCPU to (the virt boards).
-    if let (Some(smp), Ok(bytes)) = (opts.smp, std::fs::read(&artifacts.bundle)) {
+    // As many CPUs as the highest CPU the bundle pins a vCPU to needs (the
+    // virt boards): under TCG an emulated CPU nobody uses still costs the
+    // others (its thread is woken for every broadcast TLB invalidation).
+    if let (Some(_), Ok(bytes)) = (opts.smp, std::fs::read(&artifacts.bundle)) {
         let highest = guest_bundle::parse(&bytes)
-            .map(|b| {
-                b.vms()
-                    .map(|v| 63 - v.cpu_affinity().leading_zeros())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0);
-        opts.smp = Some(smp.max(highest + 1));
+            .ok()
+            .and_then(|b| b.vms().map(|v| 63 - v.cpu_affinity().leading_zeros()).max());
+        if let Some(highest) = highest {
+            opts.smp = Some(highest + 1);
+        }
     }
     if board != Board::Raspi4b {
         opts.trace = Some(trace.clone());

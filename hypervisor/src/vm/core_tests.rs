@@ -486,6 +486,27 @@ fn physical_interrupts_are_taken_and_the_timer_goes_to_the_guest() {
     );
 }
 
+#[test]
+fn the_hypervisors_own_interrupts_are_taken_once_per_exit() {
+    // The console UART's level interrupt on the shell's CPU: still asserted
+    // until the shell reads the UART after the exit, so acknowledging it
+    // again at once would only find it again.
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let uart = 33;
+    cpu.pending_irqs = vec![uart, uart, uart, crate::vgic::intid::KICK_SGI];
+    exit(&mut vm, &mut cpu, &mut ctx, VcpuExit::Interrupt);
+    assert_eq!(cpu.eois, vec![uart]);
+    assert_eq!(cpu.deactivated, vec![uart]);
+    assert_eq!(cpu.pending_irqs.len(), 3, "left for the next exit");
+    // The same for the hypervisor's timer (the shell's periodic look).
+    let timer = crate::vgic::intid::HYP_TIMER_PPI;
+    cpu.pending_irqs = vec![timer, timer];
+    exit(&mut vm, &mut cpu, &mut ctx, VcpuExit::Interrupt);
+    assert_eq!(cpu.eois, vec![uart, timer]);
+    assert_eq!(cpu.pending_irqs.len(), 1, "left for the next exit");
+}
+
 /// The guest's stores into its own RAM (a driver laying out rings).
 struct GuestStores<'a> {
     vm: &'a mut Vm,

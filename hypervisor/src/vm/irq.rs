@@ -117,6 +117,10 @@ pub fn feed_console(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     sync_uart_mirror(vm, cpu);
 }
 
+/// The INTIDs of shared peripheral interrupts (GICv2 and GICv3 alike).
+const HOST_SPIS_START: u32 = 32;
+const HOST_SPIS_END: u32 = 1019;
+
 /// Take the pending physical interrupts on this CPU (the guest was
 /// interrupted): the virtual timer goes to the guest, the rest is ours.
 /// Bounded: a level interrupt that stays asserted must not trap us here.
@@ -148,6 +152,16 @@ pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) -> ExitKi
                 sync_list_registers(vm, cpu, vcpu);
                 cpu.end_of_interrupt(iar);
                 cpu.deactivate(iar);
+            }
+            HYP_TIMER_PPI | HOST_SPIS_START..=HOST_SPIS_END => {
+                // The hypervisor's own timer or device (the console's
+                // UART), on the shell's CPU: a level line that stays
+                // asserted until the shell's look, right after this exit,
+                // re-arms the timer or reads the UART. Taken once, not 16
+                // times.
+                cpu.end_of_interrupt(iar);
+                cpu.deactivate(iar);
+                break;
             }
             _ => {
                 // A kick: the list registers are synced before the next entry.

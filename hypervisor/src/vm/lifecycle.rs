@@ -68,9 +68,9 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     }
     let cpus_ok = vm.cpus[..vm.vcpus]
         .iter()
-        .all(|&c| c != 0 && c < MAX_CPUS && cpu.cpu_online(c));
+        .all(|&c| c < MAX_CPUS && cpu.cpu_online(c));
     if !cpus_ok {
-        return Err("a CPU it is pinned to is not online (or is CPU 0, which runs the shell)");
+        return Err("a CPU it is pinned to is not online (CPU 0, the shell's, runs a vCPU only where the console's input interrupt can wake the shell)");
     }
     if vm.inside > 0 {
         return Err("its vCPUs are still leaving; try again");

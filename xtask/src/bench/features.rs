@@ -221,7 +221,6 @@ impl QemuGuest {
             &name,
             reporting,
             false,
-            false,
         )?;
         let pid = find_qemu(&process_name(&name))?;
         guest.wait_ready()?;

@@ -38,10 +38,6 @@
 //! [`ICOUNT_ROUND_TRIPS`] agent requests with their exit profile (what one
 //! request costs the hypervisor).
 //!
-//! Besides, in each round, the agent directly under QEMU on one CPU more,
-//! which Linux leaves off ([`CpuOffRun`]): what TCG's thread for Tidal's
-//! shell CPU costs the guest, apart from anything the hypervisor does.
-//!
 //! Results: a table on stdout and target/bench/linux.json.
 //!
 //! [`super::features`] boots its QEMU reference for free page reporting's
@@ -310,18 +306,20 @@ fn strip_escapes(text: &str) -> String {
 }
 
 /// QEMU's options for the Tidal side of the Linux benches: virt (GICv2)
-/// with `bundle`, sized to what the bundle uses, CPU 0 (the shell's) and
-/// the guest's [`VCPUS`] (`cpus = [1, 2]` in its configuration). Under TCG
-/// every broadcast TLB invalidation a guest issues wakes the host thread
-/// of every emulated CPU, halted or not, to run the flush: in a fork-exec
-/// loop an unused CPU 3's thread was woken about 2,500 times a second,
-/// which on a 2-core host preempts the guest's own vCPU threads. On a
-/// board an idle core costs nothing, so the bench's board has no CPU
-/// the configuration leaves unused; CPU 0 stays, as Tidal needs it.
+/// with `bundle`, sized to what the bundle uses: the guest's [`VCPUS`] on
+/// CPUs 0 and 1 (`cpus = [0, 1]` in its configuration), CPU 0 shared with
+/// the shell. Under TCG every broadcast TLB invalidation a guest issues
+/// wakes the host thread of every emulated CPU, halted or not, to run the
+/// flush: in a fork-exec loop an unused CPU's thread was woken about 2,500
+/// times a second, which on a 2-core host preempts the guest's own vCPU
+/// threads (a CPU for the shell alone cost the agent's round trip about
+/// 1.5 ms in 25). On a board an idle core costs nothing, so the bench's
+/// board has no CPU the configuration leaves unused, as QEMU's side has
+/// none.
 pub(super) fn tidal_board(artifacts: &Artifacts, bundle: &str) -> QemuOptions {
     let mut opts = QemuOptions::for_board(Board::VirtGicv2, artifacts);
     opts.initrd = Some(target_dir().join("bundles").join(bundle));
-    opts.smp = Some(VCPUS + 1);
+    opts.smp = Some(VCPUS);
     opts
 }
 
@@ -364,9 +362,7 @@ impl Guest {
 
     /// The same kernel and initramfs directly under QEMU, with QEMU's own
     /// balloon; `name`: the session's (its log's), and in
-    /// [`process_name`] QEMU's `-name`. With `cpu_off`, on one CPU more
-    /// that Linux leaves off (`maxcpus`), as Tidal's shell CPU is to its
-    /// guest.
+    /// [`process_name`] QEMU's `-name`.
     pub(super) fn boot_qemu(
         kernel: &Path,
         initramfs: &Path,
@@ -374,14 +370,8 @@ impl Guest {
         name: &str,
         reporting: Reporting,
         icount: bool,
-        cpu_off: bool,
     ) -> Result<Guest, String> {
         let process = process_name(name);
-        let (cpus, cmdline) = if cpu_off {
-            (VCPUS + 1, format!("{CMDLINE} maxcpus={VCPUS}"))
-        } else {
-            (VCPUS, CMDLINE.to_string())
-        };
         let socket = std::env::temp_dir().join(format!("{process}.mon"));
         let _ = std::fs::remove_file(&socket);
         let mut cmd = Command::new(harness::QEMU);
@@ -390,12 +380,12 @@ impl Guest {
         // with it, which halves the page-fault rate under TCG.
         cmd.args(["-M", "virt,gic-version=2,dtb-randomness=off"])
             .args(["-cpu", "cortex-a72"])
-            .args(["-smp", &cpus.to_string(), "-m", &format!("{GUEST_MIB}M")])
+            .args(["-smp", &VCPUS.to_string(), "-m", &format!("{GUEST_MIB}M")])
             .arg("-kernel")
             .arg(kernel)
             .arg("-initrd")
             .arg(initramfs)
-            .args(["-append", &cmdline])
+            .args(["-append", CMDLINE])
             // Default features but reporting as asked: like Tidal's device
             // it offers no deflate-on-oom or free page hinting (QEMU always
             // adds the stats queue, which stays idle unless polled).
@@ -876,31 +866,6 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
     })
 }
 
-/// The agent directly under QEMU on one CPU more, which Linux leaves off
-/// (`-smp 3`, `maxcpus=2`), as Tidal's shell CPU is to its guest: what
-/// that CPU's thread costs the guest under TCG, which wakes every CPU's
-/// thread for each broadcast TLBI. Reporting on.
-#[derive(Serialize)]
-struct CpuOffRun {
-    /// Median agent round trip of [`IDLE_POLLS`] requests.
-    #[serde(rename = "agent_idle_s", serialize_with = "json::decimals::<4, _>")]
-    idle_poll_s: f64,
-    /// [`WORK_LOOPS`] polls inside the guest, by the guest's clock.
-    #[serde(rename = "agent_work_s", serialize_with = "json::decimals::<3, _>")]
-    work_s: f64,
-}
-
-/// Boots QEMU with a CPU off ([`CpuOffRun`]) and times the agent.
-fn cpu_off_once(mut guest: Guest) -> Result<CpuOffRun, String> {
-    guest.wait_ready()?;
-    let (_, idle) = guest.prepare_moves()?;
-    let work_s = guest.work_loop(WORK_LOOPS)?;
-    Ok(CpuOffRun {
-        idle_poll_s: median(&idle.round_trips),
-        work_s,
-    })
-}
-
 /// QEMU's `-name` (and the monitor socket's name) for the session `name`:
 /// no other QEMU on the machine has it, so its pid can be found in /proc.
 pub(super) fn process_name(name: &str) -> String {
@@ -938,8 +903,8 @@ pub(super) fn spread(values: &[f64]) -> Spread {
 }
 
 /// The Tidal bundle must hold the guest the QEMU side runs: same RAM, vCPU
-/// count, command line and fixture files, on the CPUs after the shell's
-/// that [`tidal_board`] gives it.
+/// count, command line and fixture files, on the CPUs [`tidal_board`]
+/// gives it.
 pub(super) fn check_config(
     root: &Path,
     config: &str,
@@ -965,7 +930,7 @@ pub(super) fn check_config(
         ("name", VM.to_string()),
         ("ram", format!("{GUEST_MIB}M")),
         ("vcpus", VCPUS.to_string()),
-        ("cpus", format!("{:?}", (1..=VCPUS).collect::<Vec<_>>())),
+        ("cpus", format!("{:?}", (0..VCPUS).collect::<Vec<_>>())),
         ("cmdline", CMDLINE.to_string()),
     ];
     for (key, want) in expected {
@@ -1001,7 +966,6 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
         )?;
     }
     let mut runs: Vec<(Reporting, Side, usize, Run)> = Vec::new();
-    let mut cpu_off = Vec::new();
     for round in 1..=ROUNDS {
         for reporting in Reporting::BOTH {
             for side in [Side::Tidal, Side::Qemu] {
@@ -1021,7 +985,6 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                         &format!("bench-linux-qemu-reporting-{}-{round}", reporting.name()),
                         reporting,
                         false,
-                        false,
                     )?,
                 };
                 let run = run_once(guest)
@@ -1033,26 +996,12 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                 runs.push((reporting, side, round, run));
             }
         }
-        eprintln!("bench: Linux round {round}/{ROUNDS}: QEMU with a CPU off, reporting on ...");
-        let guest = Guest::boot_qemu(
-            &fixture.kernel,
-            &fixture.initramfs,
-            &artifacts.elf,
-            &format!("bench-linux-qemu-cpu-off-{round}"),
-            Reporting::On,
-            false,
-            true,
-        )?;
-        cpu_off.push(
-            cpu_off_once(guest)
-                .map_err(|e| format!("Linux bench, round {round}, QEMU with a CPU off: {e}"))?,
-        );
     }
     // The rounds run without -icount: QEMU's PMU counts no instructions.
     eprintln!("bench: Linux under Tidal with -icount shift=0, for the exits' EL2 instructions ...");
     let icount =
         icount_run(artifacts, &fixture).map_err(|e| format!("Linux under -icount: {e}"))?;
-    report(root, &fixture, &runs, &cpu_off, &icount)
+    report(root, &fixture, &runs, &icount)
 }
 
 /// Tidal's exit profiles under -icount, with EL2 instructions: the boot and
@@ -1107,7 +1056,6 @@ fn icount_run(
         "bench-linux-qemu-icount",
         Reporting::On,
         true,
-        false,
     )?;
     qemu.wait_ready()?;
     let qemu_guest_s = qemu.work_loop(ICOUNT_WORK_LOOPS)?;
@@ -1230,27 +1178,6 @@ struct Report<'a> {
     /// runs' `exit_profile` have none: the PMU counts only with -icount).
     #[serde(skip_serializing_if = "Option::is_none")]
     exit_profile_icount: Option<&'a IcountProfiles>,
-    /// The agent on QEMU with a CPU off ([`CpuOffRun`]), over the rounds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    qemu_cpu_off: Option<&'a CpuOffSummary>,
-}
-
-/// [`CpuOffRun`]s over the rounds.
-#[derive(Serialize)]
-struct CpuOffSummary {
-    agent_idle_ms: Spread,
-    agent_work_s: Spread,
-}
-
-impl CpuOffSummary {
-    fn of(runs: &[CpuOffRun]) -> Self {
-        let trips: Vec<f64> = runs.iter().map(|r| 1000.0 * r.idle_poll_s).collect();
-        let work: Vec<f64> = runs.iter().map(|r| r.work_s).collect();
-        CpuOffSummary {
-            agent_idle_ms: spread(&trips),
-            agent_work_s: spread(&work),
-        }
-    }
 }
 
 /// One reporting mode's metrics, by [`METRICS`] key.
@@ -1306,7 +1233,6 @@ impl<'a> Report<'a> {
                 })
                 .collect(),
             exit_profile_icount: icount,
-            qemu_cpu_off: None,
         }
     }
 }
@@ -1315,7 +1241,6 @@ fn report(
     root: &Path,
     fixture: &crate::linux::LinuxFixture,
     runs: &[(Reporting, Side, usize, Run)],
-    cpu_off: &[CpuOffRun],
     icount: &IcountProfiles,
 ) -> Result<(), String> {
     let values = |reporting: Reporting, side: Side, metric: &Metric| -> Vec<f64> {
@@ -1378,8 +1303,8 @@ fn report(
     }
     println!();
     for line in [
-        "Tidal: the hypervisor on QEMU virt (GICv2, 3 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 1-2",
-        "(CPU 0 is the shell's; no unused CPU: TCG wakes every CPU's thread for each broadcast TLBI);",
+        "Tidal: the hypervisor on QEMU virt (GICv2, 2 cortex-a72 CPUs, 2 GiB), the guest on its CPUs 0-1",
+        "(CPU 0 shared with the shell; no unused CPU: TCG wakes every CPU's thread for each broadcast TLBI);",
         "its balloon offers must-tell-host (reporting off: guests/tests/bench-linux.toml) or free page",
         "reporting (reporting on: guests/tests/bench-linux-reporting.toml); RAM backed on first touch.",
         "QEMU: the same kernel and initramfs on `-M virt,dtb-randomness=off -cpu cortex-a72 -smp 2 -m 512M`",
@@ -1459,33 +1384,6 @@ fn report(
             "instructions above do not explain is host time per guest instruction (TCG, stage 2 on), not work."
         );
     }
-    let cpu_off = CpuOffSummary::of(cpu_off);
-    let on = |key: &str| {
-        summary
-            .iter()
-            .find(|(mode, _)| *mode == "reporting_on")
-            .and_then(|(_, mode)| mode.0.iter().find(|(k, _)| *k == key))
-            .map(|(_, metric)| (metric.tidal.median, metric.qemu.median))
-    };
-    if let (Some(trip), Some(work)) = (on("agent_idle_ms"), on("agent_work_s")) {
-        let c = &cpu_off;
-        println!();
-        println!(
-            "QEMU alone on one CPU more that Linux leaves off (-smp 3, maxcpus=2; reporting on), as Tidal's"
-        );
-        println!(
-            "CPU 0 is to its guest: agent round trip {} ms, agent work {} s; over plain QEMU's {:.2} and {:.2},",
-            cell(&c.agent_idle_ms, 0),
-            cell(&c.agent_work_s, 2),
-            c.agent_idle_ms.median / trip.1,
-            c.agent_work_s.median / work.1
-        );
-        println!(
-            "Tidal over it {:.2} and {:.2}: what TCG's thread for that CPU costs, apart from the hypervisor.",
-            trip.0 / c.agent_idle_ms.median,
-            work.0 / c.agent_work_s.median
-        );
-    }
     let profiles: Vec<&exits::Profiles> = runs
         .iter()
         .filter(|(m, _, _, _)| *m == Reporting::On)
@@ -1508,8 +1406,7 @@ fn report(
     }
 
     let path = root.join("target").join("bench").join("linux.json");
-    let mut report = Report::new(fixture, summary, runs, Some(icount));
-    report.qemu_cpu_off = Some(&cpu_off);
+    let report = Report::new(fixture, summary, runs, Some(icount));
     json::write(&path, &report)?;
     println!("written to {}", path.display());
     Ok(())
@@ -1667,28 +1564,8 @@ mod tests {
                 round_trip_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
             },
         };
-        let cpu_off = CpuOffSummary::of(&[
-            CpuOffRun {
-                idle_poll_s: 0.021,
-                work_s: 0.7,
-            },
-            CpuOffRun {
-                idle_poll_s: 0.025,
-                work_s: 0.8,
-            },
-            CpuOffRun {
-                idle_poll_s: 0.022,
-                work_s: 0.9,
-            },
-        ]);
-        let mut report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
-        report.qemu_cpu_off = Some(&cpu_off);
+        let report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
         let value = serde_json::to_value(report).unwrap();
-        assert_eq!(
-            value["qemu_cpu_off"]["agent_idle_ms"],
-            serde_json::json!({"median": 22.0, "min": 21.0, "max": 25.0})
-        );
-        assert_eq!(value["qemu_cpu_off"]["agent_work_s"]["median"], 0.8);
         assert_eq!(
             value["exit_profile_icount"]["idle"]["total"],
             serde_json::json!({"count": 2242, "instructions": 12477155})

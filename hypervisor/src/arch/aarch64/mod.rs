@@ -246,12 +246,22 @@ pub fn enable_event_stream() {
 /// sleep costs at most that long).
 pub fn wait_for_interrupt_or(micros: u64) {
     let (_, freq) = counter();
-    let ticks = crate::hw::timer::us_to_ticks(micros, freq);
-    // The EL2 timer is the hypervisor's own.
+    arm_el2_timer(crate::hw::timer::us_to_ticks(micros, freq));
+    wait_for_interrupt();
+    disarm_el2_timer();
+}
+
+/// Make the EL2 timer (the hypervisor's own) interrupt this CPU in `ticks`
+/// counter ticks: it ends a WFI at EL2, and while a guest runs it is an
+/// exit. Its line stays asserted until the timer is armed again or
+/// disarmed.
+pub fn arm_el2_timer(ticks: u64) {
     CNTHP_TVAL_EL2.set(ticks);
     CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET);
     barrier::isb(barrier::SY);
-    wait_for_interrupt();
+}
+
+pub fn disarm_el2_timer() {
     CNTHP_CTL_EL2.set(0);
     barrier::isb(barrier::SY);
 }

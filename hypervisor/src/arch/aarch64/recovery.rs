@@ -149,6 +149,18 @@ pub fn run_recoverable<F: FnOnce() -> R, R>(f: F) -> Result<R, Failed> {
     }
 }
 
+/// Call `f` with this CPU's recovery point disarmed, then arm it again: the
+/// shell's work on the CPU it shares with a vCPU. A failure there is the
+/// hypervisor's, not that VM's, and must not end the VM as if it were.
+pub fn unarmed<R>(f: impl FnOnce() -> R) -> R {
+    let cpu = cpu_index();
+    let was = ARMED[cpu].swap(false, Ordering::AcqRel);
+    let result = f();
+    // The point is still valid: `run_recoverable`'s frame is below us.
+    ARMED[cpu].store(was, Ordering::Release);
+    result
+}
+
 /// Whether this CPU has a recovery point armed.
 pub fn armed() -> bool {
     ARMED
