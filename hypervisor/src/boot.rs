@@ -553,15 +553,26 @@ fn shell_loop(input_interrupt: bool) -> ! {
 
 /// The shell's look at the console from the exits of a vCPU on its CPU:
 /// everything that has arrived (the UART's interrupt stays asserted until
-/// its FIFO is empty), and a `balloon-stats <vm> now` that waits.
-fn look_from_guest() {
+/// its FIFO is empty), and a `balloon-stats <vm> now` that waits. Returns
+/// when it wants to look again without input (microseconds): soon while
+/// that waits, else at the memory manager's next tick.
+fn look_from_guest() -> u64 {
     check_stats_wait();
     for _ in 0..16 {
         if !look_at_console() {
             break;
         }
     }
+    if STATS_WAIT.lock().is_some() {
+        STATS_LOOK_US
+    } else {
+        vm::TICK_US
+    }
 }
+
+/// How often a `balloon-stats <vm> now` waiting from a vCPU's exits looks
+/// for the answer.
+const STATS_LOOK_US: u64 = 20_000;
 
 /// Read what has arrived at the console, taken in one go (bytes for a VM
 /// then reach it under one lock), and act on it; false if nothing had.
@@ -907,9 +918,9 @@ fn stop_vm(name: &str) {
         Some(Err(e)) => return println!("{name}: cannot stop: {e}"),
         Some(Ok(())) => {}
     }
-    if vm::on_shell_cpu(name) {
-        // It runs on this CPU once the shell returns to it, and stops
-        // then: its own line says so.
+    if vm::shell_cpu_runs_guest() {
+        // The VM may run on this CPU, which goes back to it only once the
+        // shell returns: it stops then, and its own line says so.
         return;
     }
     let (start, freq) = aarch64::counter();
@@ -958,9 +969,10 @@ fn info_exits(name: &str, reset: bool) {
 }
 
 /// `balloon-stats <vm> now`: ask the guest for a fresh statistics sample,
-/// wait for it (up to 2 s), show it. A VM with a vCPU on the shell's CPU
-/// can answer only while the shell does not wait: its answer is shown when
-/// it comes ([`check_stats_wait`]), and the prompt comes back at once.
+/// wait for it (up to 2 s), show it. While a vCPU shares the shell's CPU
+/// the shell does not wait (that guest could not answer meanwhile, nor
+/// run): the answer is shown when it comes ([`check_stats_wait`]), and the
+/// prompt comes back at once.
 fn stats_now(name: &str) {
     let asked = aarch64::uptime_us();
     match vm::with_vm(name, vm::request_stats) {
@@ -971,8 +983,10 @@ fn stats_now(name: &str) {
     let mut vm_name = heapless::String::new();
     let _ = vm_name.push_str(name);
     *STATS_WAIT.lock() = Some(StatsWait { vm: vm_name, asked });
-    if vm::on_shell_cpu(name) {
-        return println!("{name}: statistics asked for; shown when the guest answers (its vCPU shares the shell's CPU)");
+    if vm::shell_cpu_runs_guest() {
+        return println!(
+            "{name}: statistics asked for; shown when the guest answers (a vCPU shares the shell's CPU)"
+        );
     }
     while STATS_WAIT.lock().is_some() {
         aarch64::idle_wait(10_000);

@@ -577,35 +577,38 @@ pub const SHELL_CPU: usize = 0;
 static SHELL_CPU_SHARED: AtomicBool = AtomicBool::new(false);
 /// What a vCPU loop on the shell's CPU calls to let the shell read the
 /// console and act on it (set once by boot).
-static SHELL_POLL: spin::Once<fn()> = spin::Once::new();
+static SHELL_POLL: spin::Once<fn() -> u64> = spin::Once::new();
 /// The console's interrupt (a host SPI) was taken while a guest ran on the
 /// shell's CPU: the shell looks at the console before the guest runs again.
 static HOST_SPI_TAKEN: AtomicBool = AtomicBool::new(false);
-/// How often a vCPU loop on the shell's CPU lets the shell look even
-/// without input (a `balloon-stats <vm> now` waits for its answer).
-const SHELL_LOOK_US: u64 = 20_000;
+/// How long a vCPU loop on the shell's CPU lets the shell go without a
+/// look, before the shell says (each look returns when it wants the next):
+/// the memory manager's period.
+const SHELL_LOOK_US: u64 = TICK_US;
 
 /// Let vCPUs run on the shell's CPU, their exits calling `poll` (the
-/// shell's look at the console). Called by boot once the console's input
-/// interrupt is routed to the shell's CPU, before any VM starts.
-pub fn share_shell_cpu(poll: fn()) {
+/// shell's look at the console, which returns in how many microseconds it
+/// wants to look again without input). Called by boot once the console's
+/// input interrupt is routed to the shell's CPU, before any VM starts.
+pub fn share_shell_cpu(poll: fn() -> u64) {
     SHELL_POLL.call_once(|| poll);
     SHELL_CPU_SHARED.store(true, Ordering::Relaxed);
 }
 
-/// Whether a vCPU of VM `name` is handed to the shell's CPU: the shell's
-/// commands must not wait for it to act (it runs only once they return).
-pub fn on_shell_cpu(name: &str) -> bool {
-    let slot = CPU_VM[SHELL_CPU].load(Ordering::Acquire);
-    slot != NO_VM && with_vm(name, |vm| vm.id == slot / MAX_VCPUS) == Some(true)
+/// Whether a vCPU is handed to the shell's CPU: the shell's commands must
+/// not wait for a guest then (that vCPU runs only once they return, and its
+/// guest stands still while they wait).
+pub fn shell_cpu_runs_guest() -> bool {
+    CPU_VM[SHELL_CPU].load(Ordering::Acquire) != NO_VM
 }
 
 /// The shell's look from a vCPU loop on its CPU, with the recovery point
 /// disarmed: a failure in the shell is the hypervisor's, not the VM's.
-fn poll_shell() {
-    if let Some(poll) = SHELL_POLL.get() {
-        recovery::unarmed(poll);
-    }
+/// When it wants the next one (microseconds).
+fn poll_shell() -> u64 {
+    SHELL_POLL
+        .get()
+        .map_or(SHELL_LOOK_US, |poll| recovery::unarmed(*poll))
 }
 
 /// A panic or an EL2 exception on a CPU running a vCPU, with a recovery
@@ -752,7 +755,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
     // When the shell (on its CPU) looks at the console next without input.
     let mut next_shell_look = 0;
     if on_shell_cpu {
-        schedule_shell_look(&mut next_shell_look);
+        schedule_shell_look(&mut next_shell_look, SHELL_LOOK_US);
     }
     'entry: loop {
         if !synced {
@@ -880,11 +883,12 @@ fn run_vcpu(id: usize, vcpu: usize) {
             aarch64::idle_wait(1_000);
         }
         let slept = matches!(outcome, Outcome::Idle | Outcome::WaitMemory);
-        if on_shell_cpu && shell_look_due(slept, &mut next_shell_look) {
+        if on_shell_cpu && shell_look_due(slept, next_shell_look) {
             // No lock held. What the shell changed (input for this guest,
             // a stop) is synced before the guest runs again, and its work
             // is not counted in the next exit's cost.
-            poll_shell();
+            let wait_us = poll_shell();
+            schedule_shell_look(&mut next_shell_look, wait_us);
             synced = false;
         }
     }
@@ -902,27 +906,25 @@ fn leave_stopping(mut guard: Tracked<VmGuard>, cpu: &mut TargetCpu, vcpu: usize)
 /// Whether a vCPU loop on the shell's CPU lets the shell look at the
 /// console now: the console's interrupt took the guest out, the vCPU just
 /// slept at EL2 (typing ends that sleep; the sleep used the EL2 timer), or
-/// [`SHELL_LOOK_US`] passed since the last look. When it does, the next
-/// look is scheduled.
-fn shell_look_due(after_sleep: bool, next: &mut u64) -> bool {
+/// the time the last look asked for has come.
+fn shell_look_due(after_sleep: bool, next: u64) -> bool {
     let input = HOST_SPI_TAKEN.load(Ordering::Relaxed);
-    if !(input || after_sleep || aarch64::counter().0 >= *next) {
+    if !(input || after_sleep || aarch64::counter().0 >= next) {
         return false;
     }
     if input {
         HOST_SPI_TAKEN.store(false, Ordering::Relaxed);
     }
-    schedule_shell_look(next);
     true
 }
 
-/// The shell's next look in [`SHELL_LOOK_US`], with the EL2 timer armed for
-/// it: a guest asleep in WFI on the shell's CPU does not exit for a second
-/// or more on its own, and the shell (a statistics request it waits for,
-/// the memory manager's tick) must not wait that long.
-fn schedule_shell_look(next: &mut u64) {
+/// The shell's next look in `micros`, with the EL2 timer armed for it: a
+/// guest asleep in WFI on the shell's CPU does not exit for a second or
+/// more on its own, and the shell (a statistics request it waits for, the
+/// memory manager's tick) must not wait that long.
+fn schedule_shell_look(next: &mut u64, micros: u64) {
     let (now, freq) = aarch64::counter();
-    let period = crate::hw::timer::us_to_ticks(SHELL_LOOK_US, freq);
+    let period = crate::hw::timer::us_to_ticks(micros, freq);
     *next = now + period;
     aarch64::arm_el2_timer(period);
 }

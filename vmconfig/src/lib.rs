@@ -1431,7 +1431,7 @@ kernel = "testguest"
         assert_eq!(a.name(), "linux");
         assert_eq!(a.ram_size(), 512 << 20);
         assert_eq!(a.vcpus(), 2);
-        assert_eq!(a.cpu_affinity(), (1 << 1) | (1 << 2));
+        assert_eq!(a.cpu_affinity(), (1 << 0) | (1 << 1));
         assert_eq!(a.kernel(), KERNEL);
         assert_eq!(a.initrd(), Some(INITRD));
         assert!(a.cmdline().is_some_and(|c| c.contains("console=ttyAMA0")));
@@ -1442,7 +1442,7 @@ kernel = "testguest"
         let b = bundle.vm(1).unwrap();
         assert_eq!(b.name(), "beta");
         assert_eq!(b.ram_size(), 128 << 20);
-        assert_eq!(b.cpu_affinity(), 1 << 3);
+        assert_eq!(b.cpu_affinity(), 1 << 2);
         assert_eq!(b.cmdline(), Some("pattern"));
         assert_eq!(b.balloon_features(), 1 << 0);
         assert_eq!(b.devices(), devices::BALLOON);
@@ -1504,11 +1504,19 @@ kernel = "testguest"
         let p = |s: &str| Some(s.to_string());
         let quiet = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet";
         let poisoned = "console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet page_poison=1";
-        // The balloon feature bundles: one Linux guest on CPUs 1 and 2.
+        // The balloon feature bundles: one Linux guest on CPUs 1 and 2
+        // (the Linux tests' and the bench's on CPUs 0 and 1, CPU 0 shared
+        // with the shell).
         let linux_alone = |bundle: &str, cmdline: &str| {
             (
                 bundle.to_string(),
                 vec![("linux".to_string(), 512, 6, p(cmdline))],
+            )
+        };
+        let linux_on_cpu0 = |bundle: &str| {
+            (
+                bundle.to_string(),
+                vec![("linux".to_string(), 512, 3, p(quiet))],
             )
         };
         let pair = vec![
@@ -1522,18 +1530,18 @@ kernel = "testguest"
                     "bench".into(),
                     vec![("bench".into(), 256, 2, p("pattern empty-notifies"))]
                 ),
-                linux_alone("bench-linux", quiet),
-                linux_alone("bench-linux-reporting", quiet),
+                linux_on_cpu0("bench-linux"),
+                linux_on_cpu0("bench-linux-reporting"),
                 (
                     "demo".into(),
                     vec![
                         (
                             "linux".into(),
                             512,
-                            6,
+                            3,
                             p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
                         ),
-                        ("beta".into(), 128, 8, p("pattern"))
+                        ("beta".into(), 128, 4, p("pattern"))
                     ]
                 ),
                 (
@@ -1559,15 +1567,7 @@ kernel = "testguest"
                         ("beta".into(), 128, 4, p("pattern"))
                     ]
                 ),
-                (
-                    "linux".into(),
-                    vec![(
-                        "linux".into(),
-                        512,
-                        6,
-                        p("console=ttyAMA0 earlycon=pl011,0x9000000 rdinit=/init quiet")
-                    )]
-                ),
+                linux_on_cpu0("linux"),
                 linux_alone("linux-full", poisoned),
                 linux_alone("linux-hint", quiet),
                 (
@@ -1598,7 +1598,7 @@ kernel = "testguest"
                         ("beta".into(), 128, 8, p("pattern"))
                     ]
                 ),
-                linux_alone("linux-stats", quiet),
+                linux_on_cpu0("linux-stats"),
                 (
                     "on-target".into(),
                     vec![
