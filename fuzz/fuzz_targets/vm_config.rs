@@ -2,8 +2,9 @@
 //! guests/*.toml) over any text. Files are "loaded" from memory: any path
 //! gives a small kernel, except paths naming "missing" (not found) and
 //! "empty" (zero bytes). Invariants: no panic; an accepted file yields a
-//! bundle the hypervisor's reader accepts, with valid names and as many VMs
-//! as the file has `[[vm]]` tables.
+//! bundle the hypervisor's reader accepts, with valid names, as many VMs
+//! as the file has `[[vm]]` tables, and each of CPUs 0-7 given to at most
+//! one vCPU.
 #![no_main]
 
 use std::path::Path;
@@ -37,11 +38,16 @@ fuzz_target!(|text: &str| {
         .and_then(|v| v.as_array())
         .map_or(0, Vec::len);
     assert_eq!(bundle.vm_count(), vms);
+    // Each physical CPU runs at most one VM's vCPU (CPU 0 shares the shell).
+    let mut cpus_taken = 0u64;
     for vm in bundle.vms() {
         assert!(guest_bundle::is_valid_name(vm.name()));
         assert!(vm.vcpus() >= 1);
-        assert_ne!(vm.cpu_affinity(), 0);
-        assert_eq!(vm.cpu_affinity() & 1, 0, "CPU 0 runs the shell");
+        let cpus = vm.cpu_affinity();
+        assert_eq!(cpus.count_ones(), vm.vcpus(), "one CPU per vCPU");
+        assert_eq!(cpus >> vmconfig::MAX_CPUS, 0, "CPUs 0 to 7");
+        assert_eq!(cpus & cpus_taken, 0, "no CPU given twice");
+        cpus_taken |= cpus;
         assert!(vm.ram_size() >= vm.kernel().len() as u64);
     }
 });

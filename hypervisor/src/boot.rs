@@ -232,6 +232,8 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     let _ = report::write_memory_map(&mut Console::new(), board);
     let bundle = check_bundle(board);
 
+    // The boot CPU counts its EL2 instructions too: it may run a vCPU.
+    aarch64::pmu::init();
     start_secondaries(board);
     // With the console's input interrupt on this CPU the idle shell sleeps
     // until a byte arrives, and a vCPU may share the CPU: its exits let the
