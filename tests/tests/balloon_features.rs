@@ -152,9 +152,12 @@ fn hint_alone(board: Board) {
     assert_negotiated(&mut s, &["FREE_PAGE_HINT"]);
     let free = guest_mem_free(&mut s, 1);
     let pool0 = pool_free(&mut s);
+    // From before the command: a short run ends inside its output.
+    let mut since = s.mark();
     let started = ok(s.run("hint linux", COMMAND));
     let id = number(&started, r"hinting run (\d+) started").expect(&started);
-    let done = ok(s.expect(
+    let done = ok(s.expect_since(
+        &mut since,
         &format!(r"tidal: \[linux\] balloon: free page hint run {id} done: (\d+) pages hinted"),
         STEP,
     ));
@@ -173,10 +176,12 @@ fn hint_alone(board: Board) {
     let out = agent(&mut s, 3, "echo still here");
     assert_eq!(out, ["still here"]);
     // A second run gets a fresh id and works too.
+    let mut since = s.mark();
     let again = ok(s.run("hint linux", COMMAND));
     let id2 = number(&again, r"hinting run (\d+) started").expect(&again);
     assert!(id2 > id, "{again}");
-    ok(s.expect(
+    ok(s.expect_since(
+        &mut since,
         &format!(r"tidal: \[linux\] balloon: free page hint run {id2} done: \d+ pages hinted"),
         STEP,
     ));
@@ -278,9 +283,11 @@ fn all_features(board: Board) {
         "{dmesg:#?}"
     );
     // Hinting and statistics alongside reporting.
+    let mut since = s.mark();
     let started = ok(s.run("hint linux", COMMAND));
     let id = number(&started, r"hinting run (\d+) started").expect(&started);
-    ok(s.expect(
+    ok(s.expect_since(
+        &mut since,
         &format!(r"tidal: \[linux\] balloon: free page hint run {id} done: \d+ pages hinted"),
         STEP,
     ));

@@ -277,9 +277,11 @@ fn linux_reset_while_reporting_and_hinting(board: Board) {
     ok(wait_for_agents(&mut s, &["linux"], before_reset, BOOT));
     s.assert_check();
     // The new boot's device hints again from scratch.
+    let mut since = s.mark();
     let again = ok(s.run("hint linux", COMMAND));
     let id = first_number(&again, r"hinting run (\d+) started").expect(&again);
-    ok(s.expect(
+    ok(s.expect_since(
+        &mut since,
         &format!(r"\[linux\] balloon: free page hint run {id} done: \d+ pages hinted"),
         STEP,
     ));

@@ -173,9 +173,11 @@ fn scenarios(board: Board) {
     assert_clean(&s);
 
     // (b) Hinting.
+    // From before the command: a run can end (in 2 ms) before the shell
+    // has printed that it started, inside the command's output.
+    let mut since = s.mark();
     let started = ok(s.run("hint gdf", COMMAND));
     let id = number(&started, r"hinting run (\d+) started").expect(&started);
-    let mut since = s.mark();
     // The hypervisor's line and the guest's come in either order.
     let mut since_done = since;
     let answered = ok(s.expect_since(
@@ -276,9 +278,9 @@ fn given_back_pages_read_zero_without_poison(board: Board) {
         r"\[gdf\] testguest: reused \d+ given-back pages, all read 0x0\b",
         STEP,
     ));
+    let mut since = s.mark();
     let started = ok(s.run("hint gdf", COMMAND));
     let id = number(&started, r"hinting run (\d+) started").expect(&started);
-    let mut since = s.mark();
     ok(s.expect_since(
         &mut since,
         &format!(r"\[gdf\] testguest: hint run {id} answered with [1-9]\d* blocks"),

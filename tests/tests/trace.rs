@@ -153,10 +153,13 @@ fn virt_gicv2_trace_balloon_events() {
 fn virt_gicv2_trace_report_and_hint_events() {
     let (mut s, trace) = boot("gd-features", "trace_report_and_hint_events");
     ok(s.expect(r"\[gdf\] testguest: reported \d+ blocks", STEP));
+    // From before the command: the run can end inside its output.
+    let mut since = s.mark();
     let started = ok(s.run("hint gdf", COMMAND));
     let id =
         harness::console::first_number(&started, r"hinting run (\d+) started").expect(&started);
-    let done = ok(s.expect(
+    let done = ok(s.expect_since(
+        &mut since,
         &format!(r"tidal: \[gdf\] balloon: free page hint run {id} done: (\d+) pages hinted"),
         STEP,
     ));
