@@ -1569,7 +1569,7 @@ kernel = "testguest"
                 ),
                 linux_on_cpu0("linux"),
                 linux_alone("linux-full", poisoned),
-                linux_alone("linux-hint", quiet),
+                linux_on_cpu0("linux-hint"),
                 (
                     "linux-multi".into(),
                     vec![
