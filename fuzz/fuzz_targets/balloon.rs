@@ -27,7 +27,7 @@ use hypervisor::addr::{GuestAddr, GuestPfn, PhysAddr};
 use hypervisor::balloon::testing::FakeBackend;
 use hypervisor::balloon::{Balloon, BalloonBackend, SUPPORTED_FEATURES};
 use hypervisor::mm::frames::{FrameError, FrameUse, Shortfall, PAGE_SIZE};
-use hypervisor::mm::stage2::TableMemory;
+use hypervisor::mm::stage2::{TableMemory, ROOT_TABLES};
 use hypervisor::virtio::mmio::{self, MmioTransport};
 use hypervisor::virtio::testing::{driver_ok, handshake, DriverMemory, DriverQueue};
 use hypervisor::virtio::{GuestMemError, GuestMemory};
@@ -40,8 +40,9 @@ const BASE: u64 = 0x4000_0000;
 const PAGES: u64 = 64;
 const RAM_START: u64 = BASE / PAGE_SIZE;
 const RAM_END: u64 = RAM_START + PAGES;
-/// Host frames: the VM's RAM, its stage-2 tables and a few spare.
-const HOST_PAGES: u64 = PAGES + 16;
+/// Host frames: the VM's RAM, its stage-2 tables (the root is 16) and a
+/// few spare.
+const HOST_PAGES: u64 = PAGES + ROOT_TABLES + 16;
 const QSIZE: u16 = 16;
 /// Request buffers go from here on (queues use the first 5 pages).
 const BUFS: u64 = BASE + 8 * PAGE_SIZE;
@@ -66,6 +67,9 @@ impl CheckedHost {
 impl TableMemory for CheckedHost {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         self.0.alloc_table()
+    }
+    fn alloc_root(&mut self) -> Option<PhysAddr> {
+        self.0.alloc_root()
     }
     fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
         self.0.free_table(pa)

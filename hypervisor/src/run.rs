@@ -27,7 +27,7 @@ use crate::held::{self, Tracked};
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
 use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
-use crate::mm::stage2::TableMemory;
+use crate::mm::stage2::{TableMemory, ROOT_TABLES};
 use crate::println;
 use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 use crate::vgic::{LrState, PendingIrq};
@@ -136,6 +136,14 @@ impl TableMemory for HostMem {
         let pa = frames().alloc(1, 1, FrameUse::PageTables)?;
         zero_and_clean(pa);
         Some(pa)
+    }
+    fn alloc_root(&mut self) -> Option<PhysAddr> {
+        let tables = ROOT_TABLES as usize;
+        let root = frames().alloc(tables, tables, FrameUse::PageTables)?;
+        for t in 0..ROOT_TABLES {
+            zero_and_clean(root + t * PAGE_SIZE);
+        }
+        Some(root)
     }
     fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
         frames().free(pa, 1, FrameUse::PageTables)

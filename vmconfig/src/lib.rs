@@ -77,7 +77,8 @@ pub const RAM_GRANULE: u64 = 2 << 20;
 /// rest. The sum of `ram` itself is not limited (overcommit).
 pub const MAX_GUARANTEED: u64 = 1536 << 20;
 
-/// Most RAM one VM may have (a sanity limit).
+/// Most RAM one VM may have: a sanity limit, and well inside the
+/// hypervisor's 16 GiB guest-physical space (RAM starts at 1 GiB).
 pub const MAX_VM_RAM: u64 = 8 << 30;
 
 /// Longest command line (Linux arm64's `COMMAND_LINE_SIZE` is 2048 including

@@ -38,11 +38,11 @@ pub fn hcr(virtual_irqs: bool, trap_wfi: bool) -> u64 {
 }
 
 /// VTCR_EL2 for [`crate::mm::stage2`]: its IPA size (T0SZ), start at level
-/// 1, write-back inner shareable walks, 4 KiB granule, 8-bit VMIDs, `pa_range`
+/// 2 (its 16 concatenated root tables), write-back inner shareable walks, 4 KiB granule, 8-bit VMIDs, `pa_range`
 /// (ID_AA64MMFR0_EL1.PARange) as the output size, at most 48 bits.
 pub fn vtcr(pa_range: u64) -> u64 {
     (VTCR_EL2::T0SZ.val(u64::from(64 - stage2::IPA_BITS))
-        + VTCR_EL2::SL0::Granule4KBLevel1
+        + VTCR_EL2::SL0::Granule4KBLevel2
         + VTCR_EL2::IRGN0::NormalWBRAWA
         + VTCR_EL2::ORGN0::NormalWBRAWA
         + VTCR_EL2::SH0::Inner
@@ -76,7 +76,8 @@ mod tests {
     use super::*;
 
     /// The values these controls had as magic numbers before they were
-    /// built from named fields.
+    /// built from named fields (VTCR: T0SZ 30 and SL0 0 since stage 2
+    /// starts at level 2).
     #[test]
     fn values_are_the_former_magic_numbers() {
         let hcr_guest: u64 = (1 << 0)
@@ -96,8 +97,7 @@ mod tests {
         );
         for ps in 0..=7u64 {
             let ps_field = (ps & 7).min(5);
-            let old =
-                25 | (1 << 6) | (1 << 8) | (1 << 10) | (3 << 12) | (ps_field << 16) | (1 << 31);
+            let old = 30 | (1 << 8) | (1 << 10) | (3 << 12) | (ps_field << 16) | (1 << 31);
             assert_eq!(vtcr(ps), old, "PARange {ps}");
         }
         let root = 0x4123_4000;

@@ -1,9 +1,13 @@
 //! Stage-2 translation tables of one VM, as plain data: guest-physical
 //! pages ([`GuestAddr`]) to host frames ([`PhysAddr`]), 4 KiB pages only (so any single page can be
-//! ballooned away), 39-bit IPA space starting at level 1 (VTCR_EL2.T0SZ = 25,
-//! SL0 = 1). Table memory comes from a [`TableMemory`], which on the target
-//! is the frame table plus the identity map and in tests is a plain vector,
-//! so the walker runs on the host unchanged.
+//! ballooned away), 34-bit (16 GiB) IPA space starting at level 2 with 16
+//! concatenated root tables (VTCR_EL2.T0SZ = 30, SL0 = 0): a walk reads two
+//! descriptors, not three. Under QEMU's TCG every guest TLB refill walks
+//! stage 2 again, and the refills of a fork-and-exec workload are where
+//! most of the host time beyond QEMU's own goes (docs/ARCHITECTURE.md).
+//! Table memory comes from a [`TableMemory`], which on the target is the
+//! frame table plus the identity map and in tests is a plain vector, so the
+//! walker runs on the host unchanged.
 //!
 //! This module changes descriptors only; the caller invalidates the TLB for
 //! the VM's VMID once per batch of unmaps (`vm::memory::GuestRam::release`).
@@ -14,18 +18,23 @@ use tock_registers::{register_bitfields, LocalRegisterCopy};
 use crate::addr::{GuestAddr, PhysAddr};
 use crate::mm::frames::FrameError;
 
-/// IPA bits covered (T0SZ = 64 - 39).
-pub const IPA_BITS: u32 = 39;
+/// IPA bits covered (T0SZ = 64 - 34): 16 GiB, the 1 GiB of devices below
+/// guest RAM included.
+pub const IPA_BITS: u32 = 34;
+/// The root: one level-2 table per GiB of IPA space, contiguous and
+/// aligned to their total size (concatenated, as the architecture requires
+/// of a stage-2 walk that starts at level 2 with more than 30 bits).
+pub const ROOT_TABLES: u64 = 1 << (IPA_BITS - 30);
 /// The first IPA past the space (where [`Stage2::unmap_some`] ends).
 pub const IPA_LIMIT: GuestAddr = GuestAddr::new(1 << IPA_BITS);
 const PAGE: u64 = 4096;
 
 register_bitfields! [u64,
-    /// A stage-2 descriptor: a table descriptor at levels 1 and 2, a page
+    /// A stage-2 descriptor: a table descriptor at level 2, a page
     /// descriptor at level 3 (no blocks are used).
     pub S2_DESC [
         VALID OFFSET(0) NUMBITS(1) [],
-        /// 1: a table (levels 1-2) or a page (level 3).
+        /// 1: a table (level 2) or a page (level 3).
         TYPE OFFSET(1) NUMBITS(1) [
             TableOrPage = 1
         ],
@@ -117,6 +126,10 @@ pub fn ram_page(pa: PhysAddr) -> u64 {
 pub trait TableMemory {
     /// A zeroed 4 KiB table; its physical address.
     fn alloc_table(&mut self) -> Option<PhysAddr>;
+    /// [`ROOT_TABLES`] zeroed tables, contiguous and aligned to their
+    /// total size; the first one's address. Each is given back with
+    /// [`TableMemory::free_table`].
+    fn alloc_root(&mut self) -> Option<PhysAddr>;
     /// Give a table back; an error (a hypervisor bug: the frame table does
     /// not know it as a table) leaves the frame where it was.
     fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError>;
@@ -171,6 +184,12 @@ fn index(ipa: GuestAddr, level: u32) -> usize {
     ((ipa.raw() >> (12 + 9 * (3 - level))) & 511) as usize
 }
 
+/// The root's level-2 table for the GiB `gib` of IPA space (below
+/// [`ROOT_TABLES`]).
+fn root_table(root: PhysAddr, gib: u64) -> PhysAddr {
+    root + gib * PAGE
+}
+
 /// The host address of `ipa` per its level-3 table `table`, if that maps
 /// it as RAM.
 #[inline]
@@ -183,11 +202,11 @@ fn ram_at(mem: &mut impl TableMemory, table: PhysAddr, ipa: GuestAddr) -> Option
 
 impl Stage2 {
     pub fn new(mem: &mut impl TableMemory) -> Result<Self, Stage2Error> {
-        let root = mem.alloc_table().ok_or(Stage2Error::OutOfTables)?;
+        let root = mem.alloc_root().ok_or(Stage2Error::OutOfTables)?;
         Ok(Self {
             root,
             mapped: 0,
-            tables: 1,
+            tables: ROOT_TABLES,
             lookup_walk: WalkCache::default(),
         })
     }
@@ -214,29 +233,30 @@ impl Stage2 {
         Ok(())
     }
 
-    /// The level-3 table covering `ipa`, creating the path if `create`.
+    /// The level-3 table covering `ipa` (below [`IPA_LIMIT`]), creating it
+    /// if `create`.
     fn leaf_table(
         &mut self,
         mem: &mut impl TableMemory,
         ipa: GuestAddr,
         create: bool,
     ) -> Result<Option<PhysAddr>, Stage2Error> {
-        let mut table = self.root;
-        for level in 1..3 {
-            let i = index(ipa, level);
-            let entry = mem.table(table)[i];
-            table = if is_valid(entry) {
-                output_address(entry)
-            } else if create {
-                let new = mem.alloc_table().ok_or(Stage2Error::OutOfTables)?;
-                self.tables += 1;
-                mem.table(table)[i] = table_descriptor(new);
-                new
-            } else {
-                return Ok(None);
-            };
+        if ipa >= IPA_LIMIT {
+            return Err(Stage2Error::BadIpa(ipa));
         }
-        Ok(Some(table))
+        let level2 = root_table(self.root, ipa.raw() >> 30);
+        let i = index(ipa, 2);
+        let entry = mem.table(level2)[i];
+        if is_valid(entry) {
+            return Ok(Some(output_address(entry)));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let new = mem.alloc_table().ok_or(Stage2Error::OutOfTables)?;
+        self.tables += 1;
+        mem.table(level2)[i] = table_descriptor(new);
+        Ok(Some(new))
     }
 
     /// [`Self::leaf_table`] without creating, through `cache`: the walk is
@@ -454,13 +474,10 @@ impl Stage2 {
         mem: &mut M,
         mut f: impl FnMut(&mut M, GuestAddr, PhysAddr),
     ) {
-        for i1 in 0..512u64 {
-            let e1 = mem.table(self.root)[i1 as usize];
-            if !is_valid(e1) {
-                continue;
-            }
+        for i1 in 0..ROOT_TABLES {
+            let level2 = root_table(self.root, i1);
             for i2 in 0..512u64 {
-                let e2 = mem.table(output_address(e1))[i2 as usize];
+                let e2 = mem.table(level2)[i2 as usize];
                 if !is_valid(e2) {
                     continue;
                 }
@@ -489,17 +506,11 @@ impl Stage2 {
         cursor: &mut GuestAddr,
         out: &mut heapless::Vec<PhysAddr, N>,
     ) {
-        const L1_SPAN: u64 = 1 << 30;
         const L2_SPAN: u64 = 1 << 21;
         let next = |ipa: GuestAddr, span: u64| GuestAddr::new((ipa.raw() & !(span - 1)) + span);
         while *cursor < IPA_LIMIT && !out.is_full() {
             let ipa = cursor.page_base();
-            let e1 = mem.table(self.root)[index(ipa, 1)];
-            if !is_valid(e1) {
-                *cursor = next(ipa, L1_SPAN);
-                continue;
-            }
-            let e2 = mem.table(output_address(e1))[index(ipa, 2)];
+            let e2 = mem.table(root_table(self.root, ipa.raw() >> 30))[index(ipa, 2)];
             if !is_valid(e2) {
                 *cursor = next(ipa, L2_SPAN);
                 continue;
@@ -528,13 +539,10 @@ impl Stage2 {
                 first_error.get_or_insert(e);
             }
         };
-        for i1 in 0..512 {
-            let e1 = mem.table(self.root)[i1];
-            if !is_valid(e1) {
-                continue;
-            }
+        for i1 in 0..ROOT_TABLES {
+            let level2 = root_table(self.root, i1);
             for i2 in 0..512 {
-                let e2 = mem.table(output_address(e1))[i2];
+                let e2 = mem.table(level2)[i2];
                 if !is_valid(e2) {
                     continue;
                 }
@@ -545,9 +553,8 @@ impl Stage2 {
                     .count() as u64;
                 free(mem, output_address(e2));
             }
-            free(mem, output_address(e1));
+            free(mem, level2);
         }
-        free(mem, self.root);
         match first_error {
             Some(e) => Err(e),
             None => Ok(still_mapped),
@@ -586,6 +593,22 @@ pub mod tests {
             self.tables.insert(pa, Box::new([0; 512]));
             Some(pa)
         }
+        fn alloc_root(&mut self) -> Option<PhysAddr> {
+            if self
+                .limit
+                .is_some_and(|l| self.tables.len() + ROOT_TABLES as usize > l)
+            {
+                return None;
+            }
+            let span = ROOT_TABLES * 4096;
+            self.next = (self.next + 4096).next_multiple_of(span);
+            let root = p(0x1_0000_0000 + self.next);
+            for t in 0..ROOT_TABLES {
+                self.tables.insert(root + t * 4096, Box::new([0; 512]));
+            }
+            self.next += span - 4096;
+            Some(root)
+        }
         fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
             assert!(
                 self.tables.remove(&pa).is_some(),
@@ -608,7 +631,7 @@ pub mod tests {
         let ipas: Vec<GuestAddr> = [0x4000_0000u64, 0x401f_f000, 0x4020_0000, 0x4000_1000]
             .into_iter()
             .chain((0..600).map(|i| 0x8000_0000 + i * 3 * PAGE))
-            .chain([0x4_0000_0000, 0x4000_2000])
+            .chain([0x3_c000_0000, 0x3_ffff_f000, 0x4000_2000])
             .map(g)
             .collect();
         let mut cache = WalkCache::default();
@@ -655,7 +678,12 @@ pub mod tests {
                 .unwrap();
         }
         assert_eq!(s2.mapped_pages(), 1024);
-        assert_eq!(s2.tables(), 1 + 1 + 2, "root, one level-2, two level-3");
+        assert_eq!(
+            s2.tables(),
+            ROOT_TABLES + 2,
+            "the root's 16 level-2 tables, two level-3"
+        );
+        assert_eq!(s2.root().raw() % (ROOT_TABLES * PAGE), 0, "aligned root");
         assert_eq!(
             s2.lookup(&mut mem, ram + 5 * PAGE + 12),
             Some(p(0x8000_5000 + 12))
@@ -702,7 +730,7 @@ pub mod tests {
     #[test]
     fn bad_input_and_exhaustion() {
         let mut mem = FakeTables {
-            limit: Some(2),
+            limit: Some(ROOT_TABLES as usize),
             ..Default::default()
         };
         let mut s2 = Stage2::new(&mut mem).unwrap();

@@ -292,10 +292,10 @@ mod tests {
             result,
             Ok(Summary {
                 ram_pages: 400,
-                pool: 400 - 10 - 63 - 3,
+                pool: 400 - 10 - 63 - 17,
                 hypervisor: 10,
                 guest: 63,
-                tables: 3,
+                tables: 17,
                 partial_bytes: 0,
                 running: 1,
                 stopped: 1,
@@ -304,7 +304,7 @@ mod tests {
         );
         assert_eq!(
             text(&result),
-            "check: ok (RAM 400 pages = pool 324 + hypervisor 10 + VMs 66 (63 RAM, 3 stage-2 tables); \
+            "check: ok (RAM 400 pages = pool 310 + hypervisor 10 + VMs 80 (63 RAM, 17 stage-2 tables); \
              1 VMs running, 1 stopped owning nothing; 63 mapped pages each owned by its VM)\n"
         );
     }
@@ -342,10 +342,10 @@ mod tests {
         assert_eq!(lines.lines().count(), 5, "{lines}");
         assert!(lines.lines().all(|l| l.starts_with("check: FAILED: ")));
         for want in [
-            "alpha: VM 0 maps IPA 0x40000000 to frame 0x80001000, which no VM owns",
+            "alpha: VM 0 maps IPA 0x40000000 to frame 0x80010000, which no VM owns",
             "beta is stopped but still owns 1 frames (not back in the pool)",
             "1 frames are owned by VM 7, which does not exist",
-            "the frame table has 4 stage-2 table pages, the VMs' tables count 3",
+            "the frame table has 18 stage-2 table pages, the VMs' tables count 17",
             "the board has 823296 bytes of RAM",
         ] {
             assert!(lines.contains(want), "{want} in:\n{lines}");

@@ -61,11 +61,21 @@ fn spec(vcpus: u32, on_bad_access: u32) -> guest_bundle::VmEntry<'static> {
 
 /// [`spec`] with these memory settings.
 fn spec_with(vcpus: u32, on_bad_access: u32, memory: VmMemory) -> guest_bundle::VmEntry<'static> {
+    spec_sized(vcpus, on_bad_access, memory, VM_RAM)
+}
+
+/// [`spec_with`] with `ram_size` bytes of RAM.
+fn spec_sized(
+    vcpus: u32,
+    on_bad_access: u32,
+    memory: VmMemory,
+    ram_size: u64,
+) -> guest_bundle::VmEntry<'static> {
     let bytes = BundleBuilder::new()
         .add_vm_with_memory(
             VmSpec {
                 name: "guest".into(),
-                ram_size: VM_RAM,
+                ram_size,
                 vcpus,
                 cpu_affinity: ((1u64 << vcpus) - 1) << 1,
                 kernel: kernel(),
@@ -193,6 +203,26 @@ fn start_loads_the_kernel_initrd_and_tree_and_hands_vcpu_0_to_its_cpu() {
         (image.entry().raw(), layout::RAM_BASE.raw())
     );
     assert_check(&vm, &mut cpu);
+}
+
+/// Stage 2 covers 16 GiB of guest-physical space, RAM from 1 GiB: a VM
+/// whose RAM would end past it (vmconfig allows 8 GiB) is refused before
+/// anything is allocated; one that ends exactly there starts.
+#[test]
+fn ram_beyond_the_guest_physical_space_is_refused() {
+    let too_big = crate::mm::stage2::IPA_LIMIT.raw() - layout::RAM_BASE.raw() + (2 << 20);
+    let mut vm = Vm::new(
+        0,
+        spec_sized(1, 0, VmMemory::default(), too_big),
+        GuestGic::V3,
+    );
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    let refused = lifecycle::start(&mut vm, &mut cpu).unwrap_err();
+    assert!(refused.contains("beyond the 16 GiB"), "{refused}");
+    assert_eq!(cpu.host.frames.guest_pages(0), 0, "nothing was allocated");
+    let fits = too_big - (2 << 20);
+    let mut vm = Vm::new(0, spec_sized(1, 0, VmMemory::default(), fits), GuestGic::V3);
+    lifecycle::start(&mut vm, &mut cpu).expect("the largest RAM that fits starts");
 }
 
 #[test]

@@ -79,6 +79,10 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     if spec.vcpus() as usize != vm.vcpus || vm.vcpus > MAX_VCPUS {
         return Err("its vCPU count and CPU list disagree, or it asks for more than 4 vCPUs");
     }
+    let ram_end = layout::RAM_BASE.raw().checked_add(spec.ram_size());
+    if ram_end.is_none_or(|end| end > crate::mm::stage2::IPA_LIMIT.raw()) {
+        return Err("its RAM would end beyond the 16 GiB guest-physical space stage 2 covers (vmconfig allows at most 8 GiB)");
+    }
     let vmid = vm.vmid();
     // Its guaranteed memory (all of it with prealloc, else its min) is held
     // for it first, or it is not started: nothing else is disturbed.

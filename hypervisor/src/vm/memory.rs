@@ -866,7 +866,7 @@ mod tests {
         ram.read(&mut host, BASE + PAGE_SIZE, &mut back).unwrap();
         assert_eq!(back, page);
         // With no frame left, an error: nothing mapped, nothing leaked.
-        let mut small = FakeHost::new(4);
+        let mut small = FakeHost::new(18);
         let mut ram2 = GuestRam::new(&mut small, 2, 2, BASE, 64 * PAGE_SIZE).unwrap();
         assert!(matches!(
             ram2.write(&mut small, BASE, &data),
@@ -1020,8 +1020,9 @@ mod tests {
     /// and reported, never a panic; everything else is still freed.
     #[test]
     fn a_refused_frame_is_reported_not_a_panic() {
-        // 64 pages and 3 tables: the freed frame is the only free one.
-        let mut host = FakeHost::new(67);
+        // 64 pages and 17 tables (16 of them the root): the freed frame is
+        // the only free one.
+        let mut host = FakeHost::new(81);
         let mut ram = GuestRam::new(&mut host, 1, 2, BASE, 64 * PAGE_SIZE).unwrap();
         ram.populate(&mut host).unwrap();
         let pa = ram

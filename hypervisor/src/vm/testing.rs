@@ -13,7 +13,7 @@ use platform::PhysRange;
 use super::memory::HostMemory;
 use crate::addr::PhysAddr;
 use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
-use crate::mm::stage2::TableMemory;
+use crate::mm::stage2::{TableMemory, ROOT_TABLES};
 
 /// Physical address of the fake RAM.
 const RAM_BASE: u64 = 0x8000_0000;
@@ -72,6 +72,14 @@ impl TableMemory for FakeHost {
         let pa = self.frames.alloc(1, 1, FrameUse::PageTables)?;
         self.tables[Self::frame(pa)] = Some(Box::new([0; 512]));
         Some(pa)
+    }
+    fn alloc_root(&mut self) -> Option<PhysAddr> {
+        let tables = ROOT_TABLES as usize;
+        let root = self.frames.alloc(tables, tables, FrameUse::PageTables)?;
+        for t in 0..ROOT_TABLES {
+            self.tables[Self::frame(root + t * PAGE_SIZE)] = Some(Box::new([0; 512]));
+        }
+        Some(root)
     }
     fn free_table(&mut self, pa: PhysAddr) -> Result<(), FrameError> {
         self.frames.free(pa, 1, FrameUse::PageTables)?;
