@@ -54,7 +54,9 @@ use harness::linux::{agent_run, enter_console, leave_console, wait_for_agents};
 use harness::{Artifacts, Board, Session};
 use serde::Serialize;
 
-use super::linux::{self, harness, process_name, spread, Reporting, Side, Spread};
+use super::linux::{
+    self, find_qemu, harness, process_name, qemu_cpu_ns, spread, Reporting, Side, Spread,
+};
 use crate::json;
 use crate::linux::{build_initramfs, memtool_path, LinuxFixture};
 
@@ -222,7 +224,7 @@ impl QemuGuest {
             reporting,
             false,
         )?;
-        let pid = find_qemu(&process_name(&name))?;
+        let pid = guest.qemu_pid;
         guest.wait_ready()?;
         std::thread::sleep(SETTLE);
         Ok(QemuGuest { guest, pid })
@@ -249,61 +251,6 @@ fn pagefault_result(line: &str) -> Option<(u64, u64)> {
     let (_, pages) = counts.split_once(" iterations, ")?;
     let pages = pages.split_once(" pages in ")?.0.parse().ok()?;
     Some((pages, rate.strip_suffix(" pages/s")?.parse().ok()?))
-}
-
-/// The pid of the QEMU started with `-name <name>`, waiting up to
-/// [`COMMAND`] for it: until the spawned child has exec'd QEMU, its command
-/// line is still the parent's.
-fn find_qemu(name: &str) -> Result<u32, String> {
-    let until = Instant::now() + COMMAND;
-    loop {
-        match find_qemu_now(name)? {
-            Some(pid) => return Ok(pid),
-            None if Instant::now() >= until => {
-                return Err(format!("no QEMU named {name} in /proc"))
-            }
-            None => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
-/// The pid of the QEMU started with `-name <name>`, if it runs.
-fn find_qemu_now(name: &str) -> Result<Option<u32>, String> {
-    let wanted = format!("\0-name\0{name}\0");
-    let dir = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
-            continue;
-        };
-        // A process may end between the listing and the read.
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains(&wanted) {
-            return Ok(Some(pid));
-        }
-    }
-    Ok(None)
-}
-
-/// CPU time of all of process `pid`'s threads so far, in ns (the first
-/// field of each thread's schedstat).
-fn qemu_cpu_ns(pid: u32) -> Result<u64, String> {
-    let tasks = format!("/proc/{pid}/task");
-    let dir = std::fs::read_dir(&tasks).map_err(|e| format!("{tasks}: {e}"))?;
-    let mut total = 0;
-    for entry in dir.flatten() {
-        // A thread may end between the listing and the read.
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("schedstat")) else {
-            continue;
-        };
-        total += stat
-            .split_whitespace()
-            .next()
-            .and_then(|ns| ns.parse::<u64>().ok())
-            .ok_or_else(|| format!("{tasks}: bad schedstat {stat:?}"))?;
-    }
-    Ok(total)
 }
 
 /// The pages of `info balloon`'s `free page reporting: <n> reports, <b>
@@ -1525,11 +1472,5 @@ mod tests {
         let meminfo = ["MemFree:          401234 kB".to_string()];
         assert_eq!(mem_free_kib(&meminfo), Some(401234));
         assert_eq!(mem_free_kib(&["MemTotal: 1 kB".to_string()]), None);
-    }
-
-    #[test]
-    fn this_process_has_cpu_time_and_is_found_by_nothing_else() {
-        assert!(qemu_cpu_ns(std::process::id()).unwrap() > 0);
-        assert_eq!(find_qemu_now("no-such-qemu-name"), Ok(None));
     }
 }

@@ -22,7 +22,11 @@
 //!   pages;
 //! - the agent's round trip on the idle guest (`grep ^ball /proc/vmstat`,
 //!   the median of [`IDLE_POLLS`] requests), which is why the watcher runs
-//!   in the guest rather than being polled from here.
+//!   in the guest rather than being polled from here;
+//! - QEMU's CPU time (/proc, all its threads): from its start to `ready`,
+//!   user and kernel apart (the kernel's share is mostly the host faulting
+//!   in memory, and moves with what the host did before), and per idle
+//!   round trip: whether a side is slower for work done or for waiting.
 //!
 //! Besides, each side's device view: the hypervisor's own `balloon: reached`
 //! report (its counter, from setting the target to the driver reporting it
@@ -200,9 +204,18 @@ struct Move {
 struct Run {
     #[serde(serialize_with = "json::decimals::<3, _>")]
     ready_s: f64,
+    /// QEMU's user CPU time from its start to `ready`, s.
+    #[serde(serialize_with = "json::decimals::<2, _>")]
+    ready_user_cpu_s: f64,
+    /// QEMU's kernel CPU time from its start to `ready`, s.
+    #[serde(serialize_with = "json::decimals::<2, _>")]
+    ready_sys_cpu_s: f64,
     /// Median agent round trip of the vmstat polls before the first move.
     #[serde(rename = "agent_idle_s", serialize_with = "json::decimals::<4, _>")]
     idle_poll_s: f64,
+    /// QEMU's CPU time (all threads, user and kernel) per vmstat poll, s.
+    #[serde(rename = "agent_idle_cpu_s", serialize_with = "json::decimals::<4, _>")]
+    idle_poll_cpu_s: f64,
     /// [`WORK_LOOPS`] polls inside the guest, by the guest's clock.
     #[serde(rename = "agent_work_s", serialize_with = "json::decimals::<3, _>")]
     work_s: f64,
@@ -331,6 +344,11 @@ pub(super) struct Guest {
     session: Session,
     monitor: Option<Monitor>,
     next_id: u32,
+    /// QEMU's process, for its CPU time.
+    pub(super) qemu_pid: u32,
+    /// QEMU's user and kernel CPU time (s) when `ready` arrived
+    /// ([`Guest::wait_ready`]).
+    ready_cpu_s: (f64, f64),
 }
 
 pub(super) fn harness(e: HarnessError) -> String {
@@ -349,8 +367,11 @@ impl Guest {
     ) -> Result<Guest, String> {
         let board = Board::VirtGicv2;
         let mut opts = tidal_board(artifacts, reporting.bundle().0);
+        // A name no other QEMU on the machine has, to find this one's pid.
+        let process = process_name(name);
+        opts.extra = vec!["-name".into(), process.clone()];
         if icount {
-            opts.extra = vec!["-icount".into(), "shift=0".into()];
+            opts.extra.extend(["-icount".into(), "shift=0".into()]);
         }
         let session = Session::start(name, board, artifacts, &opts).map_err(harness)?;
         session.set_deadline(SESSION);
@@ -359,6 +380,8 @@ impl Guest {
             session,
             monitor: None,
             next_id: 1,
+            qemu_pid: find_qemu(&process)?,
+            ready_cpu_s: (0.0, 0.0),
         })
     }
 
@@ -409,6 +432,8 @@ impl Guest {
             session,
             monitor: Some(monitor),
             next_id: 1,
+            qemu_pid: find_qemu(&process)?,
+            ready_cpu_s: (0.0, 0.0),
         })
     }
 
@@ -429,6 +454,7 @@ impl Guest {
             .expect(&format!(r"{prefix}{READY}\s"), BOOT)
             .map_err(harness)?;
         let ready = self.session.matched_at().expect("just matched") - self.session.started();
+        self.ready_cpu_s = qemu_user_sys_s(self.qemu_pid)?;
         // Input typed before the agent opens the console is dropped.
         self.session
             .expect(&format!(r"{prefix}tidal-guest: agent listening\s"), BOOT)
@@ -742,16 +768,26 @@ impl Guest {
         let mut round_trips = Vec::new();
         let mut start = None;
         let mut lines = Vec::new();
+        let cpu_before = qemu_cpu_ns(self.qemu_pid)?;
         for _ in 0..IDLE_POLLS {
             let (output, sent, arrived) = self.agent(VMSTAT)?;
             start = Some(parse_counters(self.side.name(), &output)?);
             round_trips.push((arrived - sent).as_secs_f64());
             lines = output;
         }
+        let cpu_ns = qemu_cpu_ns(self.qemu_pid)?.saturating_sub(cpu_before);
+        let cpu_s_each = cpu_ns as f64 / 1e9 / IDLE_POLLS as f64;
         let start = start.expect("IDLE_POLLS > 0");
         self.write_file(WATCHER_PATH, WATCHER)?;
         self.leave_console()?;
-        Ok((start, IdlePolls { round_trips, lines }))
+        Ok((
+            start,
+            IdlePolls {
+                round_trips,
+                cpu_s_each,
+                lines,
+            },
+        ))
     }
 
     /// Tidal: [`Guest::balloon`] with the VM's exit profile started over
@@ -819,10 +855,87 @@ fn watch_actual(
     Ok(None)
 }
 
+/// The pid of the QEMU started with `-name <name>`, waiting up to
+/// [`COMMAND`] for it: until the spawned child has exec'd QEMU, its command
+/// line is still the parent's.
+pub(super) fn find_qemu(name: &str) -> Result<u32, String> {
+    let until = Instant::now() + COMMAND;
+    loop {
+        match find_qemu_now(name)? {
+            Some(pid) => return Ok(pid),
+            None if Instant::now() >= until => {
+                return Err(format!("no QEMU named {name} in /proc"))
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// The pid of the QEMU started with `-name <name>`, if it runs.
+fn find_qemu_now(name: &str) -> Result<Option<u32>, String> {
+    let wanted = format!("\0-name\0{name}\0");
+    let dir = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        // A process may end between the listing and the read.
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(&wanted) {
+            return Ok(Some(pid));
+        }
+    }
+    Ok(None)
+}
+
+/// CPU time of all of process `pid`'s threads so far, in ns (the first
+/// field of each thread's schedstat).
+pub(super) fn qemu_cpu_ns(pid: u32) -> Result<u64, String> {
+    let tasks = format!("/proc/{pid}/task");
+    let dir = std::fs::read_dir(&tasks).map_err(|e| format!("{tasks}: {e}"))?;
+    let mut total = 0;
+    for entry in dir.flatten() {
+        // A thread may end between the listing and the read.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("schedstat")) else {
+            continue;
+        };
+        total += stat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .ok_or_else(|| format!("{tasks}: bad schedstat {stat:?}"))?;
+    }
+    Ok(total)
+}
+
+/// User and kernel CPU time of all of process `pid`'s threads so far, in
+/// s.
+fn qemu_user_sys_s(pid: u32) -> Result<(f64, f64), String> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    user_sys_s(&stat).ok_or_else(|| format!("{path}: bad stat {stat:?}"))
+}
+
+/// utime and stime of a `/proc/<pid>/stat` line, in s (the proc(5) ABI's
+/// clock ticks, 100 a second). The command name before them is in
+/// parentheses and may hold spaces and parentheses: the fields are counted
+/// from the last `)`, state first, utime 12th and stime 13th.
+fn user_sys_s(stat: &str) -> Option<(f64, f64)> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let mut ticks = || fields.next()?.parse::<u64>().ok();
+    let (user, sys) = (ticks()?, ticks()?);
+    Some((user as f64 / 100.0, sys as f64 / 100.0))
+}
+
 /// The idle guest's agent requests ([`Guest::prepare_moves`]).
 struct IdlePolls {
     /// Each request's round trip, s.
     round_trips: Vec<f64>,
+    /// QEMU's CPU time over the requests, per request, s.
+    cpu_s_each: f64,
     /// The last one's output.
     lines: Vec<String>,
 }
@@ -846,6 +959,7 @@ impl Counters {
 /// exit profiles of the boot and of the idle guest first.
 fn run_once(mut guest: Guest) -> Result<Run, String> {
     let ready = guest.wait_ready()?;
+    let (ready_user_cpu_s, ready_sys_cpu_s) = guest.ready_cpu_s;
     let exits = match guest.side {
         Side::Tidal => Some(exits::capture(&mut guest.session, VM, COMMAND)?),
         Side::Qemu => None,
@@ -859,7 +973,10 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
     // Dropping the session kills QEMU: nothing in the guest needs saving.
     Ok(Run {
         ready_s: ready.as_secs_f64(),
+        ready_user_cpu_s,
+        ready_sys_cpu_s,
         idle_poll_s,
+        idle_poll_cpu_s: idle.cpu_s_each,
         work_s,
         console_us_per_byte,
         inflate,
@@ -1124,11 +1241,25 @@ struct Metric {
     decimals: usize,
 }
 
-const METRICS: [Metric; 8] = [
+const METRICS: [Metric; 11] = [
     Metric {
         label: "boot to `tidal-guest: ready` (s)",
         key: "ready_s",
         value: |r| r.ready_s,
+        ratio: true,
+        decimals: 2,
+    },
+    Metric {
+        label: "boot, QEMU user CPU (s) [4]",
+        key: "ready_user_cpu_s",
+        value: |r| r.ready_user_cpu_s,
+        ratio: true,
+        decimals: 2,
+    },
+    Metric {
+        label: "boot, QEMU kernel CPU (s) [4]",
+        key: "ready_sys_cpu_s",
+        value: |r| r.ready_sys_cpu_s,
         ratio: true,
         decimals: 2,
     },
@@ -1166,6 +1297,13 @@ const METRICS: [Metric; 8] = [
         value: |r| 1000.0 * r.idle_poll_s,
         ratio: true,
         decimals: 0,
+    },
+    Metric {
+        label: "agent round trip, QEMU CPU (ms) [4]",
+        key: "agent_idle_cpu_ms",
+        value: |r| 1000.0 * r.idle_poll_cpu_s,
+        ratio: true,
+        decimals: 1,
     },
     Metric {
         label: "agent work, 100 polls in guest (s) [2]",
@@ -1347,6 +1485,9 @@ fn report(
         "    timed by the guest's `time`: the agent's work without the console.",
         "[3] The round trip of `cat /proc/vmstat /proc/vmstat /proc/vmstat` (median of 10) less the idle one,",
         "    per byte more the guest printed (lines and their CR LF): what the console path costs a byte.",
+        "[4] CPU time of the whole QEMU process, all its threads (/proc): to `ready` split into user time",
+        "    (emulation) and kernel time (mostly the host faulting in memory, which varies with what the",
+        "    host did before); per request over the idle round trips, user and kernel together.",
     ] {
         println!("{line}");
     }
@@ -1443,6 +1584,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn this_process_has_cpu_time_and_is_found_by_nothing_else() {
+        assert!(qemu_cpu_ns(std::process::id()).unwrap() > 0);
+        assert!(qemu_user_sys_s(std::process::id()).is_ok());
+        assert_eq!(find_qemu_now("no-such-qemu-name"), Ok(None));
+    }
+
+    #[test]
+    fn user_and_kernel_ticks_are_read_past_the_command_name() {
+        let stat = "4242 (qemu (x) y) S 1 4242 4242 0 -1 4194560 9 0 0 0 250 37 0 0 20 0 5 0 1";
+        assert_eq!(user_sys_s(stat), Some((2.5, 0.37)));
+        assert_eq!(user_sys_s("4242 (qemu) S 1 2"), None);
+        assert_eq!(user_sys_s("no parentheses"), None);
+    }
+
+    #[test]
     fn medians_and_spreads() {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
@@ -1455,7 +1611,10 @@ mod tests {
         let run = |ready_s: f64| Run {
             work_s: 1.25,
             ready_s,
+            ready_user_cpu_s: 2.3456,
+            ready_sys_cpu_s: 0.25,
             idle_poll_s: 0.0123456,
+            idle_poll_cpu_s: 0.0345678,
             console_us_per_byte: 12.345,
             inflate: Move {
                 guest_s: 1.5,
@@ -1512,12 +1671,14 @@ mod tests {
                 },
                 "runs": [
                     {"side": "Tidal", "reporting": "on", "round": 1, "ready_s": 3.22,
-                     "agent_idle_s": 0.0123, "agent_work_s": 1.25,
+                     "ready_user_cpu_s": 2.35, "ready_sys_cpu_s": 0.25,
+                     "agent_idle_s": 0.0123, "agent_idle_cpu_s": 0.0346, "agent_work_s": 1.25,
                      "console_us_per_byte": 12.35,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}},
                     {"side": "QEMU", "reporting": "on", "round": 1, "ready_s": 2.5,
-                     "agent_idle_s": 0.0123, "agent_work_s": 1.25,
+                     "ready_user_cpu_s": 2.35, "ready_sys_cpu_s": 0.25,
+                     "agent_idle_s": 0.0123, "agent_idle_cpu_s": 0.0346, "agent_work_s": 1.25,
                      "console_us_per_byte": 12.35,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
@@ -1531,7 +1692,10 @@ mod tests {
         let profile = exits::parse(exits::tests::SAMPLE).unwrap();
         let run = |exits| Run {
             ready_s: 1.0,
+            ready_user_cpu_s: 1.0,
+            ready_sys_cpu_s: 0.1,
             idle_poll_s: 0.01,
+            idle_poll_cpu_s: 0.02,
             work_s: 1.0,
             console_us_per_byte: 10.0,
             inflate: Move {
