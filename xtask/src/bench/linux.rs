@@ -21,8 +21,10 @@
 //!   `balloon_inflate` (`_deflate`) in /proc/vmstat has grown by all 65536
 //!   pages;
 //! - the agent's round trip on the idle guest (`grep ^ball /proc/vmstat`,
-//!   the median of [`IDLE_POLLS`] requests), which is why the watcher runs
-//!   in the guest rather than being polled from here;
+//!   the median of [`IDLE_POLLS`] requests sent back to back, and of
+//!   [`SPACED_POLLS`] sent [`SPACING`] apart, which find the guest asleep),
+//!   which is why the watcher runs in the guest rather than being polled
+//!   from here;
 //! - QEMU's CPU time (/proc, all its threads): from its start to `ready`,
 //!   user and kernel apart (the kernel's share is mostly the host faulting
 //!   in memory, and moves with what the host did before), and per idle
@@ -122,6 +124,10 @@ const SESSION: Duration = Duration::from_secs(900);
 /// Agent requests timed on the idle guest before the first move (their
 /// median is the round's figure: a single request varies by a third).
 const IDLE_POLLS: usize = 20;
+/// Agent requests timed after them, each [`SPACING`] after the last one's
+/// answer: a user's requests, which find the guest asleep.
+const SPACED_POLLS: usize = 10;
+const SPACING: Duration = Duration::from_millis(50);
 /// Agent requests sent back to back under -icount, profiled together: the
 /// exits and EL2 instructions one request costs.
 const ICOUNT_ROUND_TRIPS: u64 = 20;
@@ -216,6 +222,9 @@ struct Run {
     /// QEMU's CPU time (all threads, user and kernel) per vmstat poll, s.
     #[serde(rename = "agent_idle_cpu_s", serialize_with = "json::decimals::<4, _>")]
     idle_poll_cpu_s: f64,
+    /// Median round trip of the polls sent [`SPACING`] apart.
+    #[serde(rename = "agent_spaced_s", serialize_with = "json::decimals::<4, _>")]
+    spaced_poll_s: f64,
     /// [`WORK_LOOPS`] polls inside the guest, by the guest's clock.
     #[serde(rename = "agent_work_s", serialize_with = "json::decimals::<3, _>")]
     work_s: f64,
@@ -777,6 +786,12 @@ impl Guest {
         }
         let cpu_ns = qemu_cpu_ns(self.qemu_pid)?.saturating_sub(cpu_before);
         let cpu_s_each = cpu_ns as f64 / 1e9 / IDLE_POLLS as f64;
+        let mut spaced = Vec::new();
+        for _ in 0..SPACED_POLLS {
+            std::thread::sleep(SPACING);
+            let (_, sent, arrived) = self.agent(VMSTAT)?;
+            spaced.push((arrived - sent).as_secs_f64());
+        }
         let start = start.expect("IDLE_POLLS > 0");
         self.write_file(WATCHER_PATH, WATCHER)?;
         self.leave_console()?;
@@ -785,6 +800,7 @@ impl Guest {
             IdlePolls {
                 round_trips,
                 cpu_s_each,
+                spaced,
                 lines,
             },
         ))
@@ -936,6 +952,8 @@ struct IdlePolls {
     round_trips: Vec<f64>,
     /// QEMU's CPU time over the requests, per request, s.
     cpu_s_each: f64,
+    /// Each spaced request's round trip, s.
+    spaced: Vec<f64>,
     /// The last one's output.
     lines: Vec<String>,
 }
@@ -977,6 +995,7 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
         ready_sys_cpu_s,
         idle_poll_s,
         idle_poll_cpu_s: idle.cpu_s_each,
+        spaced_poll_s: median(&idle.spaced),
         work_s,
         console_us_per_byte,
         inflate,
@@ -1241,7 +1260,7 @@ struct Metric {
     decimals: usize,
 }
 
-const METRICS: [Metric; 11] = [
+const METRICS: [Metric; 12] = [
     Metric {
         label: "boot to `tidal-guest: ready` (s)",
         key: "ready_s",
@@ -1295,6 +1314,13 @@ const METRICS: [Metric; 11] = [
         label: "agent round trip, idle (ms)",
         key: "agent_idle_ms",
         value: |r| 1000.0 * r.idle_poll_s,
+        ratio: true,
+        decimals: 0,
+    },
+    Metric {
+        label: "agent round trip, 50 ms apart (ms)",
+        key: "agent_spaced_ms",
+        value: |r| 1000.0 * r.spaced_poll_s,
         ratio: true,
         decimals: 0,
     },
@@ -1478,7 +1504,8 @@ fn report(
         "guest watcher, started through the agent before, that reads /proc/vmstat every 10 ms until",
         "balloon_inflate/_deflate has grown by all 65536 pages. Agent round trip: `grep ^ball /proc/vmstat`",
         "through the agent on the idle guest, from typing the request to its `done` line (a round: the",
-        "median of 20 requests sent back to back).",
+        "median of 20 requests sent back to back; then of 10 sent 50 ms after the last answer, which find",
+        "the guest asleep, as a user's do).",
         "[1] Tidal: the hypervisor's own report (its counter, from setting the target to the driver reporting",
         "    it reached); QEMU: from the request until `info balloon`, polled every 5 ms, shows the target.",
         "[2] The poll run 100 times by one shell in the guest (a fork and exec of busybox grep each),",
@@ -1615,6 +1642,7 @@ mod tests {
             ready_sys_cpu_s: 0.25,
             idle_poll_s: 0.0123456,
             idle_poll_cpu_s: 0.0345678,
+            spaced_poll_s: 0.0234567,
             console_us_per_byte: 12.345,
             inflate: Move {
                 guest_s: 1.5,
@@ -1672,13 +1700,15 @@ mod tests {
                 "runs": [
                     {"side": "Tidal", "reporting": "on", "round": 1, "ready_s": 3.22,
                      "ready_user_cpu_s": 2.35, "ready_sys_cpu_s": 0.25,
-                     "agent_idle_s": 0.0123, "agent_idle_cpu_s": 0.0346, "agent_work_s": 1.25,
+                     "agent_idle_s": 0.0123, "agent_idle_cpu_s": 0.0346,
+                     "agent_spaced_s": 0.0235, "agent_work_s": 1.25,
                      "console_us_per_byte": 12.35,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}},
                     {"side": "QEMU", "reporting": "on", "round": 1, "ready_s": 2.5,
                      "ready_user_cpu_s": 2.35, "ready_sys_cpu_s": 0.25,
-                     "agent_idle_s": 0.0123, "agent_idle_cpu_s": 0.0346, "agent_work_s": 1.25,
+                     "agent_idle_s": 0.0123, "agent_idle_cpu_s": 0.0346,
+                     "agent_spaced_s": 0.0235, "agent_work_s": 1.25,
                      "console_us_per_byte": 12.35,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
@@ -1696,6 +1726,7 @@ mod tests {
             ready_sys_cpu_s: 0.1,
             idle_poll_s: 0.01,
             idle_poll_cpu_s: 0.02,
+            spaced_poll_s: 0.015,
             work_s: 1.0,
             console_us_per_byte: 10.0,
             inflate: Move {
