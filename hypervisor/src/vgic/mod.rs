@@ -806,17 +806,24 @@ impl VDistributor {
         kick
     }
 
+    /// The vCPUs (bit n: vCPU n) a GICD_SGIR write of `value` by vCPU
+    /// `vcpu` sends its SGI to; `None` for the reserved TargetListFilter 3,
+    /// which sends nothing.
+    pub fn sgir_targets(&self, vcpu: usize, value: u32) -> Option<u32> {
+        let list = (value >> 16) & 0xff;
+        match (value >> 24) & 3 {
+            0 => Some(list & self.vcpu_mask()),
+            1 => Some(self.vcpu_mask() & !(1 << vcpu)),
+            2 => Some(1 << vcpu),
+            _ => None,
+        }
+    }
+
     fn write_sgir(&mut self, vcpu: usize, value: u32) -> u32 {
         let sgi = value & 0xf;
-        let list = (value >> 16) & 0xff;
-        let targets = match (value >> 24) & 3 {
-            0 => list & self.vcpu_mask(),
-            1 => self.vcpu_mask() & !(1 << vcpu),
-            2 => 1 << vcpu,
-            _ => {
-                self.counters.sgir_reserved += 1;
-                return 0;
-            }
+        let Some(targets) = self.sgir_targets(vcpu, value) else {
+            self.counters.sgir_reserved += 1;
+            return 0;
         };
         let mut kick = 0;
         for target in (0..self.vcpus).filter(|t| targets & (1 << t) != 0) {

@@ -1430,7 +1430,12 @@ impl Live {
     const RINGS: u64 = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
 
     fn new() -> Self {
-        let (mut vm, mut cpu) = started(1);
+        Self::with(1, GuestGic::V3)
+    }
+
+    /// A VM of `vcpus` vCPUs with a `gic`, vCPU 0 running.
+    fn with(vcpus: u32, gic: GuestGic) -> Self {
+        let (mut vm, mut cpu) = started_with(vcpus, 0, gic);
         let mut ctx = enter(&mut vm, &mut cpu, 0);
         let (inflate, _) = driver_live(&mut vm, &mut cpu, &mut ctx, Self::RINGS);
         // The vCPU loop prints what an exit said once it is handled.
@@ -1537,6 +1542,13 @@ impl Live {
     fn observed(&mut self) -> String {
         self.print();
         let lines = core::mem::take(&mut self.screen);
+        // SGIs: what the distributor counted, and vCPU 1's pending ones.
+        let sgis = self.vm.vgic.as_mut().map(|g| {
+            let pending = (0..4)
+                .map(|i| g.read(1, crate::vgic::GICD_SPENDSGIR + 4 * i, 4))
+                .collect::<Vec<_>>();
+            (*g.counters(), pending)
+        });
         let vm = &self.vm;
         let b = vm.balloon.as_ref().expect("balloon");
         let queues: Vec<_> = b
@@ -1554,7 +1566,7 @@ impl Live {
             vm.uart_mirror.stats,
         );
         format!(
-            "{:?} {:?} {:#x} {:#x} {queues:?} {:?} {uart:?} pc={:#x} x={:?} spsr={:#x} pool={} mapped={:?} kicks={:?} injected={:?} exits={counts:?} lines={:?}",
+            "{:?} {:?} {:#x} {:#x} {queues:?} {:?} {uart:?} pc={:#x} x={:?} spsr={:#x} pool={} mapped={:?} kicks={:?} injected={:?} exits={counts:?} sgis={sgis:?} lines={:?}",
             b.stats(),
             b.device().stats(),
             b.status(),
@@ -1579,6 +1591,10 @@ struct Twins([Live; 2]);
 impl Twins {
     fn new() -> Self {
         Twins([Live::new(), Live::new()])
+    }
+
+    fn with(vcpus: u32, gic: GuestGic) -> Self {
+        Twins([Live::with(vcpus, gic), Live::with(vcpus, gic)])
     }
 
     /// `f` on both: whether the fast path took it is `expect`, and the
@@ -1874,6 +1890,53 @@ fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
         balloon_ctl::set_target(&mut l.vm, &mut l.cpu, 16).expect("target set");
         l.store(UART_DR, 2, 0x46, f)
     });
+}
+
+/// An SGI sent to other vCPUs through a GICv2's GICD_SGIR goes the fast way
+/// with the full path's effects (the SGI pending, the target's CPU kicked,
+/// the exit recorded); one that reaches the sender itself, the reserved
+/// filter, another width, a VM with text waiting and a GICv3's
+/// distributor go the full way.
+#[test]
+fn an_sgi_to_other_vcpus_goes_the_fast_way_with_the_full_paths_effects() {
+    let sgir = layout::GICD_BASE + crate::vgic::GICD_SGIR;
+    let send = |value: u64| move |l: &mut Live, f: bool| l.store(sgir, 4, value, f);
+    let v2 = GuestGic::V2 {
+        gicv: PhysAddr::new(0x0804_0000),
+    };
+    let mut twins = Twins::with(2, v2);
+    let mut step = |what: &str, expect: bool, f: &mut dyn FnMut(&mut Live, bool) -> bool| {
+        twins.step(what, expect, f)
+    };
+    step("distributor on", false, &mut |l, f| {
+        l.store(layout::GICD_BASE, 4, 1, f)
+    });
+    step("to vCPU 1 while it is off", true, &mut send(0b10 << 16 | 3));
+    step("CPU_ON", false, &mut |l, f| {
+        l.ctx.x[..4].copy_from_slice(&[
+            smccc::psci::PSCI_CPU_ON_64.into(),
+            1,
+            layout::RAM_BASE.raw(),
+            0,
+        ]);
+        l.exit(VcpuExit::Hvc { imm: 0 }, f)
+    });
+    step("to vCPU 1", true, &mut send(0b10 << 16 | 3));
+    step("the same again", true, &mut send(0b10 << 16 | 3));
+    step("to all but itself", true, &mut send(1 << 24 | 5));
+    step("to a list without vCPUs", true, &mut send(0b1100 << 16 | 5));
+    step("to itself", false, &mut send(2 << 24 | 6));
+    step("to a list with itself", false, &mut send(0b11 << 16 | 7));
+    step("reserved filter", false, &mut send(3 << 24 | 1));
+    step("a halfword", false, &mut |l, f| l.store(sgir, 2, 1, f));
+    step("outbox", false, &mut |l, f| {
+        l.vm.out.line(format_args!("waiting"));
+        send(0b10 << 16 | 2)(l, f)
+    });
+    let [fast, _] = &twins.0;
+    assert!(fast.cpu.kicks.len() >= 2, "vCPU 1's CPU was kicked");
+    let mut v3 = Twins::with(2, GuestGic::V3);
+    v3.step("GICv3", false, &mut send(0b10 << 16 | 3));
 }
 
 /// The fast path's exits are in the profile: one `virtio-notify` each,

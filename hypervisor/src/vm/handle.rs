@@ -22,6 +22,7 @@ use super::device_memory::MappedView;
 use super::exit::{il32, load_result, FaultKind, VcpuExit};
 use super::exit_profile::ExitKind;
 use super::fault::{BadAccessKind, OnBadAccess};
+use super::fdt::layout;
 use super::inject::GuestException;
 use super::irq;
 use super::manage;
@@ -32,7 +33,9 @@ use super::state::{Vm, VmState};
 use super::uart_mirror;
 use crate::addr::{GuestAddr, GuestPfn};
 use crate::trace::trace_event;
-use crate::vgic::{VDistributor, ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
+use crate::vgic::{
+    VDistributor, VgicVersion, GICD_SGIR, ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1,
+};
 use crate::virtio::mmio::QUEUE_NOTIFY;
 
 /// Why a VM stopped after a hypervisor failure in its path.
@@ -122,7 +125,7 @@ pub fn traps_wfi(vm: &Vm, vcpu: usize) -> bool {
 
 /// The fast paths: an exit that certainly has nothing to do but its own
 /// access is finished here, right after the decode, instead of by
-/// [`after_exit`], with the effects the full path would have. Two kinds
+/// [`after_exit`], with the effects the full path would have. These
 /// qualify:
 /// - a trapped 32-bit store to the balloon's QueueNotify with nothing new
 ///   in the queue (`empty_notify`);
@@ -130,7 +133,9 @@ pub fn traps_wfi(vm: &Vm, vcpu: usize) -> bool {
 ///   flag register polled before each byte sent, above all, and a byte
 ///   read that leaves the receive interrupt as it was), while no console
 ///   input waits behind its FIFO (`quiet_uart_read`);
-/// - a store to the PL011's DR, a byte the guest sends (`uart_transmit`).
+/// - a store to the PL011's DR, a byte the guest sends (`uart_transmit`);
+/// - a store to a GICv2's GICD_SGIR that sends an SGI to other vCPUs only
+///   (`sgi_send`).
 ///
 /// Returns what it did ([`FastExit`]); `None`, with nothing changed, for
 /// anything the full path must see.
@@ -170,6 +175,9 @@ pub fn fast_exit(
         VcpuExit::MmioRead { ipa, .. } | VcpuExit::MmioWrite { ipa, .. } if bus::is_uart(ipa) => {
             uart_exit(vm, cpu, vcpu, ctx, exit, before)
         }
+        VcpuExit::MmioWrite { ipa, width: 4, .. } if ipa == SGIR_IPA => {
+            sgi_send(Fast::new(vm, cpu, vcpu, ctx, exit, before))
+        }
         // Not an arm of its own: that made the match a jump table, five
         // more instructions on the notify.
         _ => read_only_store(vm, cpu, vcpu, ctx, exit, before),
@@ -194,6 +202,48 @@ fn uart_exit(
         VcpuExit::MmioRead { .. } => quiet_uart_read(fast).map(FastExit::quiet),
         _ => uart_transmit(fast),
     }
+}
+
+/// Where a GICv2 distributor's GICD_SGIR is in every VM.
+const SGIR_IPA: GuestAddr = GuestAddr::new(layout::GICD_BASE.raw() + GICD_SGIR);
+
+/// [`fast_exit`] for a 4-byte store to a GICv2 distributor's GICD_SGIR: an
+/// SGI the guest sends (Linux's IPIs, about two per process it starts).
+/// Taken when the vGIC is a GICv2 (a GICv3's distributor has no SGIR), the
+/// VM runs plainly (`runs_plainly`) and the SGI goes to other vCPUs only,
+/// so that nothing of the sender's own interrupts changes and the sync of
+/// its list registers the full path does before the entry would change
+/// nothing (an SGI to itself, or the reserved TargetListFilter, goes the
+/// full way). The SGI is made pending as the full path's `bus::write`
+/// makes it, the CPUs of the vCPUs it became deliverable to are kicked,
+/// and the exit is recorded as an `mmio-gicd`.
+#[inline(never)]
+fn sgi_send(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
+    let store = fast.stored()?;
+    let vgic = fast.vm.vgic.as_ref()?;
+    if vgic.version() != VgicVersion::V2 || !fast.plain_access(store.ipa) {
+        return None;
+    }
+    let value = fast.ctx.reg(store.reg);
+    let targets = vgic.sgir_targets(fast.vcpu, value as u32)?;
+    if targets & (1 << fast.vcpu) != 0 {
+        return None;
+    }
+    let effect = fast
+        .vm
+        .vgic
+        .as_mut()?
+        .write(fast.vcpu, GICD_SGIR, store.width, value as u32)
+        .ok()?;
+    irq::apply_effect(fast.vm, fast.cpu, effect);
+    let traced = Traced {
+        what: "write",
+        ipa: store.ipa,
+        width: store.width,
+        value,
+    };
+    let kind = ExitKind::mmio(Some(super::fault::Device::GicDistributor));
+    Some(FastExit::quiet(fast.finish(kind, traced, store.insn_len)))
 }
 
 /// [`fast_exit`] for a store to the PL011's mirror page (`uart_mirror`),
@@ -289,6 +339,25 @@ impl<'a, C: PhysCpu> Fast<'a, C> {
         }
     }
 
+    /// The exit's store, if it is one.
+    #[inline]
+    fn stored(&self) -> Option<Stored> {
+        match *self.exit {
+            VcpuExit::MmioWrite {
+                ipa,
+                width,
+                reg,
+                insn_len,
+            } => Some(Stored {
+                ipa,
+                width,
+                reg,
+                insn_len,
+            }),
+            _ => None,
+        }
+    }
+
     /// Whether a device access at `ipa` may go the fast way: `ipa` is not
     /// the VM's RAM (a load or store there is a fault to back) and the VM
     /// runs plainly (`runs_plainly`).
@@ -308,6 +377,14 @@ impl<'a, C: PhysCpu> Fast<'a, C> {
         self.ctx.elr += u64::from(insn_len);
         record_fast(self.vm, self.cpu, kind, self.before)
     }
+}
+
+/// A trapped store's operands ([`Fast::stored`]).
+struct Stored {
+    ipa: GuestAddr,
+    width: u8,
+    reg: u8,
+    insn_len: u8,
 }
 
 /// What [`Fast::finish`] traces of an MMIO access.
@@ -444,15 +521,12 @@ fn quiet_uart_read(fast: Fast<'_, impl PhysCpu>) -> Option<u32> {
 /// as an `mmio-uart`.
 #[inline(always)]
 fn uart_transmit(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
-    let VcpuExit::MmioWrite {
+    let Stored {
         ipa,
         width,
         reg,
         insn_len,
-    } = *fast.exit
-    else {
-        return None;
-    };
+    } = fast.stored()?;
     let Some(bus::Window::Uart(crate::pl011::UARTDR)) = bus::route(fast.vm, ipa) else {
         return None;
     };
