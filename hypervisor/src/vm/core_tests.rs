@@ -507,8 +507,13 @@ fn physical_interrupts_are_taken_and_the_timer_goes_to_the_guest() {
     let (mut vm, mut cpu) = started(1);
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     cpu.pending_irqs = vec![crate::vgic::intid::KICK_SGI, crate::vgic::intid::VTIMER_PPI];
+    // One interrupt per exit: the second makes the guest leave again.
+    exit(&mut vm, &mut cpu, &mut ctx, VcpuExit::Interrupt);
+    assert_eq!(cpu.eois, vec![0]);
+    assert_eq!(cpu.pending_irqs.len(), 1, "left for the next exit");
     exit(&mut vm, &mut cpu, &mut ctx, VcpuExit::Interrupt);
     assert_eq!(cpu.eois, vec![0, 27]);
+    assert!(cpu.pending_irqs.is_empty());
     assert_eq!(
         cpu.deactivated,
         vec![0],

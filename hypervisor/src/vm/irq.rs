@@ -117,64 +117,52 @@ pub fn feed_console(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     sync_uart_mirror(vm, cpu);
 }
 
-/// The INTIDs of shared peripheral interrupts (GICv2 and GICv3 alike).
-const HOST_SPIS_START: u32 = 32;
-const HOST_SPIS_END: u32 = 1019;
-
-/// Take the pending physical interrupts on this CPU (the guest was
+/// Take the physical interrupt that made the guest leave (the guest was
 /// interrupted): the virtual timer goes to the guest, the rest is ours.
-/// Bounded: a level interrupt that stays asserted must not trap us here.
-/// What the exit was, for the profile: the source of the first interrupt
-/// acknowledged (the one that made the guest leave).
+/// One per exit: acknowledging again to find the next would cost every
+/// interrupt exit one more read of the CPU interface (under QEMU a device
+/// access that takes its global lock), and came back spurious for half of
+/// them; a second interrupt pending at once makes the guest leave again as
+/// soon as it is entered. A level interrupt that stays asserted (the
+/// console's UART until the shell reads it) is taken once per exit too.
+/// What the exit was, for the profile: the source of the interrupt.
 pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) -> ExitKind {
-    let mut first = None;
-    for _ in 0..16 {
-        let (intid, iar) = cpu.acknowledge();
-        if first.is_none() {
-            first = Some(intid);
-        }
-        match intid {
-            SPURIOUS => break,
-            VTIMER_PPI => {
-                // Priority drop only: the interrupt stays active until the
-                // guest's EOI deactivates it through the hardware-linked LR.
-                cpu.end_of_interrupt(iar);
-                match vm.vgic.as_mut() {
-                    Some(vgic) => {
-                        let _ = vgic.pend_ppi(vcpu, VTIMER_PPI);
-                    }
-                    None => cpu.deactivate(iar),
+    let (intid, iar) = cpu.acknowledge();
+    match intid {
+        SPURIOUS => {}
+        VTIMER_PPI => {
+            // Priority drop only: the interrupt stays active until the
+            // guest's EOI deactivates it through the hardware-linked LR.
+            cpu.end_of_interrupt(iar);
+            match vm.vgic.as_mut() {
+                Some(vgic) => {
+                    let _ = vgic.pend_ppi(vcpu, VTIMER_PPI);
                 }
+                None => cpu.deactivate(iar),
             }
-            MAINTENANCE_PPI => {
-                // The maintenance interrupt is level: it stays asserted
-                // until the list registers are retired and refilled.
-                sync_list_registers(vm, cpu, vcpu);
-                cpu.end_of_interrupt(iar);
-                cpu.deactivate(iar);
-            }
-            HYP_TIMER_PPI | HOST_SPIS_START..=HOST_SPIS_END => {
-                // The hypervisor's own timer or device (the console's
-                // UART), on the shell's CPU: a level line that stays
-                // asserted until the shell's look, right after this exit,
-                // re-arms the timer or reads the UART. Taken once, not 16
-                // times.
-                cpu.end_of_interrupt(iar);
-                cpu.deactivate(iar);
-                break;
-            }
-            _ => {
-                // A kick: the list registers are synced before the next entry.
-                cpu.end_of_interrupt(iar);
-                cpu.deactivate(iar);
-            }
+        }
+        MAINTENANCE_PPI => {
+            // The maintenance interrupt is level: it stays asserted
+            // until the list registers are retired and refilled.
+            sync_list_registers(vm, cpu, vcpu);
+            cpu.end_of_interrupt(iar);
+            cpu.deactivate(iar);
+        }
+        // The hypervisor's own timer or device (the console's UART, on
+        // the shell's CPU: a level line that stays asserted until the
+        // shell's look, right after this exit, re-arms the timer or reads
+        // the UART), or a kick (the list registers are synced before the
+        // next entry).
+        _ => {
+            cpu.end_of_interrupt(iar);
+            cpu.deactivate(iar);
         }
     }
-    match first {
-        Some(KICK_SGI) => ExitKind::IrqKick,
-        Some(MAINTENANCE_PPI) => ExitKind::IrqMaintenance,
-        Some(VTIMER_PPI) => ExitKind::VTimer,
-        Some(HYP_TIMER_PPI) => ExitKind::El2Timer,
+    match intid {
+        KICK_SGI => ExitKind::IrqKick,
+        MAINTENANCE_PPI => ExitKind::IrqMaintenance,
+        VTIMER_PPI => ExitKind::VTimer,
+        HYP_TIMER_PPI => ExitKind::El2Timer,
         _ => ExitKind::IrqOther,
     }
 }

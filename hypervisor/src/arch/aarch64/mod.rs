@@ -54,6 +54,13 @@ pub fn counter() -> (u64, u64) {
     (CNTPCT_EL0.get(), CNTFRQ_EL0.get())
 }
 
+/// The counter's frequency in Hz, without reading the counter (under
+/// QEMU a counter read takes the global lock; the frequency is a plain
+/// register).
+pub fn counter_frequency() -> u64 {
+    CNTFRQ_EL0.get()
+}
+
 /// Microseconds since the counter started (board power-on).
 pub fn uptime_us() -> u64 {
     let (count, freq) = counter();
@@ -245,7 +252,7 @@ pub fn enable_event_stream() {
 /// EL2 physical timer bounds the wait, so a wake-up that raced with the
 /// sleep costs at most that long).
 pub fn wait_for_interrupt_or(micros: u64) {
-    let (_, freq) = counter();
+    let freq = counter_frequency();
     arm_el2_timer(crate::hw::timer::us_to_ticks(micros, freq));
     wait_for_interrupt();
     disarm_el2_timer();
