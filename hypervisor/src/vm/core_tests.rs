@@ -750,11 +750,28 @@ fn list_registers_carry_pending_interrupts_and_retire_them() {
     let lr = cpu.read_lr(0);
     assert_eq!(lr.intid, 33, "the UART's SPI is listed");
     assert_eq!(vm.listed[0][0], Some(33));
-    // The guest takes and completes it (the LR goes invalid): it is retired.
-    cpu.lrs[0] = 0;
+    // The guest takes and completes it (the LR goes invalid, with its EOI
+    // bit left: a level interrupt asks for a maintenance interrupt on its
+    // EOI): it is retired, and the LR cleared.
+    cpu.lrs[0] = crate::vgic::LR_EOI;
     exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 4));
+    let clears = cpu.lr_clears;
     irq::sync_list_registers(&mut vm, &mut cpu, 0);
     assert_eq!(vm.listed[0][0], None);
+    assert_eq!(cpu.lrs[0], 0, "no stale EOI bit");
+    assert_eq!(cpu.lr_clears, clears + 1);
+    // Retired and refilled in the same sync: the new value replaces the
+    // old one, with no clear before it.
+    assert!(irq::console_input(&mut vm, &mut cpu, b'y'));
+    irq::sync_list_registers(&mut vm, &mut cpu, 0);
+    assert_eq!(cpu.read_lr(0).intid, 33);
+    cpu.lrs[0] = crate::vgic::LR_EOI;
+    exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 4));
+    assert!(irq::console_input(&mut vm, &mut cpu, b'z'));
+    let clears = cpu.lr_clears;
+    irq::sync_list_registers(&mut vm, &mut cpu, 0);
+    assert_eq!(cpu.read_lr(0).intid, 33, "listed again in the same LR");
+    assert_eq!(cpu.lr_clears, clears, "not cleared first");
 }
 
 #[test]

@@ -175,6 +175,11 @@ pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
         return;
     };
     let count = cpu.list_registers().min(MAX_LRS);
+    // Retired list registers still holding what the guest finished: each
+    // is cleared unless refilled below (a write replaces all of it), which
+    // spares most retirements a write to the virtual interface (under QEMU
+    // a device access that takes its global lock).
+    let mut stale = 0u32;
     for (i, slot) in listed.iter_mut().enumerate().take(count) {
         let Some(intid) = *slot else { continue };
         let lr = cpu.read_lr(i);
@@ -183,9 +188,7 @@ pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
             if lr.eoi || !lr.hw {
                 let _ = vgic.on_eoi(vcpu, intid);
             }
-            // Clear it: a stale EOI bit keeps the maintenance interrupt
-            // (GICH_EISR) asserted and the guest could never run.
-            cpu.clear_lr(i);
+            stale |= 1 << i;
             *slot = None;
         }
     }
@@ -205,8 +208,15 @@ pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
         // guest's EOI deactivates it in hardware.
         let hw = (irq.intid == VTIMER_PPI).then_some(VTIMER_PPI);
         cpu.write_lr(i, &irq, hw);
+        stale &= !(1 << i);
         vgic.on_listed(vcpu, &irq);
         listed[i] = Some(irq.intid);
+    }
+    // Clear the rest: a stale EOI bit keeps the maintenance interrupt
+    // (GICH_EISR) asserted and the guest could never run.
+    while stale != 0 {
+        cpu.clear_lr(stale.trailing_zeros() as usize);
+        stale &= stale - 1;
     }
     let waiting = filled_all && {
         let now = *listed;

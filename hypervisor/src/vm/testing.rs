@@ -177,6 +177,8 @@ pub struct FakeCpu {
     pub injected: Vec<(crate::vm::inject::GuestException, Option<u64>, bool)>,
     /// GICH_LRn values.
     pub lrs: [u32; 4],
+    /// List registers cleared (written with zero).
+    pub lr_clears: usize,
     /// Whether the virtual interface asked for an underflow interrupt.
     pub underflow: bool,
     /// Whether the guest's WFI traps (as a vCPU starts: it does).
@@ -204,6 +206,7 @@ impl FakeCpu {
             handed: Vec::new(),
             injected: Vec::new(),
             lrs: [0; 4],
+            lr_clears: 0,
             underflow: false,
             wfi_trapped: true,
             pending_irqs: Vec::new(),
@@ -265,6 +268,7 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
     }
     fn clear_lr(&mut self, i: usize) {
         self.lrs[i] = 0;
+        self.lr_clears += 1;
     }
     fn enable_virtual_interface(&mut self, underflow: bool) {
         self.underflow = underflow;
