@@ -65,12 +65,19 @@ global_asm!(
 /* An IRQ from a guest: the EL2 instruction counter goes into the context
    (enter_guest pushed it just above) first. The guest may have slept in
    WFI since it was entered, and QEMU's -icount PMU counts that sleep as
-   EL2 instructions: the exit's cost starts here (see run.rs). */
+   EL2 instructions: the exit's cost starts here (see run.rs). Read only
+   where the PMU counts instructions (pmu::COUNTING; 0 stored otherwise):
+   under QEMU without -icount it does not, and a PMU register read takes
+   QEMU's global lock. */
 .macro GUEST_IRQ_VECTOR kind
     .balign 0x80
     stp     x0, x1, [sp, #-16]!
     ldr     x0, [sp, #16]
+    adrp    x1, {pmu_counting}
+    ldrb    w1, [x1, :lo12:{pmu_counting}]
+    cbz     w1, 1f
     mrs     x1, PMEVCNTR0_EL0
+1:
     str     x1, [x0, #{off_irq_instructions}]
     mov     x1, #\kind
     b       guest_exit
@@ -145,6 +152,7 @@ exception_common:
     eret
 "#,
     off_irq_instructions = const super::vcpu::OFF_IRQ_INSTRUCTIONS,
+    pmu_counting = sym super::pmu::COUNTING,
 );
 
 const _: () = assert!(core::mem::size_of::<ExceptionFrame>() == 0x120);

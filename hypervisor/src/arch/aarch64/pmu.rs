@@ -33,8 +33,8 @@ pub fn init() {
 }
 
 /// Whether the PMU implements the instructions-retired event (as `init`
-/// found it).
-static COUNTING: AtomicBool = AtomicBool::new(false);
+/// found it). A byte, 1 or 0: the guest IRQ vector reads it too.
+pub(super) static COUNTING: AtomicBool = AtomicBool::new(false);
 
 /// Whether the PMU implements the instructions-retired event.
 pub fn counts_instructions() -> bool {
