@@ -28,7 +28,7 @@ use aarch64_cpu::registers::{
     Readable, Writeable, CNTFRQ_EL0, CNTHCTL_EL2, CNTHP_CTL_EL2, CNTPCT_EL0, MPIDR_EL1, TPIDR_EL2,
 };
 
-use sysreg::{CNTHCTL_EL2_EVENT_STREAM, CNTHP_TVAL_EL2, CTR_EL0, DCZID_EL0};
+use sysreg::{CNTHCTL_EL2_EVENT_STREAM, CNTHP_CVAL_EL2, CNTHP_TVAL_EL2, CTR_EL0, DCZID_EL0};
 
 pub use platform::MAX_CPUS;
 
@@ -250,12 +250,31 @@ pub fn enable_event_stream() {
 
 /// Sleep in WFI until an interrupt is pending or about `micros` pass (the
 /// EL2 physical timer bounds the wait, so a wake-up that raced with the
-/// sleep costs at most that long).
+/// sleep costs at most that long). A deadline the timer already held (the
+/// shell's next look, on its CPU) ends the sleep if it comes first and is
+/// armed again after it: a lock nap or an idle wait never loses it.
 pub fn wait_for_interrupt_or(micros: u64) {
-    let freq = counter_frequency();
-    arm_el2_timer(crate::hw::timer::us_to_ticks(micros, freq));
+    let held = CNTHP_CTL_EL2
+        .is_set(CNTHP_CTL_EL2::ENABLE)
+        .then(|| CNTHP_CVAL_EL2.get());
+    match held {
+        None => arm_el2_timer(crate::hw::timer::us_to_ticks(micros, counter_frequency())),
+        Some(deadline) => {
+            let (now, freq) = counter();
+            let nap_end = now.saturating_add(crate::hw::timer::us_to_ticks(micros, freq));
+            CNTHP_CVAL_EL2.set(nap_end.min(deadline));
+            barrier::isb(barrier::SY);
+        }
+    }
     wait_for_interrupt();
-    disarm_el2_timer();
+    match held {
+        None => disarm_el2_timer(),
+        Some(deadline) => {
+            // Still enabled: only the compare value changed.
+            CNTHP_CVAL_EL2.set(deadline);
+            barrier::isb(barrier::SY);
+        }
+    }
 }
 
 /// Make the EL2 timer (the hypervisor's own) interrupt this CPU in `ticks`

@@ -5,7 +5,7 @@
 //! aarch64-cpu's registers. Everything else comes from
 //! `aarch64_cpu::registers`.
 //!
-//! What is missing there: CTR_EL0, DCZID_EL0, CNTHP_TVAL_EL2, the PMU (PMCR, PMSELR,
+//! What is missing there: CTR_EL0, DCZID_EL0, CNTHP_TVAL_EL2 and CNTHP_CVAL_EL2, the PMU (PMCR, PMSELR,
 //! PMXEVTYPER, PMCNTENSET, PMCEID0, PMEVCNTR0), the GICv3 CPU interface
 //! beyond ICC_SRE_EL2 (ICC_PMR, BPR1, a writable CTLR, IGRPEN1, IAR1, EOIR1,
 //! DIR, SGI1R), and two fields of registers it has: CNTHCTL_EL2's event
@@ -109,6 +109,10 @@ register_bitfields! {u64,
     pub CNTHP_TVAL_EL2 [
         TimerValue OFFSET(0) NUMBITS(32) []
     ],
+    /// EL2 physical timer: the counter value at which it fires.
+    pub CNTHP_CVAL_EL2 [
+        CompareValue OFFSET(0) NUMBITS(64) []
+    ],
     /// The event-stream fields of CNTHCTL_EL2 (aarch64-cpu's CNTHCTL_EL2
     /// has only EL1PCTEN/EL1PCEN); apply with `modify` to its value.
     pub CNTHCTL_EL2_EVENT_STREAM [
@@ -182,6 +186,12 @@ register_bitfields! {u64,
 system_register!(CtrEl0, CTR_EL0: CTR_EL0::Register = "CTR_EL0", read);
 system_register!(DczidEl0, DCZID_EL0: DCZID_EL0::Register = "DCZID_EL0", read);
 system_register!(CnthpTvalEl2, CNTHP_TVAL_EL2: CNTHP_TVAL_EL2::Register = "CNTHP_TVAL_EL2", write);
+system_register!(
+    CnthpCvalEl2,
+    CNTHP_CVAL_EL2: CNTHP_CVAL_EL2::Register = "CNTHP_CVAL_EL2",
+    read,
+    write
+);
 system_register!(PmcrEl0, PMCR_EL0: PMCR_EL0::Register = "PMCR_EL0", read, write);
 system_register!(PmselrEl0, PMSELR_EL0: PMSELR_EL0::Register = "PMSELR_EL0", write);
 system_register!(
