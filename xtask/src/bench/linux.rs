@@ -30,6 +30,13 @@
 //!   in memory, and moves with what the host did before), and per idle
 //!   round trip: whether a side is slower for work done or for waiting.
 //!
+//! After the rounds, the agent's round trip once more on paired live guests
+//! ([`paired_round_trips`]): both sides booted and kept up together, taking
+//! turns at bursts of requests, each Tidal burst over the QEMU burst beside
+//! it. Boots in sequence let the host's drift in (on a shared 2-core host,
+//! QEMU's own median moved by half within a run); a pair of bursts a second
+//! apart meets the same host.
+//!
 //! Besides, each side's device view: the hypervisor's own `balloon: reached`
 //! report (its counter, from setting the target to the driver reporting it
 //! reached) and the first QEMU `info balloon` showing the target (polled
@@ -128,6 +135,13 @@ const IDLE_POLLS: usize = 20;
 /// answer: a user's requests, which find the guest asleep.
 const SPACED_POLLS: usize = 10;
 const SPACING: Duration = Duration::from_millis(50);
+/// Paired round trips ([`paired_round_trips`]): boots of both sides kept
+/// up together, per reporting mode.
+const PAIRED_BOOTS: usize = 3;
+/// Bursts each side runs per paired boot, taking turns.
+const PAIRED_BURSTS: usize = 6;
+/// [`VMSTAT`] requests back to back in one burst.
+const PAIRED_BURST: usize = 8;
 /// Agent requests sent back to back under -icount, profiled together: the
 /// exits and EL2 instructions one request costs.
 const ICOUNT_ROUND_TRIPS: u64 = 20;
@@ -1004,6 +1018,74 @@ fn run_once(mut guest: Guest) -> Result<Run, String> {
     })
 }
 
+/// The agent's round trip on paired live guests: both sides booted and
+/// kept up together, taking turns at bursts of [`PAIRED_BURST`] requests
+/// back to back, so that each Tidal burst and the QEMU burst beside it
+/// meet the host in the same second. Boots in sequence (the rounds) let
+/// the host's drift in: on a shared 2-core host QEMU's own per-boot
+/// median moved from 24 to 39 ms within one run. An idle side costs the
+/// host about 1% of a core.
+#[derive(Serialize)]
+struct Paired {
+    boots: usize,
+    bursts_per_boot: usize,
+    requests_per_burst: usize,
+    /// The medians of the bursts, ms.
+    tidal_ms: Spread,
+    qemu_ms: Spread,
+    /// Each Tidal burst's median over the QEMU burst's beside it.
+    ratio: Spread,
+}
+
+/// [`Paired`] for one reporting mode.
+fn paired_round_trips(
+    reporting: Reporting,
+    artifacts: &Artifacts,
+    fixture: &LinuxFixture,
+) -> Result<Paired, String> {
+    let mut tidal_ms = Vec::new();
+    let mut qemu_ms = Vec::new();
+    for boot_no in 1..=PAIRED_BOOTS {
+        let name = format!("paired-{}-{boot_no}", reporting.name());
+        let mut tidal = boot(Side::Tidal, reporting, &name, artifacts, fixture)?;
+        tidal.wait_ready()?;
+        let mut qemu = boot(Side::Qemu, reporting, &name, artifacts, fixture)?;
+        qemu.wait_ready()?;
+        tidal.enter_console()?;
+        for burst in 0..PAIRED_BURSTS {
+            // Who goes first alternates, so neither side always follows
+            // the other.
+            let first_tidal = burst % 2 == 0;
+            for tidal_turn in [first_tidal, !first_tidal] {
+                let (guest, out) = if tidal_turn {
+                    (&mut tidal, &mut tidal_ms)
+                } else {
+                    (&mut qemu, &mut qemu_ms)
+                };
+                let mut took = Vec::new();
+                for _ in 0..PAIRED_BURST {
+                    took.push(guest.vmstat()?.2.as_secs_f64() * 1000.0);
+                }
+                out.push(median(&took));
+            }
+        }
+        // Dropping the sessions kills both QEMUs.
+    }
+    Ok(Paired {
+        boots: PAIRED_BOOTS,
+        bursts_per_boot: PAIRED_BURSTS,
+        requests_per_burst: PAIRED_BURST,
+        ratio: spread(&burst_ratios(&tidal_ms, &qemu_ms)),
+        tidal_ms: spread(&tidal_ms),
+        qemu_ms: spread(&qemu_ms),
+    })
+}
+
+/// Each Tidal burst's median over the QEMU burst's run beside it.
+fn burst_ratios(tidal_ms: &[f64], qemu_ms: &[f64]) -> Vec<f64> {
+    tidal_ms.iter().zip(qemu_ms).map(|(t, q)| t / q).collect()
+}
+
 /// QEMU's `-name` (and the monitor socket's name) for the session `name`:
 /// no other QEMU on the machine has it, so its pid can be found in /proc.
 pub(super) fn process_name(name: &str) -> String {
@@ -1159,11 +1241,33 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             }
         }
     }
+    let mut paired = Vec::new();
+    for reporting in Reporting::BOTH {
+        eprintln!(
+            "bench: Linux agent round trips on paired live guests, reporting {} ...",
+            reporting.name()
+        );
+        let p = paired_round_trips(reporting, artifacts, &fixture).map_err(|e| {
+            format!(
+                "Linux paired round trips, reporting {}: {e}",
+                reporting.name()
+            )
+        })?;
+        paired.push((mode_key(reporting), p));
+    }
     // The rounds run without -icount: QEMU's PMU counts no instructions.
     eprintln!("bench: Linux under Tidal with -icount shift=0, for the exits' EL2 instructions ...");
     let icount =
         icount_run(artifacts, &fixture).map_err(|e| format!("Linux under -icount: {e}"))?;
-    report(root, &fixture, &runs, &icount)
+    report(root, &fixture, &runs, &paired, &icount)
+}
+
+/// The JSON key of a reporting mode's figures.
+fn mode_key(reporting: Reporting) -> &'static str {
+    match reporting {
+        Reporting::Off => "reporting_off",
+        Reporting::On => "reporting_on",
+    }
 }
 
 /// Tidal's exit profiles under -icount, with EL2 instructions: the boot and
@@ -1364,6 +1468,9 @@ struct Report<'a> {
     #[serde(serialize_with = "json::ordered_map")]
     summary: Vec<(&'static str, ModeSummary)>,
     runs: Vec<RunReport<'a>>,
+    /// The agent's round trip on paired live guests, per reporting mode.
+    #[serde(serialize_with = "json::ordered_map")]
+    paired_round_trip: Vec<(&'static str, &'a Paired)>,
     /// Tidal's exit profiles under -icount, with EL2 instructions (the
     /// runs' `exit_profile` have none: the PMU counts only with -icount).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -1400,6 +1507,7 @@ impl<'a> Report<'a> {
         fixture: &'a crate::linux::LinuxFixture,
         summary: Vec<(&'static str, ModeSummary)>,
         runs: &'a [(Reporting, Side, usize, Run)],
+        paired: &'a [(&'static str, Paired)],
         icount: Option<&'a IcountProfiles>,
     ) -> Self {
         Report {
@@ -1422,6 +1530,7 @@ impl<'a> Report<'a> {
                     run,
                 })
                 .collect(),
+            paired_round_trip: paired.iter().map(|(k, p)| (*k, p)).collect(),
             exit_profile_icount: icount,
         }
     }
@@ -1431,6 +1540,7 @@ fn report(
     root: &Path,
     fixture: &crate::linux::LinuxFixture,
     runs: &[(Reporting, Side, usize, Run)],
+    paired: &[(&'static str, Paired)],
     icount: &IcountProfiles,
 ) -> Result<(), String> {
     let values = |reporting: Reporting, side: Side, metric: &Metric| -> Vec<f64> {
@@ -1485,11 +1595,7 @@ fn report(
                 },
             ));
         }
-        let key = match reporting {
-            Reporting::Off => "reporting_off",
-            Reporting::On => "reporting_on",
-        };
-        summary.push((key, ModeSummary(metrics)));
+        summary.push((mode_key(reporting), ModeSummary(metrics)));
     }
     println!();
     for line in [
@@ -1517,6 +1623,27 @@ fn report(
         "    host did before); per request over the idle round trips, user and kernel together.",
     ] {
         println!("{line}");
+    }
+    println!();
+    println!(
+        "Agent round trip on paired live guests: both sides booted and kept up together, taking turns at"
+    );
+    println!(
+        "bursts of {PAIRED_BURST} `{VMSTAT}` back to back ({PAIRED_BURSTS} bursts each per boot, {PAIRED_BOOTS} boots per mode),"
+    );
+    println!("so each pair of bursts meets the host at the same moment; median [min-max] over the bursts");
+    println!(
+        "{:<36} {:>24} {:>24} {:>18}",
+        "", "Tidal (ms)", "QEMU (ms)", "Tidal/QEMU"
+    );
+    for (key, p) in paired {
+        println!(
+            "{:<36} {:>24} {:>24} {:>18}",
+            key.replace('_', " "),
+            cell(&p.tidal_ms, 1),
+            cell(&p.qemu_ms, 1),
+            cell(&p.ratio, 2)
+        );
     }
     let work = &icount.agent_work;
     let total = &work.tidal_exits.total;
@@ -1600,7 +1727,7 @@ fn report(
     }
 
     let path = root.join("target").join("bench").join("linux.json");
-    let report = Report::new(fixture, summary, runs, Some(icount));
+    let report = Report::new(fixture, summary, runs, paired, Some(icount));
     json::write(&path, &report)?;
     println!("written to {}", path.display());
     Ok(())
@@ -1675,7 +1802,19 @@ mod tests {
                 },
             )]),
         )];
-        let value = serde_json::to_value(Report::new(&fixture, summary, &runs, None)).unwrap();
+        let paired = [(
+            "reporting_on",
+            Paired {
+                boots: 3,
+                bursts_per_boot: 6,
+                requests_per_burst: 8,
+                tidal_ms: spread(&[33.0, 30.0]),
+                qemu_ms: spread(&[30.0, 25.0]),
+                ratio: spread(&burst_ratios(&[33.0, 30.0], &[30.0, 25.0])),
+            },
+        )];
+        let value =
+            serde_json::to_value(Report::new(&fixture, summary, &runs, &paired, None)).unwrap();
         assert_eq!(
             value,
             serde_json::json!({
@@ -1712,7 +1851,15 @@ mod tests {
                      "console_us_per_byte": 12.35,
                      "inflate": {"guest_s": 1.5, "device_s": 1.2346},
                      "deflate": {"guest_s": 0.75, "device_s": 0.6543}}
-                ]
+                ],
+                "paired_round_trip": {
+                    "reporting_on": {
+                        "boots": 3, "bursts_per_boot": 6, "requests_per_burst": 8,
+                        "tidal_ms": {"median": 31.5, "min": 30.0, "max": 33.0},
+                        "qemu_ms": {"median": 27.5, "min": 25.0, "max": 30.0},
+                        "ratio": {"median": 1.15, "min": 1.1, "max": 1.2}
+                    }
+                }
             })
         );
     }
@@ -1785,7 +1932,7 @@ mod tests {
                 round_trip_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
             },
         };
-        let report = Report::new(&fixture, Vec::new(), &[], Some(&icount));
+        let report = Report::new(&fixture, Vec::new(), &[], &[], Some(&icount));
         let value = serde_json::to_value(report).unwrap();
         assert_eq!(
             value["exit_profile_icount"]["idle"]["total"],
