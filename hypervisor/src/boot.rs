@@ -657,12 +657,17 @@ fn run(cmd: Command, board: &BoardInfo) {
         Command::Mem => {
             let _ = report::write_memory_map(&mut Console::new(), board);
             let Some(frames) = FRAMES.get() else { return };
-            let (acc, check) = {
+            let (acc, check, (zeroed, zeroed_taken)) = {
                 let frames = frames.lock();
-                (frames.accounting(), frames.check_invariants())
+                let zeroed = frames.zeroed_pages();
+                (frames.accounting(), frames.check_invariants(), zeroed)
             };
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
             let _ = report::write_accounting(&mut Console::new(), &acc, ram);
+            println!(
+                "Free frames zeroed ahead of time by idle CPUs: {zeroed} ({}); {zeroed_taken} given to guests so far",
+                report::Size(zeroed * PAGE_SIZE)
+            );
             vm_shares();
             let _ = manage::write_pool(&mut Console::new(), &vm::pool_view(ram));
             match check {
@@ -903,8 +908,13 @@ fn vm_shares() {
             .ram
             .as_ref()
             .map_or((0, 0), |r| (r.mapped_pages(), r.table_pages()));
+        let (kept, reused) = FRAMES.get().map_or((0, 0), |f| {
+            let f = f.lock();
+            (f.kept_pages(vm.id), f.kept_reused(vm.id))
+        });
         vm.out.line(format_args!(
-            "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables",
+            "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables; \
+             {kept} free frames hold pages it gave up, {reused} came back to it unzeroed",
             vm.name,
             vm.state.label(),
             mapped * PAGE_SIZE,

@@ -25,7 +25,7 @@ use crate::arch::aarch64::vcpu::{self, El1Regs};
 use crate::arch::aarch64::{self, gic, pmu, recovery};
 use crate::held::{self, Tracked};
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
-use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
+use crate::mm::frames::{self, FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
 use crate::mm::stage2::{TableMemory, ROOT_TABLES};
 use crate::println;
@@ -131,6 +131,124 @@ fn zero_and_clean(pa: PhysAddr) {
     aarch64::zero_and_clean_frame(pa);
 }
 
+/// Frames zeroed per lock of the frame table, and batches per idle wait
+/// at most (1 MiB): a CPU whose vCPU idles zeroes free frames ahead of
+/// time, so that a guest's first touches and refaults need no zeroing.
+const ZERO_BATCH: usize = 8;
+const ZERO_BATCHES_PER_IDLE: usize = 32;
+
+/// Free frames kept zeroed ahead of time, at most: this share of the RAM
+/// the frame table tracks (under QEMU each zeroed frame is host memory
+/// the QEMU process then holds).
+const ZEROED_SHARE: u64 = 4;
+
+/// Whether idle CPUs zero frames ahead of time now: set by the memory
+/// manager's tick when the guests were quiet since the last one
+/// ([`frames::zero_ahead_now`]); cleared as soon as a guest takes frames,
+/// or when nothing is left to zero. While set, the guests' WFI traps
+/// ([`PhysCpu::zeroing_wanted`]).
+static ZEROING_WANTED: AtomicBool = AtomicBool::new(false);
+/// Guests took frames since the last tick.
+static FRAMES_TAKEN: AtomicBool = AtomicBool::new(false);
+/// The guests' exits, summed over their exit profiles, at the last tick.
+static EXITS_AT_TICK: AtomicU64 = AtomicU64::new(0);
+
+/// Exits of all guests since the last tick, from their exit profiles (no
+/// cost on the exit path); `u64::MAX` if a VM's lock is busy (it is not
+/// quiet then). A profile started over counts as no exits.
+fn exits_since_tick() -> u64 {
+    let mut total = 0u64;
+    for id in 0..MAX_GUESTS {
+        let Some(guard) = try_lock_vm(id) else {
+            return u64::MAX;
+        };
+        if let Some(vm) = guard.as_ref() {
+            total += vm.profile.total().count;
+        }
+    }
+    total.saturating_sub(EXITS_AT_TICK.swap(total, Ordering::Relaxed))
+}
+
+/// At each tick: zero ahead from now on if the guests were quiet since the
+/// last one and there is something to zero (see [`ZEROING_WANTED`]).
+fn update_zeroing_wanted() {
+    let exits = exits_since_tick();
+    let taken = FRAMES_TAKEN.swap(false, Ordering::Relaxed);
+    let wanted = {
+        let table = frames();
+        frames::zero_ahead_now(&table, taken, exits, table.total_pages() / ZEROED_SHARE)
+    };
+    ZEROING_WANTED.store(wanted, Ordering::Relaxed);
+}
+
+/// Zero free frames ahead of time, a batch at a time, while this CPU has
+/// nothing else to do: until an interrupt is pending (the guest's wake-up
+/// waits for at most one batch), the pool's zeroed frames reach their
+/// share, or [`ZERO_BATCHES_PER_IDLE`] batches. No lock is held while a
+/// frame is zeroed: the frame table lends the frames out
+/// (`claim_to_zero`), and they come back marked zeroed.
+fn zero_while_idle() {
+    if !ZEROING_WANTED.load(Ordering::Relaxed) {
+        return;
+    }
+    for _ in 0..ZERO_BATCHES_PER_IDLE {
+        if aarch64::interrupt_pending() || !ZEROING_WANTED.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut batch = [PhysAddr::new(0); ZERO_BATCH];
+        let n = {
+            let mut table = frames();
+            let target = table.total_pages() / ZEROED_SHARE;
+            table.claim_to_zero(&mut batch, target)
+        };
+        if n == 0 {
+            // The share is reached (or no plain free frame is left): WFI
+            // stops trapping for this until frames move again.
+            ZEROING_WANTED.store(false, Ordering::Relaxed);
+            return;
+        }
+        for &pa in &batch[..n] {
+            zero_and_clean(pa);
+        }
+        if let Err(e) = frames().finish_zeroing(&batch[..n]) {
+            // A hypervisor bug: the frames stay out of the pool.
+            println!("tidal: frames zeroed ahead refused by the frame table: {e}");
+            return;
+        }
+    }
+}
+
+/// Up to 64 frames for VM `vm` into `out`, one lock of the frame table,
+/// each zeroed unless the table says it needs no zeroing (zeroed while a
+/// CPU idled, or holding a page this VM gave up as free: see
+/// `HostMemory::alloc_frame`); how many.
+#[inline]
+fn alloc_guest_chunk(vm: usize, out: &mut [PhysAddr]) -> usize {
+    let (got, ready, free) = {
+        let mut table = frames();
+        let (got, ready) = table.alloc_guest_frames_marked(vm, out);
+        (got, ready, table.unreserved_free())
+    };
+    if got < out.len() || free < POOL_LOW.load(Ordering::Relaxed) {
+        POOL_EVENT.store(true, Ordering::Relaxed);
+    }
+    // Frames the frame table just handed to us, identity-mapped; cleaned
+    // to the point of coherency as `zero_and_clean` says why.
+    let to_zero = out[..got]
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| ready & (1 << i) == 0)
+        .map(|(_, pa)| pa.raw() as usize);
+    aarch64::zero_and_clean_frames(to_zero);
+    if got > 0 {
+        FRAMES_TAKEN.store(true, Ordering::Relaxed);
+        if ZEROING_WANTED.load(Ordering::Relaxed) {
+            ZEROING_WANTED.store(false, Ordering::Relaxed);
+        }
+    }
+    got
+}
+
 impl TableMemory for HostMem {
     fn alloc_table(&mut self) -> Option<PhysAddr> {
         let pa = frames().alloc(1, 1, FrameUse::PageTables)?;
@@ -157,9 +275,8 @@ impl TableMemory for HostMem {
 
 impl HostMemory for HostMem {
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
-        let pa = self.alloc_frame_to_overwrite(vm)?;
-        zero_and_clean(pa);
-        Some(pa)
+        let mut frame = [PhysAddr::new(0)];
+        (alloc_guest_chunk(vm, &mut frame) == 1).then_some(frame[0])
     }
     fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
         let (pa, free) = {
@@ -171,19 +288,22 @@ impl HostMemory for HostMem {
         if pa.is_none() || free < POOL_LOW.load(Ordering::Relaxed) {
             POOL_EVENT.store(true, Ordering::Relaxed);
         }
+        if pa.is_some() {
+            FRAMES_TAKEN.store(true, Ordering::Relaxed);
+            ZEROING_WANTED.store(false, Ordering::Relaxed);
+        }
         pa
     }
     fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
-        let (n, free) = {
-            let mut table = frames();
-            let n = table.alloc_guest_frames(vm, out);
-            (n, table.unreserved_free())
-        };
-        if n < out.len() || free < POOL_LOW.load(Ordering::Relaxed) {
-            POOL_EVENT.store(true, Ordering::Relaxed);
-        }
-        for &pa in &out[..n] {
-            zero_and_clean(pa);
+        // At most 64 frames a lock: the frame table marks those that need
+        // no zeroing in a 64-bit mask.
+        let mut n = 0;
+        for chunk in out.chunks_mut(64) {
+            let got = alloc_guest_chunk(vm, chunk);
+            n += got;
+            if got < chunk.len() {
+                break;
+            }
         }
         n
     }
@@ -202,6 +322,17 @@ impl HostMemory for HostMem {
         on_error: &mut dyn FnMut(FrameError),
     ) -> u64 {
         frames().free_guest_frames(vm, pas, on_error)
+    }
+    fn free_frames_keeping(
+        &mut self,
+        vm: usize,
+        pas: &[PhysAddr],
+        on_error: &mut dyn FnMut(FrameError),
+    ) -> u64 {
+        frames().free_guest_frames_keeping(vm, pas, on_error)
+    }
+    fn forget_kept(&mut self, vm: usize) {
+        frames().forget_kept(vm);
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         let pa = pa.raw() as usize;
@@ -319,6 +450,9 @@ impl PhysCpu for TargetCpu {
     }
     fn trap_wfi(&mut self, trap: bool) {
         vcpu::set_wfi_trap(trap);
+    }
+    fn zeroing_wanted(&self) -> bool {
+        ZEROING_WANTED.load(Ordering::Relaxed)
     }
     fn reset_virtual_interface(&mut self) {
         gic::reset_virtual_interface();
@@ -888,6 +1022,7 @@ fn run_vcpu(id: usize, vcpu: usize) {
             return;
         }
         if outcome == Outcome::Idle {
+            zero_while_idle();
             // Any pending physical interrupt (even masked at EL2) ends
             // the wait; it is taken as soon as the guest runs again.
             aarch64::wait_for_interrupt_or(10_000);
@@ -1147,6 +1282,7 @@ pub fn memory_tick() -> bool {
 fn tick_now() {
     let now = aarch64::uptime_us();
     POOL_EVENT.store(false, Ordering::Relaxed);
+    update_zeroing_wanted();
     let Some(guard) = MANAGER.try_lock() else {
         return;
     };

@@ -23,6 +23,29 @@
 //! business (its stage-2 tables and balloon); a guest page that is not backed
 //! has no frame at all, its frame is back in the pool. If more VMs are ever
 //! needed, the element type widens to `u16`; no caller sees the raw bytes.
+//!
+//! # Free frames that need no zeroing
+//!
+//! A free frame is one of three kinds, all counted as [`FrameUse::Free`]:
+//! - `Free`: contents unknown, zeroed before a guest gets it;
+//! - `ZEROED` (`0x3F`): zeroed (and cleaned) ahead of time by a CPU whose
+//!   vCPU idled ([`FrameTable::claim_to_zero`] lends plain free frames out,
+//!   as `ZEROING`, counted allocated; [`FrameTable::finish_zeroing`] takes
+//!   them back);
+//! - `FIRST_KEPT_CODE + vm` (`0x80..`): a page VM `vm` gave up as free
+//!   (reported or hinted), kept as it was
+//!   ([`FrameTable::free_guest_frames_keeping`]).
+//!
+//! Any allocation may take any of them. A VM's frames come from its own
+//! given-up pages first, then zeroed ones, then the rest, and
+//! [`FrameTable::alloc_guest_frames_marked`] says which need no zeroing:
+//! so a refault of pages a guest reported, and a first touch while zeroed
+//! frames last, skip it (a guest sees a free page of its own, which the
+//! virtio spec allows: see `HostMemory::alloc_frame`). Any other VM gets a
+//! given-up page zeroed. [`FrameTable::forget_kept`] drops the mark when
+//! the VM's RAM is freed, before its index can be reused. Each kind has its
+//! count and a storage index below which there is none of it, which
+//! [`FrameTable::check_invariants`] checks.
 
 use core::fmt;
 
@@ -97,6 +120,10 @@ impl FrameUse {
     pub const fn from_code(code: u8) -> Option<FrameUse> {
         if code >= FIRST_GUEST_CODE && ((code - FIRST_GUEST_CODE) as usize) < MAX_VMS {
             Some(FrameUse::Guest)
+        } else if is_free(code) {
+            Some(FrameUse::Free)
+        } else if code == ZEROING {
+            Some(FrameUse::Allocated)
         } else if code != FrameUse::Guest as u8 && (code as usize) < FrameUse::COUNT {
             Some(FrameUse::ALL[code as usize])
         } else {
@@ -112,6 +139,44 @@ impl fmt::Display for FrameUse {
 }
 
 const FREE: u8 = FrameUse::Free as u8;
+/// A free frame known to hold zeros, cleaned to the point of coherency
+/// (zeroed while a CPU idled): counted as free.
+const ZEROED: u8 = 0x3F;
+/// A frame taken out of the pool by an idle CPU to be zeroed: counted as
+/// allocated until it comes back as `ZEROED`.
+const ZEROING: u8 = 0x3E;
+/// First byte value of free frames holding a page a VM gave up as free
+/// (see the module docs).
+pub const FIRST_KEPT_CODE: u8 = 0x80;
+
+/// Whether a stored byte is a free frame (any kind: see the module docs).
+#[inline]
+const fn is_free(code: u8) -> bool {
+    FREE_CODES[code as usize]
+}
+
+/// [`is_free`] by byte: one load where the scans for free frames test
+/// every byte they pass (mostly guest frames), instead of three compares.
+const FREE_CODES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut code = 0;
+    while code < 256 {
+        table[code] =
+            code == FREE as usize || code == ZEROED as usize || kept_vm(code as u8).is_some();
+        code += 1;
+    }
+    table
+};
+
+/// The VM whose given-up free page a stored byte says the frame holds.
+#[inline]
+const fn kept_vm(code: u8) -> Option<usize> {
+    if code >= FIRST_KEPT_CODE && ((code - FIRST_KEPT_CODE) as usize) < MAX_VMS {
+        Some((code - FIRST_KEPT_CODE) as usize)
+    } else {
+        None
+    }
+}
 
 /// Why a frame table operation failed. Operations that fail change nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,6 +254,31 @@ pub enum FrameError {
         vm: usize,
         counted: u64,
         recorded: u64,
+    },
+    /// VM `vm`'s count of free frames it gave up as free pages disagrees
+    /// with a recount (`vm` [`MAX_VMS`]: the total over VMs).
+    KeptCounterMismatch {
+        vm: usize,
+        counted: u64,
+        recorded: u64,
+    },
+    /// The page at `addr` holds a page VM `vm` gave up as free, below where
+    /// the search for them starts: it would never be preferred.
+    KeptBelowHint {
+        vm: usize,
+        addr: PhysAddr,
+    },
+    /// The page at `addr`, a `what` frame, is below where the search for
+    /// such frames starts.
+    BelowHint {
+        addr: PhysAddr,
+        what: &'static str,
+    },
+    /// The counts of zeroed frames and of frames being zeroed disagree
+    /// with a recount.
+    ZeroedCounterMismatch {
+        counted: (u64, u64),
+        recorded: (u64, u64),
     },
     /// The frames held for guarantees disagree with a recount.
     ReservedMismatch {
@@ -272,6 +362,25 @@ impl fmt::Display for FrameError {
             } => write!(
                 f,
                 "VM {vm} owns {recorded} frames by its counter, a recount finds {counted}"
+            ),
+            FrameError::KeptCounterMismatch {
+                vm,
+                counted,
+                recorded,
+            } => write!(
+                f,
+                "VM {vm} gave up {recorded} free frames by its counter, a recount finds {counted}"
+            ),
+            FrameError::BelowHint { addr, what } => {
+                write!(f, "page {addr:#x} is {what} below its search hint")
+            }
+            FrameError::ZeroedCounterMismatch { counted, recorded } => write!(
+                f,
+                "zeroed and being-zeroed frames: counters say {recorded:?}, a recount finds {counted:?}"
+            ),
+            FrameError::KeptBelowHint { vm, addr } => write!(
+                f,
+                "page {addr:#x}, given up by VM {vm}, is below its search hint"
             ),
             FrameError::ReservedMismatch { counted, recorded } => write!(
                 f,
@@ -388,6 +497,44 @@ pub struct FrameTable<'a> {
     /// frames are down to this (the pool's `min` watermark: the reserve
     /// for stage-2 tables and the hypervisor's own needs).
     guest_floor: u64,
+    /// Free frames holding a page a VM gave up (the sum of the VMs' `kept`).
+    kept: u64,
+    /// Free frames zeroed ahead of time (byte `ZEROED`), frames out being
+    /// zeroed (`ZEROING`), and zeroed ones given to guests so far.
+    zeroed: u64,
+    zeroing: u64,
+    zeroed_taken: u64,
+    /// Storage index below which no zeroed frame is.
+    lowest_zeroed: usize,
+    /// Storage index below which no plain free frame (byte `FREE`) is.
+    lowest_plain: usize,
+}
+
+/// At most this many exits in a memory-manager tick (100 ms) count as
+/// quiet guests (see [`zero_ahead_now`]): an idle Linux guest takes a few
+/// (about 2 per vCPU, and 2 per sleep while its WFI traps); one agent
+/// request takes about 220.
+pub const QUIET_EXITS_PER_TICK: u64 = 50;
+
+/// Whether idle CPUs should zero frames ahead of time until the next tick,
+/// given what the guests did since the last one: only if they took no
+/// frame and exited at most [`QUIET_EXITS_PER_TICK`] times, and the table
+/// has frames to zero below `target`. A busy guest (its boot, a balloon
+/// move, a stream of requests) would only share the CPUs with the zeroing
+/// and wait for it after its short sleeps.
+pub fn zero_ahead_now(table: &FrameTable<'_>, frames_taken: bool, exits: u64, target: u64) -> bool {
+    !frames_taken && exits <= QUIET_EXITS_PER_TICK && table.zeroing_wanted(target)
+}
+
+/// Frames being filled by one `alloc_guest_frames_marked` call.
+struct Take<'o> {
+    /// The byte they get (their VM's guest code).
+    code: u8,
+    out: &'o mut [PhysAddr],
+    /// How many are in `out` so far.
+    n: usize,
+    /// Bit `i`: `out[i]` needs no zeroing.
+    ready: u64,
 }
 
 /// One VM's frames in the table.
@@ -395,6 +542,13 @@ pub struct FrameTable<'a> {
 struct GuestFrames {
     owned: u64,
     guaranteed: u64,
+    /// Free frames holding a page this VM gave up as free (kept codes).
+    kept: u64,
+    /// Storage index below which none of those is: where the VM's frame
+    /// search looks for them first.
+    lowest_kept: usize,
+    /// Of its frames, how many came back to it unzeroed (kept), in total.
+    reused: u64,
 }
 
 /// Why [`FrameTable::guarantee`] refused: the frames missing.
@@ -468,6 +622,12 @@ impl<'a> FrameTable<'a> {
             partial_bytes,
             hint: 0,
             lowest_free: 0,
+            kept: 0,
+            zeroed: 0,
+            zeroing: 0,
+            zeroed_taken: 0,
+            lowest_zeroed: 0,
+            lowest_plain: 0,
             guests: [GuestFrames::default(); MAX_VMS],
             reserved: 0,
             guest_floor: 0,
@@ -501,6 +661,11 @@ impl<'a> FrameTable<'a> {
     /// The one place a frame's byte changes: keeps every counter exact.
     fn set_code(&mut self, idx: usize, to: u8) {
         for (code, delta) in [(self.entries[idx], -1i64), (to, 1)] {
+            if let Some(vm) = kept_vm(code) {
+                let g = &mut self.guests[vm];
+                g.kept = g.kept.wrapping_add_signed(delta);
+                self.kept = self.kept.wrapping_add_signed(delta);
+            }
             if let Some(u) = FrameUse::from_code(code) {
                 self.counts[u as usize] = self.counts[u as usize].wrapping_add_signed(delta);
                 if u == FrameUse::Guest {
@@ -514,8 +679,21 @@ impl<'a> FrameTable<'a> {
                 }
             }
         }
-        if to == FREE {
+        if is_free(to) {
             self.lowest_free = self.lowest_free.min(idx);
+        }
+        if self.entries[idx] == ZEROED {
+            self.zeroed -= 1;
+        }
+        if to == ZEROED {
+            self.zeroed += 1;
+            self.lowest_zeroed = self.lowest_zeroed.min(idx);
+        } else if to == FREE {
+            self.lowest_plain = self.lowest_plain.min(idx);
+        }
+        if let Some(vm) = kept_vm(to) {
+            let g = &mut self.guests[vm];
+            g.lowest_kept = g.lowest_kept.min(idx);
         }
         self.entries[idx] = to;
     }
@@ -550,7 +728,7 @@ impl<'a> FrameTable<'a> {
         let mut changed = 0;
         for i in 0..self.nbanks {
             for idx in self.banks[i].indexes(lo, hi) {
-                if self.entries[idx] == FREE {
+                if is_free(self.entries[idx]) {
                     self.set(idx, to);
                     changed += 1;
                 }
@@ -593,6 +771,7 @@ impl<'a> FrameTable<'a> {
         let Some(&GuestFrames {
             owned,
             guaranteed: old,
+            ..
         }) = self.guests.get(vm)
         else {
             return Err(Shortfall {
@@ -660,8 +839,25 @@ impl<'a> FrameTable<'a> {
     /// as the guarantee and the floor allow: one first-fit scan from the lowest free frame and one
     /// counter update for the batch. Returns how many were written to `out`.
     pub fn alloc_guest_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
-        let Some(&GuestFrames { owned, guaranteed }) = self.guests.get(vm) else {
-            return 0;
+        self.alloc_guest_frames_marked(vm, out).0
+    }
+
+    /// [`Self::alloc_guest_frames`], and which of the frames need no
+    /// zeroing: bit `i` of the mask for `out[i]` (only the first 64 are
+    /// marked; an unmarked frame is one to zero). Taken in this order: the
+    /// pages VM `vm` itself gave up as free
+    /// ([`Self::free_guest_frames_keeping`]), frames zeroed ahead of time
+    /// ([`Self::claim_to_zero`]), then first fit among the rest.
+    pub fn alloc_guest_frames_marked(&mut self, vm: usize, out: &mut [PhysAddr]) -> (usize, u64) {
+        let Some(&GuestFrames {
+            owned,
+            guaranteed,
+            kept: kept_n,
+            lowest_kept,
+            ..
+        }) = self.guests.get(vm)
+        else {
+            return (0, 0);
         };
         // Frames within the guarantee come out of `reserved` and leave the
         // unreserved count alone; beyond it, each takes one down to the floor.
@@ -671,13 +867,68 @@ impl<'a> FrameTable<'a> {
             .min(allowed)
             .min(self.counts[FrameUse::Free as usize]) as usize;
         let code = FIRST_GUEST_CODE + vm as u8;
-        let mut n = 0;
-        // First fit: no frame below `lowest_free` is free, and `want`
+        let mut take = Take {
+            code,
+            out: &mut out[..want],
+            n: 0,
+            ready: 0,
+        };
+        // This VM's given-up pages first, then frames zeroed while a CPU
+        // idled: neither needs zeroing now.
+        if kept_n > 0 {
+            let (end, taken) =
+                self.take_coded(&mut take, FIRST_KEPT_CODE + vm as u8, lowest_kept, kept_n);
+            let g = &mut self.guests[vm];
+            g.reused += taken;
+            g.kept -= taken;
+            self.kept -= taken;
+            g.lowest_kept = end;
+        }
+        if self.zeroed > 0 {
+            let (end, taken) = self.take_coded(&mut take, ZEROED, self.lowest_zeroed, self.zeroed);
+            self.zeroed -= taken;
+            self.zeroed_taken += taken;
+            self.lowest_zeroed = end;
+        }
+        // Then first fit: no frame below `lowest_free` is free, and `want`
         // frames are free, so one pass to the end finds them.
+        let (mut n, mut ready) = (take.n, take.ready);
+        if n < want {
+            // Without zeroed or given-up frames anywhere (a guest's boot,
+            // a bare-metal guest), only plain free frames to look for.
+            let special = self.zeroed > 0 || self.kept > 0;
+            let (end, got, marked) = if special {
+                self.first_fit::<true>(vm, &mut out[n..want])
+            } else {
+                self.first_fit::<false>(vm, &mut out[n..want])
+            };
+            n += got;
+            // Bits for `out[n - got..]`; past the 64th frame, none.
+            ready |= marked.checked_shl((n - got) as u32).unwrap_or(0);
+            // Every frame before `end` was taken now or was not free.
+            self.lowest_free = end;
+        }
+        self.moved_guest(vm, n as u64, true);
+        (n, ready)
+    }
+
+    /// First fit from `lowest_free` into `out` for VM `vm` (`want` frames
+    /// are free, so one pass to the end finds them): where the scan ended,
+    /// how many, and which need no zeroing (bit per frame of `out`).
+    /// `SPECIAL`: zeroed or given-up frames may be met (else only plain
+    /// free ones are, and the test of each byte is one compare).
+    #[inline]
+    fn first_fit<const SPECIAL: bool>(
+        &mut self,
+        vm: usize,
+        out: &mut [PhysAddr],
+    ) -> (usize, usize, u64) {
+        let code = FIRST_GUEST_CODE + vm as u8;
+        let (mut n, mut ready) = (0, 0u64);
         let mut idx = self.lowest_free.min(self.entries.len());
-        while n < want {
+        while n < out.len() {
             if idx >= self.entries.len() {
-                break; // Cannot happen: `want` frames are free.
+                break; // Cannot happen: the frames are free.
             }
             let Some(b) = self
                 .banks()
@@ -688,19 +939,133 @@ impl<'a> FrameTable<'a> {
                 break;
             };
             let end = b.base + b.pages;
-            while idx < end && n < want {
-                if self.entries[idx] == FREE {
+            while idx < end && n < out.len() {
+                let found = self.entries[idx];
+                let free = if SPECIAL {
+                    is_free(found)
+                } else {
+                    found == FREE
+                };
+                if free {
                     self.entries[idx] = code;
                     out[n] = PhysAddr::new(b.first + (idx - b.base) as u64 * PAGE_SIZE);
+                    if SPECIAL && found != FREE && self.taken_ready(found, vm) && n < 64 {
+                        ready |= 1 << n;
+                    }
                     n += 1;
                 }
                 idx += 1;
             }
         }
-        // Every frame before `idx` was taken now or was not free.
-        self.lowest_free = idx;
-        self.moved_guest(vm, n as u64, true);
+        (idx, n, ready)
+    }
+
+    /// A free frame of byte `found` (not plain) taken by VM `vm` in the
+    /// first fit: its counters updated; whether it needs no zeroing.
+    /// Another VM's given-up page is zeroed for this one; this VM's own, or
+    /// a zeroed frame, come here only if a count was off (they are taken
+    /// before the first fit).
+    fn taken_ready(&mut self, found: u8, vm: usize) -> bool {
+        if let Some(by) = kept_vm(found) {
+            self.guests[by].kept -= 1;
+            self.kept -= 1;
+            by == vm
+        } else {
+            self.zeroed -= 1;
+            true
+        }
+    }
+
+    /// Frames whose byte is `from` (at most `limit` of them, none before
+    /// storage index `start`) taken for `take`, marked ready, until it is
+    /// full: where the scan ended and how many were taken. The caller
+    /// updates the counters of `from`.
+    fn take_coded(
+        &mut self,
+        take: &mut Take<'_>,
+        from: u8,
+        start: usize,
+        limit: u64,
+    ) -> (usize, u64) {
+        let (mut idx, mut taken) = (start, 0);
+        while take.n < take.out.len() && taken < limit && idx < self.entries.len() {
+            if self.entries[idx] == from {
+                self.entries[idx] = take.code;
+                take.out[take.n] = PhysAddr::new(self.addr_of(idx));
+                if take.n < 64 {
+                    take.ready |= 1 << take.n;
+                }
+                take.n += 1;
+                taken += 1;
+            }
+            idx += 1;
+        }
+        (idx, taken)
+    }
+
+    /// Free frames neither zeroed nor holding a page a VM gave up: those
+    /// [`Self::claim_to_zero`] takes.
+    pub fn plain_free(&self) -> u64 {
+        let kept = self.kept;
+        self.counts[FrameUse::Free as usize] - self.zeroed - kept
+    }
+
+    /// Whether [`Self::claim_to_zero`] with this `target` would give
+    /// frames.
+    pub fn zeroing_wanted(&self, target: u64) -> bool {
+        self.zeroed + self.zeroing < target && self.plain_free() > 0
+    }
+
+    /// Free frames zeroed ahead of time, and how many of those guests were
+    /// given so far.
+    pub fn zeroed_pages(&self) -> (u64, u64) {
+        (self.zeroed, self.zeroed_taken)
+    }
+
+    /// Plain free frames (lowest first) taken out of the pool to be zeroed
+    /// by an idle CPU, into `out`, while fewer than `target` are zeroed or
+    /// being zeroed: how many. Each must come back through
+    /// [`Self::finish_zeroing`] (meanwhile they count as allocated).
+    pub fn claim_to_zero(&mut self, out: &mut [PhysAddr], target: u64) -> usize {
+        let room = target.saturating_sub(self.zeroed + self.zeroing);
+        let want = (out.len() as u64).min(room).min(self.plain_free()) as usize;
+        let mut n = 0;
+        let mut idx = self.lowest_plain;
+        while n < want && idx < self.entries.len() {
+            if self.entries[idx] == FREE {
+                self.set_code(idx, ZEROING);
+                out[n] = PhysAddr::new(self.addr_of(idx));
+                n += 1;
+            }
+            idx += 1;
+        }
+        // Every plain free frame before `idx` was taken now.
+        self.lowest_plain = idx;
+        self.zeroing += n as u64;
         n
+    }
+
+    /// Frames [`Self::claim_to_zero`] gave out, now zeroed (and cleaned to
+    /// the point of coherency): back in the pool, marked zeroed. A frame
+    /// that was not claimed is refused and left as it was.
+    pub fn finish_zeroing(&mut self, frames: &[PhysAddr]) -> Result<(), FrameError> {
+        let mut result = Ok(());
+        for &addr in frames {
+            match self.index_of(addr.raw()) {
+                Some(idx) if self.entries[idx] == ZEROING && addr.is_page_aligned() => {
+                    self.set_code(idx, ZEROED);
+                    self.zeroing -= 1;
+                }
+                _ => {
+                    result = Err(FrameError::WrongUse {
+                        addr,
+                        expected: FrameUse::Allocated,
+                        found: self.use_of(addr).unwrap_or(FrameUse::Free),
+                    });
+                }
+            }
+        }
+        result
     }
 
     /// [`Self::free_guest`] for a batch of frames, with one counter update:
@@ -713,6 +1078,73 @@ impl<'a> FrameTable<'a> {
         frames: &[PhysAddr],
         on_error: &mut dyn FnMut(FrameError),
     ) -> u64 {
+        self.free_guest_frames_to(vm, frames, FREE, on_error)
+    }
+
+    /// [`Self::free_guest_frames`] for pages VM `vm` gave up as free
+    /// (reported or hinted), their contents kept: marked so that a frame
+    /// VM `vm` gets back from the pool needs no zeroing (see the module
+    /// docs).
+    pub fn free_guest_frames_keeping(
+        &mut self,
+        vm: usize,
+        frames: &[PhysAddr],
+        on_error: &mut dyn FnMut(FrameError),
+    ) -> u64 {
+        let to = FIRST_KEPT_CODE.wrapping_add(vm as u8);
+        self.free_guest_frames_to(vm, frames, to, on_error)
+    }
+
+    /// Free frames of VM `vm` whose pages it gave up as free lose that
+    /// mark (become plain free frames, zeroed for whoever gets them): its
+    /// RAM is freed, and its index may go to a new VM. One pass over the
+    /// table; how many were marked.
+    pub fn forget_kept(&mut self, vm: usize) -> u64 {
+        if vm >= MAX_VMS {
+            return 0;
+        }
+        self.guests[vm].reused = 0;
+        if self.guests[vm].kept == 0 {
+            return 0;
+        }
+        let kept = FIRST_KEPT_CODE + vm as u8;
+        let mut n = 0;
+        for (idx, e) in self
+            .entries
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, e)| **e == kept)
+        {
+            *e = FREE;
+            self.lowest_plain = self.lowest_plain.min(idx);
+            n += 1;
+        }
+        self.kept -= self.guests[vm].kept;
+        self.guests[vm].kept = 0;
+        n
+    }
+
+    /// Free frames holding a page VM `vm` gave up as free.
+    pub fn kept_pages(&self, vm: usize) -> u64 {
+        self.guests.get(vm).map_or(0, |g| g.kept)
+    }
+
+    /// Frames VM `vm` got back unzeroed (holding a page it gave up), in
+    /// total since its index was last used ([`Self::forget_kept`]).
+    pub fn kept_reused(&self, vm: usize) -> u64 {
+        self.guests.get(vm).map_or(0, |g| g.reused)
+    }
+
+    /// [`Self::free_guest_frames`], each frame's byte set to `to` (a free
+    /// code).
+    fn free_guest_frames_to(
+        &mut self,
+        vm: usize,
+        frames: &[PhysAddr],
+        to: u8,
+        on_error: &mut dyn FnMut(FrameError),
+    ) -> u64 {
+        debug_assert!(is_free(to));
         if vm >= MAX_VMS {
             for &addr in frames {
                 on_error(FrameError::NotOwnedBy { addr, vm, code: 0 });
@@ -722,6 +1154,7 @@ impl<'a> FrameTable<'a> {
         let code = FIRST_GUEST_CODE + vm as u8;
         let mut bank = Bank::EMPTY;
         let mut freed = 0;
+        let mut lowest = usize::MAX;
         let mut rest = frames;
         while let Some((&first, _)) = rest.split_first() {
             // A run of consecutive frames (a VM's RAM is mostly backed in
@@ -741,8 +1174,9 @@ impl<'a> FrameTable<'a> {
                     let idx = bk.base + ((a - bk.first) / PAGE_SIZE) as usize;
                     let entries = &mut self.entries[idx..idx + run];
                     if entries.iter().all(|&c| c == code) {
-                        entries.fill(FREE);
+                        entries.fill(to);
                         self.lowest_free = self.lowest_free.min(idx);
+                        lowest = lowest.min(idx);
                         freed += run as u64;
                         rest = next;
                         continue;
@@ -782,12 +1216,21 @@ impl<'a> FrameTable<'a> {
                     });
                     continue;
                 }
-                self.entries[idx] = FREE;
+                self.entries[idx] = to;
                 self.lowest_free = self.lowest_free.min(idx);
+                lowest = lowest.min(idx);
                 freed += 1;
             }
         }
         self.moved_guest(vm, freed, false);
+        if kept_vm(to).is_some() {
+            let g = &mut self.guests[vm];
+            g.kept += freed;
+            self.kept += freed;
+            g.lowest_kept = g.lowest_kept.min(lowest);
+        } else {
+            self.lowest_plain = self.lowest_plain.min(lowest);
+        }
         freed
     }
 
@@ -868,7 +1311,7 @@ impl<'a> FrameTable<'a> {
             if j.checked_add(pages)? > b.pages {
                 return None;
             }
-            match entries[j..j + pages].iter().rposition(|&e| e != FREE) {
+            match entries[j..j + pages].iter().rposition(|&e| !is_free(e)) {
                 None => return Some(j),
                 Some(k) => i = j + k + 1,
             }
@@ -981,10 +1424,53 @@ impl<'a> FrameTable<'a> {
     pub fn check_invariants(&self) -> Result<(), FrameError> {
         let mut counted = [0u64; FrameUse::COUNT];
         let mut guests = [0u64; MAX_VMS];
-        for &code in self.entries.iter() {
+        let mut kept = [0u64; MAX_VMS];
+        let (mut zeroed, mut zeroing) = (0, 0);
+        for (idx, &code) in self.entries.iter().enumerate() {
+            let below = |hint: usize, what: &'static str| {
+                (idx < hint).then(|| FrameError::BelowHint {
+                    addr: PhysAddr::new(self.addr_of(idx)),
+                    what,
+                })
+            };
+            if code == ZEROED {
+                zeroed += 1;
+                below(self.lowest_zeroed, "zeroed").map_or(Ok(()), Err)?;
+            } else if code == ZEROING {
+                zeroing += 1;
+            } else if code == FREE {
+                below(self.lowest_plain, "plain free").map_or(Ok(()), Err)?;
+            }
             if FrameUse::from_code(code) == Some(FrameUse::Guest) {
                 guests[(code - FIRST_GUEST_CODE) as usize] += 1;
+            } else if let Some(vm) = kept_vm(code) {
+                kept[vm] += 1;
+                if idx < self.guests[vm].lowest_kept {
+                    let addr = PhysAddr::new(self.addr_of(idx));
+                    return Err(FrameError::KeptBelowHint { vm, addr });
+                }
             }
+        }
+        if (zeroed, zeroing) != (self.zeroed, self.zeroing) {
+            return Err(FrameError::ZeroedCounterMismatch {
+                counted: (zeroed, zeroing),
+                recorded: (self.zeroed, self.zeroing),
+            });
+        }
+        let kept_total: u64 = kept.iter().sum();
+        if kept_total != self.kept {
+            return Err(FrameError::KeptCounterMismatch {
+                vm: MAX_VMS,
+                counted: kept_total,
+                recorded: self.kept,
+            });
+        }
+        if let Some(vm) = (0..MAX_VMS).find(|&vm| kept[vm] != self.guests[vm].kept) {
+            return Err(FrameError::KeptCounterMismatch {
+                vm,
+                counted: kept[vm],
+                recorded: self.guests[vm].kept,
+            });
         }
         if let Some(vm) = (0..MAX_VMS).find(|&vm| guests[vm] != self.guests[vm].owned) {
             return Err(FrameError::GuestCounterMismatch {
@@ -1054,9 +1540,14 @@ impl Iterator for Runs<'_, '_> {
                 continue;
             }
             let entries = &self.table.entries[b.base..b.base + b.pages];
-            let code = entries[self.page];
+            // Free frames of either kind are one run: the map shows uses.
+            let same = |c: u8| if is_free(c) { FREE } else { c };
+            let code = same(entries[self.page]);
             let start = self.page;
-            let len = entries[start..].iter().take_while(|&&c| c == code).count();
+            let len = entries[start..]
+                .iter()
+                .take_while(|&&c| same(c) == code)
+                .count();
             self.page = start + len;
             let range = PhysRange::new(
                 b.first + start as u64 * PAGE_SIZE,
@@ -1154,8 +1645,159 @@ mod tests {
         assert_eq!(FrameUse::from_code(FrameUse::Guest as u8), None);
         assert_eq!(FrameUse::from_code(10), None);
         assert_eq!(FrameUse::from_code(FIRST_GUEST_CODE), Some(FrameUse::Guest));
-        let past = FIRST_GUEST_CODE + MAX_VMS as u8;
-        assert_eq!(FrameUse::from_code(past), None);
+        // Right after them, the free frames a VM gave up as free pages.
+        assert_eq!(FIRST_GUEST_CODE + MAX_VMS as u8, FIRST_KEPT_CODE);
+        assert_eq!(FrameUse::from_code(FIRST_KEPT_CODE), Some(FrameUse::Free));
+        let last = FIRST_KEPT_CODE + MAX_VMS as u8 - 1;
+        assert_eq!(FrameUse::from_code(last), Some(FrameUse::Free));
+        assert_eq!(FrameUse::from_code(last + 1), None);
+        assert_eq!(FrameUse::from_code(0xff), None);
+    }
+
+    #[test]
+    fn frames_zeroed_ahead_are_free_and_taken_after_a_vms_own() {
+        let ram = [r(0, 16 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let mut got = [pa(0); 4];
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut got), (4, 0));
+        let no_error = &mut |e| panic!("{e}");
+        t.free_guest_frames(1, &got[..1], no_error);
+        t.free_guest_frames_keeping(1, &got[3..4], no_error);
+        // Up to a target of 3: the lowest plain free frames (0, then 4, 5).
+        let mut claim = [pa(0); 8];
+        assert_eq!(t.claim_to_zero(&mut claim, 3), 3);
+        assert_eq!(claim[..3], [pa(0), pa(4 * PAGE_SIZE), pa(5 * PAGE_SIZE)]);
+        assert_eq!(t.use_of(pa(0)), Some(FrameUse::Allocated));
+        assert_eq!(t.plain_free(), 16 - 2 - 1 - 3);
+        assert_eq!(t.claim_to_zero(&mut claim[3..], 3), 0, "target reached");
+        t.check_invariants().unwrap();
+        t.finish_zeroing(&claim[..3]).unwrap();
+        assert!(
+            t.finish_zeroing(&claim[..1]).is_err(),
+            "not claimed any more"
+        );
+        assert_eq!(t.zeroed_pages(), (3, 0));
+        assert_eq!(t.free_pages(), 16 - 2);
+        t.check_invariants().unwrap();
+        // VM 1: its kept page, then the zeroed ones, then plain (to zero).
+        let mut five = [pa(0); 5];
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut five), (5, 0b01111));
+        assert_eq!(
+            five,
+            [
+                got[3],
+                pa(0),
+                pa(4 * PAGE_SIZE),
+                pa(5 * PAGE_SIZE),
+                pa(6 * PAGE_SIZE)
+            ]
+        );
+        assert_eq!(t.zeroed_pages(), (0, 3));
+        t.check_invariants().unwrap();
+        // Freed again: plain, zeroed again by the next claim (lowest first).
+        t.free_guest_frames(1, &five[1..2], no_error);
+        // Plain free now: frame 0 and 7..16; 8 fit.
+        assert_eq!(t.claim_to_zero(&mut claim, 100), 8);
+        assert_eq!(claim[0], pa(0));
+        // A hypervisor allocation may take a zeroed frame (and zeroes it).
+        t.finish_zeroing(&claim[..8]).unwrap();
+        assert_eq!(t.alloc(1, 1, FrameUse::PageTables), Some(pa(0)));
+        t.check_invariants().unwrap();
+        assert_eq!(t.zeroed_pages().0, 7);
+    }
+
+    #[test]
+    fn zeroing_ahead_waits_for_quiet_guests_and_stops_at_its_target() {
+        let ram = [r(0, 16 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        assert!(zero_ahead_now(&t, false, 0, 4));
+        assert!(zero_ahead_now(&t, false, QUIET_EXITS_PER_TICK, 4));
+        assert!(!zero_ahead_now(&t, true, 0, 4), "a guest took frames");
+        assert!(
+            !zero_ahead_now(&t, false, QUIET_EXITS_PER_TICK + 1, 4),
+            "busy"
+        );
+        let mut claim = [pa(0); 4];
+        assert_eq!(t.claim_to_zero(&mut claim, 4), 4);
+        assert!(
+            !zero_ahead_now(&t, false, 0, 4),
+            "all four out being zeroed"
+        );
+        t.finish_zeroing(&claim).unwrap();
+        assert!(!zero_ahead_now(&t, false, 0, 4), "target reached");
+        assert!(zero_ahead_now(&t, false, 0, 5));
+        // Nothing plain left to zero: the zeroed four went first, marked.
+        let mut rest = [pa(0); 12];
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut rest), (12, 0b1111));
+        assert_eq!(t.plain_free(), 4);
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut rest[..4]), (4, 0));
+        assert_eq!(t.plain_free(), 0);
+        assert!(!zero_ahead_now(&t, false, 0, 100));
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn kept_frames_are_free_and_only_their_vm_gets_them_unzeroed() {
+        let ram = [r(0, 16 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let mut got = [pa(0); 8];
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut got), (8, 0));
+        // Pages 2 and 3 reported (kept), 5 inflated (plain free).
+        let no_error = &mut |e| panic!("{e}");
+        assert_eq!(t.free_guest_frames_keeping(1, &got[2..4], no_error), 2);
+        assert_eq!(t.free_guest_frames(1, &got[5..6], no_error), 1);
+        t.check_invariants().unwrap();
+        assert_eq!(
+            (t.free_pages(), t.guest_pages(1), t.kept_pages(1)),
+            (11, 5, 2)
+        );
+        assert_eq!(t.use_of(got[2]), Some(FrameUse::Free));
+        // The memory map shows free frames of both kinds as one run.
+        let runs: Vec<_> = t.runs().collect();
+        assert_eq!(
+            runs[1],
+            (r(2 * PAGE_SIZE, 4 * PAGE_SIZE), Some(FrameUse::Free))
+        );
+        assert_eq!(runs[3].0, r(5 * PAGE_SIZE, 6 * PAGE_SIZE));
+        // A refused frame changes nothing, kept or not.
+        let mut refused = 0;
+        assert_eq!(
+            t.free_guest_frames_keeping(2, &got[..1], &mut |_| refused += 1),
+            0
+        );
+        assert_eq!(refused, 1);
+        // VM 1 gets its own pages back first (lowest first), marked.
+        let mut again = [pa(0); 3];
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut again), (3, 0b011));
+        assert_eq!((t.kept_pages(1), t.kept_reused(1)), (0, 2));
+        assert_eq!(again, [got[2], got[3], got[5]]);
+        // Its own kept frame comes before a lower plain free one.
+        assert_eq!(t.free_guest_frames(1, &got[..1], no_error), 1);
+        assert_eq!(t.free_guest_frames_keeping(1, &got[6..7], no_error), 1);
+        let mut one = [pa(0)];
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut one), (1, 1));
+        assert_eq!(one, [got[6]]);
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut one), (1, 0));
+        assert_eq!(one, [got[0]]);
+        t.check_invariants().unwrap();
+        assert_eq!(t.free_guest_frames_keeping(1, &again, no_error), 3);
+        // Another VM gets them unmarked: it must zero them.
+        let mut other = [pa(0); 3];
+        assert_eq!(t.alloc_guest_frames_marked(2, &mut other), (3, 0));
+        assert_eq!(t.free_guest_frames_keeping(2, &other, no_error), 3);
+        t.check_invariants().unwrap();
+        // VM 2's RAM is freed: its marks go, before its index is reused.
+        assert_eq!(t.forget_kept(2), 3);
+        assert_eq!(t.kept_pages(2), 0);
+        assert_eq!(t.alloc_guest_frames_marked(2, &mut other), (3, 0));
+        // Hypervisor allocations take kept frames like any free frame.
+        t.free_guest_frames_keeping(2, &other, no_error);
+        assert_eq!(t.alloc(2, 1, FrameUse::Allocated), Some(got[2]));
+        t.check_invariants().unwrap();
+        assert_eq!(t.free_pages(), 9);
     }
 
     #[test]

@@ -500,6 +500,15 @@ fn wfi_traps_only_where_a_sleep_must_be_bounded() {
     assert!(handle::traps_wfi(&bare, 0));
     handle::before_entry(&mut bare, &mut bare_cpu, 0);
     assert!(bare_cpu.wfi_trapped);
+
+    // While the pool wants frames zeroed ahead, an idle vCPU comes to EL2
+    // to do it; then it sleeps in the guest again.
+    cpu.zeroing = true;
+    handle::before_entry(&mut vm, &mut cpu, 1);
+    assert!(cpu.wfi_trapped);
+    cpu.zeroing = false;
+    handle::before_entry(&mut vm, &mut cpu, 1);
+    assert!(!cpu.wfi_trapped);
 }
 
 #[test]

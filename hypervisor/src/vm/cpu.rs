@@ -54,6 +54,11 @@ pub trait PhysCpu {
     /// Trap the guest's WFI on this CPU from its next entry, or let it
     /// sleep in WFI itself.
     fn trap_wfi(&mut self, trap: bool);
+    /// Whether the pool wants free frames zeroed ahead of time, which this
+    /// CPU does while its vCPU idles (so its WFI traps meanwhile).
+    fn zeroing_wanted(&self) -> bool {
+        false
+    }
     /// Physical interrupts: acknowledge the highest pending one (its INTID,
     /// [`SPURIOUS`](crate::vgic::intid::SPURIOUS) if none, and the raw IAR),
     /// drop its priority, deactivate it.

@@ -99,7 +99,7 @@ pub fn after_exit(
 /// WFI trapped or not ([`traps_wfi`]).
 pub fn before_entry(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
     irq::sync_list_registers(vm, cpu, vcpu);
-    cpu.trap_wfi(traps_wfi(vm, vcpu));
+    cpu.trap_wfi(traps_wfi(vm, vcpu) || cpu.zeroing_wanted());
 }
 
 /// Whether vCPU `vcpu`'s WFI traps. Mostly not: the vCPU has its physical
@@ -113,7 +113,10 @@ pub fn before_entry(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
 /// - without the virtual GIC (physical interrupts are not routed to EL2);
 /// - on vCPU 0 while statistics polling is scheduled: the poll runs from
 ///   its exits ([`balloon_ctl::poll`]), and a trapped WFI sleeps at most
-///   10 ms.
+///   10 ms;
+/// - (in [`before_entry`]) while the pool wants frames zeroed ahead of
+///   time ([`PhysCpu::zeroing_wanted`]): the CPU zeroes them while its
+///   vCPU idles.
 pub fn traps_wfi(vm: &Vm, vcpu: usize) -> bool {
     vm.vgic.is_none()
         || (vcpu == 0

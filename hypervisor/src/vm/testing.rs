@@ -20,7 +20,10 @@ const RAM_BASE: u64 = 0x8000_0000;
 
 /// A host with `pages` pages of fake RAM at 0x8000_0000 and a real frame
 /// table. Frames given back to the pool are filled with 0xdd, so a VM that
-/// could still reach one would read garbage a test notices.
+/// could still reach one would read garbage a test notices; as on the
+/// target, a page a VM gave up as free keeps its contents, and comes back
+/// to that VM (only) unzeroed, and frames zeroed ahead of time
+/// ([`FakeHost::zero_ahead`]) are handed out as they are.
 pub struct FakeHost {
     pub frames: FrameTable<'static>,
     /// Per frame: its contents as a stage-2 table, or as a guest page.
@@ -61,6 +64,22 @@ impl FakeHost {
         }
     }
 
+    /// What an idle CPU does on the target: up to `n` plain free frames
+    /// zeroed ahead of time, while fewer than `target` are; how many.
+    pub fn zero_ahead(&mut self, n: usize, target: u64) -> usize {
+        let mut claimed = vec![PhysAddr::new(0); n];
+        let got = self.frames.claim_to_zero(&mut claimed, target);
+        for &pa in &claimed[..got] {
+            if self.keep_data {
+                self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
+            }
+        }
+        self.frames
+            .finish_zeroing(&claimed[..got])
+            .expect("claimed frames come back");
+        got
+    }
+
     /// The index of the frame holding `pa` (which must be fake RAM).
     fn frame(pa: PhysAddr) -> usize {
         usize::try_from((pa.raw() - RAM_BASE) / PAGE_SIZE).expect("frame index fits usize")
@@ -93,8 +112,13 @@ impl TableMemory for FakeHost {
 
 impl HostMemory for FakeHost {
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
-        let pa = self.frames.alloc_guest(vm)?;
-        if self.keep_data {
+        let mut frame = [PhysAddr::new(0)];
+        let (n, ready) = self.frames.alloc_guest_frames_marked(vm, &mut frame);
+        if n == 0 {
+            return None;
+        }
+        let pa = frame[0];
+        if self.keep_data && ready & 1 == 0 {
             self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
         }
         Some(pa)
@@ -120,6 +144,19 @@ impl HostMemory for FakeHost {
             self.data[Self::frame(pa)] = Some(Box::new([0xdd; 4096]));
         }
         Ok(())
+    }
+    /// The contents stay: the frame table marks the frames, and only this
+    /// VM gets them back unzeroed.
+    fn free_frames_keeping(
+        &mut self,
+        vm: usize,
+        pas: &[PhysAddr],
+        on_error: &mut dyn FnMut(FrameError),
+    ) -> u64 {
+        self.frames.free_guest_frames_keeping(vm, pas, on_error)
+    }
+    fn forget_kept(&mut self, vm: usize) {
+        self.frames.forget_kept(vm);
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         if !self.keep_data {
@@ -183,6 +220,8 @@ pub struct FakeCpu {
     pub underflow: bool,
     /// Whether the guest's WFI traps (as a vCPU starts: it does).
     pub wfi_trapped: bool,
+    /// What `zeroing_wanted` answers (the pool wants frames zeroed ahead).
+    pub zeroing: bool,
     /// Physical interrupts waiting to be acknowledged, in order.
     pub pending_irqs: Vec<u32>,
     /// INTIDs whose priority was dropped, and those deactivated.
@@ -209,6 +248,7 @@ impl FakeCpu {
             lr_clears: 0,
             underflow: false,
             wfi_trapped: true,
+            zeroing: false,
             pending_irqs: Vec::new(),
             eois: Vec::new(),
             deactivated: Vec::new(),
@@ -275,6 +315,9 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
     }
     fn trap_wfi(&mut self, trap: bool) {
         self.wfi_trapped = trap;
+    }
+    fn zeroing_wanted(&self) -> bool {
+        self.zeroing
     }
     fn reset_virtual_interface(&mut self) {
         self.lrs = [0; 4];

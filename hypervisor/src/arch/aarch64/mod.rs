@@ -28,7 +28,9 @@ use aarch64_cpu::registers::{
     Readable, Writeable, CNTFRQ_EL0, CNTHCTL_EL2, CNTHP_CTL_EL2, CNTPCT_EL0, MPIDR_EL1, TPIDR_EL2,
 };
 
-use sysreg::{CNTHCTL_EL2_EVENT_STREAM, CNTHP_CVAL_EL2, CNTHP_TVAL_EL2, CTR_EL0, DCZID_EL0};
+use sysreg::{
+    CNTHCTL_EL2_EVENT_STREAM, CNTHP_CVAL_EL2, CNTHP_TVAL_EL2, CTR_EL0, DCZID_EL0, ISR_EL1,
+};
 
 pub use platform::MAX_CPUS;
 
@@ -136,21 +138,32 @@ use frame_lines;
 /// by address is ordered after the stores to that address before it in
 /// program order, and `DC ZVA` counts as such a store.
 pub fn zero_and_clean_frame(pa: usize) {
-    let start = pa & !(FRAME - 1);
+    zero_and_clean_frames(core::iter::once(pa));
+}
+
+/// [`zero_and_clean_frame`] for each frame of `frames`: the cache geometry
+/// read once, and one barrier after the last frame (a batch a stage-2
+/// fault backs: fault-around).
+pub fn zero_and_clean_frames(frames: impl Iterator<Item = usize>) {
     let line = dcache_line();
-    match zva_block() {
-        // SAFETY: as in `zero_frame`; DC CVAC only writes back cache
-        // contents of the same frame.
-        Some(block) if block == line => unsafe {
-            frame_lines!(start, line, "dc zva, {p}\n dc cvac, {p}")
-        },
-        _ => {
-            zero_frame(start);
-            if line > MAX_LINE {
-                return clean_dcache_range(start, FRAME);
+    let zva = zva_block();
+    for pa in frames {
+        let start = pa & !(FRAME - 1);
+        match zva {
+            // SAFETY: as in `zero_frame`; DC CVAC only writes back cache
+            // contents of the same frame.
+            Some(block) if block == line => unsafe {
+                frame_lines!(start, line, "dc zva, {p}\n dc cvac, {p}")
+            },
+            _ => {
+                zero_frame(start);
+                if line > MAX_LINE {
+                    clean_dcache_range(start, FRAME);
+                    continue;
+                }
+                // SAFETY: DC CVAC on a mapped address only writes back cache contents.
+                unsafe { frame_lines!(start, line, "dc cvac, {p}") }
             }
-            // SAFETY: DC CVAC on a mapped address only writes back cache contents.
-            unsafe { frame_lines!(start, line, "dc cvac, {p}") }
         }
     }
     barrier::dsb(barrier::SY);
@@ -208,6 +221,14 @@ pub fn invalidate_el2_tlb() {
     // SAFETY: dropping TLB entries only makes the next walks read the
     // tables; the barriers order it before later accesses.
     unsafe { asm!("tlbi alle2", "dsb ish", "isb", options(nostack)) };
+}
+
+/// Whether an IRQ or FIQ is pending at this CPU (masked at EL2 or not):
+/// work that fills idle time stops for it.
+#[inline]
+pub fn interrupt_pending() -> bool {
+    let isr = ISR_EL1.extract();
+    isr.is_set(ISR_EL1::I) || isr.is_set(ISR_EL1::F)
 }
 
 /// The idle wait of a CPU with nothing to do: until an interrupt (a kick)

@@ -105,6 +105,13 @@ register_bitfields! {u64,
         /// Log2 of the block `DC ZVA` zeroes, in words.
         BS OFFSET(0) NUMBITS(4) []
     ],
+    /// Interrupt status (aarch64-cpu has none): read at EL2, which
+    /// physical interrupts are pending at this CPU, masked or not.
+    pub ISR_EL1 [
+        A OFFSET(8) NUMBITS(1) [],
+        I OFFSET(7) NUMBITS(1) [],
+        F OFFSET(6) NUMBITS(1) []
+    ],
     /// EL2 physical timer: ticks until it fires.
     pub CNTHP_TVAL_EL2 [
         TimerValue OFFSET(0) NUMBITS(32) []
@@ -184,6 +191,7 @@ register_bitfields! {u64,
 }
 
 system_register!(CtrEl0, CTR_EL0: CTR_EL0::Register = "CTR_EL0", read);
+system_register!(IsrEl1, ISR_EL1: ISR_EL1::Register = "ISR_EL1", read);
 system_register!(DczidEl0, DCZID_EL0: DCZID_EL0::Register = "DCZID_EL0", read);
 system_register!(CnthpTvalEl2, CNTHP_TVAL_EL2: CNTHP_TVAL_EL2::Register = "CNTHP_TVAL_EL2", write);
 system_register!(
