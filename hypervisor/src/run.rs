@@ -172,10 +172,14 @@ fn exits_since_tick() -> u64 {
 /// At each tick: zero ahead from now on if the guests were quiet since the
 /// last one and there is something to zero (see [`ZEROING_WANTED`]).
 fn update_zeroing_wanted() {
+    // Idle CPUs tick from boot on; the frame table comes with the VMs.
+    let Some(table) = FRAMES.get() else {
+        return;
+    };
     let exits = exits_since_tick();
     let taken = FRAMES_TAKEN.swap(false, Ordering::Relaxed);
     let wanted = {
-        let table = frames();
+        let table = Tracked::new(table.lock(), held::FRAMES);
         frames::zero_ahead_now(&table, taken, exits, table.total_pages() / ZEROED_SHARE)
     };
     ZEROING_WANTED.store(wanted, Ordering::Relaxed);

@@ -196,6 +196,9 @@ impl GuestRam {
         base: GuestAddr,
         size: u64,
     ) -> Result<Self, RamError> {
+        // No page an earlier VM with this index gave up may reach this one
+        // unzeroed, however that VM's RAM went (destroy drops them too).
+        mem.forget_kept(vm);
         let stage2 = Stage2::new(mem).map_err(RamError::Stage2)?;
         Ok(Self {
             vm,
@@ -881,7 +884,7 @@ mod tests {
     /// gets zeros.
     #[test]
     fn reported_frames_come_back_unzeroed_to_their_vm_only() {
-        let mut host = FakeHost::new(64);
+        let mut host = FakeHost::new(160);
         let mut a = GuestRam::new(&mut host, 1, 1, BASE, 8 * PAGE_SIZE).unwrap();
         for page in 0..4 {
             a.write(&mut host, BASE + page * PAGE_SIZE, &[0xa0 + page as u8; 8])
@@ -917,6 +920,16 @@ mod tests {
         }
         again.check(&mut host).unwrap();
         b.check(&mut host).unwrap();
+        host.frames.check_invariants().unwrap();
+        // However a VM's RAM went, a new VM with its index starts clean.
+        let mut c = GuestRam::new(&mut host, 3, 3, BASE, 8 * PAGE_SIZE).unwrap();
+        c.write(&mut host, BASE, &[0xc0; 8]).unwrap();
+        assert_eq!(c.release_blocks(&mut host, &[first..first + 1]), 1);
+        assert_eq!(host.frames.kept_pages(3), 1);
+        // Forgotten without destroy: its frames and tables stay accounted.
+        let _ = c;
+        let _c2 = GuestRam::new(&mut host, 3, 3, BASE, 8 * PAGE_SIZE).unwrap();
+        assert_eq!(host.frames.kept_pages(3), 0);
         host.frames.check_invariants().unwrap();
     }
 
