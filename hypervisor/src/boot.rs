@@ -908,13 +908,8 @@ fn vm_shares() {
             .ram
             .as_ref()
             .map_or((0, 0), |r| (r.mapped_pages(), r.table_pages()));
-        let (kept, reused) = FRAMES.get().map_or((0, 0), |f| {
-            let f = f.lock();
-            (f.kept_pages(vm.id), f.kept_reused(vm.id))
-        });
         vm.out.line(format_args!(
-            "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables; \
-             {kept} free frames hold pages it gave up, {reused} came back to it unzeroed",
+            "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables",
             vm.name,
             vm.state.label(),
             mapped * PAGE_SIZE,

@@ -223,9 +223,8 @@ fn zero_while_idle() {
 }
 
 /// Up to 64 frames for VM `vm` into `out`, one lock of the frame table,
-/// each zeroed unless the table says it needs no zeroing (zeroed while a
-/// CPU idled, or holding a page this VM gave up as free: see
-/// `HostMemory::alloc_frame`); how many.
+/// each zeroed unless the table says it was zeroed ahead of time (while a
+/// CPU idled); how many.
 #[inline]
 fn alloc_guest_chunk(vm: usize, out: &mut [PhysAddr]) -> usize {
     let (got, ready, free) = {
@@ -326,17 +325,6 @@ impl HostMemory for HostMem {
         on_error: &mut dyn FnMut(FrameError),
     ) -> u64 {
         frames().free_guest_frames(vm, pas, on_error)
-    }
-    fn free_frames_keeping(
-        &mut self,
-        vm: usize,
-        pas: &[PhysAddr],
-        on_error: &mut dyn FnMut(FrameError),
-    ) -> u64 {
-        frames().free_guest_frames_keeping(vm, pas, on_error)
-    }
-    fn forget_kept(&mut self, vm: usize) {
-        frames().forget_kept(vm);
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         let pa = pa.raw() as usize;

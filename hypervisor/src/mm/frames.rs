@@ -24,28 +24,18 @@
 //! has no frame at all, its frame is back in the pool. If more VMs are ever
 //! needed, the element type widens to `u16`; no caller sees the raw bytes.
 //!
-//! # Free frames that need no zeroing
+//! # Frames zeroed ahead of time
 //!
-//! A free frame is one of three kinds, all counted as [`FrameUse::Free`]:
-//! - `Free`: contents unknown, zeroed before a guest gets it;
-//! - `ZEROED` (`0x3F`): zeroed (and cleaned) ahead of time by a CPU whose
-//!   vCPU idled ([`FrameTable::claim_to_zero`] lends plain free frames out,
-//!   as `ZEROING`, counted allocated; [`FrameTable::finish_zeroing`] takes
-//!   them back);
-//! - `FIRST_KEPT_CODE + vm` (`0x80..`): a page VM `vm` gave up as free
-//!   (reported or hinted), kept as it was
-//!   ([`FrameTable::free_guest_frames_keeping`]).
-//!
-//! Any allocation may take any of them. A VM's frames come from its own
-//! given-up pages first, then zeroed ones, then the rest, and
-//! [`FrameTable::alloc_guest_frames_marked`] says which need no zeroing:
-//! so a refault of pages a guest reported, and a first touch while zeroed
-//! frames last, skip it (a guest sees a free page of its own, which the
-//! virtio spec allows: see `HostMemory::alloc_frame`). Any other VM gets a
-//! given-up page zeroed. [`FrameTable::forget_kept`] drops the mark when
-//! the VM's RAM is freed, before its index can be reused. Each kind has its
-//! count and a storage index below which there is none of it, which
-//! [`FrameTable::check_invariants`] checks.
+//! A free frame is one of two kinds, both counted as [`FrameUse::Free`]:
+//! `Free` (contents unknown: zeroed before a guest gets it), or `ZEROED`
+//! (`0x3F`: zeroed and cleaned ahead of time by a CPU whose vCPU idled).
+//! [`FrameTable::claim_to_zero`] lends plain free frames out as `ZEROING`
+//! (`0x3E`: still counted free, but no allocation takes them), and
+//! [`FrameTable::finish_zeroing`] takes them back as `ZEROED`. Any
+//! allocation may take a zeroed frame; a VM's frames come from the zeroed
+//! ones first, and [`FrameTable::alloc_guest_frames_marked`] says which
+//! need no zeroing. Each kind has its count and a storage index below which
+//! there is none of it, which [`FrameTable::check_invariants`] checks.
 
 use core::fmt;
 
@@ -120,10 +110,8 @@ impl FrameUse {
     pub const fn from_code(code: u8) -> Option<FrameUse> {
         if code >= FIRST_GUEST_CODE && ((code - FIRST_GUEST_CODE) as usize) < MAX_VMS {
             Some(FrameUse::Guest)
-        } else if is_free(code) {
+        } else if is_free(code) || code == ZEROING {
             Some(FrameUse::Free)
-        } else if code == ZEROING {
-            Some(FrameUse::Allocated)
         } else if code != FrameUse::Guest as u8 && (code as usize) < FrameUse::COUNT {
             Some(FrameUse::ALL[code as usize])
         } else {
@@ -142,40 +130,16 @@ const FREE: u8 = FrameUse::Free as u8;
 /// A free frame known to hold zeros, cleaned to the point of coherency
 /// (zeroed while a CPU idled): counted as free.
 const ZEROED: u8 = 0x3F;
-/// A frame taken out of the pool by an idle CPU to be zeroed: counted as
-/// allocated until it comes back as `ZEROED`.
+/// A free frame lent to an idle CPU to be zeroed: counted as free (the
+/// pool's accounting does not move), taken by no allocation until it comes
+/// back as `ZEROED`.
 const ZEROING: u8 = 0x3E;
-/// First byte value of free frames holding a page a VM gave up as free
-/// (see the module docs).
-pub const FIRST_KEPT_CODE: u8 = 0x80;
 
-/// Whether a stored byte is a free frame (any kind: see the module docs).
+/// Whether a stored byte is a free frame a search may take (plain or
+/// zeroed: see the module docs).
 #[inline]
 const fn is_free(code: u8) -> bool {
-    FREE_CODES[code as usize]
-}
-
-/// [`is_free`] by byte: one load where the scans for free frames test
-/// every byte they pass (mostly guest frames), instead of three compares.
-const FREE_CODES: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut code = 0;
-    while code < 256 {
-        table[code] =
-            code == FREE as usize || code == ZEROED as usize || kept_vm(code as u8).is_some();
-        code += 1;
-    }
-    table
-};
-
-/// The VM whose given-up free page a stored byte says the frame holds.
-#[inline]
-const fn kept_vm(code: u8) -> Option<usize> {
-    if code >= FIRST_KEPT_CODE && ((code - FIRST_KEPT_CODE) as usize) < MAX_VMS {
-        Some((code - FIRST_KEPT_CODE) as usize)
-    } else {
-        None
-    }
+    code == FREE || code == ZEROED
 }
 
 /// Why a frame table operation failed. Operations that fail change nothing.
@@ -255,24 +219,15 @@ pub enum FrameError {
         counted: u64,
         recorded: u64,
     },
-    /// VM `vm`'s count of free frames it gave up as free pages disagrees
-    /// with a recount (`vm` [`MAX_VMS`]: the total over VMs).
-    KeptCounterMismatch {
-        vm: usize,
-        counted: u64,
-        recorded: u64,
-    },
-    /// The page at `addr` holds a page VM `vm` gave up as free, below where
-    /// the search for them starts: it would never be preferred.
-    KeptBelowHint {
-        vm: usize,
-        addr: PhysAddr,
-    },
     /// The page at `addr`, a `what` frame, is below where the search for
     /// such frames starts.
     BelowHint {
         addr: PhysAddr,
         what: &'static str,
+    },
+    /// The frame at `addr` was not lent out to be zeroed.
+    NotBeingZeroed {
+        addr: PhysAddr,
     },
     /// The counts of zeroed frames and of frames being zeroed disagree
     /// with a recount.
@@ -363,24 +318,15 @@ impl fmt::Display for FrameError {
                 f,
                 "VM {vm} owns {recorded} frames by its counter, a recount finds {counted}"
             ),
-            FrameError::KeptCounterMismatch {
-                vm,
-                counted,
-                recorded,
-            } => write!(
-                f,
-                "VM {vm} gave up {recorded} free frames by its counter, a recount finds {counted}"
-            ),
+            FrameError::NotBeingZeroed { addr } => {
+                write!(f, "page {addr:#x} was not lent out to be zeroed")
+            }
             FrameError::BelowHint { addr, what } => {
                 write!(f, "page {addr:#x} is {what} below its search hint")
             }
             FrameError::ZeroedCounterMismatch { counted, recorded } => write!(
                 f,
                 "zeroed and being-zeroed frames: counters say {recorded:?}, a recount finds {counted:?}"
-            ),
-            FrameError::KeptBelowHint { vm, addr } => write!(
-                f,
-                "page {addr:#x}, given up by VM {vm}, is below its search hint"
             ),
             FrameError::ReservedMismatch { counted, recorded } => write!(
                 f,
@@ -497,10 +443,8 @@ pub struct FrameTable<'a> {
     /// frames are down to this (the pool's `min` watermark: the reserve
     /// for stage-2 tables and the hypervisor's own needs).
     guest_floor: u64,
-    /// Free frames holding a page a VM gave up (the sum of the VMs' `kept`).
-    kept: u64,
-    /// Free frames zeroed ahead of time (byte `ZEROED`), frames out being
-    /// zeroed (`ZEROING`), and zeroed ones given to guests so far.
+    /// Free frames zeroed ahead of time (byte `ZEROED`), free frames out
+    /// being zeroed (`ZEROING`), and zeroed ones given to guests so far.
     zeroed: u64,
     zeroing: u64,
     zeroed_taken: u64,
@@ -526,29 +470,11 @@ pub fn zero_ahead_now(table: &FrameTable<'_>, frames_taken: bool, exits: u64, ta
     !frames_taken && exits <= QUIET_EXITS_PER_TICK && table.zeroing_wanted(target)
 }
 
-/// Frames being filled by one `alloc_guest_frames_marked` call.
-struct Take<'o> {
-    /// The byte they get (their VM's guest code).
-    code: u8,
-    out: &'o mut [PhysAddr],
-    /// How many are in `out` so far.
-    n: usize,
-    /// Bit `i`: `out[i]` needs no zeroing.
-    ready: u64,
-}
-
 /// One VM's frames in the table.
 #[derive(Clone, Copy, Debug, Default)]
 struct GuestFrames {
     owned: u64,
     guaranteed: u64,
-    /// Free frames holding a page this VM gave up as free (kept codes).
-    kept: u64,
-    /// Storage index below which none of those is: where the VM's frame
-    /// search looks for them first.
-    lowest_kept: usize,
-    /// Of its frames, how many came back to it unzeroed (kept), in total.
-    reused: u64,
 }
 
 /// Why [`FrameTable::guarantee`] refused: the frames missing.
@@ -622,7 +548,6 @@ impl<'a> FrameTable<'a> {
             partial_bytes,
             hint: 0,
             lowest_free: 0,
-            kept: 0,
             zeroed: 0,
             zeroing: 0,
             zeroed_taken: 0,
@@ -661,11 +586,6 @@ impl<'a> FrameTable<'a> {
     /// The one place a frame's byte changes: keeps every counter exact.
     fn set_code(&mut self, idx: usize, to: u8) {
         for (code, delta) in [(self.entries[idx], -1i64), (to, 1)] {
-            if let Some(vm) = kept_vm(code) {
-                let g = &mut self.guests[vm];
-                g.kept = g.kept.wrapping_add_signed(delta);
-                self.kept = self.kept.wrapping_add_signed(delta);
-            }
             if let Some(u) = FrameUse::from_code(code) {
                 self.counts[u as usize] = self.counts[u as usize].wrapping_add_signed(delta);
                 if u == FrameUse::Guest {
@@ -690,10 +610,6 @@ impl<'a> FrameTable<'a> {
             self.lowest_zeroed = self.lowest_zeroed.min(idx);
         } else if to == FREE {
             self.lowest_plain = self.lowest_plain.min(idx);
-        }
-        if let Some(vm) = kept_vm(to) {
-            let g = &mut self.guests[vm];
-            g.lowest_kept = g.lowest_kept.min(idx);
         }
         self.entries[idx] = to;
     }
@@ -844,67 +760,51 @@ impl<'a> FrameTable<'a> {
 
     /// [`Self::alloc_guest_frames`], and which of the frames need no
     /// zeroing: bit `i` of the mask for `out[i]` (only the first 64 are
-    /// marked; an unmarked frame is one to zero). Taken in this order: the
-    /// pages VM `vm` itself gave up as free
-    /// ([`Self::free_guest_frames_keeping`]), frames zeroed ahead of time
-    /// ([`Self::claim_to_zero`]), then first fit among the rest.
+    /// marked; an unmarked frame is one to zero). Frames zeroed ahead of
+    /// time ([`Self::claim_to_zero`]) first, then first fit among the rest.
     pub fn alloc_guest_frames_marked(&mut self, vm: usize, out: &mut [PhysAddr]) -> (usize, u64) {
-        let Some(&GuestFrames {
-            owned,
-            guaranteed,
-            kept: kept_n,
-            lowest_kept,
-            ..
-        }) = self.guests.get(vm)
-        else {
+        let Some(&GuestFrames { owned, guaranteed }) = self.guests.get(vm) else {
             return (0, 0);
         };
         // Frames within the guarantee come out of `reserved` and leave the
         // unreserved count alone; beyond it, each takes one down to the floor.
         let allowed = guaranteed.saturating_sub(owned)
             + self.unreserved_free().saturating_sub(self.guest_floor);
-        let want = (out.len() as u64)
-            .min(allowed)
-            .min(self.counts[FrameUse::Free as usize]) as usize;
+        let want = (out.len() as u64).min(allowed).min(self.free_pages()) as usize;
         let code = FIRST_GUEST_CODE + vm as u8;
-        let mut take = Take {
-            code,
-            out: &mut out[..want],
-            n: 0,
-            ready: 0,
-        };
-        // This VM's given-up pages first, then frames zeroed while a CPU
-        // idled: neither needs zeroing now.
-        if kept_n > 0 {
-            let (end, taken) =
-                self.take_coded(&mut take, FIRST_KEPT_CODE + vm as u8, lowest_kept, kept_n);
-            let g = &mut self.guests[vm];
-            g.reused += taken;
-            g.kept -= taken;
-            self.kept -= taken;
-            g.lowest_kept = end;
-        }
+        let (mut n, mut ready) = (0, 0u64);
+        // Zeroed frames: `zeroed` of them lie at or after `lowest_zeroed`,
+        // so the scan ends at the last one.
         if self.zeroed > 0 {
-            let (end, taken) = self.take_coded(&mut take, ZEROED, self.lowest_zeroed, self.zeroed);
-            self.zeroed -= taken;
-            self.zeroed_taken += taken;
-            self.lowest_zeroed = end;
+            let mut idx = self.lowest_zeroed;
+            let mut left = self.zeroed;
+            while n < want && left > 0 && idx < self.entries.len() {
+                if self.entries[idx] == ZEROED {
+                    self.entries[idx] = code;
+                    out[n] = PhysAddr::new(self.addr_of(idx));
+                    if n < 64 {
+                        ready |= 1 << n;
+                    }
+                    n += 1;
+                    left -= 1;
+                }
+                idx += 1;
+            }
+            self.zeroed_taken += self.zeroed - left;
+            self.zeroed = left;
+            self.lowest_zeroed = idx;
         }
         // Then first fit: no frame below `lowest_free` is free, and `want`
         // frames are free, so one pass to the end finds them.
-        let (mut n, mut ready) = (take.n, take.ready);
         if n < want {
-            // Without zeroed or given-up frames anywhere (a guest's boot,
-            // a bare-metal guest), only plain free frames to look for.
-            let special = self.zeroed > 0 || self.kept > 0;
-            let (end, got, marked) = if special {
-                self.first_fit::<true>(vm, &mut out[n..want])
+            let (end, got, marked) = if self.zeroed > 0 {
+                self.first_fit::<true>(code, &mut out[n..want])
             } else {
-                self.first_fit::<false>(vm, &mut out[n..want])
+                self.first_fit::<false>(code, &mut out[n..want])
             };
+            // Bits for `out[n..]`; past the 64th frame, none.
+            ready |= marked.checked_shl(n as u32).unwrap_or(0);
             n += got;
-            // Bits for `out[n - got..]`; past the 64th frame, none.
-            ready |= marked.checked_shl((n - got) as u32).unwrap_or(0);
             // Every frame before `end` was taken now or was not free.
             self.lowest_free = end;
         }
@@ -912,18 +812,17 @@ impl<'a> FrameTable<'a> {
         (n, ready)
     }
 
-    /// First fit from `lowest_free` into `out` for VM `vm` (`want` frames
-    /// are free, so one pass to the end finds them): where the scan ended,
-    /// how many, and which need no zeroing (bit per frame of `out`).
-    /// `SPECIAL`: zeroed or given-up frames may be met (else only plain
-    /// free ones are, and the test of each byte is one compare).
+    /// First fit from `lowest_free` into `out` for the guest code `code`
+    /// (the frames are free, so one pass to the end finds them): where the
+    /// scan ended, how many, and which are zeroed (bit per frame of `out`).
+    /// `ZEROED`: zeroed frames may be met (they were taken before, unless
+    /// the count was off); else the test of each byte is one compare.
     #[inline]
-    fn first_fit<const SPECIAL: bool>(
+    fn first_fit<const ZEROED_TOO: bool>(
         &mut self,
-        vm: usize,
+        code: u8,
         out: &mut [PhysAddr],
     ) -> (usize, usize, u64) {
-        let code = FIRST_GUEST_CODE + vm as u8;
         let (mut n, mut ready) = (0, 0u64);
         let mut idx = self.lowest_free.min(self.entries.len());
         while n < out.len() {
@@ -941,7 +840,7 @@ impl<'a> FrameTable<'a> {
             let end = b.base + b.pages;
             while idx < end && n < out.len() {
                 let found = self.entries[idx];
-                let free = if SPECIAL {
+                let free = if ZEROED_TOO {
                     is_free(found)
                 } else {
                     found == FREE
@@ -949,8 +848,12 @@ impl<'a> FrameTable<'a> {
                 if free {
                     self.entries[idx] = code;
                     out[n] = PhysAddr::new(b.first + (idx - b.base) as u64 * PAGE_SIZE);
-                    if SPECIAL && found != FREE && self.taken_ready(found, vm) && n < 64 {
-                        ready |= 1 << n;
+                    if ZEROED_TOO && found == ZEROED {
+                        self.zeroed -= 1;
+                        self.zeroed_taken += 1;
+                        if n < 64 {
+                            ready |= 1 << n;
+                        }
                     }
                     n += 1;
                 }
@@ -960,54 +863,10 @@ impl<'a> FrameTable<'a> {
         (idx, n, ready)
     }
 
-    /// A free frame of byte `found` (not plain) taken by VM `vm` in the
-    /// first fit: its counters updated; whether it needs no zeroing.
-    /// Another VM's given-up page is zeroed for this one; this VM's own, or
-    /// a zeroed frame, come here only if a count was off (they are taken
-    /// before the first fit).
-    fn taken_ready(&mut self, found: u8, vm: usize) -> bool {
-        if let Some(by) = kept_vm(found) {
-            self.guests[by].kept -= 1;
-            self.kept -= 1;
-            by == vm
-        } else {
-            self.zeroed -= 1;
-            true
-        }
-    }
-
-    /// Frames whose byte is `from` (at most `limit` of them, none before
-    /// storage index `start`) taken for `take`, marked ready, until it is
-    /// full: where the scan ended and how many were taken. The caller
-    /// updates the counters of `from`.
-    fn take_coded(
-        &mut self,
-        take: &mut Take<'_>,
-        from: u8,
-        start: usize,
-        limit: u64,
-    ) -> (usize, u64) {
-        let (mut idx, mut taken) = (start, 0);
-        while take.n < take.out.len() && taken < limit && idx < self.entries.len() {
-            if self.entries[idx] == from {
-                self.entries[idx] = take.code;
-                take.out[take.n] = PhysAddr::new(self.addr_of(idx));
-                if take.n < 64 {
-                    take.ready |= 1 << take.n;
-                }
-                take.n += 1;
-                taken += 1;
-            }
-            idx += 1;
-        }
-        (idx, taken)
-    }
-
-    /// Free frames neither zeroed nor holding a page a VM gave up: those
+    /// Free frames neither zeroed nor out being zeroed: those
     /// [`Self::claim_to_zero`] takes.
     pub fn plain_free(&self) -> u64 {
-        let kept = self.kept;
-        self.counts[FrameUse::Free as usize] - self.zeroed - kept
+        self.counts[FrameUse::Free as usize] - self.zeroed - self.zeroing
     }
 
     /// Whether [`Self::claim_to_zero`] with this `target` would give
@@ -1022,13 +881,17 @@ impl<'a> FrameTable<'a> {
         (self.zeroed, self.zeroed_taken)
     }
 
-    /// Plain free frames (lowest first) taken out of the pool to be zeroed
-    /// by an idle CPU, into `out`, while fewer than `target` are zeroed or
-    /// being zeroed: how many. Each must come back through
-    /// [`Self::finish_zeroing`] (meanwhile they count as allocated).
+    /// Plain free frames (lowest first) lent to an idle CPU to be zeroed,
+    /// into `out`, while fewer than `target` are zeroed or being zeroed,
+    /// and never frames held for guarantees: how many. Each must come back
+    /// through [`Self::finish_zeroing`] (meanwhile they count as free, and
+    /// no allocation takes them).
     pub fn claim_to_zero(&mut self, out: &mut [PhysAddr], target: u64) -> usize {
         let room = target.saturating_sub(self.zeroed + self.zeroing);
-        let want = (out.len() as u64).min(room).min(self.plain_free()) as usize;
+        let want = (out.len() as u64)
+            .min(room)
+            .min(self.plain_free())
+            .min(self.unreserved_free()) as usize;
         let mut n = 0;
         let mut idx = self.lowest_plain;
         while n < want && idx < self.entries.len() {
@@ -1056,13 +919,7 @@ impl<'a> FrameTable<'a> {
                     self.set_code(idx, ZEROED);
                     self.zeroing -= 1;
                 }
-                _ => {
-                    result = Err(FrameError::WrongUse {
-                        addr,
-                        expected: FrameUse::Allocated,
-                        found: self.use_of(addr).unwrap_or(FrameUse::Free),
-                    });
-                }
+                _ => result = Err(FrameError::NotBeingZeroed { addr }),
             }
         }
         result
@@ -1078,73 +935,6 @@ impl<'a> FrameTable<'a> {
         frames: &[PhysAddr],
         on_error: &mut dyn FnMut(FrameError),
     ) -> u64 {
-        self.free_guest_frames_to(vm, frames, FREE, on_error)
-    }
-
-    /// [`Self::free_guest_frames`] for pages VM `vm` gave up as free
-    /// (reported or hinted), their contents kept: marked so that a frame
-    /// VM `vm` gets back from the pool needs no zeroing (see the module
-    /// docs).
-    pub fn free_guest_frames_keeping(
-        &mut self,
-        vm: usize,
-        frames: &[PhysAddr],
-        on_error: &mut dyn FnMut(FrameError),
-    ) -> u64 {
-        let to = FIRST_KEPT_CODE.wrapping_add(vm as u8);
-        self.free_guest_frames_to(vm, frames, to, on_error)
-    }
-
-    /// Free frames of VM `vm` whose pages it gave up as free lose that
-    /// mark (become plain free frames, zeroed for whoever gets them): its
-    /// RAM is freed, and its index may go to a new VM. One pass over the
-    /// table; how many were marked.
-    pub fn forget_kept(&mut self, vm: usize) -> u64 {
-        if vm >= MAX_VMS {
-            return 0;
-        }
-        self.guests[vm].reused = 0;
-        if self.guests[vm].kept == 0 {
-            return 0;
-        }
-        let kept = FIRST_KEPT_CODE + vm as u8;
-        let mut n = 0;
-        for (idx, e) in self
-            .entries
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, e)| **e == kept)
-        {
-            *e = FREE;
-            self.lowest_plain = self.lowest_plain.min(idx);
-            n += 1;
-        }
-        self.kept -= self.guests[vm].kept;
-        self.guests[vm].kept = 0;
-        n
-    }
-
-    /// Free frames holding a page VM `vm` gave up as free.
-    pub fn kept_pages(&self, vm: usize) -> u64 {
-        self.guests.get(vm).map_or(0, |g| g.kept)
-    }
-
-    /// Frames VM `vm` got back unzeroed (holding a page it gave up), in
-    /// total since its index was last used ([`Self::forget_kept`]).
-    pub fn kept_reused(&self, vm: usize) -> u64 {
-        self.guests.get(vm).map_or(0, |g| g.reused)
-    }
-
-    /// [`Self::free_guest_frames`], each frame's byte set to `to` (a free
-    /// code).
-    fn free_guest_frames_to(
-        &mut self,
-        vm: usize,
-        frames: &[PhysAddr],
-        to: u8,
-        on_error: &mut dyn FnMut(FrameError),
-    ) -> u64 {
-        debug_assert!(is_free(to));
         if vm >= MAX_VMS {
             for &addr in frames {
                 on_error(FrameError::NotOwnedBy { addr, vm, code: 0 });
@@ -1174,7 +964,7 @@ impl<'a> FrameTable<'a> {
                     let idx = bk.base + ((a - bk.first) / PAGE_SIZE) as usize;
                     let entries = &mut self.entries[idx..idx + run];
                     if entries.iter().all(|&c| c == code) {
-                        entries.fill(to);
+                        entries.fill(FREE);
                         self.lowest_free = self.lowest_free.min(idx);
                         lowest = lowest.min(idx);
                         freed += run as u64;
@@ -1216,21 +1006,14 @@ impl<'a> FrameTable<'a> {
                     });
                     continue;
                 }
-                self.entries[idx] = to;
+                self.entries[idx] = FREE;
                 self.lowest_free = self.lowest_free.min(idx);
                 lowest = lowest.min(idx);
                 freed += 1;
             }
         }
         self.moved_guest(vm, freed, false);
-        if kept_vm(to).is_some() {
-            let g = &mut self.guests[vm];
-            g.kept += freed;
-            self.kept += freed;
-            g.lowest_kept = g.lowest_kept.min(lowest);
-        } else {
-            self.lowest_plain = self.lowest_plain.min(lowest);
-        }
+        self.lowest_plain = self.lowest_plain.min(lowest);
         freed
     }
 
@@ -1269,7 +1052,7 @@ impl<'a> FrameTable<'a> {
         if pages == 0 || !align_pages.is_power_of_two() {
             return None;
         }
-        if self.counts[FrameUse::Free as usize] < pages as u64 {
+        if self.free_pages() < pages as u64 {
             return None;
         }
         let align = (align_pages as u64).checked_mul(PAGE_SIZE)?;
@@ -1384,8 +1167,10 @@ impl<'a> FrameTable<'a> {
             .and_then(|i| FrameUse::from_code(self.entries[i]))
     }
 
+    /// Free frames an allocation can take: all but those out being zeroed
+    /// (which the accounting counts as free: [`Self::pages`]).
     pub fn free_pages(&self) -> u64 {
-        self.counts[FrameUse::Free as usize]
+        self.counts[FrameUse::Free as usize] - self.zeroing
     }
 
     /// Tracked pages (free or not).
@@ -1424,7 +1209,6 @@ impl<'a> FrameTable<'a> {
     pub fn check_invariants(&self) -> Result<(), FrameError> {
         let mut counted = [0u64; FrameUse::COUNT];
         let mut guests = [0u64; MAX_VMS];
-        let mut kept = [0u64; MAX_VMS];
         let (mut zeroed, mut zeroing) = (0, 0);
         for (idx, &code) in self.entries.iter().enumerate() {
             let below = |hint: usize, what: &'static str| {
@@ -1443,33 +1227,12 @@ impl<'a> FrameTable<'a> {
             }
             if FrameUse::from_code(code) == Some(FrameUse::Guest) {
                 guests[(code - FIRST_GUEST_CODE) as usize] += 1;
-            } else if let Some(vm) = kept_vm(code) {
-                kept[vm] += 1;
-                if idx < self.guests[vm].lowest_kept {
-                    let addr = PhysAddr::new(self.addr_of(idx));
-                    return Err(FrameError::KeptBelowHint { vm, addr });
-                }
             }
         }
         if (zeroed, zeroing) != (self.zeroed, self.zeroing) {
             return Err(FrameError::ZeroedCounterMismatch {
                 counted: (zeroed, zeroing),
                 recorded: (self.zeroed, self.zeroing),
-            });
-        }
-        let kept_total: u64 = kept.iter().sum();
-        if kept_total != self.kept {
-            return Err(FrameError::KeptCounterMismatch {
-                vm: MAX_VMS,
-                counted: kept_total,
-                recorded: self.kept,
-            });
-        }
-        if let Some(vm) = (0..MAX_VMS).find(|&vm| kept[vm] != self.guests[vm].kept) {
-            return Err(FrameError::KeptCounterMismatch {
-                vm,
-                counted: kept[vm],
-                recorded: self.guests[vm].kept,
             });
         }
         if let Some(vm) = (0..MAX_VMS).find(|&vm| guests[vm] != self.guests[vm].owned) {
@@ -1645,17 +1408,16 @@ mod tests {
         assert_eq!(FrameUse::from_code(FrameUse::Guest as u8), None);
         assert_eq!(FrameUse::from_code(10), None);
         assert_eq!(FrameUse::from_code(FIRST_GUEST_CODE), Some(FrameUse::Guest));
-        // Right after them, the free frames a VM gave up as free pages.
-        assert_eq!(FIRST_GUEST_CODE + MAX_VMS as u8, FIRST_KEPT_CODE);
-        assert_eq!(FrameUse::from_code(FIRST_KEPT_CODE), Some(FrameUse::Free));
-        let last = FIRST_KEPT_CODE + MAX_VMS as u8 - 1;
-        assert_eq!(FrameUse::from_code(last), Some(FrameUse::Free));
-        assert_eq!(FrameUse::from_code(last + 1), None);
-        assert_eq!(FrameUse::from_code(0xff), None);
+        let past = FIRST_GUEST_CODE + MAX_VMS as u8;
+        assert_eq!(FrameUse::from_code(past), None);
+        // Zeroed frames and frames out being zeroed count as free.
+        assert_eq!(FrameUse::from_code(ZEROED), Some(FrameUse::Free));
+        assert_eq!(FrameUse::from_code(ZEROING), Some(FrameUse::Free));
+        assert_eq!(FrameUse::from_code(ZEROING - 1), None);
     }
 
     #[test]
-    fn frames_zeroed_ahead_are_free_and_taken_after_a_vms_own() {
+    fn frames_zeroed_ahead_are_free_and_taken_first() {
         let ram = [r(0, 16 * PAGE_SIZE)];
         let mut st = storage(&ram);
         let mut t = FrameTable::new(&ram, &mut st).unwrap();
@@ -1663,13 +1425,15 @@ mod tests {
         assert_eq!(t.alloc_guest_frames_marked(1, &mut got), (4, 0));
         let no_error = &mut |e| panic!("{e}");
         t.free_guest_frames(1, &got[..1], no_error);
-        t.free_guest_frames_keeping(1, &got[3..4], no_error);
         // Up to a target of 3: the lowest plain free frames (0, then 4, 5).
         let mut claim = [pa(0); 8];
         assert_eq!(t.claim_to_zero(&mut claim, 3), 3);
         assert_eq!(claim[..3], [pa(0), pa(4 * PAGE_SIZE), pa(5 * PAGE_SIZE)]);
-        assert_eq!(t.use_of(pa(0)), Some(FrameUse::Allocated));
-        assert_eq!(t.plain_free(), 16 - 2 - 1 - 3);
+        // Out being zeroed: still free for the accounting, but no
+        // allocation takes them meanwhile.
+        assert_eq!(t.use_of(pa(0)), Some(FrameUse::Free));
+        assert_eq!(t.pages(FrameUse::Free), 16 - 3);
+        assert_eq!((t.free_pages(), t.plain_free()), (16 - 3 - 3, 16 - 3 - 3));
         assert_eq!(t.claim_to_zero(&mut claim[3..], 3), 0, "target reached");
         t.check_invariants().unwrap();
         t.finish_zeroing(&claim[..3]).unwrap();
@@ -1678,15 +1442,14 @@ mod tests {
             "not claimed any more"
         );
         assert_eq!(t.zeroed_pages(), (3, 0));
-        assert_eq!(t.free_pages(), 16 - 2);
+        assert_eq!(t.free_pages(), 16 - 3);
         t.check_invariants().unwrap();
-        // VM 1: its kept page, then the zeroed ones, then plain (to zero).
-        let mut five = [pa(0); 5];
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut five), (5, 0b01111));
+        // VM 1: the zeroed ones first, marked, then plain (to zero).
+        let mut four = [pa(0); 4];
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut four), (4, 0b0111));
         assert_eq!(
-            five,
+            four,
             [
-                got[3],
                 pa(0),
                 pa(4 * PAGE_SIZE),
                 pa(5 * PAGE_SIZE),
@@ -1696,7 +1459,7 @@ mod tests {
         assert_eq!(t.zeroed_pages(), (0, 3));
         t.check_invariants().unwrap();
         // Freed again: plain, zeroed again by the next claim (lowest first).
-        t.free_guest_frames(1, &five[1..2], no_error);
+        t.free_guest_frames(1, &four[..1], no_error);
         // Plain free now: frame 0 and 7..16; 8 fit.
         assert_eq!(t.claim_to_zero(&mut claim, 100), 8);
         assert_eq!(claim[0], pa(0));
@@ -1736,68 +1499,6 @@ mod tests {
         assert_eq!(t.plain_free(), 0);
         assert!(!zero_ahead_now(&t, false, 0, 100));
         t.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn kept_frames_are_free_and_only_their_vm_gets_them_unzeroed() {
-        let ram = [r(0, 16 * PAGE_SIZE)];
-        let mut st = storage(&ram);
-        let mut t = FrameTable::new(&ram, &mut st).unwrap();
-        let mut got = [pa(0); 8];
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut got), (8, 0));
-        // Pages 2 and 3 reported (kept), 5 inflated (plain free).
-        let no_error = &mut |e| panic!("{e}");
-        assert_eq!(t.free_guest_frames_keeping(1, &got[2..4], no_error), 2);
-        assert_eq!(t.free_guest_frames(1, &got[5..6], no_error), 1);
-        t.check_invariants().unwrap();
-        assert_eq!(
-            (t.free_pages(), t.guest_pages(1), t.kept_pages(1)),
-            (11, 5, 2)
-        );
-        assert_eq!(t.use_of(got[2]), Some(FrameUse::Free));
-        // The memory map shows free frames of both kinds as one run.
-        let runs: Vec<_> = t.runs().collect();
-        assert_eq!(
-            runs[1],
-            (r(2 * PAGE_SIZE, 4 * PAGE_SIZE), Some(FrameUse::Free))
-        );
-        assert_eq!(runs[3].0, r(5 * PAGE_SIZE, 6 * PAGE_SIZE));
-        // A refused frame changes nothing, kept or not.
-        let mut refused = 0;
-        assert_eq!(
-            t.free_guest_frames_keeping(2, &got[..1], &mut |_| refused += 1),
-            0
-        );
-        assert_eq!(refused, 1);
-        // VM 1 gets its own pages back first (lowest first), marked.
-        let mut again = [pa(0); 3];
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut again), (3, 0b011));
-        assert_eq!((t.kept_pages(1), t.kept_reused(1)), (0, 2));
-        assert_eq!(again, [got[2], got[3], got[5]]);
-        // Its own kept frame comes before a lower plain free one.
-        assert_eq!(t.free_guest_frames(1, &got[..1], no_error), 1);
-        assert_eq!(t.free_guest_frames_keeping(1, &got[6..7], no_error), 1);
-        let mut one = [pa(0)];
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut one), (1, 1));
-        assert_eq!(one, [got[6]]);
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut one), (1, 0));
-        assert_eq!(one, [got[0]]);
-        t.check_invariants().unwrap();
-        assert_eq!(t.free_guest_frames_keeping(1, &again, no_error), 3);
-        // Another VM gets them unmarked: it must zero them.
-        let mut other = [pa(0); 3];
-        assert_eq!(t.alloc_guest_frames_marked(2, &mut other), (3, 0));
-        assert_eq!(t.free_guest_frames_keeping(2, &other, no_error), 3);
-        t.check_invariants().unwrap();
-        // VM 2's RAM is freed: its marks go, before its index is reused.
-        assert_eq!(t.forget_kept(2), 3);
-        assert_eq!(t.kept_pages(2), 0);
-        assert_eq!(t.alloc_guest_frames_marked(2, &mut other), (3, 0));
-        // Hypervisor allocations take kept frames like any free frame.
-        t.free_guest_frames_keeping(2, &other, no_error);
-        assert_eq!(t.alloc(2, 1, FrameUse::Allocated), Some(got[2]));
-        t.check_invariants().unwrap();
-        assert_eq!(t.free_pages(), 9);
     }
 
     #[test]

@@ -22,12 +22,7 @@ use crate::trace::trace_event;
 
 /// What a VM's memory needs from the host.
 pub trait HostMemory: TableMemory {
-    /// A frame owned by VM `vm`: zeroed, or holding a page VM `vm` itself
-    /// gave up as free ([`Self::free_frames_keeping`]), never another VM's
-    /// data. A free page's contents are what the virtio spec lets a device
-    /// leave in a reported page: without PAGE_POISON anything; with it, the
-    /// guest's poison, which every page it freed holds (and
-    /// [`GuestRam`] writes the fill over a fresh frame anyway).
+    /// A zeroed frame owned by VM `vm`.
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr>;
     /// A frame owned by VM `vm` that the caller writes whole before it maps
     /// it, so its old contents never reach the guest: the target skips the
@@ -35,9 +30,8 @@ pub trait HostMemory: TableMemory {
     fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
         self.alloc_frame(vm)
     }
-    /// Frames owned by VM `vm` into `out`, each as [`Self::alloc_frame`]
-    /// gives one, as many as the pool gives (one lock of the frame table on
-    /// the target); how many.
+    /// Zeroed frames owned by VM `vm` into `out`, as many as the pool gives
+    /// (one lock of the frame table on the target); how many.
     fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
         for (n, slot) in out.iter_mut().enumerate() {
             match self.alloc_frame(vm) {
@@ -70,20 +64,6 @@ pub trait HostMemory: TableMemory {
         }
         freed
     }
-    /// [`Self::free_frames`] for pages VM `vm` gave up as free (reported,
-    /// hinted): the pool may give a frame back to VM `vm` without zeroing
-    /// it (by default it does not: the same as [`Self::free_frames`]).
-    fn free_frames_keeping(
-        &mut self,
-        vm: usize,
-        pas: &[PhysAddr],
-        on_error: &mut dyn FnMut(FrameError),
-    ) -> u64 {
-        self.free_frames(vm, pas, on_error)
-    }
-    /// VM `vm`'s RAM is gone: no frame it gave up may reach anyone
-    /// unzeroed any more (its index may go to a new VM).
-    fn forget_kept(&mut self, _vm: usize) {}
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]);
     /// The little-endian `u16` at the even address `pa`, in one load.
     fn read_u16(&mut self, pa: PhysAddr) -> u16 {
@@ -196,9 +176,6 @@ impl GuestRam {
         base: GuestAddr,
         size: u64,
     ) -> Result<Self, RamError> {
-        // No page an earlier VM with this index gave up may reach this one
-        // unzeroed, however that VM's RAM went (destroy drops them too).
-        mem.forget_kept(vm);
         let stage2 = Stage2::new(mem).map_err(RamError::Stage2)?;
         Ok(Self {
             vm,
@@ -390,18 +367,6 @@ impl GuestRam {
     /// Unmap the pages of these guest PFNs (those in RAM and backed), flush
     /// the TLB once, and give their frames back. Returns how many were freed.
     pub fn release(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
-        self.release_as(mem, pfns, false)
-    }
-
-    /// [`Self::release`]; `free_pages`: the guest gave these pages up as
-    /// free (reported, hinted), so their frames keep their contents for
-    /// its refaults ([`HostMemory::free_frames_keeping`]).
-    fn release_as(
-        &mut self,
-        mem: &mut impl HostMemory,
-        pfns: &[GuestPfn],
-        free_pages: bool,
-    ) -> u64 {
         let mut frames: heapless::Vec<PhysAddr, 256> = heapless::Vec::new();
         let mut released = 0;
         for chunk in pfns.chunks(256) {
@@ -447,15 +412,10 @@ impl GuestRam {
             self.stats.tlb_flushes += 1;
             self.trace_flush(frames.len());
             let (leaked, error) = (&mut self.stats.frames_leaked, &mut self.frame_error);
-            let mut refused = |e| {
+            released += mem.free_frames(self.vm, &frames, &mut |e| {
                 *leaked += 1;
                 error.get_or_insert(e);
-            };
-            released += if free_pages {
-                mem.free_frames_keeping(self.vm, &frames, &mut refused)
-            } else {
-                mem.free_frames(self.vm, &frames, &mut refused)
-            };
+            });
             frames.clear();
         }
         self.stats.pages_released += released;
@@ -486,9 +446,7 @@ impl GuestRam {
         }
     }
 
-    /// [`Self::release`] for every page of these PFN ranges, which the
-    /// guest gave up as free (reported or hinted): their frames keep their
-    /// contents for its refaults ([`HostMemory::free_frames_keeping`]).
+    /// [`Self::release`] for every page of these PFN ranges.
     pub fn release_blocks(
         &mut self,
         mem: &mut impl HostMemory,
@@ -498,12 +456,12 @@ impl GuestRam {
         let mut released = 0;
         for pfn in blocks.iter().flat_map(|b| GuestPfn::iter(b.clone())) {
             if pfns.push(pfn).is_err() {
-                released += self.release_as(mem, &pfns, true);
+                released += self.release(mem, &pfns);
                 pfns.clear();
                 let _ = pfns.push(pfn);
             }
         }
-        released + self.release_as(mem, &pfns, true)
+        released + self.release(mem, &pfns)
     }
 
     /// Fill pages backed again on a fault with `value` (see `page_fill`).
@@ -711,7 +669,6 @@ impl GuestRam {
                 freed += u64::from(self.free_frame(mem, pa));
             }
         }
-        mem.forget_kept(self.vm);
         // Nothing is mapped any more: no TLB entry can point at a table.
         let (mut leaked, mut error) = (self.stats.frames_leaked, self.frame_error);
         if let Err(e) = self.stage2.destroy(mem) {
@@ -878,61 +835,6 @@ mod tests {
         host.frames.check_invariants().unwrap();
     }
 
-    /// A reported page's frame keeps its contents: the VM that reported it
-    /// may get it back unzeroed (its refaults: no zeroing); an inflated
-    /// page's frame, another VM, or a VM started later with the same index
-    /// gets zeros.
-    #[test]
-    fn reported_frames_come_back_unzeroed_to_their_vm_only() {
-        let mut host = FakeHost::new(160);
-        let mut a = GuestRam::new(&mut host, 1, 1, BASE, 8 * PAGE_SIZE).unwrap();
-        for page in 0..4 {
-            a.write(&mut host, BASE + page * PAGE_SIZE, &[0xa0 + page as u8; 8])
-                .unwrap();
-        }
-        let first = BASE.pfn();
-        assert_eq!(a.release_blocks(&mut host, &[first..first + 2]), 2);
-        assert_eq!(a.release(&mut host, &[first + 2]), 1);
-        assert_eq!(host.frames.kept_pages(1), 2);
-        // Page 5 (never touched) gets one of the reported frames, as it was.
-        let mut word = [0u8; 8];
-        a.read(&mut host, BASE + 5 * PAGE_SIZE, &mut word).unwrap();
-        assert!(word == [0xa0; 8] || word == [0xa1; 8], "{word:x?}");
-        // VM 2 gets the other one zeroed, and the inflated one zeroed.
-        let mut b = GuestRam::new(&mut host, 2, 2, BASE, 8 * PAGE_SIZE).unwrap();
-        for page in 0..2 {
-            b.read(&mut host, BASE + page * PAGE_SIZE, &mut word)
-                .unwrap();
-            assert_eq!(word, [0; 8]);
-        }
-        assert_eq!(host.frames.kept_pages(1), 0);
-        // A's reported page: kept again; A's RAM freed, then a new VM 1.
-        assert_eq!(a.release_blocks(&mut host, &[first + 3..first + 4]), 1);
-        assert_eq!(host.frames.kept_pages(1), 1);
-        a.destroy(&mut host);
-        assert_eq!(host.frames.kept_pages(1), 0);
-        let mut again = GuestRam::new(&mut host, 1, 1, BASE, 8 * PAGE_SIZE).unwrap();
-        for page in 0..8 {
-            again
-                .read(&mut host, BASE + page * PAGE_SIZE, &mut word)
-                .unwrap();
-            assert_eq!(word, [0; 8], "page {page}");
-        }
-        again.check(&mut host).unwrap();
-        b.check(&mut host).unwrap();
-        host.frames.check_invariants().unwrap();
-        // However a VM's RAM went, a new VM with its index starts clean.
-        let mut c = GuestRam::new(&mut host, 3, 3, BASE, 8 * PAGE_SIZE).unwrap();
-        c.write(&mut host, BASE, &[0xc0; 8]).unwrap();
-        assert_eq!(c.release_blocks(&mut host, &[first..first + 1]), 1);
-        assert_eq!(host.frames.kept_pages(3), 1);
-        // Forgotten without destroy: its frames and tables stay accounted.
-        let _ = c;
-        let _c2 = GuestRam::new(&mut host, 3, 3, BASE, 8 * PAGE_SIZE).unwrap();
-        assert_eq!(host.frames.kept_pages(3), 0);
-        host.frames.check_invariants().unwrap();
-    }
-
     /// A load's whole pages get frames that are not zeroed (the fake's
     /// hold stale bytes, as a frame back from the pool may), written before
     /// they are mapped: the guest reads exactly the data, zeros around it
@@ -992,9 +894,9 @@ mod tests {
     /// Random inflate / report / fault / write / stop / zero-ahead sequences
     /// over two VMs keep every frame with one owner and every VM mapping
     /// only its own frames; and a VM reads only zeros or what this VM (this
-    /// life of it) wrote: frames of pages it reported come back to it
-    /// unzeroed, never to the other VM nor to a VM started after it with
-    /// its index.
+    /// life of it) wrote: a page it gave back, or never touched, reads zero
+    /// (frames zeroed ahead of time included), never the other VM's data
+    /// nor an earlier life's.
     #[test]
     fn random_sequences_keep_ownership() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -1060,7 +962,6 @@ mod tests {
                     if let Some(ram) = vms[vm].take() {
                         ram.destroy(&mut host);
                         assert_eq!(host.frames.guest_pages(vm), 0);
-                        assert_eq!(host.frames.kept_pages(vm), 0);
                         lives[vm] += 1;
                     }
                 }

@@ -21,9 +21,8 @@ const RAM_BASE: u64 = 0x8000_0000;
 /// A host with `pages` pages of fake RAM at 0x8000_0000 and a real frame
 /// table. Frames given back to the pool are filled with 0xdd, so a VM that
 /// could still reach one would read garbage a test notices; as on the
-/// target, a page a VM gave up as free keeps its contents, and comes back
-/// to that VM (only) unzeroed, and frames zeroed ahead of time
-/// ([`FakeHost::zero_ahead`]) are handed out as they are.
+/// target, frames zeroed ahead of time ([`FakeHost::zero_ahead`]) are
+/// handed out as they are.
 pub struct FakeHost {
     pub frames: FrameTable<'static>,
     /// Per frame: its contents as a stage-2 table, or as a guest page.
@@ -144,19 +143,6 @@ impl HostMemory for FakeHost {
             self.data[Self::frame(pa)] = Some(Box::new([0xdd; 4096]));
         }
         Ok(())
-    }
-    /// The contents stay: the frame table marks the frames, and only this
-    /// VM gets them back unzeroed.
-    fn free_frames_keeping(
-        &mut self,
-        vm: usize,
-        pas: &[PhysAddr],
-        on_error: &mut dyn FnMut(FrameError),
-    ) -> u64 {
-        self.frames.free_guest_frames_keeping(vm, pas, on_error)
-    }
-    fn forget_kept(&mut self, vm: usize) {
-        self.frames.forget_kept(vm);
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
         if !self.keep_data {
