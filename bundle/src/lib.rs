@@ -96,8 +96,10 @@ pub mod bad_access {
 pub mod devices {
     /// A virtio-mmio memory balloon.
     pub const BALLOON: u64 = 1 << 0;
+    /// A virtio-mmio console (one port) beside the PL011.
+    pub const CONSOLE: u64 = 1 << 1;
     /// Every bit defined so far; any other bit is rejected.
-    pub const KNOWN: u64 = BALLOON;
+    pub const KNOWN: u64 = BALLOON | CONSOLE;
 }
 
 /// Bits of a VM entry's `mem_flags`.
@@ -1043,6 +1045,9 @@ impl<'a> VmEntry<'a> {
     }
     pub fn has_balloon(&self) -> bool {
         self.devices & devices::BALLOON != 0
+    }
+    pub fn has_virtio_console(&self) -> bool {
+        self.devices & devices::CONSOLE != 0
     }
     /// A [`bad_access`] code.
     pub fn on_bad_access(&self) -> u32 {

@@ -909,8 +909,8 @@ fn entry_corruptions() {
         V::ZeroAffinity
     ));
     assert!(matches!(
-        vm_err(0, true, |b| put64(b, E0 + entry::DEVICES, 3)),
-        V::UnknownDevices { bits: 3 }
+        vm_err(0, true, |b| put64(b, E0 + entry::DEVICES, 5)),
+        V::UnknownDevices { bits: 5 }
     ));
     assert!(matches!(
         vm_err(0, true, |b| put64(b, E0 + entry::DEVICES, 0)),
@@ -1059,7 +1059,7 @@ fn writer_rejects_what_the_reader_rejects() {
         &|s: &mut VmSpec| s.ram_size = 4096,
         &|s: &mut VmSpec| s.vcpus = 0,
         &|s: &mut VmSpec| s.cpu_affinity = 0,
-        &|s: &mut VmSpec| s.devices = 2,
+        &|s: &mut VmSpec| s.devices = 4,
         &|s: &mut VmSpec| s.devices = 0,
         &|s: &mut VmSpec| s.kernel.clear(),
         &|s: &mut VmSpec| s.initrd = Some(vec![]),

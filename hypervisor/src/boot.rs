@@ -949,9 +949,22 @@ fn info_exits(name: &str, reset: bool) {
         if reset {
             vm.profile.reset(now);
         }
-        (profile, vm.uart_mirror.stats, vm.uart_mirror.is_mapped())
+        let vconsole = vm.vconsole.as_ref().map(|c| {
+            (
+                *c.device().stats(),
+                crate::vm::irq::vconsole_takes_input(vm),
+                c.stats().notifications,
+                c.stats().interrupts,
+            )
+        });
+        (
+            profile,
+            vm.uart_mirror.stats,
+            vm.uart_mirror.is_mapped(),
+            vconsole,
+        )
     });
-    let Some((profile, mirror, shown)) = copied else {
+    let Some((profile, mirror, shown, vconsole)) = copied else {
         return no_such_vm(name);
     };
     if reset {
@@ -973,6 +986,22 @@ fn info_exits(name: &str, reset: bool) {
         mirror.withdrawn,
         mirror.words_written
     );
+    if let Some((c, takes_input, notifies, interrupts)) = vconsole {
+        println!(
+            "{name}: virtio console {}; {} bytes out in {} writes, {} bytes in in {} buffers, {} notifications, {} interrupts",
+            if takes_input {
+                "ready (typed input goes to it)"
+            } else {
+                "not ready (typed input goes to the PL011)"
+            },
+            c.bytes_out,
+            c.chains_out,
+            c.bytes_in,
+            c.buffers_in,
+            notifies,
+            interrupts
+        );
+    }
 }
 
 /// `balloon-stats <vm> now`: ask the guest for a fresh statistics sample,

@@ -40,6 +40,7 @@ mod ontarget;
 #[cfg(target_os = "none")]
 pub mod run;
 pub mod trace;
+pub mod vconsole;
 pub mod vgic;
 pub mod virtio;
 pub mod vm;

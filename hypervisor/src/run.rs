@@ -481,7 +481,7 @@ impl PhysCpu for TargetCpu {
 struct Pending {
     id: usize,
     name: heapless::String<32>,
-    notices: heapless::Deque<Notice, 24>,
+    notices: heapless::Deque<Notice, { crate::vm::outbox::CAPACITY }>,
     dropped: u64,
 }
 
@@ -854,6 +854,7 @@ fn end_failed_vm(cpu: usize, id: usize, vcpu: usize) {
         // the frame table (dropping the GuestRam frees nothing).
         vm.ram = None;
         vm.balloon = None;
+        vm.vconsole = None;
         vm.vgic = None;
         vm.inside = 0;
         let _ = frames().guarantee(id, 0);
@@ -1288,6 +1289,7 @@ fn tick_now() {
         let Some(vm) = vm_guard.as_mut() else {
             continue;
         };
+        irq::flush_vconsole(vm, &mut TargetCpu::new());
         let managed = manage::is_managed(vm);
         if (mm.managed[id] && !managed) || vm.starts != mm.starts[id] {
             mm.manager.forget(id);

@@ -207,7 +207,76 @@ fn bad_access_is_a_sigbus(board: Board) {
     assert!(!s.output().contains("VM stopped"), "{}", s.output());
 }
 
+/// A VM with `console = "virtio"`: the kernel boots on the PL011, the
+/// agent answers over /dev/hvc0 (Linux's virtio_console), a long answer
+/// arrives whole with almost no PL011 exits, a long request is typed at
+/// once, and the busybox shell runs on hvc0 too.
+fn virtio_console(board: Board) {
+    let mut s = ok(Session::start_bundle(
+        board,
+        "linux-vconsole",
+        "linux_virtio_console",
+    ));
+    s.set_deadline(Duration::from_secs(600));
+    ok(wait_for_agents(&mut s, &["linux"], 0, BOOT));
+    let mods = agent(&mut s, 1, "cat /proc/modules");
+    assert!(
+        mods.iter().any(|l| l.starts_with("virtio_console ")),
+        "{mods:?}"
+    );
+    assert_eq!(agent(&mut s, 2, "cat /sys/class/tty/hvc0/dev"), ["229:0"]);
+
+    let reset = ok(s.run("info exits linux reset", COMMAND));
+    assert!(reset.contains("exit profile started over"), "{reset}");
+    let lines = agent(&mut s, 3, "cat /proc/vmstat");
+    let table = ok(s.run("info exits linux", COMMAND));
+    let bytes: usize = lines.iter().map(|l| l.len() + 2).sum();
+    assert!(bytes > 3000 && lines.len() > 100, "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("nr_free_pages ")),
+        "{lines:?}"
+    );
+    let uart = exits_of(&table, "mmio-uart");
+    let notify = exits_of(&table, "virtio-notify");
+    assert!(
+        // A write per line and per line end (n_tty writes CR LF apart),
+        // against a PL011 exit per byte.
+        uart < 20 && notify > 0 && notify < bytes as u64 / 4,
+        "{uart} PL011 exits and {notify} notifies for {bytes} bytes:\n{table}"
+    );
+    assert!(
+        table.contains("linux: virtio console ready (typed input goes to it)"),
+        "{table}"
+    );
+    assert!(!s.output().contains("console lines lost"), "{}", s.output());
+
+    // A request longer than the PL011's FIFO, typed at once.
+    let long: String = (0..600u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    assert_eq!(agent(&mut s, 4, &format!("echo {long}")), [long]);
+
+    // The shell instead of the agent, on hvc0 too, and back.
+    ok(enter_console(&mut s, "linux"));
+    ok(s.send_line("shell"));
+    ok(s.expect(r"\[linux\] tidal-guest: shell", STEP));
+    ok(s.send_line("echo hvc-$((6*7)) $(tty)"));
+    ok(s.expect(r"hvc-42 /dev/hvc0", STEP));
+    ok(s.send_line("exit"));
+    ok(s.expect(r"tidal-guest: agent listening", STEP));
+    ok(leave_console(&mut s));
+    assert_eq!(agent(&mut s, 5, "echo back"), ["back"]);
+    assert!(!s.output().contains("VM stopped"), "{}", s.output());
+    s.assert_check();
+}
+
 mod virt_gicv2 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn virtio_console() {
+        super::virtio_console(harness::Board::VirtGicv2);
+    }
+
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn bad_access_is_a_sigbus() {
@@ -242,6 +311,12 @@ mod raspi4b {
 }
 
 mod virt_gicv3 {
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn virtio_console() {
+        super::virtio_console(harness::Board::VirtGicv3);
+    }
+
     #[test]
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn bad_access_is_a_sigbus() {

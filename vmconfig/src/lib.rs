@@ -104,7 +104,7 @@ pub const BALLOON_FEATURES: [(&str, u32); 6] = [
 // ------------------------------------------------------------- file format
 
 /// Keys a `[[vm]]` table may have.
-const VM_KEYS: [&str; 12] = [
+const VM_KEYS: [&str; 13] = [
     "name",
     "ram",
     "vcpus",
@@ -117,6 +117,7 @@ const VM_KEYS: [&str; 12] = [
     "balloon",
     "on_bad_access",
     "memory",
+    "console",
 ];
 
 /// Keys a `[vm.memory]` table may have.
@@ -169,6 +170,8 @@ struct VmConfig {
     balloon: Option<Vec<String>>,
     /// A [`bad_access`] code (default abort).
     on_bad_access: u32,
+    /// `console = "virtio"`: a virtio console beside the PL011.
+    virtio_console: bool,
     /// `[vm.memory]`, or the defaults.
     memory: MemoryConfig,
 }
@@ -481,6 +484,15 @@ impl VmConfig {
                     format!("on_bad_access \"{word}\" is unknown; it is \"abort\" (the default) or \"stop\"")
                 })?,
         };
+        let virtio_console = match optional_string("console")?.as_deref() {
+            None | Some("pl011") => false,
+            Some("virtio") => true,
+            Some(word) => {
+                return Err(format!(
+                    "console \"{word}\" is unknown; it is \"pl011\" (the default) or \"virtio\" (a virtio console beside the PL011: Linux's /dev/hvc0)"
+                ))
+            }
+        };
         let balloon = match t.get("balloon") {
             None => None,
             Some(toml::Value::Table(b)) => {
@@ -525,6 +537,7 @@ impl VmConfig {
             cmdline,
             balloon,
             on_bad_access,
+            virtio_console,
             memory,
         })
     }
@@ -1264,6 +1277,11 @@ fn check_vm<'a>(
             (devices::BALLOON, bits)
         }
     };
+    let devices = if vm.virtio_console {
+        devices | devices::CONSOLE
+    } else {
+        devices
+    };
     Ok((
         VmSpec {
             name: vm.name.clone(),
@@ -1600,6 +1618,7 @@ kernel = "testguest"
                     ]
                 ),
                 linux_on_cpu0("linux-stats"),
+                linux_on_cpu0("linux-vconsole"),
                 (
                     "on-target".into(),
                     vec![
@@ -1690,6 +1709,25 @@ on_bad_access = "stop"
         let v = b.vm(0).unwrap();
         assert_eq!(v.devices(), devices::BALLOON);
         assert_eq!(v.balloon_features(), 0);
+    }
+
+    #[test]
+    fn virtio_console_is_a_device_bit() {
+        let with = |line: &str| {
+            let text = ONE.replace("[[vm]]\n", &format!("[[vm]]\n{line}\n"));
+            build(&text).map(|b| guest_bundle::parse(&b).unwrap().vm(0).unwrap().devices())
+        };
+        assert_eq!(with("console = \"virtio\"").unwrap(), devices::CONSOLE);
+        assert_eq!(with("console = \"pl011\"").unwrap(), 0);
+        assert_eq!(with("").unwrap(), 0);
+        let err = with("console = \"hvc\"").unwrap_err();
+        assert!(err.contains("console \"hvc\" is unknown"), "{err}");
+        let b =
+            build(&(ONE.replace("[[vm]]\n", "[[vm]]\nconsole = \"virtio\"\n") + "[vm.balloon]\n"))
+                .unwrap();
+        let b = guest_bundle::parse(&b).unwrap();
+        let v = b.vm(0).unwrap();
+        assert!(v.has_balloon() && v.has_virtio_console());
     }
 
     /// An error message without the `:line:column` after `t.toml` (the

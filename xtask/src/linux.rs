@@ -33,13 +33,14 @@ pub const CMDLINE: &str = vmconfig::LINUX_CMDLINE;
 pub const READY: &str = "tidal-guest: ready";
 
 /// The modules the fixture loads, before their dependencies are added:
-/// the balloon on virtio-mmio, and what an ext2 file system on a loop
+/// the balloon and the console on virtio-mmio, and what an ext2 file system on a loop
 /// device needs (the balloon tests read a file on one to fill the page
 /// cache; ext4 asks the crypto API for crc32c, which is no module
 /// dependency).
 pub const MODULES: &[&str] = &[
     "virtio_mmio",
     "virtio_balloon",
+    "virtio_console",
     "loop",
     "crc32c_generic",
     "ext4",

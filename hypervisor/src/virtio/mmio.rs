@@ -657,7 +657,31 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     /// Whether any queue returned buffers; sets the interrupt bit if so.
+    /// Queues whose signal the device defers
+    /// ([`VirtioDevice::defers_used_signal`]) only join another's.
     fn collect_used(&mut self) -> bool {
+        let mut any = false;
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if !self.device.defers_used_signal(i) {
+                any |= q.take_used_signal();
+            }
+        }
+        if any {
+            for q in &mut self.queues {
+                q.take_used_signal();
+            }
+            self.raise(INT_USED_BUFFER);
+        }
+        any
+    }
+
+    /// Raise the used-buffer interrupt for buffers returned on a deferring
+    /// queue ([`VirtioDevice::defers_used_signal`]) since the last one;
+    /// whether it did. Nothing while the driver is not live.
+    pub fn flush_deferred(&mut self) -> bool {
+        if self.status & STATUS_DRIVER_OK == 0 || self.stopped() {
+            return false;
+        }
         let mut any = false;
         for q in &mut self.queues {
             any |= q.take_used_signal();
@@ -682,7 +706,14 @@ impl<D: VirtioDevice> MmioTransport<D> {
                 let _ = q.push_used(env, head, 0);
             }
         }
-        self.collect_used();
+        // Every queue's signal, deferred or not: the device stops here.
+        let mut any = false;
+        for q in &mut self.queues {
+            any |= q.take_used_signal();
+        }
+        if any {
+            self.raise(INT_USED_BUFFER);
+        }
         self.status |= STATUS_DEVICE_NEEDS_RESET;
         if self.status & STATUS_DRIVER_OK != 0 {
             // Spec 2.1.2: after setting NEEDS_RESET on a live device, send a

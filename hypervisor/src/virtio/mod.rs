@@ -158,6 +158,16 @@ pub trait VirtioDevice {
     fn quiet_when_empty(&self, _queue: usize) -> bool {
         false
     }
+    /// Whether buffers used on `queue` raise no interrupt by themselves:
+    /// its driver polls the used ring (Linux's console writes do), and an
+    /// interrupt for each would double the exits of the queue's traffic.
+    /// The spec allows it (a device SHOULD, not MUST, notify, section
+    /// 2.7.10). The signal is not lost: it goes out with the device's next
+    /// interrupt and at [`MmioTransport::flush_deferred`], which the
+    /// hypervisor calls every memory tick, for a driver that does wait.
+    fn defers_used_signal(&self, _queue: usize) -> bool {
+        false
+    }
 }
 
 /// What a device does to the VM, through `E`: the device's view of the VM,

@@ -291,7 +291,19 @@ impl DescChain {
         mem: &mut M,
         data: &[u8],
     ) -> Result<usize, QueueError> {
-        self.copy(mem, true, 0, Io::Write(data))
+        self.write_writable_at(mem, 0, data)
+    }
+
+    /// Copy `data` into the device-writable part of the chain at `offset`
+    /// (as if its writable descriptors were one buffer). Returns how many
+    /// bytes were written: less than `data.len()` at the end of that part.
+    pub fn write_writable_at<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &mut M,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<usize, QueueError> {
+        self.copy(mem, true, offset, Io::Write(data))
     }
 
     fn copy<M: GuestMemory + ?Sized>(

@@ -28,6 +28,8 @@ pub enum Window {
     Uart(u64),
     /// Virtio-mmio slot 0: the balloon.
     Virtio(u64),
+    /// Virtio-mmio slot 1: the virtio console.
+    VirtioConsole(u64),
 }
 
 impl Window {
@@ -36,7 +38,7 @@ impl Window {
             Window::GicDistributor(_) => Device::GicDistributor,
             Window::GicRedistributor { .. } => Device::GicRedistributor,
             Window::Uart(_) => Device::Uart,
-            Window::Virtio(_) => Device::Virtio,
+            Window::Virtio(_) | Window::VirtioConsole(_) => Device::Virtio,
         }
     }
 }
@@ -74,6 +76,12 @@ pub fn route(vm: &Vm, ipa: GuestAddr) -> Option<Window> {
     if vm.balloon.is_some() {
         if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
             return Some(Window::Virtio(off));
+        }
+    }
+    if vm.vconsole.is_some() {
+        let base = layout::VIRTIO_BASE + layout::VIRTIO_STRIDE * layout::CONSOLE_SLOT as u64;
+        if let Some(off) = offset_in(ipa, base, layout::VIRTIO_STRIDE) {
+            return Some(Window::VirtioConsole(off));
         }
     }
     None
@@ -212,6 +220,10 @@ pub fn read(
             let balloon = vm.balloon.as_mut().ok_or(Refused::device(window))?;
             balloon.read(off, width).map(u64::from).map_err(bad_virtio)
         }
+        Window::VirtioConsole(off) => {
+            let console = vm.vconsole.as_mut().ok_or(Refused::device(window))?;
+            console.read(off, width).map(u64::from).map_err(bad_virtio)
+        }
     }
 }
 
@@ -260,6 +272,7 @@ pub fn write(
             Ok(())
         }
         Window::Virtio(off) => virtio_write(vm, cpu, off, width, value),
+        Window::VirtioConsole(off) => vconsole_write(vm, cpu, off, width, value),
     }
 }
 
@@ -282,10 +295,34 @@ pub(super) fn console_output(vm: &mut Vm, byte: u8, echo: bool) -> Option<Echo> 
             }
         };
     }
-    if let Some(line) = vm.console.push(byte) {
-        vm.out.line(format_args!("[{}] {line}", vm.name));
-    }
+    super::device_memory::show_byte(&mut vm.console, &mut vm.out, &vm.name, false, byte);
     None
+}
+
+/// A guest register write to its virtio console: the transport's, then
+/// waiting input into receive buffers the write may have made available,
+/// then the device's interrupt line.
+fn vconsole_write(
+    vm: &mut Vm,
+    cpu: &mut impl PhysCpu,
+    off: u64,
+    width: u8,
+    value: u64,
+) -> Result<(), Refused> {
+    irq::with_vconsole(vm, cpu, |transport, view| {
+        transport
+            .write(off, width, value as u32, view)
+            .map_err(bad_virtio)
+    })
+    .ok_or(Refused::new(BadAccessKind::Unmapped))??;
+    if !vm.input.is_empty() {
+        irq::feed_console(vm, cpu);
+    }
+    match off {
+        crate::virtio::mmio::INTERRUPT_ACK => irq::update_vconsole_after_ack(vm, cpu),
+        _ => irq::update_vconsole(vm, cpu),
+    }
+    Ok(())
 }
 
 fn virtio_write(

@@ -137,6 +137,38 @@ impl ConsoleLine {
         self.live_output(step)
     }
 
+    /// [`ConsoleLine::push_live`] for several bytes at once (a virtio
+    /// console's write): what to show, with the partial steps between two
+    /// line ends merged into one output, so a write of any length makes at
+    /// most one output per line it ends, one per erase, and one for the
+    /// line it leaves open.
+    pub fn push_live_bytes(&mut self, bytes: &[u8], mut show: impl FnMut(LiveOutput<'_>)) {
+        // `shown` of the first partial step not handed out yet.
+        let mut pending: Option<usize> = None;
+        for &byte in bytes {
+            let erases = self.escape == Escape::None && matches!(byte, 0x08 | 0x7f);
+            if erases {
+                if let Some(shown) = pending.take() {
+                    show(self.live_output(LiveStep::Partial { shown }));
+                }
+            }
+            match self.step_live(byte) {
+                LiveStep::Nothing => {}
+                LiveStep::Partial { shown } => {
+                    pending.get_or_insert(shown);
+                }
+                LiveStep::Line { len, shown } => {
+                    let shown = pending.take().unwrap_or(shown);
+                    show(self.live_output(LiveStep::Line { len, shown }));
+                }
+                LiveStep::Erase => show(LiveOutput::Erase),
+            }
+        }
+        if let Some(shown) = pending {
+            show(self.live_output(LiveStep::Partial { shown }));
+        }
+    }
+
     /// [`ConsoleLine::push_live`] as an [`Echo`] of what the byte shows;
     /// the whole [`LiveOutput`] when that does not fit one. The line so far
     /// is not looked at (it is not validated as a `str` on every byte).
@@ -487,6 +519,68 @@ mod tests {
                         proptest::prop_assert_eq!(got, expected);
                     }
                 }
+            }
+        }
+    }
+
+    /// What a terminal shows after these live outputs.
+    fn screen(outputs: &[(String, bool, usize, bool)]) -> String {
+        let mut screen = String::new();
+        for (text, line, shown, erase) in outputs {
+            if *erase {
+                screen.pop();
+                continue;
+            }
+            screen.push_str(&text[*shown..]);
+            if *line {
+                screen.push('\n');
+            }
+        }
+        screen
+    }
+
+    fn owned(output: LiveOutput<'_>) -> Option<(String, bool, usize, bool)> {
+        match output {
+            LiveOutput::Nothing => None,
+            LiveOutput::Partial { text, shown } => Some((text.into(), false, shown, false)),
+            LiveOutput::Line { text, shown } => Some((text.into(), true, shown, false)),
+            LiveOutput::Erase => Some((String::new(), false, 0, true)),
+        }
+    }
+
+    proptest::proptest! {
+        /// A write taken whole (a virtio console's) shows on a terminal what
+        /// the same bytes taken one at a time (the PL011's) show, in at
+        /// most one output per line end, two per erase, and one for the rest.
+        #[test]
+        fn push_live_bytes_shows_what_push_live_shows(
+            writes in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::prop_oneof![
+                        proptest::sample::select(b"\n\r\x08\x7f\x1b[Axy ".to_vec()),
+                        proptest::num::u8::ANY,
+                    ],
+                    0..300,
+                ),
+                0..12,
+            )
+        ) {
+            let mut single = ConsoleLine::new();
+            let mut batched = ConsoleLine::new();
+            let mut one = Vec::new();
+            let mut many = Vec::new();
+            for write in &writes {
+                for &b in write {
+                    one.extend(owned(single.push_live(b)));
+                }
+                let before = many.len();
+                batched.push_live_bytes(write, |o| many.extend(owned(o)));
+                let lines = write.iter().filter(|&&b| b == b'\n').count();
+                let erases = write.iter().filter(|&&b| matches!(b, 0x08 | 0x7f)).count();
+                // An erase may first show the text before it.
+                let bound = lines + 2 * erases + 1 + write.len() / LINE_MAX;
+                proptest::prop_assert!(many.len() - before <= bound);
+                proptest::prop_assert_eq!(screen(&many), screen(&one));
             }
         }
     }

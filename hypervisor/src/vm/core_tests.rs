@@ -32,6 +32,8 @@ use crate::pl011;
 use crate::virtio::mmio;
 use crate::virtio::testing::{DriverMemory, DriverQueue};
 
+mod vconsole_tests;
+
 /// RAM of the fake board, in pages (16 MiB).
 const BOARD_PAGES: u64 = 4096;
 /// RAM of the test VM (8 MiB).
@@ -71,6 +73,23 @@ fn spec_sized(
     memory: VmMemory,
     ram_size: u64,
 ) -> guest_bundle::VmEntry<'static> {
+    spec_devices(
+        vcpus,
+        on_bad_access,
+        memory,
+        ram_size,
+        guest_bundle::devices::BALLOON,
+    )
+}
+
+/// [`spec_sized`] with these device bits.
+fn spec_devices(
+    vcpus: u32,
+    on_bad_access: u32,
+    memory: VmMemory,
+    ram_size: u64,
+    devices: u64,
+) -> guest_bundle::VmEntry<'static> {
     let bytes = BundleBuilder::new()
         .add_vm_with_memory(
             VmSpec {
@@ -81,8 +100,12 @@ fn spec_sized(
                 kernel: kernel(),
                 initrd: Some(vec![0x5a; 3000]),
                 cmdline: Some("console=ttyAMA0".into()),
-                balloon_features: F_VERSION_1,
-                devices: guest_bundle::devices::BALLOON,
+                balloon_features: if devices & guest_bundle::devices::BALLOON != 0 {
+                    F_VERSION_1
+                } else {
+                    0
+                },
+                devices,
                 on_bad_access,
             },
             memory,

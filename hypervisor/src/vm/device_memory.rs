@@ -118,3 +118,70 @@ impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
         self.trace_blocks("hint", blocks, released);
     }
 }
+
+/// Guest memory and the VM's console, as the virtio console sees them:
+/// what the guest prints joins its console line (shown live while it has
+/// the keyboard), and typed input is taken from the VM's input queue.
+pub struct ConsoleView<'a, M> {
+    pub memory: DeviceView<'a, M>,
+    pub line: &'a mut super::console::ConsoleLine,
+    pub out: &'a mut super::outbox::Outbox,
+    pub name: &'a str,
+    pub focused: bool,
+    pub input: &'a mut heapless::Deque<u8, { super::state::CONSOLE_INPUT_MAX }>,
+}
+
+impl<M: HostMemory> GuestMemory for ConsoleView<'_, M> {
+    fn read(&mut self, ipa: GuestAddr, buf: &mut [u8]) -> Result<(), GuestMemError> {
+        self.memory.read(ipa, buf)
+    }
+    fn write(&mut self, ipa: GuestAddr, data: &[u8]) -> Result<(), GuestMemError> {
+        self.memory.write(ipa, data)
+    }
+}
+
+impl<M> crate::vconsole::ConsoleIo for ConsoleView<'_, M> {
+    fn output(&mut self, bytes: &[u8]) {
+        if self.focused {
+            let out = &mut *self.out;
+            self.line.push_live_bytes(bytes, |output| out.live(output));
+            return;
+        }
+        for &byte in bytes {
+            show_byte(self.line, self.out, self.name, false, byte);
+        }
+    }
+    fn input_waiting(&self) -> bool {
+        !self.input.is_empty()
+    }
+    fn peek_input(&self, skip: usize, buf: &mut [u8]) -> usize {
+        let mut copied = 0;
+        for (slot, &byte) in buf.iter_mut().zip(self.input.iter().skip(skip)) {
+            *slot = byte;
+            copied += 1;
+        }
+        copied
+    }
+    fn consume_input(&mut self, count: usize) {
+        for _ in 0..count {
+            self.input.pop_front();
+        }
+    }
+}
+
+/// A byte of a guest's console output into its line (`focused`: shown
+/// live), a finished line into the outbox.
+pub(super) fn show_byte(
+    line: &mut super::console::ConsoleLine,
+    out: &mut super::outbox::Outbox,
+    name: &str,
+    focused: bool,
+    byte: u8,
+) {
+    if focused {
+        let output = line.push_live(byte);
+        out.live(output);
+    } else if let Some(text) = line.push(byte) {
+        out.line(format_args!("[{name}] {text}"));
+    }
+}

@@ -41,11 +41,33 @@ pub mod layout {
     pub const VIRTIO_BASE: GuestAddr = GuestAddr::new(0x0a00_0000);
     pub const VIRTIO_STRIDE: u64 = 0x200;
     pub const VIRTIO_SPI_BASE: u32 = 16;
+    /// The balloon's slot, and the virtio console's.
+    pub const BALLOON_SLOT: usize = 0;
+    pub const CONSOLE_SLOT: usize = 1;
     /// Virtio-mmio slots the board has (QEMU `virt` has 32 too).
     pub const VIRTIO_SLOTS: usize = 32;
     /// The architected timer's PPIs in binding order: secure physical,
     /// non-secure physical, virtual, hypervisor physical (PPI n is INTID 16 + n).
     pub const TIMER_PPIS: [u32; 4] = [13, 14, 11, 10];
+}
+
+/// The virtio-mmio slots a VM's devices take: the balloon's
+/// ([`layout::BALLOON_SLOT`]) and the console's ([`layout::CONSOLE_SLOT`]),
+/// as one range (a console without a balloon: its slot alone).
+pub fn virtio_slots(balloon: bool, console: bool) -> core::ops::Range<usize> {
+    let end = if console {
+        layout::CONSOLE_SLOT + 1
+    } else if balloon {
+        layout::BALLOON_SLOT + 1
+    } else {
+        0
+    };
+    let start = if balloon {
+        layout::BALLOON_SLOT
+    } else {
+        end.saturating_sub(1)
+    };
+    start..end
 }
 
 /// `(base, SPI)` of every virtio-mmio slot, in order.
@@ -135,19 +157,20 @@ pub enum GicVersion {
 
 impl GuestBoard<'static> {
     /// The board of `docs/GUEST-BOARD.md` with `ram_size` bytes of RAM,
-    /// `vcpus` vCPUs, the given GIC and virtio-mmio slots `0..virtio_devices`;
-    /// no command line, no initrd (set those fields afterwards).
+    /// `vcpus` vCPUs, the given GIC and the virtio-mmio slots `virtio_slots`
+    /// ([`virtio_slots`]); no command line, no initrd (set those fields
+    /// afterwards).
     pub fn standard(
         ram_size: u64,
         vcpus: u32,
         gic: GicVersion,
-        virtio_devices: usize,
+        virtio_slots: core::ops::Range<usize>,
     ) -> Result<Self, FdtError> {
         let virtio_mmio =
             VIRTIO_MMIO_SLOTS
-                .get(..virtio_devices)
+                .get(virtio_slots.clone())
                 .ok_or(FdtError::TooManyDevices {
-                    count: virtio_devices,
+                    count: virtio_slots.end,
                     max: layout::VIRTIO_SLOTS,
                 })?;
         Ok(GuestBoard {
@@ -505,14 +528,14 @@ mod tests {
     }
 
     fn v2_board() -> GuestBoard<'static> {
-        let mut b = GuestBoard::standard(256 << 20, 2, GicVersion::V2, 2).unwrap();
+        let mut b = GuestBoard::standard(256 << 20, 2, GicVersion::V2, 0..2).unwrap();
         b.bootargs = Some("pattern console=ttyAMA0");
         b.initrd = Some((0x4440_0000, 0x4450_1000));
         b
     }
 
     fn v3_board() -> GuestBoard<'static> {
-        let mut b = GuestBoard::standard(128 << 20, 3, GicVersion::V3, 1).unwrap();
+        let mut b = GuestBoard::standard(128 << 20, 3, GicVersion::V3, 0..1).unwrap();
         b.bootargs = Some("hostile");
         b
     }
@@ -647,7 +670,7 @@ mod tests {
 
     #[test]
     fn minimal_tree_has_no_optional_properties() {
-        let b = GuestBoard::standard(2 << 20, 1, GicVersion::V2, 0).unwrap();
+        let b = GuestBoard::standard(2 << 20, 1, GicVersion::V2, 0..0).unwrap();
         let dts = dtc(&build(&b).unwrap());
         assert!(
             dts.contains("\tchosen {\n\t\tstdout-path = \"/pl011@9000000\";\n\t};\n"),
@@ -665,7 +688,7 @@ mod tests {
 
     #[test]
     fn every_virtio_slot_decodes() {
-        let b = GuestBoard::standard(64 << 20, 8, GicVersion::V2, layout::VIRTIO_SLOTS).unwrap();
+        let b = GuestBoard::standard(64 << 20, 8, GicVersion::V2, 0..layout::VIRTIO_SLOTS).unwrap();
         let dts = dtc(&build(&b).unwrap());
         assert!(dts.contains("\tvirtio_mmio@a003e00 {\n\t\tcompatible = \"virtio,mmio\";\n\t\treg = <0x00 0xa003e00 0x00 0x200>;\n\t\tinterrupts = <0x00 0x2f 0x01>;\n"), "{dts}");
         assert!(dts.contains("0x01 0x0d 0xff04 "), "{dts}");
@@ -956,7 +979,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(
-            GuestBoard::standard(1 << 20, 1, GicVersion::V3, 33),
+            GuestBoard::standard(1 << 20, 1, GicVersion::V3, 0..33),
             Err(FdtError::TooManyDevices { count: 33, max: 32 })
         );
         assert_eq!(

@@ -681,7 +681,8 @@ pub fn handle(
         } => {
             let window = bus::route(vm, ipa);
             let kind = match window {
-                Some(bus::Window::Virtio(QUEUE_NOTIFY)) => ExitKind::VirtioNotify,
+                Some(bus::Window::Virtio(QUEUE_NOTIFY))
+                | Some(bus::Window::VirtioConsole(QUEUE_NOTIFY)) => ExitKind::VirtioNotify,
                 _ => ExitKind::mmio(window.map(bus::Window::device)),
             };
             let value = ctx.reg(reg);

@@ -4,16 +4,23 @@
 //! distributor before every entry.
 
 use super::cpu::PhysCpu;
+use super::device_memory::{ConsoleView, DeviceView};
 use super::exit_profile::ExitKind;
 use super::fdt::layout;
+use super::ratelimit::LineKind;
 use super::state::{Power, Vm};
 use crate::limits::MAX_LRS;
+use crate::vconsole::VirtioConsole;
 use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 use crate::vgic::{LrStatus, VgicEffect};
+use crate::virtio::mmio::MmioTransport;
+use crate::virtio::TransportEvent;
 
 /// The guest's PL011 and first virtio-mmio device, as INTIDs.
 pub const UART_INTID: u32 = 32 + layout::UART_SPI;
 pub const VIRTIO_INTID: u32 = 32 + layout::VIRTIO_SPI_BASE;
+/// The virtio console's.
+pub const VCONSOLE_INTID: u32 = 32 + layout::VIRTIO_SPI_BASE + layout::CONSOLE_SLOT as u32;
 
 /// Kick the CPUs of the vCPUs a vGIC change made something deliverable to
 /// (not the caller's own CPU: it syncs before entering anyway).
@@ -44,12 +51,104 @@ pub fn update_virtio(vm: &mut Vm, cpu: &mut impl PhysCpu) {
 pub fn update_virtio_after_ack(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     update_virtio(vm, cpu);
     let pending = vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending());
+    edge_again(vm, cpu, VIRTIO_INTID, pending);
+}
+
+/// An edge-configured SPI whose device still has bits pending after an
+/// ACK signals again ([`update_virtio_after_ack`]).
+fn edge_again(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, pending: bool) {
     let Some(vgic) = vm.vgic.as_mut() else { return };
-    if pending && vgic.spi_is_edge(VIRTIO_INTID) == Some(true) {
-        if let Ok(effect) = vgic.pend_edge(VIRTIO_INTID) {
+    if pending && vgic.spi_is_edge(intid) == Some(true) {
+        if let Ok(effect) = vgic.pend_edge(intid) {
             apply_effect(vm, cpu, effect);
         }
     }
+}
+
+/// Drive the virtio console's interrupt line into the virtual distributor.
+pub fn update_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    let level = vm.vconsole.as_ref().is_some_and(|c| c.interrupt_pending());
+    set_line(vm, cpu, VCONSOLE_INTID, level);
+}
+
+/// [`update_virtio_after_ack`] for the virtio console.
+pub fn update_vconsole_after_ack(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    update_vconsole(vm, cpu);
+    let pending = vm.vconsole.as_ref().is_some_and(|c| c.interrupt_pending());
+    edge_again(vm, cpu, VCONSOLE_INTID, pending);
+}
+
+/// The virtio console's transmit buffers returned since its last
+/// interrupt, signalled now (every memory tick; see
+/// [`crate::virtio::VirtioDevice::defers_used_signal`]).
+pub fn flush_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    if vm.vconsole.as_mut().is_some_and(|c| c.flush_deferred()) {
+        update_vconsole(vm, cpu);
+    }
+}
+
+/// Whether typed input goes to the virtio console: its driver is ready
+/// (DRIVER_OK, not waiting for a reset) and its receive queue enabled.
+/// Before that (the kernel's boot, a guest without the driver) it goes to
+/// the PL011.
+pub fn vconsole_takes_input(vm: &Vm) -> bool {
+    vm.vconsole.as_ref().is_some_and(|c| {
+        c.status() & crate::virtio::mmio::STATUS_DRIVER_OK != 0
+            && !c.needs_reset()
+            && c.queues()
+                .get(crate::vconsole::RECEIVEQ)
+                .is_some_and(|q| q.ready())
+    })
+}
+
+/// Waiting input into the virtio console's receive buffers, as far as the
+/// driver posted them; its interrupt line updated.
+fn feed_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    with_vconsole(vm, cpu, |transport, view| {
+        Ok::<_, ()>(transport.device_work(view, |device, queues, env| device.receive(queues, env)))
+    });
+    update_vconsole(vm, cpu);
+}
+
+/// `work` on the VM's virtio console with its view of the VM
+/// ([`ConsoleView`]); the event it returns is said on the console (rate
+/// limited). `None` without a console or RAM; `work`'s error is passed on.
+pub fn with_vconsole<C: PhysCpu, E>(
+    vm: &mut Vm,
+    cpu: &mut C,
+    work: impl FnOnce(
+        &mut MmioTransport<VirtioConsole>,
+        &mut ConsoleView<'_, C::Memory>,
+    ) -> Result<TransportEvent, E>,
+) -> Option<Result<(), E>> {
+    let now = cpu.uptime_us();
+    let (Some(transport), Some(ram)) = (vm.vconsole.as_mut(), vm.ram.as_mut()) else {
+        return None;
+    };
+    let mut view = ConsoleView {
+        memory: DeviceView {
+            ram,
+            mem: cpu.memory(),
+            now_us: now,
+        },
+        line: &mut vm.console,
+        out: &mut vm.out,
+        name: &vm.name,
+        focused: vm.focused,
+        input: &mut vm.input,
+    };
+    let event = match work(transport, &mut view) {
+        Ok(event) => event,
+        Err(e) => return Some(Err(e)),
+    };
+    if let Some(msg) = event.message() {
+        let kind = match msg {
+            TransportEvent::NeedsReset { .. } => LineKind::DeviceError,
+            _ => LineKind::DeviceEvent,
+        };
+        vm.lines_at(now).say(kind, format_args!("console: {msg}"));
+    }
+    Some(Ok(()))
 }
 
 /// Drive the PL011's interrupt line into the virtual distributor.
@@ -103,6 +202,10 @@ pub fn console_input_bytes(vm: &mut Vm, cpu: &mut impl PhysCpu, bytes: &[u8]) ->
 /// Move queued console input into the PL011's receive FIFO while it has
 /// room (after a guest read took a byte out), and update its interrupt.
 pub fn feed_console(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    if vconsole_takes_input(vm) {
+        feed_vconsole(vm, cpu);
+        return;
+    }
     if !vm.input.is_empty() {
         // Before the byte can be seen: the guest must trap to take it.
         withdraw_uart_mirror(vm, cpu);

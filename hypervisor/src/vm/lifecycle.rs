@@ -14,6 +14,7 @@ use crate::balloon::Balloon;
 use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
 use crate::mm::frames::PAGE_SIZE;
 use crate::size::Size;
+use crate::vconsole::VirtioConsole;
 use crate::vgic::intid::VTIMER_PPI;
 use crate::vgic::VDistributor;
 use crate::virtio::mmio::MmioTransport;
@@ -153,6 +154,9 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
                 .line(format_args!("tidal: [{}] no balloon device: {e}", vm.name)),
         }
     }
+    vm.vconsole = spec
+        .has_virtio_console()
+        .then(|| MmioTransport::new(VirtioConsole::new()));
     vm.ram = Some(ram);
     let input_waits = !vm.input.is_empty();
     vm.uart_mirror
@@ -180,7 +184,7 @@ fn load_images(
         spec.ram_size(),
         spec.vcpus(),
         gic.version(),
-        spec.has_balloon() as usize,
+        super::fdt::virtio_slots(spec.has_balloon(), spec.has_virtio_console()),
     )
     .map_err(|_| "its virtual board cannot be described")?;
     board.bootargs = spec.cmdline();
@@ -270,6 +274,7 @@ pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
         ));
     }
     vm.last_balloon_stats = vm.balloon.take().map(|b| *b.device().stats());
+    vm.vconsole = None;
     vm.vgic = None;
     vm.power = [Power::Off; MAX_VCPUS];
     vm.state = VmState::Stopped;

@@ -13,8 +13,9 @@ use super::console::{LiveOutput, LINE_MAX};
 /// its `[name] ` prefix, or a hypervisor message); longer ones are cut with
 /// a `...`.
 pub const NOTICE_MAX: usize = LINE_MAX + 64;
-/// Notices kept between two drains (one exit, or one shell command).
-const CAPACITY: usize = 24;
+/// Notices kept between two drains (one exit, or one shell command): a
+/// virtio console's write of a page can end dozens of lines in one exit.
+pub const CAPACITY: usize = 96;
 
 /// One thing to show on the console. The text is on the heap, as long as
 /// it is: a short line costs a short allocation, and moving the box out to

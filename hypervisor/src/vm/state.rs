@@ -18,6 +18,7 @@ use crate::limits::{MAX_LRS, MAX_VCPUS};
 use crate::mm::frames::PAGE_SIZE;
 use crate::mm::manager::{Limits, DEFAULT_WEIGHT};
 use crate::pl011::Pl011;
+use crate::vconsole::VirtioConsole;
 use crate::vgic::VDistributor;
 use crate::virtio::mmio::MmioTransport;
 
@@ -189,6 +190,8 @@ pub struct Vm {
     pub ram_size: u64,
     pub ram: Option<GuestRam>,
     pub balloon: Option<MmioTransport<Balloon>>,
+    /// The virtio console (`console = "virtio"`), beside the PL011.
+    pub vconsole: Option<MmioTransport<VirtioConsole>>,
     pub console: ConsoleLine,
     /// The emulated PL011 the guest's console driver talks to.
     pub uart: Pl011,
@@ -260,6 +263,7 @@ impl Vm {
             ram_size: spec.ram_size(),
             ram: None,
             balloon: None,
+            vconsole: None,
             console: ConsoleLine::new(),
             uart: Pl011::new(),
             uart_mirror: super::uart_mirror::UartMirror::new(),

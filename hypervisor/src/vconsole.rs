@@ -1,0 +1,261 @@
+//! The virtio console (virtio 1.2 section 5.3), device side: one port, no
+//! multiport, no size or emergency write. It exists for speed. A guest's
+//! PL011 costs a trap for every byte it sends and two for every byte it
+//! reads; through this device a whole write is one notification and a whole
+//! line typed is one interrupt (Linux: `virtio_console`, `/dev/hvc0`).
+//!
+//! The device owns no buffer of its own: what the guest sends goes to the
+//! VM's console through [`ConsoleIo::output`] while the transmit chain is
+//! read, and typed input waits in the VM's input queue until the driver
+//! has posted receive buffers ([`VirtioConsole::receive`]). Every chain is
+//! checked like the balloon's: direction of each descriptor, RAM only,
+//! bounded length; a bad one sets DEVICE_NEEDS_RESET.
+
+use crate::virtio::{
+    DeviceError, DeviceErrorKind, GuestMemory, VirtioDevice, VirtioDeviceIo, Virtqueue,
+    VIRTIO_F_VERSION_1,
+};
+
+/// Virtio device ID of a console.
+pub const DEVICE_ID: u32 = 3;
+/// Port 0's receive queue: buffers the device fills with typed input.
+pub const RECEIVEQ: usize = 0;
+/// Port 0's transmit queue: what the guest prints.
+pub const TRANSMITQ: usize = 1;
+/// QueueNumMax of both queues (Linux fills its receive queue with one page
+/// per entry, up to this many).
+pub const QUEUE_SIZE: u16 = 64;
+/// Longest transmit chain accepted: Linux's hvc sends at most a page; a
+/// longer chain is refused rather than read for an unbounded time.
+pub const MAX_TX_CHAIN: u32 = 64 * 1024;
+/// Bytes copied at a time between guest memory and the console.
+const PIECE: usize = 128;
+/// The config space (cols, rows, max_nr_ports, emerg_wr): meaningful only
+/// with features this device does not offer, so it reads as zeros.
+const CONFIG_SIZE: u64 = 12;
+
+/// What the console device does to the VM besides its memory: output to
+/// show, input to hand over.
+pub trait ConsoleIo {
+    /// The guest printed `bytes`.
+    fn output(&mut self, bytes: &[u8]);
+    /// Whether typed input waits for the guest.
+    fn input_waiting(&self) -> bool;
+    /// Copy up to `buf.len()` bytes of waiting input, oldest first, after
+    /// the first `skip`, leaving them waiting; how many.
+    fn peek_input(&self, skip: usize, buf: &mut [u8]) -> usize;
+    /// The first `count` bytes of waiting input were delivered.
+    fn consume_input(&mut self, count: usize);
+}
+
+/// What the device moved since the VM started, for `info console`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsoleStats {
+    /// Bytes the guest printed, and the transmit chains they came in.
+    pub bytes_out: u64,
+    pub chains_out: u64,
+    /// Bytes of input given to the guest, and the receive buffers used.
+    pub bytes_in: u64,
+    pub buffers_in: u64,
+}
+
+/// The device model (behind an [`crate::virtio::MmioTransport`]).
+#[derive(Debug, Default)]
+pub struct VirtioConsole {
+    stats: ConsoleStats,
+}
+
+impl VirtioConsole {
+    pub const fn new() -> Self {
+        Self {
+            stats: ConsoleStats {
+                bytes_out: 0,
+                chains_out: 0,
+                bytes_in: 0,
+                buffers_in: 0,
+            },
+        }
+    }
+
+    pub fn stats(&self) -> &ConsoleStats {
+        &self.stats
+    }
+
+    /// Move waiting input into the receive buffers the driver posted, one
+    /// buffer after another, each used as far as the input goes. Does
+    /// nothing while no input waits (a buffer is taken only to be filled).
+    pub fn receive<E: GuestMemory + ConsoleIo + ?Sized>(
+        &mut self,
+        queues: &mut [Virtqueue],
+        env: &mut E,
+    ) -> Result<(), DeviceError> {
+        let Some(q) = queues.get_mut(RECEIVEQ) else {
+            return Ok(());
+        };
+        if !q.ready() {
+            return Ok(());
+        }
+        let err = |e| DeviceError::from_queue(RECEIVEQ, "receiveq", e);
+        while env.input_waiting() {
+            let Some(chain) = q.pop(env).map_err(err)? else {
+                break;
+            };
+            let head = chain.head();
+            if let Some(d) = chain.descriptors().iter().find(|d| !d.writable) {
+                return Err(DeviceError::request(
+                    RECEIVEQ,
+                    "receiveq",
+                    head,
+                    DeviceErrorKind::UnexpectedReadable { desc: d.index },
+                ));
+            }
+            let room = chain.writable_len();
+            if room == 0 {
+                return Err(DeviceError::request(
+                    RECEIVEQ,
+                    "receiveq",
+                    head,
+                    DeviceErrorKind::BadLength {
+                        len: 0,
+                        multiple_of: 1,
+                    },
+                ));
+            }
+            // Input leaves its queue only once the buffer is returned: a
+            // chain that fails half way loses the guest nothing typed.
+            let mut written = 0u32;
+            let mut piece = [0u8; PIECE];
+            while written < room {
+                let want = PIECE.min((room - written) as usize);
+                let got = env.peek_input(written as usize, &mut piece[..want]);
+                if got == 0 {
+                    break;
+                }
+                // The chain's writable part is `room` bytes and `got` fits.
+                chain
+                    .write_writable_at(env, written, &piece[..got])
+                    .map_err(err)?;
+                written += got as u32;
+            }
+            q.push_used(env, head, written).map_err(err)?;
+            env.consume_input(written as usize);
+            self.stats.bytes_in += u64::from(written);
+            self.stats.buffers_in += 1;
+        }
+        Ok(())
+    }
+
+    /// Show every chain the driver queued for transmission and return it.
+    fn transmit<E: GuestMemory + ConsoleIo + ?Sized>(
+        &mut self,
+        queues: &mut [Virtqueue],
+        env: &mut E,
+    ) -> Result<(), DeviceError> {
+        let Some(q) = queues.get_mut(TRANSMITQ) else {
+            return Ok(());
+        };
+        let err = |e| DeviceError::from_queue(TRANSMITQ, "transmitq", e);
+        while let Some(chain) = q.pop(env).map_err(err)? {
+            let head = chain.head();
+            if let Some(d) = chain.descriptors().iter().find(|d| d.writable) {
+                return Err(DeviceError::request(
+                    TRANSMITQ,
+                    "transmitq",
+                    head,
+                    DeviceErrorKind::UnexpectedWritable { desc: d.index },
+                ));
+            }
+            let len = chain.readable_len();
+            if len > MAX_TX_CHAIN {
+                return Err(DeviceError::request(
+                    TRANSMITQ,
+                    "transmitq",
+                    head,
+                    DeviceErrorKind::TooLong {
+                        len,
+                        max: MAX_TX_CHAIN,
+                    },
+                ));
+            }
+            let mut done = 0u32;
+            let mut piece = [0u8; PIECE];
+            while done < len {
+                let want = PIECE.min((len - done) as usize);
+                let got = chain
+                    .read_readable_at(env, done, &mut piece[..want])
+                    .map_err(err)?;
+                if got == 0 {
+                    break;
+                }
+                env.output(&piece[..got]);
+                done += got as u32;
+            }
+            q.push_used(env, head, 0).map_err(err)?;
+            self.stats.bytes_out += u64::from(done);
+            self.stats.chains_out += 1;
+        }
+        Ok(())
+    }
+}
+
+impl VirtioDevice for VirtioConsole {
+    fn name(&self) -> &'static str {
+        "virtio-console"
+    }
+    fn device_id(&self) -> u32 {
+        DEVICE_ID
+    }
+    fn device_features(&self) -> u64 {
+        VIRTIO_F_VERSION_1
+    }
+    fn queue_count(&self) -> usize {
+        2
+    }
+    fn queue_max_size(&self, _queue: usize) -> u16 {
+        QUEUE_SIZE
+    }
+    fn queue_name(&self, queue: usize) -> &'static str {
+        match queue {
+            RECEIVEQ => "receiveq",
+            _ => "transmitq",
+        }
+    }
+    fn config_read(&self, offset: u64, data: &mut [u8]) {
+        let _ = (offset, CONFIG_SIZE);
+        data.fill(0);
+    }
+    fn config_write(&mut self, _offset: u64, _data: &[u8]) {}
+    fn activate(&mut self, _features: u64) {}
+    fn defers_used_signal(&self, queue: usize) -> bool {
+        // Linux's hvc writes spin on the used ring until the device returns
+        // the buffer, which it did before the notify's exit returned.
+        queue == TRANSMITQ
+    }
+    fn quiet_when_empty(&self, queue: usize) -> bool {
+        // An empty transmit notification changes nothing; a receive one
+        // may have input to deliver.
+        queue == TRANSMITQ
+    }
+}
+
+impl<E: GuestMemory + ConsoleIo + ?Sized> VirtioDeviceIo<E> for VirtioConsole {
+    fn reset(&mut self, _env: &mut E) {
+        // Nothing is held: chains are returned as they are processed, and
+        // input waits in the VM's queue.
+    }
+
+    fn notify(
+        &mut self,
+        queue: usize,
+        queues: &mut [Virtqueue],
+        env: &mut E,
+    ) -> Result<(), DeviceError> {
+        match queue {
+            TRANSMITQ => self.transmit(queues, env),
+            _ => self.receive(queues, env),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

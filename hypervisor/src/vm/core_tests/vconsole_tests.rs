@@ -1,0 +1,224 @@
+//! The virtio console inside a VM: found where the device tree says, its
+//! register accesses as trapped exits, typed input to the PL011 until the
+//! driver is ready and to the receive queue after, output as console lines,
+//! its interrupt line, and a bad chain that resets the device and gives the
+//! input back to the PL011.
+
+use super::super::bus;
+use super::*;
+use crate::vconsole;
+
+/// Slot 1's registers.
+const BASE: GuestAddr =
+    GuestAddr::new(layout::VIRTIO_BASE.raw() + layout::VIRTIO_STRIDE * layout::CONSOLE_SLOT as u64);
+
+fn with_console(devices: u64) -> (Vm, FakeCpu) {
+    let memory = VmMemory {
+        prealloc: true,
+        ..VmMemory::default()
+    };
+    let spec = spec_devices(1, 0, memory, VM_RAM, devices);
+    let mut vm = Vm::new(0, spec, GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    (vm, cpu)
+}
+
+fn reg_write(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64, value: u32) {
+    ctx.x[1] = u64::from(value);
+    let outcome = exit(vm, cpu, ctx, store(BASE + off, 4));
+    assert_eq!(outcome, Outcome::Continue);
+}
+
+fn reg_read(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64) -> u32 {
+    exit(vm, cpu, ctx, load(BASE + off, 4));
+    ctx.x[2] as u32
+}
+
+/// Linux's virtio_console probing the device (no features but VERSION_1),
+/// its two queues at `rings`, then DRIVER_OK.
+fn probe(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, rings: u64) -> [DriverQueue; 2] {
+    let queues = [
+        DriverQueue::new(8, rings, rings + 0x1000, rings + 0x2000),
+        DriverQueue::new(8, rings + 0x4000, rings + 0x5000, rings + 0x6000),
+    ];
+    assert_eq!(reg_read(vm, cpu, ctx, mmio::MAGIC_VALUE), mmio::MAGIC);
+    assert_eq!(reg_read(vm, cpu, ctx, mmio::DEVICE_ID), vconsole::DEVICE_ID);
+    let ack = mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER;
+    reg_write(vm, cpu, ctx, mmio::STATUS, 0);
+    reg_write(vm, cpu, ctx, mmio::STATUS, ack);
+    reg_write(vm, cpu, ctx, mmio::DRIVER_FEATURES_SEL, 1);
+    reg_write(vm, cpu, ctx, mmio::DRIVER_FEATURES, 1);
+    reg_write(vm, cpu, ctx, mmio::STATUS, ack | mmio::STATUS_FEATURES_OK);
+    for (i, q) in queues.iter().enumerate() {
+        reg_write(vm, cpu, ctx, mmio::QUEUE_SEL, i as u32);
+        reg_write(vm, cpu, ctx, mmio::QUEUE_NUM, q.size.into());
+        for (reg, ipa) in [
+            (mmio::QUEUE_DESC_LOW, q.desc),
+            (mmio::QUEUE_DRIVER_LOW, q.avail),
+            (mmio::QUEUE_DEVICE_LOW, q.used),
+        ] {
+            reg_write(vm, cpu, ctx, reg, ipa as u32);
+        }
+        reg_write(vm, cpu, ctx, mmio::QUEUE_READY, 1);
+    }
+    let ok = ack | mmio::STATUS_FEATURES_OK | mmio::STATUS_DRIVER_OK;
+    reg_write(vm, cpu, ctx, mmio::STATUS, ok);
+    assert_eq!(reg_read(vm, cpu, ctx, mmio::STATUS), ok);
+    queues
+}
+
+/// Guest RAM as the test reads it back.
+fn peek(vm: &mut Vm, cpu: &mut FakeCpu, ipa: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    vm.ram
+        .as_mut()
+        .expect("RAM")
+        .read(&mut cpu.host, GuestAddr::new(ipa), &mut buf)
+        .expect("in RAM");
+    buf
+}
+
+fn used(vm: &mut Vm, cpu: &mut FakeCpu, q: &mut DriverQueue) -> Vec<(u32, u32)> {
+    let ram = vm.ram.as_mut().expect("RAM");
+    let mut view = super::super::device_memory::DeviceView {
+        ram,
+        mem: &mut cpu.host,
+        now_us: 0,
+    };
+    q.take_used(&mut view)
+}
+
+#[test]
+fn the_device_tree_describes_the_console_in_slot_one() {
+    let (mut vm, mut cpu) = with_console(guest_bundle::devices::CONSOLE);
+    let dtb_ipa = layout::RAM_BASE.raw();
+    let dtb = peek(&mut vm, &mut cpu, dtb_ipa, 0x2000);
+    let has = |name: &[u8]| dtb.windows(name.len()).any(|w| w == name);
+    assert_eq!(dtb[..4], [0xd0, 0x0d, 0xfe, 0xed], "a device tree");
+    // No balloon: the console's slot alone, never a slot nobody emulates.
+    assert!(has(b"virtio_mmio@a000200\0"));
+    assert!(!has(b"virtio_mmio@a000000\0"));
+    assert!(bus::route(&vm, layout::VIRTIO_BASE).is_none());
+    assert_eq!(
+        bus::route(&vm, BASE + 0x70),
+        Some(bus::Window::VirtioConsole(0x70))
+    );
+    // A VM without it: slot 1 is no device.
+    let (vm, _) = with_console(guest_bundle::devices::BALLOON);
+    assert!(bus::route(&vm, BASE).is_none());
+}
+
+#[test]
+fn input_reaches_the_pl011_until_the_driver_is_ready_then_the_receive_queue() {
+    let both = guest_bundle::devices::BALLOON | guest_bundle::devices::CONSOLE;
+    let (mut vm, mut cpu) = with_console(both);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    // Before the driver: the PL011 takes typed bytes, as at boot.
+    assert_eq!(irq::console_input_bytes(&mut vm, &mut cpu, b"a"), 1);
+    assert_eq!(vm.uart.rx_len(), 1);
+    assert!(!irq::vconsole_takes_input(&vm));
+
+    let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
+    let [mut rx, mut tx] = probe(&mut vm, &mut cpu, &mut ctx, rings);
+    assert!(irq::vconsole_takes_input(&vm));
+    // Typed before any receive buffer: it waits, nothing is lost.
+    assert_eq!(
+        irq::console_input_bytes(&mut vm, &mut cpu, b"run 1 true\r"),
+        11
+    );
+    assert_eq!(vm.input.len(), 11);
+    assert_eq!(vm.uart.rx_len(), 1, "the PL011 gets no more");
+    // The driver posts two 8-byte buffers and notifies: they fill at once.
+    let bufs = rings + 0x8000;
+    {
+        let mut stores = GuestStores {
+            vm: &mut vm,
+            cpu: &mut cpu,
+        };
+        rx.add(&mut stores, &[(bufs, 8, true)]);
+        rx.add(&mut stores, &[(bufs + 8, 8, true)]);
+    }
+    reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 0);
+    assert_eq!(used(&mut vm, &mut cpu, &mut rx), [(0, 8), (1, 3)]);
+    assert_eq!(peek(&mut vm, &mut cpu, bufs, 11), b"run 1 true\r");
+    assert!(vm.input.is_empty());
+    let vgic = vm.vgic.as_ref().expect("vGIC");
+    assert!(
+        vgic.is_pending(0, irq::VCONSOLE_INTID),
+        "used-buffer interrupt"
+    );
+    // The guest acknowledges: the line drops.
+    assert_eq!(
+        reg_read(&mut vm, &mut cpu, &mut ctx, mmio::INTERRUPT_STATUS),
+        mmio::INT_USED_BUFFER
+    );
+    reg_write(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        mmio::INTERRUPT_ACK,
+        mmio::INT_USED_BUFFER,
+    );
+    assert!(!vm.vconsole.as_ref().unwrap().interrupt_pending());
+
+    // Output: one notify for a whole line, shown as the VM's line.
+    let text = b"tidal-guest: done 1 rc=0\n";
+    let out = rings + 0x9000;
+    {
+        let mut stores = GuestStores {
+            vm: &mut vm,
+            cpu: &mut cpu,
+        };
+        stores.poke(out, text);
+        tx.add(&mut stores, &[(out, 12, false), (out + 12, 13, false)]);
+    }
+    let _ = lines(&mut vm);
+    let exits_before = vm.profile.get(ExitKind::VirtioNotify).count;
+    reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
+    assert_eq!(
+        vm.profile.get(ExitKind::VirtioNotify).count,
+        exits_before + 1
+    );
+    assert_eq!(used(&mut vm, &mut cpu, &mut tx), [(0, 0)]);
+    assert_eq!(lines(&mut vm), ["[guest] tidal-guest: done 1 rc=0"]);
+    let stats = *vm.vconsole.as_ref().unwrap().device().stats();
+    assert_eq!((stats.bytes_out, stats.chains_out), (25, 1));
+    assert_eq!((stats.bytes_in, stats.buffers_in), (11, 2));
+    assert_check(&vm, &mut cpu);
+}
+
+#[test]
+fn a_bad_transmit_chain_resets_the_console_and_input_goes_back_to_the_pl011() {
+    let (mut vm, mut cpu) = with_console(guest_bundle::devices::CONSOLE);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
+    let [_rx, mut tx] = probe(&mut vm, &mut cpu, &mut ctx, rings);
+    let _ = lines(&mut vm);
+    // A device-writable buffer on the transmit queue, and one pointing
+    // past the VM's RAM behind it.
+    {
+        let mut stores = GuestStores {
+            vm: &mut vm,
+            cpu: &mut cpu,
+        };
+        tx.add(&mut stores, &[(rings + 0x9000, 16, true)]);
+        tx.add(&mut stores, &[(0x4000_0000_0000, 16, false)]);
+    }
+    reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
+    let status = reg_read(&mut vm, &mut cpu, &mut ctx, mmio::STATUS);
+    assert_ne!(status & mmio::STATUS_DEVICE_NEEDS_RESET, 0);
+    // Its head comes back, so a driver spinning on it is not stuck.
+    assert_eq!(used(&mut vm, &mut cpu, &mut tx), [(0, 0)]);
+    let said = lines(&mut vm);
+    assert!(
+        said.iter().any(|l| l.starts_with("tidal: [guest] console: virtio-console needs reset: transmitq: descriptor 0 is device-writable")),
+        "{said:?}"
+    );
+    assert_eq!(vm.state, VmState::Running);
+    // Until the driver resets it, typed input goes to the PL011.
+    assert!(!irq::vconsole_takes_input(&vm));
+    irq::console_input_bytes(&mut vm, &mut cpu, b"x");
+    assert_eq!(vm.uart.rx_len(), 1);
+    assert_check(&vm, &mut cpu);
+}
