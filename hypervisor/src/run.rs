@@ -481,7 +481,7 @@ impl PhysCpu for TargetCpu {
 struct Pending {
     id: usize,
     name: heapless::String<32>,
-    notices: heapless::Deque<Notice, { crate::vm::outbox::CAPACITY }>,
+    notices: alloc::collections::VecDeque<Notice>,
     dropped: u64,
 }
 

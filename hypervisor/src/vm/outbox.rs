@@ -4,6 +4,7 @@
 
 extern crate alloc;
 
+use alloc::collections::VecDeque;
 use alloc::string::String;
 use core::fmt::{self, Write as _};
 
@@ -15,6 +16,7 @@ use super::console::{LiveOutput, LINE_MAX};
 pub const NOTICE_MAX: usize = LINE_MAX + 64;
 /// Notices kept between two drains (one exit, or one shell command): a
 /// virtio console's write of a page can end dozens of lines in one exit.
+/// They are on the heap, so a drain moves a pointer, not the notices.
 pub const CAPACITY: usize = 96;
 
 /// One thing to show on the console. The text is on the heap, as long as
@@ -60,7 +62,7 @@ impl Notice {
 /// The notices waiting to be printed, oldest first.
 #[derive(Default)]
 pub struct Outbox {
-    notices: heapless::Deque<Notice, CAPACITY>,
+    notices: VecDeque<Notice>,
     /// Notices dropped because the box was full or the heap was (said by
     /// the next drain).
     dropped: u64,
@@ -69,7 +71,7 @@ pub struct Outbox {
 impl Outbox {
     pub const fn new() -> Self {
         Self {
-            notices: heapless::Deque::new(),
+            notices: VecDeque::new(),
             dropped: 0,
         }
     }
@@ -80,7 +82,7 @@ impl Outbox {
 
     /// Keep a line (`format_args!`), cut to [`NOTICE_MAX`] bytes.
     pub fn line(&mut self, args: fmt::Arguments<'_>) {
-        if self.notices.is_full() {
+        if self.is_full() {
             self.dropped += 1;
             return;
         }
@@ -109,7 +111,7 @@ impl Outbox {
             LiveOutput::Line { text, shown } => (text, shown, true),
         };
         let mut kept = String::new();
-        if self.notices.is_full() || kept.try_reserve_exact(text.len()).is_err() {
+        if self.is_full() || kept.try_reserve_exact(text.len()).is_err() {
             self.dropped += 1;
             return;
         }
@@ -122,14 +124,20 @@ impl Outbox {
     }
 
     fn push(&mut self, notice: Notice) {
-        if self.notices.push_back(notice).is_err() {
+        if self.is_full() || self.notices.try_reserve(1).is_err() {
             self.dropped += 1;
+            return;
         }
+        self.notices.push_back(notice);
+    }
+
+    fn is_full(&self) -> bool {
+        self.notices.len() >= CAPACITY
     }
 
     /// Take everything kept (the box is empty after), and how many notices
     /// did not fit.
-    pub fn take(&mut self) -> (heapless::Deque<Notice, CAPACITY>, u64) {
+    pub fn take(&mut self) -> (VecDeque<Notice>, u64) {
         let dropped = core::mem::take(&mut self.dropped);
         (core::mem::take(&mut self.notices), dropped)
     }
