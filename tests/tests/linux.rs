@@ -260,6 +260,9 @@ fn virtio_console(board: Board) {
     ok(enter_console(&mut s, "linux"));
     ok(s.send_line("shell"));
     ok(s.expect(r"\[linux\] tidal-guest: shell", STEP));
+    // Its prompt first: a line typed before the shell sets up its line
+    // editing is dropped with the tty's input.
+    ok(s.expect(r"/ # ", STEP));
     ok(s.send_line("echo hvc-$((6*7)) $(tty)"));
     ok(s.expect(r"hvc-42 /dev/hvc0", STEP));
     ok(s.send_line("exit"));
