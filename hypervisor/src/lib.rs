@@ -22,6 +22,8 @@ pub mod pl011;
 pub mod report;
 pub mod selftest;
 pub mod size;
+#[cfg(test)]
+mod test_rng;
 
 #[cfg(target_os = "none")]
 pub mod arch;

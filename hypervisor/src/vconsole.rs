@@ -12,7 +12,7 @@
 //! bounded length; a bad one sets DEVICE_NEEDS_RESET.
 
 use crate::virtio::{
-    DeviceError, DeviceErrorKind, GuestMemory, VirtioDevice, VirtioDeviceIo, Virtqueue,
+    DescChain, DeviceError, DeviceErrorKind, GuestMemory, VirtioDevice, VirtioDeviceIo, Virtqueue,
     VIRTIO_F_VERSION_1,
 };
 
@@ -101,14 +101,7 @@ impl VirtioConsole {
                 break;
             };
             let head = chain.head();
-            if let Some(d) = chain.descriptors().iter().find(|d| !d.writable) {
-                return Err(DeviceError::request(
-                    RECEIVEQ,
-                    "receiveq",
-                    head,
-                    DeviceErrorKind::UnexpectedReadable { desc: d.index },
-                ));
-            }
+            one_direction(&chain, RECEIVEQ)?;
             let room = chain.writable_len();
             if room == 0 {
                 return Err(DeviceError::request(
@@ -157,14 +150,7 @@ impl VirtioConsole {
         let err = |e| DeviceError::from_queue(TRANSMITQ, "transmitq", e);
         while let Some(chain) = q.pop(env).map_err(err)? {
             let head = chain.head();
-            if let Some(d) = chain.descriptors().iter().find(|d| d.writable) {
-                return Err(DeviceError::request(
-                    TRANSMITQ,
-                    "transmitq",
-                    head,
-                    DeviceErrorKind::UnexpectedWritable { desc: d.index },
-                ));
-            }
+            one_direction(&chain, TRANSMITQ)?;
             let len = chain.readable_len();
             if len > MAX_TX_CHAIN {
                 return Err(DeviceError::request(
@@ -196,6 +182,28 @@ impl VirtioConsole {
         }
         Ok(())
     }
+}
+
+/// Whether every descriptor of `chain` goes the way `queue` carries data:
+/// device-writable on the receive queue, driver-written on the transmit
+/// queue. The first that does not is the error that stops the device.
+fn one_direction(chain: &DescChain, queue: usize) -> Result<(), DeviceError> {
+    let receive = queue == RECEIVEQ;
+    let Some(d) = chain.descriptors().iter().find(|d| d.writable != receive) else {
+        return Ok(());
+    };
+    let (name, kind) = if receive {
+        (
+            "receiveq",
+            DeviceErrorKind::UnexpectedReadable { desc: d.index },
+        )
+    } else {
+        (
+            "transmitq",
+            DeviceErrorKind::UnexpectedWritable { desc: d.index },
+        )
+    };
+    Err(DeviceError::request(queue, name, chain.head(), kind))
 }
 
 impl VirtioDevice for VirtioConsole {

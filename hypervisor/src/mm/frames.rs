@@ -1931,21 +1931,7 @@ mod tests {
         t.check_invariants().unwrap();
     }
 
-    struct XorShift(u64);
-
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            let mut x = self.0;
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            self.0 = x;
-            x
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::test_rng::XorShift;
 
     #[test]
     fn randomized_operations_keep_invariants() {

@@ -12,6 +12,7 @@ use core::ops::Range;
 
 use super::*;
 use crate::addr::GuestAddr;
+use crate::test_rng::XorShift;
 use crate::virtio::mmio::{self, TransportEvent};
 use crate::virtio::testing::{driver_ok, handshake, read_reg, write_reg, DriverQueue, VecMemory};
 use crate::virtio::{GuestMemError, MmioTransport, QueueError};
@@ -281,26 +282,37 @@ fn expect_needs_reset(r: &Rig, ev: &TransportEvent, queue: usize, kind: &DeviceE
     assert_ne!(r.t.interrupt_status() & mmio::INT_CONFIG_CHANGE, 0);
 }
 
-/// Deterministic xorshift64 generator for the randomized test.
-struct XorShift(u64);
+/// The queue error for a descriptor of chain `head` (`index`) that
+/// points at `len` bytes at `ipa`, not guest RAM.
+fn not_ram(head: u16, index: u16, ipa: u64, len: u32) -> DeviceErrorKind {
+    DeviceErrorKind::Queue(QueueError::DescriptorNotRam {
+        head,
+        index,
+        ipa: GuestAddr::new(ipa),
+        len,
+    })
+}
 
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
+impl Rig {
+    /// Typed `input`, then the device's receive work stops it with `kind`
+    /// ([`expect_needs_reset`]).
+    fn receive_fails(&mut self, input: &[u8], kind: &DeviceErrorKind) {
+        self.type_input(input);
+        let ev = self.receive_work();
+        expect_needs_reset(self, &ev, RECEIVEQ, kind);
     }
 
-    /// Uniform-ish in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+    /// [`expect_needs_reset`], and the bad chain `head` alone came back,
+    /// with length 0, so that a driver waiting for it is not stuck.
+    fn expect_returned_bad(
+        &mut self,
+        ev: &TransportEvent,
+        queue: usize,
+        kind: &DeviceErrorKind,
+        head: u16,
+    ) {
+        expect_needs_reset(self, ev, queue, kind);
+        assert_eq!(self.used(queue), vec![(u32::from(head), 0)]);
     }
 }
 
@@ -598,17 +610,7 @@ fn transmit_descriptor_outside_ram() {
         let head = r.add_raw(TRANSMITQ, &[(ipa, len, false)]);
         r.tx(&[b"never"]);
         let ev = r.notify(TRANSMITQ);
-        expect_needs_reset(
-            &r,
-            &ev,
-            TRANSMITQ,
-            &DeviceErrorKind::Queue(QueueError::DescriptorNotRam {
-                head,
-                index: head,
-                ipa: GuestAddr::new(ipa),
-                len,
-            }),
-        );
+        expect_needs_reset(&r, &ev, TRANSMITQ, &not_ram(head, head, ipa, len));
         assert_eq!(r.env.out, b"first ", "{ipa:#x}+{len}");
         assert!(!r.env.mem.refused().is_empty());
         assert!(
@@ -783,13 +785,12 @@ fn readable_descriptor_on_receiveq_needs_reset() {
 
     r.type_input(b"hello");
     let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
+    r.expect_returned_bad(
         &ev,
         RECEIVEQ,
         &DeviceErrorKind::UnexpectedReadable { desc: head },
+        head,
     );
-    assert_eq!(r.used(RECEIVEQ), vec![(u32::from(head), 0)]);
     // The input was not consumed by the refused chain.
     assert_eq!(r.env.input, b"hello".to_vec());
     assert_eq!(r.stats().buffers_in, 0);
@@ -803,14 +804,7 @@ fn readable_then_writable_on_receiveq_needs_reset() {
     let a = r.alloc(4);
     let b = r.alloc(8);
     let head = r.add_raw(RECEIVEQ, &[(a, 4, false), (b, 8, true)]);
-    r.type_input(b"x");
-    let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
-        &ev,
-        RECEIVEQ,
-        &DeviceErrorKind::UnexpectedReadable { desc: head },
-    );
+    r.receive_fails(b"x", &DeviceErrorKind::UnexpectedReadable { desc: head });
     assert_eq!(r.env.input.len(), 1);
 }
 
@@ -821,12 +815,8 @@ fn zero_length_receive_chain_needs_reset() {
     let good = r.post_rx(&[4]);
     let head = r.add_raw(RECEIVEQ, &[(buf, 0, true)]);
     let never = r.post_rx(&[4]);
-    r.type_input(b"abcdefgh");
-    let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
-        &ev,
-        RECEIVEQ,
+    r.receive_fails(
+        b"abcdefgh",
         &DeviceErrorKind::BadLength {
             len: 0,
             multiple_of: 1,
@@ -846,19 +836,7 @@ fn receive_descriptor_outside_ram() {
     for (ipa, len) in [(0x1000u64, 8u32), (RAM_END - 4, 8), (RAM_END, 8)] {
         let mut r = Rig::live();
         let head = r.add_raw(RECEIVEQ, &[(ipa, len, true)]);
-        r.type_input(b"abcdefgh");
-        let ev = r.receive_work();
-        expect_needs_reset(
-            &r,
-            &ev,
-            RECEIVEQ,
-            &DeviceErrorKind::Queue(QueueError::DescriptorNotRam {
-                head,
-                index: head,
-                ipa: GuestAddr::new(ipa),
-                len,
-            }),
-        );
+        r.receive_fails(b"abcdefgh", &not_ram(head, head, ipa, len));
         assert!(r.env.mem.refused().iter().any(|&(at, _)| at == ipa));
         let used = r.qs[RECEIVEQ].used_area();
         r.assert_writes_within(&[used]);
@@ -903,18 +881,7 @@ fn receive_failure_keeps_the_input() {
     let head = r.add_raw(RECEIVEQ, &[(RAM_END, 8, true)]);
     r.type_input(b"abcdefgh");
     let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
-        &ev,
-        RECEIVEQ,
-        &DeviceErrorKind::Queue(QueueError::DescriptorNotRam {
-            head,
-            index: head,
-            ipa: GuestAddr::new(RAM_END),
-            len: 8,
-        }),
-    );
-    assert_eq!(r.used(RECEIVEQ), vec![(u32::from(head), 0)]);
+    r.expect_returned_bad(&ev, RECEIVEQ, &not_ram(head, head, RAM_END, 8), head);
     if r.env.input != b"abcdefgh".to_vec() {
         lost.push(("descriptor outside RAM", r.env.input.clone()));
     }
@@ -925,18 +892,7 @@ fn receive_failure_keeps_the_input() {
     let head = r.add_raw(RECEIVEQ, &[(good, 3, true), (RAM_END, 5, true)]);
     r.type_input(b"abcdefgh");
     let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
-        &ev,
-        RECEIVEQ,
-        &DeviceErrorKind::Queue(QueueError::DescriptorNotRam {
-            head,
-            index: head + 1,
-            ipa: GuestAddr::new(RAM_END),
-            len: 5,
-        }),
-    );
-    assert_eq!(r.used(RECEIVEQ), vec![(u32::from(head), 0)]);
+    r.expect_returned_bad(&ev, RECEIVEQ, &not_ram(head, head + 1, RAM_END, 5), head);
     if r.env.input != b"abcdefgh".to_vec() {
         lost.push(("second descriptor outside RAM", r.env.input.clone()));
     }
@@ -1052,12 +1008,8 @@ fn receive_avail_ring_garbage_needs_reset() {
     let mut r = Rig::live();
     let avail = r.qs[RECEIVEQ].avail;
     r.env.mem.poke(avail + 2, &200u16.to_le_bytes());
-    r.type_input(b"abc");
-    let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
-        &ev,
-        RECEIVEQ,
+    r.receive_fails(
+        b"abc",
         &DeviceErrorKind::Queue(QueueError::AvailTooFarAhead {
             avail_idx: 200,
             last_avail_idx: 0,
@@ -1069,12 +1021,8 @@ fn receive_avail_ring_garbage_needs_reset() {
     // A head index outside the queue.
     let mut r = Rig::live();
     r.qs[RECEIVEQ].publish(&mut r.env.mem, 999);
-    r.type_input(b"abc");
-    let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
-        &ev,
-        RECEIVEQ,
+    r.receive_fails(
+        b"abc",
         &DeviceErrorKind::Queue(QueueError::HeadOutOfRange {
             head: 999,
             size: QUEUE_SIZE,
@@ -1094,12 +1042,8 @@ fn receive_avail_ring_garbage_needs_reset() {
         0,
     );
     r.qs[RECEIVEQ].publish(&mut r.env.mem, 0);
-    r.type_input(b"abc");
-    let ev = r.receive_work();
-    expect_needs_reset(
-        &r,
-        &ev,
-        RECEIVEQ,
+    r.receive_fails(
+        b"abc",
         &DeviceErrorKind::Queue(QueueError::ChainTooLong {
             head: 0,
             size: QUEUE_SIZE,

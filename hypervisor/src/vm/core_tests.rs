@@ -592,14 +592,66 @@ impl DriverMemory for GuestStores<'_> {
 
 /// A virtio register write, as a trapped guest store.
 fn virtio_write(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64, value: u32) {
-    ctx.x[1] = u64::from(value);
-    let outcome = exit(vm, cpu, ctx, store(layout::VIRTIO_BASE + off, 4));
-    assert_eq!(outcome, Outcome::Continue);
+    slot_write(vm, cpu, ctx, layout::VIRTIO_BASE + off, value);
 }
 
 fn virtio_read(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64) -> u32 {
-    exit(vm, cpu, ctx, load(layout::VIRTIO_BASE + off, 4));
+    slot_read(vm, cpu, ctx, layout::VIRTIO_BASE + off)
+}
+
+/// A 32-bit register write at `ipa`, as a trapped guest store.
+fn slot_write(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, ipa: GuestAddr, value: u32) {
+    ctx.x[1] = u64::from(value);
+    let outcome = exit(vm, cpu, ctx, store(ipa, 4));
+    assert_eq!(outcome, Outcome::Continue);
+}
+
+/// A 32-bit register read at `ipa`, as a trapped guest load.
+fn slot_read(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, ipa: GuestAddr) -> u32 {
+    exit(vm, cpu, ctx, load(ipa, 4));
     ctx.x[2] as u32
+}
+
+/// What Linux's virtio_mmio does at probe, entirely through trapped
+/// accesses to the device at `base`: checks its magic and `device_id`,
+/// resets it, accepts VERSION_1 only, sets `queues` up and sets DRIVER_OK.
+fn probe_at(
+    vm: &mut Vm,
+    cpu: &mut FakeCpu,
+    ctx: &mut GuestContext,
+    base: GuestAddr,
+    device_id: u32,
+    queues: &[&DriverQueue],
+) {
+    let write = |vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64, v: u32| {
+        slot_write(vm, cpu, ctx, base + off, v)
+    };
+    assert_eq!(
+        slot_read(vm, cpu, ctx, base + mmio::MAGIC_VALUE),
+        mmio::MAGIC
+    );
+    assert_eq!(slot_read(vm, cpu, ctx, base + mmio::DEVICE_ID), device_id);
+    let ack = mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER;
+    write(vm, cpu, ctx, mmio::STATUS, 0);
+    write(vm, cpu, ctx, mmio::STATUS, ack);
+    write(vm, cpu, ctx, mmio::DRIVER_FEATURES_SEL, 1);
+    write(vm, cpu, ctx, mmio::DRIVER_FEATURES, 1);
+    write(vm, cpu, ctx, mmio::STATUS, ack | mmio::STATUS_FEATURES_OK);
+    for (i, q) in queues.iter().enumerate() {
+        write(vm, cpu, ctx, mmio::QUEUE_SEL, i as u32);
+        write(vm, cpu, ctx, mmio::QUEUE_NUM, q.size.into());
+        for (reg, ipa) in [
+            (mmio::QUEUE_DESC_LOW, q.desc),
+            (mmio::QUEUE_DRIVER_LOW, q.avail),
+            (mmio::QUEUE_DEVICE_LOW, q.used),
+        ] {
+            write(vm, cpu, ctx, reg, ipa as u32);
+        }
+        write(vm, cpu, ctx, mmio::QUEUE_READY, 1);
+    }
+    let ok = ack | mmio::STATUS_FEATURES_OK | mmio::STATUS_DRIVER_OK;
+    write(vm, cpu, ctx, mmio::STATUS, ok);
+    assert_eq!(slot_read(vm, cpu, ctx, base + mmio::STATUS), ok);
 }
 
 /// The guest's driver probes the balloon and sets it live, entirely
@@ -613,30 +665,7 @@ fn driver_live(
 ) -> (DriverQueue, DriverQueue) {
     let inflate = DriverQueue::new(16, rings, rings + 0x1000, rings + 0x2000);
     let deflate = DriverQueue::new(16, rings + 0x4000, rings + 0x5000, rings + 0x6000);
-    // Probe, as Linux's virtio_mmio does, entirely through trapped accesses.
-    assert_eq!(virtio_read(vm, cpu, ctx, mmio::MAGIC_VALUE), mmio::MAGIC);
-    assert_eq!(virtio_read(vm, cpu, ctx, mmio::DEVICE_ID), 5);
-    let ack = mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER;
-    virtio_write(vm, cpu, ctx, mmio::STATUS, 0);
-    virtio_write(vm, cpu, ctx, mmio::STATUS, ack);
-    virtio_write(vm, cpu, ctx, mmio::DRIVER_FEATURES_SEL, 1);
-    virtio_write(vm, cpu, ctx, mmio::DRIVER_FEATURES, 1);
-    virtio_write(vm, cpu, ctx, mmio::STATUS, ack | mmio::STATUS_FEATURES_OK);
-    for (i, q) in [&inflate, &deflate].into_iter().enumerate() {
-        virtio_write(vm, cpu, ctx, mmio::QUEUE_SEL, i as u32);
-        virtio_write(vm, cpu, ctx, mmio::QUEUE_NUM, q.size.into());
-        for (reg, ipa) in [
-            (mmio::QUEUE_DESC_LOW, q.desc),
-            (mmio::QUEUE_DRIVER_LOW, q.avail),
-            (mmio::QUEUE_DEVICE_LOW, q.used),
-        ] {
-            virtio_write(vm, cpu, ctx, reg, ipa as u32);
-        }
-        virtio_write(vm, cpu, ctx, mmio::QUEUE_READY, 1);
-    }
-    let ok = ack | mmio::STATUS_FEATURES_OK | mmio::STATUS_DRIVER_OK;
-    virtio_write(vm, cpu, ctx, mmio::STATUS, ok);
-    assert_eq!(virtio_read(vm, cpu, ctx, mmio::STATUS), ok);
+    probe_at(vm, cpu, ctx, layout::VIRTIO_BASE, 5, &[&inflate, &deflate]);
     (inflate, deflate)
 }
 

@@ -25,14 +25,11 @@ fn with_console(devices: u64) -> (Vm, FakeCpu) {
 }
 
 fn reg_write(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64, value: u32) {
-    ctx.x[1] = u64::from(value);
-    let outcome = exit(vm, cpu, ctx, store(BASE + off, 4));
-    assert_eq!(outcome, Outcome::Continue);
+    slot_write(vm, cpu, ctx, BASE + off, value);
 }
 
 fn reg_read(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, off: u64) -> u32 {
-    exit(vm, cpu, ctx, load(BASE + off, 4));
-    ctx.x[2] as u32
+    slot_read(vm, cpu, ctx, BASE + off)
 }
 
 /// Linux's virtio_console probing the device (no features but VERSION_1),
@@ -42,29 +39,14 @@ fn probe(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, rings: u64) -> 
         DriverQueue::new(8, rings, rings + 0x1000, rings + 0x2000),
         DriverQueue::new(8, rings + 0x4000, rings + 0x5000, rings + 0x6000),
     ];
-    assert_eq!(reg_read(vm, cpu, ctx, mmio::MAGIC_VALUE), mmio::MAGIC);
-    assert_eq!(reg_read(vm, cpu, ctx, mmio::DEVICE_ID), vconsole::DEVICE_ID);
-    let ack = mmio::STATUS_ACKNOWLEDGE | mmio::STATUS_DRIVER;
-    reg_write(vm, cpu, ctx, mmio::STATUS, 0);
-    reg_write(vm, cpu, ctx, mmio::STATUS, ack);
-    reg_write(vm, cpu, ctx, mmio::DRIVER_FEATURES_SEL, 1);
-    reg_write(vm, cpu, ctx, mmio::DRIVER_FEATURES, 1);
-    reg_write(vm, cpu, ctx, mmio::STATUS, ack | mmio::STATUS_FEATURES_OK);
-    for (i, q) in queues.iter().enumerate() {
-        reg_write(vm, cpu, ctx, mmio::QUEUE_SEL, i as u32);
-        reg_write(vm, cpu, ctx, mmio::QUEUE_NUM, q.size.into());
-        for (reg, ipa) in [
-            (mmio::QUEUE_DESC_LOW, q.desc),
-            (mmio::QUEUE_DRIVER_LOW, q.avail),
-            (mmio::QUEUE_DEVICE_LOW, q.used),
-        ] {
-            reg_write(vm, cpu, ctx, reg, ipa as u32);
-        }
-        reg_write(vm, cpu, ctx, mmio::QUEUE_READY, 1);
-    }
-    let ok = ack | mmio::STATUS_FEATURES_OK | mmio::STATUS_DRIVER_OK;
-    reg_write(vm, cpu, ctx, mmio::STATUS, ok);
-    assert_eq!(reg_read(vm, cpu, ctx, mmio::STATUS), ok);
+    probe_at(
+        vm,
+        cpu,
+        ctx,
+        BASE,
+        vconsole::DEVICE_ID,
+        &[&queues[0], &queues[1]],
+    );
     queues
 }
 
