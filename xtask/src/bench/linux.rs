@@ -51,7 +51,11 @@
 //! instructions go: stage-2 faults of pages reported and taken back,
 //! notifies, interrupts); then the agent's work in the guest, and
 //! [`ICOUNT_ROUND_TRIPS`] agent requests with their exit profile (what one
-//! request costs the hypervisor).
+//! request costs the hypervisor). On that boot and on one directly under
+//! QEMU with `-icount shift=0`: the agent's round trip and a byte printed
+//! by the guest's clock, in which an instruction is 1 ns (the hypervisor's
+//! count as the guest's time), requests typed at once so that no wait for
+//! the host falls between two readings ([`Guest::clocked_round_trips`]).
 //!
 //! Results: a table on stdout and target/bench/linux.json.
 //!
@@ -166,6 +170,14 @@ const WORK_LOOPS: u32 = 100;
 /// [`WORK_LOOPS`] under -icount: about 2.3 s of guest time, which `time`
 /// gives to 10 ms (0.4%).
 const ICOUNT_WORK_LOOPS: u32 = 1000;
+/// Requests between two readings of the guest's clock in
+/// [`Guest::clocked_round_trips`], and how many times each span is timed
+/// (its median counts: free page reporting's worker runs now and then).
+const CLOCKED_TRIPS: u32 = 10;
+const CLOCKED_SPANS: usize = 5;
+/// The guest's monotonic clock to the ns: the `now at <ns> nsecs` line at
+/// the top of /proc/timer_list (/proc/uptime has only 10 ms).
+const GUEST_CLOCK: &str = "head -3 /proc/timer_list";
 /// The longest line (with its `\r`) typed to the agent at once: Tidal
 /// queues what its PL011's 32-byte receive FIFO cannot hold yet (4 KiB) and
 /// QEMU's PL011 holds the input back while its FIFO is full, so on both
@@ -594,17 +606,16 @@ impl Guest {
     /// the guest printed (each line and its CR LF). The shell has the
     /// keyboard before and after.
     fn console_cost(&mut self, idle_s: f64, idle_lines: &[String]) -> Result<f64, String> {
-        let printed = |lines: &[String]| lines.iter().map(|l| l.len() + 2).sum::<usize>();
         self.enter_console()?;
         let mut took = Vec::new();
         let mut bulk = 0;
         for _ in 0..BULK_POLLS {
             let (lines, sent, arrived) = self.agent(BULK)?;
             took.push((arrived - sent).as_secs_f64());
-            bulk = printed(&lines);
+            bulk = printed_bytes(&lines);
         }
         self.leave_console()?;
-        let extra = bulk.saturating_sub(printed(idle_lines));
+        let extra = bulk.saturating_sub(printed_bytes(idle_lines));
         if extra < BULK_MIN_BYTES {
             return Err(format!(
                 "{}: `{}` printed {bulk} bytes, {extra} more than `{VMSTAT}`",
@@ -613,6 +624,79 @@ impl Guest {
             ));
         }
         Ok(1e6 * (median(&took) - idle_s) / extra as f64)
+    }
+
+    /// `count` requests of `command` typed at once between two readings of
+    /// the guest's clock ([`GUEST_CLOCK`]), typed with them: the ns between
+    /// the readings, and the bytes the guest printed in all (echoes and
+    /// line ends included). Typed at once, the requests wait in the guest's
+    /// tty for the agent, so no wait for the host falls between the
+    /// readings (under -icount such a wait would count as real time). The
+    /// echoes of later requests may fall between the lines of earlier
+    /// answers, so only the markers are looked for. The console must be
+    /// the guest's.
+    fn clock_span(&mut self, command: &str, count: u32) -> Result<(u64, usize), String> {
+        let first = self.next_id;
+        let last = first + count + 1;
+        let mut typed = String::new();
+        for id in first..=last {
+            let request = if id == first || id == last {
+                GUEST_CLOCK
+            } else {
+                command
+            };
+            typed.push_str(crate::linux::agent_request(id, request)?.trim_end());
+            typed.push('\r');
+        }
+        self.next_id = last + 1;
+        self.session.send(typed.as_bytes()).map_err(harness)?;
+        let c = self
+            .session
+            .expect(
+                &format!(r"(?s)(.*?tidal-guest: done {last} rc=-?\d+)\D"),
+                STEP * (count + 2),
+            )
+            .map_err(harness)?;
+        let prefix = self.prefix().replace('\\', "");
+        span_of_typed_requests(&c[1], first..=last, &prefix)
+            .map_err(|e| format!("{}: {e}", self.side.name()))
+    }
+
+    /// The agent's round trip and a byte printed, by the guest's clock
+    /// (under -icount: instructions, the hypervisor's included): spans of
+    /// [`CLOCKED_TRIPS`] [`VMSTAT`] requests and of as many of [`BULK`],
+    /// [`CLOCKED_SPANS`] of each, taking turns ([`Guest::clock_span`],
+    /// [`ClockSpans`]). The shell has the keyboard before and after.
+    fn clocked_round_trips(&mut self) -> Result<ClockedTrips, String> {
+        self.enter_console()?;
+        let mut spans = ClockSpans {
+            count: CLOCKED_TRIPS,
+            vmstat: Vec::new(),
+            bulk: Vec::new(),
+            extra_bytes: 0,
+        };
+        let (mut vmstat_bytes, mut bulk_bytes) = (0, 0);
+        for _ in 0..CLOCKED_SPANS {
+            let (ns, bytes) = self.clock_span(VMSTAT, CLOCKED_TRIPS)?;
+            spans.vmstat.push(ns);
+            vmstat_bytes += bytes;
+            let (ns, bytes) = self.clock_span(BULK, CLOCKED_TRIPS)?;
+            spans.bulk.push(ns);
+            bulk_bytes += bytes;
+        }
+        self.leave_console()?;
+        let requests = CLOCKED_SPANS * CLOCKED_TRIPS as usize;
+        spans.extra_bytes = bulk_bytes.saturating_sub(vmstat_bytes) / requests;
+        if spans.extra_bytes < BULK_MIN_BYTES {
+            return Err(format!(
+                "{}: `{BULK}` printed {} bytes more than `{VMSTAT}`",
+                self.side.name(),
+                spans.extra_bytes
+            ));
+        }
+        spans
+            .trips()
+            .map_err(|e| format!("{}: {e}", self.side.name()))
     }
 
     /// `count` agent requests ([`VMSTAT`]) back to back; the shell has the
@@ -1295,6 +1379,9 @@ struct IcountWork {
     round_trips: u64,
     /// Tidal's exits over [`ICOUNT_ROUND_TRIPS`] agent requests.
     round_trip_exits: exits::Profile,
+    /// The round trip and a byte printed by the guest's clock, each side.
+    tidal_clocked: ClockedTrips,
+    qemu_clocked: ClockedTrips,
 }
 
 /// One boot under -icount with free page reporting on (the demo's
@@ -1313,6 +1400,7 @@ fn icount_run(
     let (deflate, _) = guest.profiled_move(Direction::Deflate, 0, after)?;
     let (tidal_guest_s, tidal_exits) = guest.profiled(|g| g.work_loop(ICOUNT_WORK_LOOPS))?;
     let ((), round_trip_exits) = guest.profiled(|g| g.round_trips(ICOUNT_ROUND_TRIPS))?;
+    let tidal_clocked = guest.clocked_round_trips()?;
     drop(guest);
     eprintln!("bench: Linux directly under QEMU with -icount shift=0, for the agent's work ...");
     let mut qemu = Guest::boot_qemu(
@@ -1325,6 +1413,7 @@ fn icount_run(
     )?;
     qemu.wait_ready()?;
     let qemu_guest_s = qemu.work_loop(ICOUNT_WORK_LOOPS)?;
+    let qemu_clocked = qemu.clocked_round_trips()?;
     Ok(IcountProfiles {
         profiles,
         inflate,
@@ -1335,6 +1424,8 @@ fn icount_run(
             tidal_exits,
             round_trips: ICOUNT_ROUND_TRIPS,
             round_trip_exits,
+            tidal_clocked,
+            qemu_clocked,
         },
     })
 }
@@ -1352,6 +1443,130 @@ fn busybox_real_s(lines: &[String]) -> Option<f64> {
         let seconds = seconds.trim().strip_suffix('s')?;
         Some(minutes.trim().parse::<f64>().ok()? * 60.0 + seconds.parse::<f64>().ok()?)
     })
+}
+
+/// Bytes the guest printed in `lines`: each line and its CR LF.
+fn printed_bytes(lines: &[String]) -> usize {
+    lines.iter().map(|l| l.len() + 2).sum()
+}
+
+/// The ns of each `now at <ns> nsecs` in `text` ([`GUEST_CLOCK`]'s
+/// output), in order; an echo may stand right before or after one.
+fn timer_list_now_ns(text: &str) -> Vec<u64> {
+    text.split("now at ")
+        .skip(1)
+        .filter_map(|rest| {
+            let end = rest.find(|c: char| !c.is_ascii_digit())?;
+            if !rest[end..].starts_with(" nsecs") {
+                return None;
+            }
+            rest[..end].parse().ok()
+        })
+        .collect()
+}
+
+/// What the guest printed for requests `ids` typed at once
+/// ([`Guest::clock_span`]), the first and last reading the clock: the ns
+/// between the two readings and the bytes printed (without the
+/// hypervisor's `prefix` at line starts, with a CR LF a line); an error
+/// unless every request is done with status 0.
+fn span_of_typed_requests(
+    text: &str,
+    ids: std::ops::RangeInclusive<u32>,
+    prefix: &str,
+) -> Result<(u64, usize), String> {
+    for id in ids {
+        let done = format!("tidal-guest: done {id} rc=");
+        let Some(at) = text.find(&done) else {
+            return Err(format!(
+                "no `{done}` among the answers to requests typed at once"
+            ));
+        };
+        let rc: String = text[at + done.len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '-')
+            .collect();
+        if rc != "0" {
+            return Err(format!(
+                "request {id} of those typed at once ended rc={rc}:\n{text}"
+            ));
+        }
+    }
+    let clock = timer_list_now_ns(text);
+    let [start, end] = clock[..] else {
+        return Err(format!("the two clock readings printed {clock:?}"));
+    };
+    if end <= start {
+        return Err(format!("the guest's clock went from {start} to {end} ns"));
+    }
+    let bytes = text
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .map(|l| l.strip_prefix(prefix).unwrap_or(l).len() + 2)
+        .sum();
+    Ok((end - start, bytes))
+}
+
+/// The guest's clock over requests ([`Guest::clocked_round_trips`]): the
+/// ns from one reading to the next, around `count` [`VMSTAT`] requests
+/// (`vmstat`) and around `count` of [`BULK`] (`bulk`). Between two
+/// readings lie, besides the requests, the end of one reading and the
+/// start of the next: about one request more (a reading is a fork and an
+/// exec of busybox too), the same in both spans.
+struct ClockSpans {
+    count: u32,
+    vmstat: Vec<u64>,
+    bulk: Vec<u64>,
+    /// Bytes a [`BULK`] request printed more than a [`VMSTAT`] one.
+    extra_bytes: usize,
+}
+
+impl ClockSpans {
+    /// A [`VMSTAT`] request (the median span over `count + 1`), and a byte
+    /// of those [`BULK`] prints more (the medians' difference,
+    /// in which the readings cancel); an error if a span is not what
+    /// requests can take (the clock going back wraps to a huge span).
+    fn trips(&self) -> Result<ClockedTrips, String> {
+        let extra = self.extra_bytes;
+        let ns = |spans: &[u64]| median(&spans.iter().map(|&s| s as f64).collect::<Vec<_>>());
+        let (vmstat, bulk) = (ns(&self.vmstat), ns(&self.bulk));
+        let sane = |spans: &[u64]| !spans.is_empty() && spans.iter().all(|&s| s > 0 && s < 1 << 50);
+        if !sane(&self.vmstat) || !sane(&self.bulk) || bulk <= vmstat || extra == 0 {
+            return Err(format!(
+                "the guest's clock took {:?} ns over {} `{VMSTAT}` and {:?} ns over as many \
+                 `{BULK}`: not the spans of requests",
+                self.vmstat, self.count, self.bulk
+            ));
+        }
+        let n = f64::from(self.count);
+        let per_request_ms = |span: u64| span as f64 / (n + 1.0) / 1e6;
+        let spans = self.vmstat.iter().copied();
+        Ok(ClockedTrips {
+            round_trip_ms: vmstat / (n + 1.0) / 1e6,
+            round_trip_min_ms: spans
+                .clone()
+                .map(per_request_ms)
+                .fold(f64::INFINITY, f64::min),
+            round_trip_max_ms: spans.map(per_request_ms).fold(0.0, f64::max),
+            byte_ns: (bulk - vmstat) / n / extra as f64,
+        })
+    }
+}
+
+/// What [`ClockSpans::trips`] finds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+struct ClockedTrips {
+    /// A [`VMSTAT`] request, ms of guest time: the median span's, and
+    /// the least and most of a span.
+    #[serde(serialize_with = "json::decimals::<4, _>")]
+    round_trip_ms: f64,
+    #[serde(serialize_with = "json::decimals::<4, _>")]
+    round_trip_min_ms: f64,
+    #[serde(serialize_with = "json::decimals::<4, _>")]
+    round_trip_max_ms: f64,
+    /// A byte more printed ([`BULK`] against [`VMSTAT`]), ns of guest time.
+    #[serde(serialize_with = "json::decimals::<1, _>")]
+    byte_ns: f64,
 }
 
 /// A table row: label, JSON key, value, whether a ratio is meaningful, and
@@ -1692,6 +1907,41 @@ fn report(
             per(uart)
         ),
     }
+    let (tidal, qemu) = (&work.tidal_clocked, &work.qemu_clocked);
+    println!();
+    println!(
+        "The agent's round trip under -icount, reporting on, by the guest's clock (`{GUEST_CLOCK}`: an"
+    );
+    println!(
+        "instruction is 1 ns): {CLOCKED_TRIPS} `{VMSTAT}` typed at once between two readings, and {CLOCKED_TRIPS} `{BULK}`,"
+    );
+    println!(
+        "{CLOCKED_SPANS} spans of each (a reading counts as a request; the harness's own turnaround is left out):"
+    );
+    println!(
+        "{:<36} {:>24} {:>24} {:>18}",
+        "", "Tidal", "QEMU", "Tidal/QEMU"
+    );
+    let range = |t: &ClockedTrips| {
+        format!(
+            "{:.3} [{:.3}-{:.3}]",
+            t.round_trip_ms, t.round_trip_min_ms, t.round_trip_max_ms
+        )
+    };
+    println!(
+        "{:<36} {:>24} {:>24} {:>18.3}",
+        "agent round trip (ms)",
+        range(tidal),
+        range(qemu),
+        tidal.round_trip_ms / qemu.round_trip_ms
+    );
+    println!(
+        "{:<36} {:>24.0} {:>24.0} {:>18.2}",
+        "a byte more printed (ns)",
+        tidal.byte_ns,
+        qemu.byte_ns,
+        tidal.byte_ns / qemu.byte_ns
+    );
     let work_wall = summary
         .iter()
         .find(|(mode, _)| *mode == "reporting_on")
@@ -1930,6 +2180,18 @@ mod tests {
                 tidal_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
                 round_trips: 20,
                 round_trip_exits: exits::parse(exits::tests::SAMPLE).unwrap(),
+                tidal_clocked: ClockedTrips {
+                    round_trip_ms: 7.01234,
+                    round_trip_min_ms: 7.0,
+                    round_trip_max_ms: 7.1,
+                    byte_ns: 2000.0,
+                },
+                qemu_clocked: ClockedTrips {
+                    round_trip_ms: 6.8,
+                    round_trip_min_ms: 6.7,
+                    round_trip_max_ms: 6.9,
+                    byte_ns: 900.0,
+                },
             },
         };
         let report = Report::new(&fixture, Vec::new(), &[], &[], Some(&icount));
@@ -1951,9 +2213,88 @@ mod tests {
             20
         );
         assert_eq!(
+            value["exit_profile_icount"]["agent_work"]["tidal_clocked"],
+            serde_json::json!({
+                "round_trip_ms": 7.0123,
+                "round_trip_min_ms": 7.0,
+                "round_trip_max_ms": 7.1,
+                "byte_ns": 2000.0
+            })
+        );
+        assert_eq!(
             value["exit_profile_icount"]["agent_work"]["round_trip_exits"]["total"],
             serde_json::json!({"count": 2242, "instructions": 12477155})
         );
+    }
+
+    #[test]
+    fn guest_clock_is_read() {
+        let top = "Timer List Version: v0.9\r\nHRTIMER_MAX_CLOCK_BASES: 8\r\nnow at 81234567890 nsecs\r\n";
+        assert_eq!(timer_list_now_ns(top), vec![81_234_567_890]);
+        // An echo right before and right after; a bad number.
+        let echoed = "run 9 grnow at 12 nsecsep ^ball\r\nnow at 12x nsecs\r\nnow at 15 nsecs";
+        assert_eq!(timer_list_now_ns(echoed), vec![12, 15]);
+        assert!(timer_list_now_ns("now at nsecs").is_empty());
+    }
+
+    #[test]
+    fn typed_requests_give_a_span() {
+        // Tidal's prefix; request 8's echo among request 7's answer.
+        let text = "[linux] run 6 head -3 /proc/timer_list\r\n[linux] run 7 grep x\r\n\
+                    [linux] now at 1000 nsecs\r\n[linux] tidal-guest: done 6 rc=0\r\n\
+                    [linux] a 1\r\n[linux] run 8 head -3 /proc/timer_list\r\n\
+                    [linux] tidal-guest: done 7 rc=0\r\n[linux] now at 5000 nsecs\r\n\
+                    [linux] tidal-guest: done 8 rc=0";
+        let (ns, bytes) = span_of_typed_requests(text, 6..=8, "[linux] ").unwrap();
+        assert_eq!(ns, 4000);
+        let plain: usize = text
+            .lines()
+            .map(|l| l.trim_end_matches('\r').len() - 8 + 2)
+            .sum();
+        assert_eq!(bytes, plain);
+        // A request that failed, one missing, the clock read once.
+        let failed = text.replace("done 7 rc=0", "done 7 rc=1");
+        assert!(span_of_typed_requests(&failed, 6..=8, "[linux] ").is_err());
+        assert!(span_of_typed_requests(text, 6..=9, "[linux] ").is_err());
+        let once = text.replace("now at 5000", "then at 5000");
+        assert!(span_of_typed_requests(&once, 6..=8, "[linux] ").is_err());
+        let back = text.replace("now at 5000", "now at 500");
+        assert!(span_of_typed_requests(&back, 6..=8, "[linux] ").is_err());
+    }
+
+    #[test]
+    fn clock_spans_give_a_request_and_a_byte() {
+        // 10 requests of 7 ms and a reading like one; BULK 27 ms for
+        // 10,000 bytes more: 2,000 ns a byte. One span of each caught
+        // free page reporting's worker.
+        let ms = 1_000_000u64;
+        let spans = |vmstat: Vec<u64>, bulk: Vec<u64>, extra_bytes| ClockSpans {
+            count: 10,
+            vmstat,
+            bulk,
+            extra_bytes,
+        };
+        let trips = spans(
+            vec![77 * ms, 95 * ms, 77 * ms],
+            vec![277 * ms, 277 * ms, 290 * ms],
+            10_000,
+        )
+        .trips()
+        .unwrap();
+        assert!((trips.round_trip_ms - 7.0).abs() < 1e-9, "{trips:?}");
+        assert!((trips.byte_ns - 2_000.0).abs() < 1e-6, "{trips:?}");
+        assert!((trips.round_trip_min_ms - 7.0).abs() < 1e-9, "{trips:?}");
+        assert!(
+            (trips.round_trip_max_ms - 95.0 / 11.0).abs() < 1e-9,
+            "{trips:?}"
+        );
+        // BULK no dearer than VMSTAT, a clock gone back, nothing timed,
+        // no bytes more.
+        assert!(spans(vec![77 * ms], vec![77 * ms], 10_000).trips().is_err());
+        let back = 0u64.wrapping_sub(ms);
+        assert!(spans(vec![back], vec![277 * ms], 10_000).trips().is_err());
+        assert!(spans(vec![], vec![277 * ms], 10_000).trips().is_err());
+        assert!(spans(vec![77 * ms], vec![277 * ms], 0).trips().is_err());
     }
 
     #[test]
