@@ -33,7 +33,14 @@
 //! 4. hinting (Tidal, linux-hint.toml, idle guest after settling): from
 //!    sending `hint linux` until the hypervisor's `hint run <id> done` line,
 //!    the pages hinted, and pages/s; besides, the run's time by the
-//!    hypervisor's own counter.
+//!    hypervisor's own counter;
+//! 5. after the rounds, the page faults once more under `-icount shift=0`
+//!    ([`icount_faults`]): one boot per side and reporting mode, Tidal's
+//!    two beside QEMU's two, [`ICOUNT_RUNS`] runs each, timed by the
+//!    guest's clock, which counts instructions there (the hypervisor's
+//!    included, QEMU's host work for its device not): an overhead the
+//!    host's load does not move, with its own line in the resolution
+//!    table.
 //!
 //! [`ROUNDS`] is 5 with 5 s runs and [`PAIRS`] 2 pairs per reporting boot
 //! (10 per side; before the QEMU reference: 3 rounds of 10 s runs and 4
@@ -146,14 +153,22 @@ struct Guest {
 }
 
 impl Guest {
-    fn boot(artifacts: &Artifacts, bundle: &str, round: usize) -> Result<Guest, String> {
+    /// Boots `bundle` for round `round` (`None`: under `-icount shift=0`
+    /// for [`icount_faults`]).
+    fn boot(artifacts: &Artifacts, bundle: &str, round: Option<usize>) -> Result<Guest, String> {
         let board = Board::VirtGicv2;
         let mut opts = linux::tidal_board(artifacts, bundle);
         let stem = bundle.trim_end_matches(".img");
-        let name = format!("bench-features-{stem}-{round}");
+        let name = match round {
+            Some(round) => format!("bench-features-{stem}-{round}"),
+            None => format!("bench-features-{stem}-icount"),
+        };
         // A name no other QEMU on the machine has, to find this one's pid.
         let process = process_name(&name);
         opts.extra = vec!["-name".into(), process.clone()];
+        if round.is_none() {
+            opts.extra.extend(["-icount".into(), "shift=0".into()]);
+        }
         let mut session = Session::start(&name, board, artifacts, &opts).map_err(harness)?;
         session.set_deadline(SESSION);
         let qemu_pid = find_qemu(&process)?;
@@ -209,20 +224,23 @@ struct QemuGuest {
 }
 
 impl QemuGuest {
+    /// Boots the reference for round `round` (`None`: under `-icount
+    /// shift=0` for [`icount_faults`]).
     fn boot(
         fixture: &LinuxFixture,
         artifacts: &Artifacts,
         reporting: Reporting,
-        round: usize,
+        round: Option<usize>,
     ) -> Result<QemuGuest, String> {
-        let name = format!("bench-features-qemu-reporting-{}-{round}", reporting.name());
+        let which = round.map_or_else(|| "icount".to_string(), |r| r.to_string());
+        let name = format!("bench-features-qemu-reporting-{}-{which}", reporting.name());
         let mut guest = linux::Guest::boot_qemu(
             &fixture.kernel,
             &fixture.initramfs,
             &artifacts.elf,
             &name,
             reporting,
-            false,
+            round.is_none(),
         )?;
         let pid = guest.qemu_pid;
         guest.wait_ready()?;
@@ -534,7 +552,7 @@ fn round(fixture: &LinuxFixture, artifacts: &Artifacts, round: usize) -> Result<
         let context = |e: String| format!("page faults, {what}, round {round}: {e}");
         let (faults, toggled) = match side {
             Side::Tidal => {
-                let mut guest = Guest::boot(artifacts, reporting.bundle().0, round)?;
+                let mut guest = Guest::boot(artifacts, reporting.bundle().0, Some(round))?;
                 let faults = page_faults(&mut guest, reporting).map_err(context)?;
                 if reporting == Reporting::On {
                     let (seconds, mib) = free_to_pool(&mut guest)
@@ -548,7 +566,7 @@ fn round(fixture: &LinuxFixture, artifacts: &Artifacts, round: usize) -> Result<
                 )
             }
             Side::Qemu => {
-                let mut guest = QemuGuest::boot(fixture, artifacts, reporting, round)?;
+                let mut guest = QemuGuest::boot(fixture, artifacts, reporting, Some(round))?;
                 let faults = page_faults(&mut guest, reporting).map_err(context)?;
                 (
                     faults,
@@ -573,7 +591,7 @@ fn round(fixture: &LinuxFixture, artifacts: &Artifacts, round: usize) -> Result<
         // Dropping the session kills QEMU: nothing in the guest needs saving.
     }
     eprintln!("bench: features round {round}/{ROUNDS}: {HINT} ...");
-    let mut guest = Guest::boot(artifacts, HINT, round)?;
+    let mut guest = Guest::boot(artifacts, HINT, Some(round))?;
     let hint = hinting_run(&mut guest).map_err(|e| format!("hinting run, round {round}: {e}"))?;
     eprintln!(
         "bench: hinting: {} pages in {:.2} s",
@@ -586,6 +604,101 @@ fn round(fixture: &LinuxFixture, artifacts: &Artifacts, round: usize) -> Result<
         free_to_pool_s,
         pool_back_mib,
         hint,
+    })
+}
+
+/// Page-fault runs per boot under `-icount shift=0` ([`icount_faults`]).
+const ICOUNT_RUNS: usize = 3;
+
+/// The page faults under `-icount shift=0`, where the guest's clock counts
+/// instructions: `tidal-mem pagefault` times itself by that clock, so its
+/// pages/s is pages per 10^9 instructions, the hypervisor's included (and
+/// QEMU's own host work for its device, such as dropping reported pages,
+/// not). One boot per side and reporting mode, [`ICOUNT_RUNS`] runs of
+/// [`FAULT_SECONDS`] after the warm-up: pages/s of each run.
+#[derive(Debug, Serialize)]
+struct IcountFaults {
+    tidal_off: Vec<u64>,
+    tidal_on: Vec<u64>,
+    qemu_off: Vec<u64>,
+    qemu_on: Vec<u64>,
+}
+
+/// [`spread`] of whole numbers.
+fn spread_of_counts(values: &[u64]) -> Spread {
+    spread(&values.iter().map(|&v| v as f64).collect::<Vec<_>>())
+}
+
+impl IcountFaults {
+    /// Reporting's overhead on each side: of the medians, and from the
+    /// runs' extremes (least: slowest off against fastest on; most: the
+    /// fastest off against the slowest on).
+    fn overheads(&self) -> (Spread, Spread) {
+        let of = |off: &[u64], on: &[u64]| {
+            let (off, on) = (spread_of_counts(off), spread_of_counts(on));
+            Spread {
+                median: overhead_percent(off.median, on.median),
+                min: overhead_percent(off.min, on.max),
+                max: overhead_percent(off.max, on.min),
+            }
+        };
+        (
+            of(&self.tidal_off, &self.tidal_on),
+            of(&self.qemu_off, &self.qemu_on),
+        )
+    }
+}
+
+/// [`ICOUNT_RUNS`] page-fault runs after the warm-up: each one's pages/s.
+fn icount_runs(guest: &mut dyn Faulting) -> Result<Vec<u64>, String> {
+    guest.pagefault(WARMUP_SECONDS)?;
+    (0..ICOUNT_RUNS)
+        .map(|_| guest.pagefault(FAULT_SECONDS).map(|s| s.pages_per_s as u64))
+        .collect()
+}
+
+/// [`IcountFaults`]: Tidal's two boots and QEMU's two at the same time, in
+/// two threads (under -icount each QEMU runs its vCPUs on one host thread,
+/// and the host's load does not move guest time).
+fn icount_faults(fixture: &LinuxFixture, artifacts: &Artifacts) -> Result<IcountFaults, String> {
+    let tidal = |reporting: Reporting| -> Result<Vec<u64>, String> {
+        let mut guest = Guest::boot(artifacts, reporting.bundle().0, None)?;
+        icount_runs(&mut guest)
+    };
+    let qemu = |reporting: Reporting| -> Result<Vec<u64>, String> {
+        let mut guest = QemuGuest::boot(fixture, artifacts, reporting, None)?;
+        icount_runs(&mut guest)
+    };
+    let both = |side: Side, boot: &dyn Fn(Reporting) -> Result<Vec<u64>, String>| {
+        let each = |reporting: Reporting| {
+            eprintln!(
+                "bench: features under -icount: {}, reporting {} ...",
+                side.name(),
+                reporting.name()
+            );
+            boot(reporting).map_err(|e| {
+                format!(
+                    "page faults under -icount, {}, reporting {}: {e}",
+                    side.name(),
+                    reporting.name()
+                )
+            })
+        };
+        Ok::<_, String>((each(Reporting::Off)?, each(Reporting::On)?))
+    };
+    let (tidal, qemu) = std::thread::scope(|scope| {
+        let tidal = scope.spawn(|| both(Side::Tidal, &tidal));
+        let qemu = both(Side::Qemu, &qemu);
+        (tidal.join(), qemu)
+    });
+    let (tidal_off, tidal_on) =
+        tidal.map_err(|_| "the -icount Tidal boots panicked".to_string())??;
+    let (qemu_off, qemu_on) = qemu?;
+    Ok(IcountFaults {
+        tidal_off,
+        tidal_on,
+        qemu_off,
+        qemu_on,
     })
 }
 
@@ -617,7 +730,9 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     for r in 1..=ROUNDS {
         rounds.push(round(&fixture, artifacts, r)?);
     }
-    report(root, &rounds, &load, &load_average())?;
+    let load_after = load_average();
+    let icount = icount_faults(&fixture, artifacts)?;
+    report(root, &rounds, &icount, &load, &load_after)?;
     println!(
         "features part: {:.0} s of measurement",
         started.elapsed().as_secs_f64()
@@ -764,6 +879,13 @@ struct Report<'a> {
     #[serde(serialize_with = "json::decimals::<3, _>")]
     target_overhead_percent: f64,
     overhead_resolution: &'a [Resolution],
+    /// The page faults under -icount, and each side's overhead there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    icount_pagefault: Option<&'a IcountFaults>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    icount_overhead_percent: Option<Spread>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    qemu_icount_overhead_percent: Option<Spread>,
 }
 
 /// A summary entry: a row's spread over the rounds, or an overhead of
@@ -829,7 +951,9 @@ impl<'a> Report<'a> {
         load_before: &'a str,
         load_after: &'a str,
         resolution: &'a [Resolution],
+        icount: Option<&'a IcountFaults>,
     ) -> Self {
+        let overheads = icount.map(IcountFaults::overheads);
         Report {
             benchmark: "balloon-features-linux",
             board: "virt-gicv2",
@@ -851,6 +975,9 @@ impl<'a> Report<'a> {
             qemu_device: Reporting::Off.qemu_device(),
             target_overhead_percent: TARGET_PERCENT,
             overhead_resolution: resolution,
+            icount_pagefault: icount,
+            icount_overhead_percent: overheads.as_ref().map(|o| o.0),
+            qemu_icount_overhead_percent: overheads.map(|o| o.1),
         }
     }
 }
@@ -1051,15 +1178,23 @@ fn table(rounds: &[Round]) -> Table {
 fn report(
     root: &Path,
     rounds: &[Round],
+    icount: &IcountFaults,
     load_before: &str,
     load_after: &str,
 ) -> Result<(), String> {
     let cell = |s: &Spread, d: usize| format!("{:.d$} [{:.d$}-{:.d$}]", s.median, s.min, s.max);
     let Table {
         rows,
-        resolution,
+        mut resolution,
         medians_overhead,
     } = table(rounds);
+    let (tidal_icount, qemu_icount) = icount.overheads();
+    resolution.push(Resolution::new(
+        "-icount, instructions",
+        "icount_overhead_percent",
+        &tidal_icount,
+        &qemu_icount,
+    ));
     println!();
     println!(
         "Balloon features, Linux guest ({} MiB, {} vCPUs) under Tidal (QEMU virt GICv2) and, for free page",
@@ -1091,6 +1226,40 @@ fn report(
             format!("{qemu:.1}")
         );
     }
+    println!();
+    println!(
+        "Under -icount shift=0 (the guest's clock counts instructions, the hypervisor's included, not QEMU's"
+    );
+    println!(
+        "host work for its device): one boot per side and mode, {ICOUNT_RUNS} runs of {FAULT_SECONDS} s of guest time after the"
+    );
+    println!("warm-up; overhead of the medians [least-most, from the runs' extremes]");
+    println!("{:<46} {:>26} {:>26}", "metric", "Tidal", "QEMU");
+    for (label, tidal, qemu) in [
+        (
+            "page faults, reporting off (pages/s)",
+            &icount.tidal_off,
+            &icount.qemu_off,
+        ),
+        (
+            "page faults, reporting on (pages/s)",
+            &icount.tidal_on,
+            &icount.qemu_on,
+        ),
+    ] {
+        println!(
+            "{:<46} {:>26} {:>26}",
+            label,
+            cell(&spread_of_counts(tidal), 0),
+            cell(&spread_of_counts(qemu), 0)
+        );
+    }
+    println!(
+        "{:<46} {:>26} {:>26}",
+        "  overhead (%)",
+        cell(&tidal_icount, 2),
+        cell(&qemu_icount, 2)
+    );
     println!();
     println!(
         "{:<22} {:>13} {:>13} {:>13} {:>14} {:>16}",
@@ -1146,6 +1315,9 @@ fn report(
         ),
         "Tidal above QEMU: `no` if Tidal's median overhead is at most QEMU's, `YES` if even Tidal's".into(),
         "smallest is above QEMU's largest, else `within spread` (the run cannot tell them apart).".into(),
+        "-icount: Tidal's figure holds the hypervisor's work for reporting (unmapping what is reported, the".into(),
+        "stage-2 faults when the guest takes it back); QEMU does its device's (dropping the pages, the host's".into(),
+        "faults) outside the guest's clock, so there QEMU's figure is the guest's share alone.".into(),
         format!(
             "[2] Tidal, reporting on: `tidal-mem hog {HOG_MIB} {HOG_HOLD_S}` frees {HOG_MIB} MiB; from its `released` line on"
         ),
@@ -1178,7 +1350,14 @@ fn report(
     let path = root.join("target").join("bench").join("features.json");
     json::write(
         &path,
-        &Report::new(summary, rounds, load_before, load_after, &resolution),
+        &Report::new(
+            summary,
+            rounds,
+            load_before,
+            load_after,
+            &resolution,
+            Some(icount),
+        ),
     )?;
     println!("written to {}", path.display());
     Ok(())
@@ -1186,6 +1365,31 @@ fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn icount_overheads_come_from_medians_and_extremes() {
+        let faults = IcountFaults {
+            tidal_off: vec![200_000, 201_000, 202_000],
+            tidal_on: vec![198_000, 199_000, 199_500],
+            qemu_off: vec![210_000, 210_000, 210_000],
+            qemu_on: vec![210_000, 209_000, 210_000],
+        };
+        let (tidal, qemu) = faults.overheads();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(
+            close(tidal.median, 100.0 * 2_000.0 / 201_000.0),
+            "{tidal:?}"
+        );
+        assert!(close(tidal.min, 100.0 * 500.0 / 200_000.0), "{tidal:?}");
+        assert!(close(tidal.max, 100.0 * 4_000.0 / 202_000.0), "{tidal:?}");
+        assert!(close(qemu.median, 0.0) && close(qemu.min, 0.0), "{qemu:?}");
+        assert!(close(qemu.max, 100.0 * 1_000.0 / 210_000.0), "{qemu:?}");
+        let json = serde_json::to_value(&faults).unwrap();
+        assert_eq!(
+            json["tidal_on"],
+            serde_json::json!([198_000, 199_000, 199_500])
+        );
+    }
 
     fn sample(pages_per_s: f64, pages_per_cpu_s: f64) -> Sample {
         Sample {
@@ -1401,6 +1605,7 @@ mod tests {
             "1.00 2.00 3.00",
             "1.50",
             &resolution,
+            None,
         ))
         .unwrap();
         assert_eq!(

@@ -1188,7 +1188,7 @@ pub(super) fn median(values: &[f64]) -> f64 {
 }
 
 /// Median, min and max.
-#[derive(Serialize)]
+#[derive(Clone, Copy, Debug, Serialize)]
 pub(super) struct Spread {
     #[serde(serialize_with = "json::decimals::<4, _>")]
     pub(super) median: f64,
