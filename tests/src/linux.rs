@@ -112,7 +112,7 @@ fn request_pieces(request: &str) -> Vec<String> {
 /// Runs `command` in `vm` through its agent (request `id`, which must be
 /// unique in the session for that VM) and comes back to the shell.
 ///
-/// A request longer than one piece ([`PIECE`]) is typed piece by piece,
+/// A request longer than one piece (`PIECE`, 1024 bytes) is typed piece by piece,
 /// each after the guest has echoed the one before, so the guest must not
 /// print anything else meanwhile (an echo cut by other output is not
 /// recognised and times out). A one-piece request is typed at once and its

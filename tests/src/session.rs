@@ -347,7 +347,7 @@ impl Session {
     }
 
     /// Starts QEMU on `board` with the bundle `target/bundles/<bundle>.img`
-    /// (built by `cargo xtask build` from guests/tests/<bundle>.toml); the
+    /// (built by `cargo xtask build` from `guests/tests/<bundle>.toml`); the
     /// log is `<board>-<name>.log`.
     pub fn start_bundle(board: Board, bundle: &str, name: &str) -> Result<Session, HarnessError> {
         let artifacts = Artifacts::locate();

@@ -1,8 +1,8 @@
 //! `cargo xtask bench`: balloon throughput and cost, measured by the
 //! hypervisor itself under QEMU with `-icount shift=0` (guest time follows
-//! the instruction count, so figures repeat run to run); then [`linux`]: a
+//! the instruction count, so figures repeat run to run); then [`mod@linux`]: a
 //! Linux guest ballooned under Tidal and directly under QEMU, side by side;
-//! then [`features`]: free page reporting's cost and return and free page
+//! then [`mod@features`]: free page reporting's cost and return and free page
 //! hinting's speed with the Linux guest under Tidal (wall time).
 //!
 //! One bare-metal test guest (guests/tests/bench.toml, 256 MiB) is ballooned
@@ -14,7 +14,7 @@
 //! and idle CPUs wait in WFE). Results: a table on stdout and
 //! target/bench/balloon.json.
 //!
-//! Not part of that run: [`policy`] (`cargo xtask bench policy`), the
+//! Not part of that run: [`mod@policy`] (`cargo xtask bench policy`), the
 //! memory manager under overcommit, plotted by [`svg`].
 
 use std::path::Path;

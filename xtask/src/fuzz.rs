@@ -12,7 +12,7 @@
 //!
 //! Each target runs over its committed seeds (fuzz/seeds/TARGET) and its
 //! working corpus (target/fuzz/corpus/TARGET, kept between runs). A crash
-//! input is saved as target/fuzz/crashes/TARGET/crash-<sha1> and the
+//! input is saved as `target/fuzz/crashes/TARGET/crash-<sha1>` and the
 //! command fails naming the target and the file. Per target it prints
 //! executions, exec/s, wall time and coverage (libFuzzer's `cov`: covered
 //! code edges; `ft`: features), and writes them all to

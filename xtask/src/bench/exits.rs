@@ -1,4 +1,4 @@
-//! The Tidal side's exit profiles in the Linux bench ([`super::linux`]):
+//! The Tidal side's exit profiles in the Linux bench ([`mod@super::linux`]):
 //! the shell's `info exits linux` once the guest is ready (the profile
 //! starts with the VM, so that is its boot), then `info exits linux reset`,
 //! 10 s of the idle guest, and `info exits linux` again. Per kind of exit

@@ -59,7 +59,7 @@
 //!
 //! Results: a table on stdout and target/bench/linux.json.
 //!
-//! [`super::features`] boots its QEMU reference for free page reporting's
+//! [`mod@super::features`] boots its QEMU reference for free page reporting's
 //! overhead through the same [`Guest::boot_qemu`] and [`check_config`].
 
 use std::io::{ErrorKind as IoErrorKind, Read, Write};

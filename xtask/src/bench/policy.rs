@@ -35,7 +35,7 @@ const SESSION: Duration = Duration::from_secs(2400);
 const PAGE: u64 = 4096;
 const MIB: u64 = 1 << 20;
 
-/// The two runs: JSON name, bundle (guests/tests/<bundle>.toml), and each
+/// The two runs: JSON name, bundle (`guests/tests/<bundle>.toml`), and each
 /// Linux VM's RAM and beta's, in MiB.
 struct Config {
     name: &'static str,
@@ -476,7 +476,7 @@ fn print_table(runs: &[RunReport]) {
     );
 }
 
-/// guests/tests/<bundle>.toml holds the VMs this bench drives: the three
+/// `guests/tests/<bundle>.toml` holds the VMs this bench drives: the three
 /// Linux VMs and beta, with `config`'s RAM sizes, on CPUs 1 to 4.
 fn check_config(root: &Path, config: &Config) -> Result<(), String> {
     let path = root

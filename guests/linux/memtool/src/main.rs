@@ -6,13 +6,13 @@
 //! really frees) it.
 //!
 //! - `pagefault <MiB> <seconds>`: like will-it-scale's page_fault1: map
-//!   <MiB>, write one byte per page, unmap, over and over for <seconds>;
+//!   `<MiB>`, write one byte per page, unmap, over and over for `<seconds>`;
 //!   prints the pages faulted in per second.
-//! - `hog <MiB> [hold-seconds]`: map and write <MiB>, say so, keep it for
+//! - `hog <MiB> [hold-seconds]`: map and write `<MiB>`, say so, keep it for
 //!   hold-seconds (default 0), exit. An OOM kill shows as rc 137.
-//! - `alloc-free <MiB>`: map and write <MiB>, then unmap it: that much
+//! - `alloc-free <MiB>`: map and write `<MiB>`, then unmap it: that much
 //!   memory goes back to the guest's free lists at once.
-//! - `touch-loop <MiB> <seconds>`: keep rewriting <MiB> for <seconds>,
+//! - `touch-loop <MiB> <seconds>`: keep rewriting `<MiB>` for `<seconds>`,
 //!   printing a progress line with the monotonic time about every 100 ms.
 
 use std::process::ExitCode;
