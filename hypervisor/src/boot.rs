@@ -17,7 +17,8 @@ use spin::{Mutex, Once};
 use crate::addr::PhysAddr;
 use crate::arch::aarch64::{self, mmu, psci, smp};
 use crate::console::line::{self, Event, LineEditor};
-use crate::console::shell::{self, Command};
+use crate::console::shell::{self, BoardService, Command};
+use crate::domain::Service;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::{check_image_placement, find_hole, BadPlacement};
 use crate::mm::manager::Watermarks;
@@ -37,7 +38,7 @@ pub const BUILD: &str = match option_env!("TIDAL_BUILD_ID") {
 };
 
 static BOARD: Once<BoardInfo> = Once::new();
-static FRAMES: Once<Mutex<FrameTable<'static>>> = Once::new();
+static FRAMES: Once<vm::FrameLock> = Once::new();
 
 /// The shell's writer for reports: it prints whole lines, each under one
 /// console lock, so a guest line printed meanwhile lands between two lines
@@ -89,6 +90,12 @@ fn fatal(board: Option<&BoardInfo>, args: core::fmt::Arguments) -> ! {
     println!("FATAL: {args}");
     println!("stopping.");
     power_off(board)
+}
+
+/// [`fatal`] once the board is known: what `run` calls when the board
+/// cannot go on safely (a frame table broken by a failure).
+fn fatal_on_board(args: core::fmt::Arguments) -> ! {
+    fatal(BOARD.get(), args)
 }
 
 fn power_off(board: Option<&BoardInfo>) -> ! {
@@ -239,6 +246,7 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     // until a byte arrives, and a vCPU may share the CPU: its exits let the
     // shell look at the console.
     let input_interrupt = console_input_interrupt(board);
+    vm::set_fatal(fatal_on_board);
     *SHELL.lock() = Some(LineEditor::new());
     if input_interrupt {
         vm::share_shell_cpu(look_from_guest);
@@ -373,7 +381,7 @@ fn init_frames(board: &'static BoardInfo, load_addr: u64) {
     if let Err(e) = frames.check_invariants() {
         panic!("frame table broken right after boot: {e}");
     }
-    FRAMES.call_once(|| Mutex::new(frames));
+    FRAMES.call_once(|| vm::FrameLock::new(frames));
 }
 
 fn check_bundle(board: &BoardInfo) -> guest_bundle::Bundle<'static> {
@@ -453,7 +461,7 @@ extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
 
 /// Start the memory manager with the bundle's pool watermarks (or the
 /// defaults for this RAM), and say what the board commits.
-fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &Mutex<FrameTable<'static>>) {
+fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &vm::FrameLock) {
     let (total, free) = {
         let f = frames.lock();
         (f.total_pages(), f.free_pages())
@@ -536,7 +544,7 @@ fn shell_loop(input_interrupt: bool) -> ! {
     };
     draw_shell_line("");
     loop {
-        if look_at_console() {
+        if shell_look(look_at_console).unwrap_or(true) {
             continue;
         }
         // A vCPU pinned to this CPU runs until it leaves; its exits call
@@ -549,8 +557,35 @@ fn shell_loop(input_interrupt: bool) -> ! {
         // guests.
         aarch64::idle_wait(idle_us);
         vm::memory_tick();
-        check_stats_wait();
+        shell_look(check_stats_wait);
     }
+}
+
+/// Run the shell's `look` in the shell's own failure domain
+/// ([`vm::run_service`]): a failure there abandons the command (one
+/// `tidal: shell command failed: ...` line) and the shell goes on with a
+/// fresh line; no VM is touched. `None` after a failure.
+fn shell_look<R>(look: impl FnOnce() -> R) -> Option<R> {
+    let result = vm::run_service(Service::Shell, look);
+    if result.is_none() {
+        // The failed frames held these, and only this CPU takes them.
+        if SHELL.is_locked() {
+            // SAFETY: only the shell's CPU (this one) takes it, and the
+            // failure abandoned the frame whose guard held it.
+            unsafe { SHELL.force_unlock() };
+        }
+        if STATS_WAIT.is_locked() {
+            // SAFETY: as above.
+            unsafe { STATS_WAIT.force_unlock() };
+        }
+        *STATS_WAIT.lock() = None;
+        if let Some(editor) = SHELL.lock().as_mut() {
+            *editor = LineEditor::new();
+        }
+        crate::console::shell_line(None);
+        draw_shell_line("");
+    }
+    result
 }
 
 /// The shell's look at the console from the exits of a vCPU on its CPU:
@@ -559,9 +594,9 @@ fn shell_loop(input_interrupt: bool) -> ! {
 /// when it wants to look again without input (microseconds): soon while
 /// that waits, else at the memory manager's next tick.
 fn look_from_guest() -> u64 {
-    check_stats_wait();
+    shell_look(check_stats_wait);
     for _ in 0..16 {
-        if !look_at_console() {
+        if !shell_look(look_at_console).unwrap_or(true) {
             break;
         }
     }
@@ -656,9 +691,8 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::Mem => {
             let _ = report::write_memory_map(&mut Console::new(), board);
-            let Some(frames) = FRAMES.get() else { return };
             let (acc, check, (zeroed, zeroed_taken)) = {
-                let frames = frames.lock();
+                let frames = vm::frames();
                 let zeroed = frames.zeroed_pages();
                 (frames.accounting(), frames.check_invariants(), zeroed)
             };
@@ -742,6 +776,7 @@ fn run(cmd: Command, board: &BoardInfo) {
             // Formatted first and printed in one piece: a guest's line
             // printed meanwhile cannot land inside one of ours.
             let mut text = alloc::string::String::new();
+            let _ = write_services(&mut text, raw);
             let _ = if raw {
                 manage::write_mm_raw(&mut text, &pool, &rows)
             } else {
@@ -820,10 +855,34 @@ fn run(cmd: Command, board: &BoardInfo) {
             println!("Powering off.");
             power_off(Some(board))
         }
-        Command::DebugFault => debug_fault(),
-        Command::DebugPanic => panic!("deliberate panic from the shell's 'debug panic'"),
-        Command::DebugFail { vm: name, abort } => match vm::with_vm(name, |vm| {
-            vm::inject_failure(vm, abort)
+        // Outside any recovery point: they show the crash report of a
+        // failure nothing contains (as at boot).
+        Command::DebugFault => aarch64::recovery::unarmed(debug_fault),
+        Command::DebugPanic => aarch64::recovery::unarmed(|| -> () {
+            panic!("deliberate panic from the shell's 'debug panic'")
+        }),
+        Command::DebugFailBoard { service } => match service {
+            BoardService::Shell => panic!("injected failure ('debug fail-board shell')"),
+            BoardService::Manager => {
+                vm::inject_service_failure(vm::InjectInto::Manager);
+                println!("debug: a hypervisor failure is injected into the memory manager's next tick");
+            }
+            BoardService::Zeroing => {
+                vm::inject_service_failure(vm::InjectInto::Zeroing);
+                println!("debug: a hypervisor failure is injected into zeroing ahead's next decision");
+            }
+        },
+        Command::DebugFailInput { vm: name } => match vm::with_vm(name, |vm| vm.id) {
+            None => no_such_vm(name),
+            Some(id) => {
+                vm::inject_service_failure(vm::InjectInto::Input(id));
+                println!(
+                    "{name}: a hypervisor failure is injected into the memory manager's next reading of its input"
+                );
+            }
+        },
+        Command::DebugFail { vm: name, kind } => match vm::with_vm(name, |vm| {
+            vm::inject_failure(vm, kind)
         }) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot inject a failure: {e}"),
@@ -844,6 +903,31 @@ fn run(cmd: Command, board: &BoardInfo) {
             println!("debug unhog: {freed} pages back in the pool");
         }
     }
+}
+
+/// The board services a failure turned off, for `mm`: one line each
+/// (`mm raw`: `mm-service name=... state=on|off`, every service).
+fn write_services(out: &mut impl Write, raw: bool) -> core::fmt::Result {
+    for service in [Service::Manager, Service::Zeroing] {
+        let off = vm::service_off(service);
+        if raw {
+            let key = if service == Service::Manager {
+                "manager"
+            } else {
+                "zeroing"
+            };
+            let on = if off.is_none() { "on" } else { "off" };
+            writeln!(out, "mm-service name={key} state={on}")?;
+        } else if let Some(why) = off {
+            writeln!(
+                out,
+                "{}: OFF since a hypervisor failure: {why}; {} (the figures below are from before)",
+                service.name(),
+                service.after_failure()
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Read from an address no map covers, to show the crash report.

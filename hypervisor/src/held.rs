@@ -40,7 +40,13 @@ pub fn held_here() -> u32 {
 
 /// Forget every lock of the calling CPU (after they were force-released).
 pub fn clear_here() {
-    HELD[cpu_index()].store(0, Ordering::Relaxed);
+    set_here(0);
+}
+
+/// The calling CPU now holds exactly `held` (after the others were
+/// force-released).
+pub fn set_here(held: u32) {
+    HELD[cpu_index()].store(held, Ordering::Relaxed);
 }
 
 /// A lock guard marked held by this CPU while it lives.

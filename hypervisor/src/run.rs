@@ -18,13 +18,14 @@ use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use guest_bundle::Bundle;
 use spin::mutex::{SpinMutex, SpinMutexGuard, TicketMutex, TicketMutexGuard};
-use spin::{Mutex, MutexGuard};
 
 use crate::addr::PhysAddr;
 use crate::arch::aarch64::vcpu::{self, El1Regs};
 use crate::arch::aarch64::{self, gic, pmu, recovery};
+use crate::domain::{self, Domain, FailureLine, Point, Service, Services};
 use crate::held::{self, Tracked};
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
+use crate::lock::ServiceFirst;
 use crate::mm::frames::{self, FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
 use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
 use crate::mm::stage2::{TableMemory, ROOT_TABLES};
@@ -43,7 +44,7 @@ use crate::vm::lifecycle;
 use crate::vm::manage;
 use crate::vm::memory::HostMemory;
 use crate::vm::outbox::Notice;
-use crate::vm::state::{GuestGic, Power};
+use crate::vm::state::{GuestGic, InjectedFailure, Power};
 pub use crate::vm::state::{Vm, VmState};
 
 /// The VM and vCPU each physical CPU is inside (between entering its run
@@ -90,30 +91,39 @@ fn encode(id: usize, vcpu: usize) -> usize {
 }
 const NO_VM: usize = usize::MAX;
 
-/// Each VM behind its lock. Whoever runs takes it: under QEMU a ticket
-/// lock handed it to waiters whose host threads were not running, and the
-/// VM's other vCPUs then waited for them, milliseconds at a time, in a
-/// guest's every burst of console output. A vCPU loop takes it once per
-/// exit and releases it before the guest runs: a waiting shell finds it
-/// free while the guest runs (the QEMU test `spin_flood_and_held_stats`
-/// uses the shell while a guest writes its console without pause).
+/// Each VM behind its lock. A vCPU loop takes it once per exit and
+/// releases it before the guest runs; board services (the shell, the
+/// memory manager, zeroing ahead, `check`) go before the vCPUs
+/// ([`ServiceFirst`]): however many vCPUs flood it with exits, a service
+/// waits at most one exit of each (the QEMU test
+/// `spin_flood_and_held_stats` uses the shell while a guest writes its
+/// console without pause).
 static VMS: [VmLock; MAX_GUESTS] = [const { VmLock::new(None) }; MAX_GUESTS];
-type VmLock = SpinMutex<Option<Vm>, aarch64::SpinThenNap>;
+type VmLock = ServiceFirst<Option<Vm>, aarch64::SpinThenNap>;
 type VmGuard = SpinMutexGuard<'static, Option<Vm>, aarch64::SpinThenNap>;
 /// The VM and vCPU each physical CPU runs, or NO_VM.
 static CPU_VM: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(NO_VM) }; MAX_CPUS];
-static FRAMES: spin::Once<&'static Mutex<FrameTable<'static>>> = spin::Once::new();
+static FRAMES: spin::Once<&'static FrameLock> = spin::Once::new();
+/// The frame table's lock: a spin lock whose data a failure that abandoned
+/// its guard can still read ([`check_frames_after_failure`]).
+pub type FrameLock = SpinMutex<FrameTable<'static>>;
 
-pub(crate) fn frames() -> Tracked<MutexGuard<'static, FrameTable<'static>>> {
+pub(crate) fn frames() -> Tracked<SpinMutexGuard<'static, FrameTable<'static>>> {
     let table = FRAMES.get().expect("VMs are set up after the frame table");
     Tracked::new(table.lock(), held::FRAMES)
 }
 
-/// VM `id`'s lock, marked held by this CPU (`crate::held`) so that a
-/// failure can release it. Inlined: every exit takes it.
+/// VM `id`'s lock for one of its vCPUs, marked held by this CPU
+/// (`crate::held`) so that a failure can release it. Inlined: every exit
+/// takes it.
 #[inline(always)]
 fn lock_vm(id: usize) -> Tracked<VmGuard> {
-    Tracked::new(VMS[id].lock(), held::vm(id))
+    Tracked::new(VMS[id].lock_vcpu(), held::vm(id))
+}
+
+/// VM `id`'s lock for a board service: before the VM's vCPUs.
+fn lock_vm_for_service(id: usize) -> Tracked<VmGuard> {
+    Tracked::new(VMS[id].lock_service(), held::vm(id))
 }
 
 /// The host side of guest memory on the target: frames from the frame table
@@ -154,16 +164,15 @@ static FRAMES_TAKEN: AtomicBool = AtomicBool::new(false);
 static EXITS_AT_TICK: AtomicU64 = AtomicU64::new(0);
 
 /// Exits of all guests since the last tick, from their exit profiles (no
-/// cost on the exit path); `u64::MAX` if a VM's lock is busy (it is not
-/// quiet then). A profile started over counts as no exits.
+/// cost on the exit path). Every VM is seen: a service goes before its
+/// vCPUs ([`ServiceFirst`]), so a VM whose lock is always busy cannot hide.
+/// A profile started over counts as no exits.
 fn exits_since_tick() -> u64 {
     let mut total = 0u64;
     for id in 0..MAX_GUESTS {
-        let Some(guard) = try_lock_vm(id) else {
-            return u64::MAX;
-        };
+        let guard = lock_vm_for_service(id);
         if let Some(vm) = guard.as_ref() {
-            total += vm.profile.total().count;
+            total = total.saturating_add(vm.profile.total().count);
         }
     }
     total.saturating_sub(EXITS_AT_TICK.swap(total, Ordering::Relaxed))
@@ -195,6 +204,11 @@ fn zero_while_idle() {
     if !ZEROING_WANTED.load(Ordering::Relaxed) {
         return;
     }
+    run_service(Service::Zeroing, zero_batches);
+}
+
+/// [`zero_while_idle`]'s work, in the zeroing service's own domain.
+fn zero_batches() {
     for _ in 0..ZERO_BATCHES_PER_IDLE {
         if aarch64::interrupt_pending() || !ZEROING_WANTED.load(Ordering::Relaxed) {
             return;
@@ -540,7 +554,7 @@ static NAMES: [spin::Once<heapless::String<32>>; MAX_GUESTS] =
     [const { spin::Once::new() }; MAX_GUESTS];
 
 /// Register the bundle's VMs (all stopped) and the frame table they draw from.
-pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'static>>) {
+pub fn init(bundle: Bundle<'static>, frame_table: &'static FrameLock) {
     FRAMES.call_once(|| frame_table);
     let gic = guest_gic();
     for (id, spec) in bundle.vms().enumerate().take(MAX_GUESTS) {
@@ -557,7 +571,7 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static Mutex<FrameTable<'sta
 /// printed after its lock is released.
 pub fn for_each(mut f: impl FnMut(&mut Vm)) {
     for id in 0..MAX_GUESTS {
-        let mut guard = lock_vm(id);
+        let mut guard = lock_vm_for_service(id);
         let pending = guard.as_mut().and_then(|vm| {
             f(vm);
             take_pending(vm)
@@ -570,7 +584,7 @@ pub fn for_each(mut f: impl FnMut(&mut Vm)) {
 /// Call `f` on the VM called `name`; `None` if there is none.
 pub fn with_vm<R>(name: &str, f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
     for id in 0..MAX_GUESTS {
-        let mut guard = lock_vm(id);
+        let mut guard = lock_vm_for_service(id);
         if let Some(vm) = guard.as_mut().filter(|vm| vm.name == name) {
             let result = f(vm);
             let pending = take_pending(vm);
@@ -594,30 +608,55 @@ pub fn names() -> heapless::String<128> {
     s
 }
 
-/// The `check` command: every VM is locked (in table order; nothing else
-/// holds two VM locks) while its stage-2 tables are walked and the frame
-/// table is read, so the figures are one snapshot. `ram_bytes`: the
-/// board's RAM.
+/// The `check` command, one VM at a time: each VM's stage-2 tables are
+/// walked under its lock alone; the frame table's own invariants are
+/// checked under its lock alone; then the figures added up across VMs are
+/// read with every VM's lock held for those reads only (constant time per
+/// VM), so they are one snapshot. `ram_bytes`: the board's RAM.
 pub fn check_system(ram_bytes: u64, out: &mut impl core::fmt::Write) {
-    let guards: [_; MAX_GUESTS] = core::array::from_fn(lock_vm);
-    let facts = crate::vm::check::FrameFacts::of(&frames(), ram_bytes);
-    let vms: heapless::Vec<crate::vm::check::VmFacts<'_>, MAX_GUESTS> = guards
+    use crate::vm::check::{self, FrameFacts, RamFacts, VmFacts};
+    let mut walked: [Option<(u64, RamFacts)>; MAX_GUESTS] = [None; MAX_GUESTS];
+    for (id, walk) in walked.iter_mut().enumerate() {
+        let guard = lock_vm_for_service(id);
+        *walk = guard
+            .as_ref()
+            .and_then(|vm| Some((vm.starts, RamFacts::of(vm.ram.as_ref()?, &mut HostMem))));
+    }
+    let invariants = frames().check_invariants();
+    let mut names: heapless::Vec<
+        (usize, heapless::String<32>, bool, Option<RamFacts>),
+        MAX_GUESTS,
+    > = heapless::Vec::new();
+    let facts = {
+        let guards: [_; MAX_GUESTS] = core::array::from_fn(lock_vm_for_service);
+        for vm in guards.iter().filter_map(|g| g.as_ref()) {
+            let ram = vm.ram.as_ref().map(|ram| {
+                // The walk's verdict, if this is the VM that was walked.
+                let ownership = walked[vm.id % MAX_GUESTS]
+                    .filter(|(starts, _)| *starts == vm.starts)
+                    .map_or(Ok(()), |(_, w)| w.ownership);
+                RamFacts {
+                    ownership,
+                    ..RamFacts::counts(ram)
+                }
+            });
+            let _ = names.push((vm.id, vm.name.clone(), vm.state == VmState::Stopped, ram));
+        }
+        FrameFacts::counts(&frames(), ram_bytes)
+    }
+    .with_invariants(invariants);
+    let vms: heapless::Vec<VmFacts<'_>, MAX_GUESTS> = names
         .iter()
-        .filter_map(|g| g.as_ref())
-        .map(|vm| crate::vm::check::VmFacts {
-            id: vm.id,
-            name: &vm.name,
-            stopped: vm.state == VmState::Stopped,
-            ram: vm.ram.as_ref(),
+        .map(|(id, name, stopped, ram)| VmFacts {
+            id: *id,
+            name,
+            stopped: *stopped,
+            ram: *ram,
         })
         .collect();
-    let result = crate::vm::check::check(&facts, &vms, &mut HostMem);
-    // Printed once every VM's lock is released.
+    let result = check::check(&facts, &vms);
     let mut text = alloc::string::String::new();
-    let _ = crate::vm::check::write_result(&mut text, &result);
-    drop(result);
-    drop(vms);
-    drop(guards);
+    let _ = check::write_result(&mut text, &result);
     let _ = out.write_str(&text);
 }
 
@@ -632,8 +671,8 @@ pub fn request_stop(vm: &mut Vm) -> Result<(), &'static str> {
 }
 
 /// `debug fail <vm> [abort]` (see [`lifecycle::inject_failure`]).
-pub fn inject_failure(vm: &mut Vm, abort: bool) -> Result<(), &'static str> {
-    lifecycle::inject_failure(vm, &mut TargetCpu::new(), abort)
+pub fn inject_failure(vm: &mut Vm, kind: InjectedFailure) -> Result<(), &'static str> {
+    lifecycle::inject_failure(vm, &mut TargetCpu::new(), kind)
 }
 
 /// Set the balloon target of a VM, in 4 KiB pages, and tell the driver.
@@ -749,50 +788,153 @@ pub fn shell_cpu_runs_guest() -> bool {
     CPU_VM[SHELL_CPU].load(Ordering::Acquire) != NO_VM
 }
 
-/// The shell's look from a vCPU loop on its CPU, with the recovery point
-/// disarmed: a failure in the shell is the hypervisor's, not the VM's.
-/// When it wants the next one (microseconds).
+/// The shell's look from a vCPU loop on its CPU. The look runs in the
+/// shell's own failure domain (boot arms it, [`run_service`]): a failure
+/// in the shell is the hypervisor's, not the VM's. When it wants the next
+/// one (microseconds).
 fn poll_shell() -> u64 {
-    SHELL_POLL
-        .get()
-        .map_or(SHELL_LOOK_US, |poll| recovery::unarmed(*poll))
+    SHELL_POLL.get().map_or(SHELL_LOOK_US, |poll| poll())
 }
 
-/// A panic or an EL2 exception on a CPU running a vCPU, with a recovery
-/// point armed (called by `crate::crash`): release the locks this CPU holds,
-/// say what happened, and jump back to the CPU loop, which ends the VM
-/// ([`end_failed_vm`]). Returns only when no recovery point is armed.
-pub fn contain_failure(what: core::fmt::Arguments) {
-    if !recovery::armed() {
-        return;
+// ------------------------------------------------------ failure domains
+
+/// The board services' states: on, or off since a failure.
+static SERVICES: Services = Services::new();
+/// What stops the board when it cannot go on safely (set by boot: prints
+/// `FATAL: ...` and powers off).
+static FATAL: spin::Once<fn(core::fmt::Arguments) -> !> = spin::Once::new();
+
+/// How the board stops when it must (`FATAL: ...`).
+pub fn set_fatal(fatal: fn(core::fmt::Arguments) -> !) {
+    FATAL.call_once(|| fatal);
+}
+
+/// `None` if `service` is on, else why it went off.
+pub fn service_off(service: Service) -> Option<heapless::String<{ domain::REASON_BYTES }>> {
+    let state = SERVICES.get(service);
+    state.is_off().then(|| state.reason())
+}
+
+/// Run `f` as board service `service`, in its own failure domain: a
+/// failure inside it releases only the locks taken inside, turns the
+/// service off (the shell: abandons the command) with one console line,
+/// and returns `None`; every VM goes on. `None` at once if the service is
+/// off.
+pub fn run_service<R>(service: Service, f: impl FnOnce() -> R) -> Option<R> {
+    if SERVICES.get(service).is_off() {
+        return None;
     }
+    let point = Point {
+        domain: Domain::Service(service),
+        held_at_entry: held::held_here(),
+    };
+    recovery::run_recoverable_as(point.encode(), f).ok()
+}
+
+/// Run `f`, `service`'s handling of VM `id`'s input, in that VM's failure
+/// domain: a failure inside it is blamed on VM `id` (`Err`: the caller
+/// stops it), never on the VM whose CPU runs the service.
+fn for_vm_input<R>(service: Service, id: usize, f: impl FnOnce() -> R) -> Result<R, usize> {
+    let point = Point {
+        domain: Domain::Input { vm: id, service },
+        held_at_entry: held::held_here(),
+    };
+    recovery::run_recoverable_as(point.encode(), f).map_err(|_| id)
+}
+
+/// VM `id`'s name, without waiting for its lock (for a failure's line).
+fn name_now(id: usize) -> heapless::String<32> {
+    VMS.get(id)
+        .and_then(|lock| lock.try_lock())
+        .and_then(|vm| vm.as_ref().map(|vm| vm.name.clone()))
+        .unwrap_or_else(|| {
+            let mut s = heapless::String::new();
+            let _ = core::fmt::write(&mut s, format_args!("VM {id}"));
+            s
+        })
+}
+
+/// A panic or an EL2 exception on a CPU with a recovery point armed
+/// (called by `crate::crash`): release the locks taken inside the failed
+/// domain, say what happened and whose it was, and jump back to where the
+/// domain began ([`Point`]): a vCPU's failure ends that VM
+/// ([`end_failed_vm`]), a service's turns the service off, a VM's input
+/// handled by a service stops that VM. A failure that held the frame table
+/// checks it first: if the table is broken the board stops with one
+/// `FATAL:` line, it never runs on a half-updated table. Returns only when
+/// no recovery point is armed.
+pub fn contain_failure(what: core::fmt::Arguments) {
+    let Some(tag) = recovery::current_tag() else {
+        return;
+    };
+    let point = Point::decode(tag);
     let cpu = aarch64::cpu_index();
     let held = held::held_here();
-    // SAFETY: `held` lists exactly the locks this CPU holds, whose guards
-    // live in the frames the jump below abandons: nobody uses them again.
-    unsafe {
-        crate::console::release_held(held);
-        release_held(held);
+    let release = held & !point.held_at_entry;
+    // SAFETY: `release` lists locks this CPU took inside the failed
+    // domain, whose guards live in the frames the jump below abandons:
+    // nobody uses them again.
+    unsafe { crate::console::release_held(release) };
+    if release & held::FRAMES != 0 {
+        check_frames_after_failure(what);
     }
-    held::clear_here();
-    let slot = CPU_VM[cpu].load(Ordering::Acquire);
-    let mut name = heapless::String::<32>::new();
-    if let Some(vm) = VMS.get(slot / MAX_VCPUS) {
-        if let Some(vm) = vm.lock().as_ref() {
-            name = vm.name.clone();
+    // SAFETY: as above.
+    unsafe { release_held(release) };
+    held::set_here(held & !release);
+    match point.domain {
+        Domain::Vcpu => {
+            let slot = CPU_VM[cpu].load(Ordering::Acquire);
+            let name = name_now(slot / MAX_VCPUS);
+            if ENDING[cpu].load(Ordering::Relaxed) {
+                println!(
+                    "tidal: [{name}] hypervisor failure again while stopping the VM: {what}; the VM is left failed and its frames stay accounted to it"
+                );
+            } else {
+                println!("tidal: [{name}] hypervisor failure in this VM's path: {what}; the VM is stopped");
+            }
         }
-    }
-    if ENDING[cpu].load(Ordering::Relaxed) {
-        println!(
-            "tidal: [{name}] hypervisor failure again while stopping the VM: {what}; the VM is left failed and its frames stay accounted to it"
-        );
-    } else {
-        println!("tidal: [{name}] hypervisor failure in this VM's path: {what}; the VM is stopped");
+        Domain::Service(service) => {
+            if service.stops_on_failure() {
+                SERVICES.get(service).turn_off(what);
+            }
+            if service == Service::Zeroing {
+                ZEROING_WANTED.store(false, Ordering::Relaxed);
+            }
+            println!("{}", FailureLine { service, what });
+        }
+        Domain::Input { vm, service } => {
+            println!(
+                "tidal: [{}] hypervisor failure in the {} handling this VM's input: {what}; the VM is stopped",
+                name_now(vm),
+                service.name()
+            );
+        }
     }
     // SAFETY: we run on this CPU's stack below its recovery point (in the
     // panic or exception handler), and every lock the abandoned frames
     // held was released above.
     unsafe { recovery::jump() };
+}
+
+/// A failure abandoned the frame table's guard mid-operation: check the
+/// table before anyone else uses it. Broken: the board stops (the lock
+/// stays held, so no CPU goes on with the table meanwhile).
+fn check_frames_after_failure(what: core::fmt::Arguments) {
+    let Some(lock) = FRAMES.get() else { return };
+    // SAFETY: this CPU holds the lock (its guard was abandoned by the
+    // failure), so no other CPU touches the table until it is released.
+    let table = unsafe { &*lock.as_mut_ptr() };
+    if let Err(e) = table.check_invariants() {
+        let fatal = FATAL.get().copied().unwrap_or(fatal_fallback);
+        fatal(format_args!(
+            "the frame table is inconsistent after a hypervisor failure that held it ({what}): {e}; the board stops rather than run VMs on it"
+        ));
+    }
+}
+
+fn fatal_fallback(args: core::fmt::Arguments) -> ! {
+    println!("FATAL: {args}");
+    aarch64::park()
 }
 
 /// Force-release the VM and frame-table locks in `held`.
@@ -963,11 +1105,15 @@ fn run_vcpu(id: usize, vcpu: usize) {
         if vm.state == VmState::StopRequested {
             return leave_stopping(guard, &mut cpu, vcpu);
         }
-        if let Some(abort) = vm.inject_failure.take() {
+        if let Some(kind) = vm.inject_failure.take() {
             // `debug fail`: a failure with the VM lock and the frame table
             // held, as a bug in a frame-table path would have them.
-            let _frames = frames();
-            if abort {
+            let mut frames = frames();
+            if kind == InjectedFailure::BrokenFrames {
+                // Half a transition: a counter moved, its frame did not.
+                frames.break_for_test();
+            }
+            if kind == InjectedFailure::Abort {
                 let bad = crate::mm::pagetable::VA_LIMIT as usize + 0x1234_5678;
                 // SAFETY: deliberately faults (no map covers `bad`): the
                 // exception handler contains it and never returns here.
@@ -1154,7 +1300,7 @@ pub fn input_to_focus(bytes: &[u8]) -> bool {
     // One lock for the whole batch: the VM's vCPUs take this lock on every
     // exit (the guest reading those bytes among them), and under QEMU a
     // spinning waiter can hold up a preempted holder for a host time slice.
-    let mut guard = lock_vm(id);
+    let mut guard = lock_vm_for_service(id);
     let pending = guard.as_mut().and_then(|vm| {
         if vm.state == VmState::Running {
             let kept = irq::console_input_bytes(vm, &mut TargetCpu::new(), bytes) == bytes.len();
@@ -1184,8 +1330,8 @@ static INPUT_LOST: AtomicBool = AtomicBool::new(false);
 pub const TICK_US: u64 = 100_000;
 
 /// The memory manager and what its tick keeps between rounds. Lock order:
-/// the manager, then a VM (only ever tried: a busy VM keeps its last input
-/// and gets its decision at a later tick), then the frame table.
+/// the manager, then a VM (taken as a service, before its vCPUs), then the
+/// frame table.
 pub struct MemoryManager {
     pub manager: Manager,
     /// Each VM's start count at the last tick: a VM that stopped or
@@ -1231,17 +1377,11 @@ pub fn with_manager<R>(f: impl FnOnce(&mut MemoryManager) -> R) -> Option<R> {
     lock_manager().as_mut().map(f)
 }
 
-/// Try VM `id`'s lock without waiting.
-fn try_lock_vm(id: usize) -> Option<Tracked<VmGuard>> {
-    VMS.get(id)?
-        .try_lock()
-        .map(|g| Tracked::new(g, held::vm(id)))
-}
-
 /// One tick of the memory manager if one is due (every [`TICK_US`], or at
 /// once after a pool event), from any CPU's loop with no lock held. One
-/// CPU ticks at a time; the others go on at once. Nothing here waits for
-/// a VM: a VM whose lock is busy is skipped this round. Whether this CPU
+/// CPU ticks at a time; the others go on at once. A VM's lock is waited
+/// for as a service waits ([`ServiceFirst`]: one exit per vCPU at most),
+/// so no VM escapes the manager by keeping its lock busy. Whether this CPU
 /// ticked: a target it set raises an interrupt without kicking this CPU
 /// (its own), so a vCPU loop must sync its list registers before it
 /// enters the guest again.
@@ -1270,54 +1410,149 @@ pub fn memory_tick() -> bool {
     true
 }
 
-/// The tick itself, once [`memory_tick`] found it due.
+/// The tick itself, once [`memory_tick`] found it due: zeroing ahead's
+/// decision and the memory manager's round, each a board service in its
+/// own failure domain ([`run_service`]).
 #[inline(never)]
 fn tick_now() {
     let now = aarch64::uptime_us();
     POOL_EVENT.store(false, Ordering::Relaxed);
-    update_zeroing_wanted();
+    run_service(Service::Zeroing, || {
+        if take_injected(INJECT_ZEROING) {
+            panic!("injected failure ('debug fail-board zeroing')");
+        }
+        update_zeroing_wanted();
+    });
+    run_service(Service::Manager, || manager_tick(now));
+}
+
+/// A failure injected into the next tick (`debug fail-board`,
+/// `debug fail-input`): [`NO_INJECTION`], [`INJECT_MANAGER`],
+/// [`INJECT_ZEROING`], or the id of the VM whose input fails.
+static INJECTED: AtomicUsize = AtomicUsize::new(NO_INJECTION);
+const NO_INJECTION: usize = usize::MAX;
+const INJECT_MANAGER: usize = usize::MAX - 1;
+const INJECT_ZEROING: usize = usize::MAX - 2;
+
+fn take_injected(what: usize) -> bool {
+    INJECTED
+        .compare_exchange(what, NO_INJECTION, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// Which board service `debug fail-board` fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectInto {
+    Manager,
+    Zeroing,
+    /// The manager's handling of VM `id`'s input.
+    Input(usize),
+}
+
+/// Make the next tick fail in `into` (`debug fail-board`, `debug
+/// fail-input`).
+pub fn inject_service_failure(into: InjectInto) {
+    let code = match into {
+        InjectInto::Manager => INJECT_MANAGER,
+        InjectInto::Zeroing => INJECT_ZEROING,
+        InjectInto::Input(id) => id,
+    };
+    INJECTED.store(code, Ordering::Release);
+    // Tick at the next chance.
+    POOL_EVENT.store(true, Ordering::Relaxed);
+}
+
+/// The memory manager's round: read every VM's input, decide, apply. Each
+/// VM's part runs in that VM's failure domain ([`for_vm_input`]): a VM
+/// whose input makes the hypervisor fail is stopped, and the round goes
+/// on with the others. Every VM is seen each round: a service goes before
+/// its vCPUs ([`ServiceFirst`]).
+fn manager_tick(now: u64) {
     let Some(guard) = MANAGER.try_lock() else {
         return;
     };
     let mut guard = Tracked::new(guard, held::MANAGER);
     let Some(mm) = guard.as_mut() else { return };
+    if take_injected(INJECT_MANAGER) {
+        panic!("injected failure ('debug fail-board mm')");
+    }
     let mut longest_wait = 0;
-    for id in 0..MAX_GUESTS {
-        let Some(mut vm_guard) = try_lock_vm(id) else {
-            continue;
-        };
-        let Some(vm) = vm_guard.as_mut() else {
-            continue;
-        };
-        irq::flush_vconsole(vm, &mut TargetCpu::new());
-        let managed = manage::is_managed(vm);
-        if (mm.managed[id] && !managed) || vm.starts != mm.starts[id] {
-            mm.manager.forget(id);
+    let mut failed = [false; MAX_GUESTS];
+    for (id, failed) in failed.iter_mut().enumerate() {
+        let read = for_vm_input(Service::Manager, id, || {
+            let mut vm_guard = lock_vm_for_service(id);
+            let vm = vm_guard.as_mut()?;
+            if take_injected(id) {
+                panic!("injected failure ('debug fail-input {}')", vm.name);
+            }
+            irq::flush_vconsole(vm, &mut TargetCpu::new());
+            Some((
+                manage::is_managed(vm),
+                vm.starts,
+                manage::input(vm),
+                manage::longest_wait_us(vm, now).unwrap_or(0),
+            ))
+        });
+        match read {
+            Ok(Some((managed, starts, input, wait))) => {
+                if (mm.managed[id] && !managed) || starts != mm.starts[id] {
+                    mm.manager.forget(id);
+                }
+                mm.managed[id] = managed;
+                mm.starts[id] = starts;
+                mm.inputs[id] = input;
+                longest_wait = longest_wait.max(wait);
+            }
+            Ok(None) => {}
+            Err(_) => {
+                *failed = true;
+                mm.manager.forget(id);
+                mm.managed[id] = false;
+                mm.inputs[id] = VmInput::default();
+            }
         }
-        mm.managed[id] = managed;
-        mm.starts[id] = vm.starts;
-        mm.inputs[id] = manage::input(vm);
-        longest_wait = longest_wait.max(manage::longest_wait_us(vm, now).unwrap_or(0));
     }
     let pool = frames().unreserved_free();
     let decisions = mm.manager.tick(now, pool, &mm.inputs);
     for (id, target) in decisions.targets.iter().enumerate() {
         let Some(target) = *target else { continue };
-        let Some(mut vm_guard) = try_lock_vm(id) else {
+        if failed.get(id).copied().unwrap_or(true) {
             continue;
-        };
-        let Some(vm) = vm_guard.as_mut() else {
-            continue;
-        };
-        manage::apply(vm, &mut TargetCpu::new(), target);
-        let pending = take_pending(vm);
-        drop(vm_guard);
-        show(pending);
+        }
+        let applied = for_vm_input(Service::Manager, id, || {
+            let mut vm_guard = lock_vm_for_service(id);
+            let vm = vm_guard.as_mut()?;
+            manage::apply(vm, &mut TargetCpu::new(), target);
+            take_pending(vm)
+        });
+        match applied {
+            Ok(pending) => show(pending),
+            Err(_) => failed[id] = true,
+        }
+    }
+    for (id, _) in failed.iter().enumerate().filter(|(_, &f)| f) {
+        stop_for_failed_input(id);
     }
     if mm.stop_lowest && longest_wait >= manage::WAIT_ANNOUNCE_US && stop_lowest_weight() {
         mm.exhausted_stops += 1;
     }
 }
+
+/// Stop VM `id`: its input made the hypervisor fail in a board service.
+fn stop_for_failed_input(id: usize) {
+    let mut guard = lock_vm_for_service(id);
+    let Some(vm) = guard.as_mut() else { return };
+    if vm.state == VmState::Running {
+        vm.last_stop = INPUT_FAILURE;
+        lifecycle::begin_stop(vm, &mut TargetCpu::new(), INPUT_FAILURE, false);
+    }
+    let pending = take_pending(vm);
+    drop(guard);
+    show(pending);
+}
+
+/// Why a VM stopped whose input made a board service fail.
+const INPUT_FAILURE: &str = "a hypervisor failure handling its input to the memory manager";
 
 /// The pool is exhausted and a vCPU has waited a second: stop the running
 /// VM with the lowest weight (the most backed among equals), unless a VM
@@ -1325,9 +1560,7 @@ fn tick_now() {
 fn stop_lowest_weight() -> bool {
     let mut victim: Option<(usize, u32, u64)> = None;
     for id in 0..MAX_GUESTS {
-        let Some(vm_guard) = try_lock_vm(id) else {
-            return false;
-        };
+        let vm_guard = lock_vm_for_service(id);
         let Some(vm) = vm_guard.as_ref() else {
             continue;
         };
@@ -1346,9 +1579,7 @@ fn stop_lowest_weight() -> bool {
     let Some((id, _, _)) = victim else {
         return false;
     };
-    let Some(mut vm_guard) = try_lock_vm(id) else {
-        return false;
-    };
+    let mut vm_guard = lock_vm_for_service(id);
     let Some(vm) = vm_guard.as_mut() else {
         return false;
     };

@@ -2,6 +2,8 @@
 //! command touches the hardware, so that part lives in `crate::boot`; what
 //! the commands print is formatted by `crate::report`.
 
+pub use crate::vm::state::InjectedFailure;
+
 /// A parsed command line; names are the VM names the operator typed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command<'a> {
@@ -73,14 +75,30 @@ pub enum Command<'a> {
     /// Inject a hypervisor failure in a VM's path at its next exit.
     DebugFail {
         vm: &'a str,
-        /// A data abort at EL2 instead of a panic.
-        abort: bool,
+        kind: InjectedFailure,
+    },
+    /// Inject a hypervisor failure into a board service.
+    DebugFailBoard {
+        service: BoardService,
+    },
+    /// Inject a hypervisor failure into the memory manager's reading of a
+    /// VM's input.
+    DebugFailInput {
+        vm: &'a str,
     },
     /// Take this many bytes (None: all) from the pool on purpose.
     DebugHog {
         bytes: Option<u64>,
     },
     DebugUnhog,
+}
+
+/// A board service `debug fail-board` fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoardService {
+    Manager,
+    Zeroing,
+    Shell,
 }
 
 pub struct CommandInfo {
@@ -174,8 +192,16 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "panic on purpose (shows the panic report)",
     },
     CommandInfo {
-        usage: "debug fail <vm> [abort]",
-        summary: "panic (or take a data abort) in a VM's path at its next exit, locks held: only that VM stops",
+        usage: "debug fail <vm> [abort|frames]",
+        summary: "panic (a data abort; a panic mid-update of the frame table) in a VM's path at its next exit, locks held: only that VM stops (frames: the board stops)",
+    },
+    CommandInfo {
+        usage: "debug fail-board <mm|zeroing|shell>",
+        summary: "fail in a board service: it turns off (the shell: the command is abandoned), every VM goes on",
+    },
+    CommandInfo {
+        usage: "debug fail-input <vm>",
+        summary: "fail while the memory manager reads a VM's input: that VM stops, not the one whose CPU ticked",
     },
     CommandInfo {
         usage: "debug hog <size|all>",
@@ -193,8 +219,7 @@ const INFO_EXITS_USAGE: &str = "info exits <vm> [reset]";
 
 const SET_USAGE: &str = "set <vm> <min|low|max|weight> <value> (e.g. set linux max 768M)";
 
-const DEBUG_USAGE: &str =
-    "debug fault | debug panic | debug fail <vm> [abort] | debug hog <size|all> | debug unhog";
+const DEBUG_USAGE: &str = "debug fault | debug panic | debug fail <vm> [abort|frames] | debug fail-board <mm|zeroing|shell> | debug fail-input <vm> | debug hog <size|all> | debug unhog";
 
 /// Why a line is not a command, worded for the operator.
 #[derive(Debug, PartialEq, Eq)]
@@ -311,10 +336,28 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
         "debug" => match (rest, words.next(), words.next()) {
             (Some("fault"), None, _) => Ok(Some(Command::DebugFault)),
             (Some("panic"), None, _) => Ok(Some(Command::DebugPanic)),
-            (Some("fail"), Some(vm), None) => Ok(Some(Command::DebugFail { vm, abort: false })),
-            (Some("fail"), Some(vm), Some("abort")) if words.next().is_none() => {
-                Ok(Some(Command::DebugFail { vm, abort: true }))
+            (Some("fail"), Some(vm), None) => Ok(Some(Command::DebugFail {
+                vm,
+                kind: InjectedFailure::Panic,
+            })),
+            (Some("fail"), Some(vm), Some(how)) if words.next().is_none() => {
+                let kind = match how {
+                    "abort" => InjectedFailure::Abort,
+                    "frames" => InjectedFailure::BrokenFrames,
+                    _ => return Err(ParseError::Usage(DEBUG_USAGE)),
+                };
+                Ok(Some(Command::DebugFail { vm, kind }))
             }
+            (Some("fail-board"), Some(service), None) => {
+                let service = match service {
+                    "mm" => BoardService::Manager,
+                    "zeroing" => BoardService::Zeroing,
+                    "shell" => BoardService::Shell,
+                    _ => return Err(ParseError::Usage(DEBUG_USAGE)),
+                };
+                Ok(Some(Command::DebugFailBoard { service }))
+            }
+            (Some("fail-input"), Some(vm), None) => Ok(Some(Command::DebugFailInput { vm })),
             (Some("hog"), Some("all"), None) => Ok(Some(Command::DebugHog { bytes: None })),
             (Some("hog"), Some(size), None) => {
                 let bytes = parse_size(size).ok_or(ParseError::BadSize(size))?;
@@ -386,7 +429,8 @@ mod tests {
                 .replace("<seconds>", "5")
                 .replace("<seconds|now>", "now")
                 .replace("<size|all>", "all")
-                .replace("[abort]", "abort")
+                .replace("[abort|frames]", "abort")
+                .replace("<mm|zeroing|shell>", "mm")
                 .replace("<abort|stop>", "stop")
                 .replace("[vm]", "beta")
                 .replace("[raw]", "raw")
@@ -443,15 +487,46 @@ mod tests {
             parse("debug fail beta"),
             Ok(Some(Command::DebugFail {
                 vm: "beta",
-                abort: false
+                kind: InjectedFailure::Panic
             }))
         );
         assert_eq!(
             parse("debug fail beta abort"),
             Ok(Some(Command::DebugFail {
                 vm: "beta",
-                abort: true
+                kind: InjectedFailure::Abort
             }))
+        );
+        assert_eq!(
+            parse("debug fail beta frames"),
+            Ok(Some(Command::DebugFail {
+                vm: "beta",
+                kind: InjectedFailure::BrokenFrames
+            }))
+        );
+        assert_eq!(
+            parse("debug fail-board mm"),
+            Ok(Some(Command::DebugFailBoard {
+                service: BoardService::Manager
+            }))
+        );
+        assert_eq!(
+            parse("debug fail-board shell"),
+            Ok(Some(Command::DebugFailBoard {
+                service: BoardService::Shell
+            }))
+        );
+        assert_eq!(
+            parse("debug fail-input beta"),
+            Ok(Some(Command::DebugFailInput { vm: "beta" }))
+        );
+        assert_eq!(
+            parse("debug fail-board kswapd").unwrap_err(),
+            ParseError::Usage(DEBUG_USAGE)
+        );
+        assert_eq!(
+            parse("debug fail beta sideways").unwrap_err(),
+            ParseError::Usage(DEBUG_USAGE)
         );
         assert_eq!(
             parse("debug fail beta abort now").unwrap_err(),

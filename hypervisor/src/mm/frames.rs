@@ -1173,6 +1173,17 @@ impl<'a> FrameTable<'a> {
         self.counts[FrameUse::Free as usize] - self.zeroing
     }
 
+    /// `debug fail <vm> frames`: the first half of a transition, as a
+    /// failure between a counter's update and its frame's would leave it
+    /// (one page moves from free to allocated in the counters only).
+    /// [`Self::check_invariants`] finds it.
+    pub fn break_for_test(&mut self) {
+        let free = &mut self.counts[FrameUse::Free as usize];
+        *free = free.saturating_sub(1);
+        let allocated = &mut self.counts[FrameUse::Allocated as usize];
+        *allocated = allocated.saturating_add(1);
+    }
+
     /// Tracked pages (free or not).
     pub fn total_pages(&self) -> u64 {
         self.entries.len() as u64
@@ -1377,6 +1388,22 @@ mod tests {
         let total: u64 = FrameUse::ALL.iter().map(|&u| acc.bytes(u)).sum();
         assert_eq!(total, ram_size(&ram));
         assert_eq!(t.check_invariants(), Ok(()));
+    }
+
+    /// What `debug fail <vm> frames` leaves is what the check after a
+    /// failure looks for: a counter moved without its frame.
+    #[test]
+    fn half_a_transition_is_found() {
+        let ram = [r(0x4000_0000, 0x4000_0000 + 4 * MIB)];
+        let mut store = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut store).unwrap();
+        t.alloc_guest(0).unwrap();
+        assert_eq!(t.check_invariants(), Ok(()));
+        t.break_for_test();
+        assert!(matches!(
+            t.check_invariants(),
+            Err(FrameError::CounterMismatch { .. })
+        ));
     }
 
     #[test]

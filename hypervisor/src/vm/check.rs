@@ -9,9 +9,12 @@
 //! - the stage-2 table pages are exactly those of the VMs' tables;
 //! - pool + hypervisor + VMs sum to the board's RAM.
 //!
-//! The caller holds every VM's lock while the facts are gathered (and reads
-//! the frame table under its lock in one go, [`FrameFacts::of`]), so the
-//! figures are one consistent snapshot. Plain data, tested on the host.
+//! The walk of a VM's stage-2 tables ([`RamFacts::of`]) is done under that
+//! VM's lock alone, one VM at a time; the figures the check adds up across
+//! VMs (table pages, frames per VM, the frame table's counters) are read
+//! with every VM's lock held, but only for those reads
+//! ([`FrameFacts::counts`]), so they are one consistent snapshot and no VM
+//! waits for another's walk. Plain data, tested on the host.
 
 extern crate alloc;
 
@@ -40,11 +43,25 @@ impl FrameFacts {
     pub fn of(table: &FrameTable<'_>, ram_bytes: u64) -> Self {
         Self {
             invariants: table.check_invariants(),
+            ..Self::counts(table, ram_bytes)
+        }
+    }
+
+    /// Read `table`'s counters only (constant time); its invariants, a scan
+    /// of every frame, come from [`Self::with_invariants`].
+    pub fn counts(table: &FrameTable<'_>, ram_bytes: u64) -> Self {
+        Self {
+            invariants: Ok(()),
             pages: FrameUse::ALL.map(|u| table.pages(u)),
             guest_pages: core::array::from_fn(|vm| table.guest_pages(vm)),
             accounted: table.accounting().total(),
             ram_bytes,
         }
+    }
+
+    /// These counters with the result of the frame table's own check.
+    pub fn with_invariants(self, invariants: Result<(), FrameError>) -> Self {
+        Self { invariants, ..self }
     }
 
     fn pages(&self, use_: FrameUse) -> u64 {
@@ -58,7 +75,35 @@ pub struct VmFacts<'a> {
     pub name: &'a str,
     /// Stopped: it must own no frames.
     pub stopped: bool,
-    pub ram: Option<&'a GuestRam>,
+    pub ram: Option<RamFacts>,
+}
+
+/// What a walk of a VM's stage-2 tables found, and its counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RamFacts {
+    pub table_pages: u64,
+    pub mapped_pages: u64,
+    /// It maps only frames it owns, and owns only frames it maps.
+    pub ownership: Result<(), OwnershipError>,
+}
+
+impl RamFacts {
+    /// Walk `ram`'s tables (under its VM's lock).
+    pub fn of(ram: &GuestRam, mem: &mut impl HostMemory) -> Self {
+        Self {
+            ownership: ram.check(mem),
+            ..Self::counts(ram)
+        }
+    }
+
+    /// `ram`'s counters only (no walk).
+    pub fn counts(ram: &GuestRam) -> Self {
+        Self {
+            table_pages: ram.table_pages(),
+            mapped_pages: ram.mapped_pages(),
+            ownership: Ok(()),
+        }
+    }
 }
 
 /// A broken invariant, worded for the console.
@@ -156,11 +201,7 @@ impl fmt::Display for Summary {
 }
 
 /// Check everything; the figures, or every broken invariant found.
-pub fn check<'a>(
-    frames: &FrameFacts,
-    vms: &[VmFacts<'a>],
-    mem: &mut impl HostMemory,
-) -> Result<Summary, Vec<Failure<'a>>> {
+pub fn check<'a>(frames: &FrameFacts, vms: &[VmFacts<'a>]) -> Result<Summary, Vec<Failure<'a>>> {
     let mut failures = Vec::new();
     if let Err(e) = frames.invariants {
         failures.push(Failure::FrameTable(e));
@@ -172,9 +213,9 @@ pub fn check<'a>(
         match vm.ram {
             Some(ram) => {
                 summary.running += 1;
-                tables += ram.table_pages();
-                summary.mapped_checked += ram.mapped_pages();
-                if let Err(error) = ram.check(mem) {
+                tables += ram.table_pages;
+                summary.mapped_checked += ram.mapped_pages;
+                if let Err(error) = ram.ownership {
                     failures.push(Failure::Ownership {
                         name: vm.name,
                         error,
@@ -278,7 +319,7 @@ mod tests {
                 id: 0,
                 name: "alpha",
                 stopped: false,
-                ram: Some(&a),
+                ram: Some(RamFacts::of(&a, &mut host)),
             },
             VmFacts {
                 id: 1,
@@ -287,7 +328,7 @@ mod tests {
                 ram: None,
             },
         ];
-        let result = check(&facts(&host), &vms, &mut host);
+        let result = check(&facts(&host), &vms);
         assert_eq!(
             result,
             Ok(Summary {
@@ -325,7 +366,7 @@ mod tests {
                 id: 0,
                 name: "alpha",
                 stopped: false,
-                ram: Some(&a),
+                ram: Some(RamFacts::of(&a, &mut host)),
             },
             VmFacts {
                 id: 1,
@@ -337,7 +378,7 @@ mod tests {
         let mut frames = facts(&host);
         frames.ram_bytes += PAGE_SIZE;
         frames.pages[FrameUse::PageTables as usize] += 1;
-        let result = check(&frames, &vms, &mut host);
+        let result = check(&frames, &vms);
         let lines = text(&result);
         assert_eq!(lines.lines().count(), 5, "{lines}");
         assert!(lines.lines().all(|l| l.starts_with("check: FAILED: ")));
@@ -356,7 +397,7 @@ mod tests {
             addr: PhysAddr::new(0),
             code: 0xff,
         });
-        let lines = text(&check(&frames, &vms[..1], &mut host));
+        let lines = text(&check(&frames, &vms[..1]));
         assert!(lines.contains("check: FAILED: frame table: page 0x0 has invalid frame code 0xff"));
         assert!(lines.contains("owned by VM 1, which does not exist"));
     }

@@ -22,7 +22,7 @@ use super::manage;
 use super::memory::HostMemory;
 use super::outbox::Notice;
 use super::psci;
-use super::state::{GuestGic, Power, Vm, VmState};
+use super::state::{GuestGic, InjectedFailure, Power, Vm, VmState};
 use super::testing::FakeCpu;
 use crate::addr::{GuestAddr, PhysAddr};
 use crate::balloon::F_VERSION_1;
@@ -191,9 +191,12 @@ fn assert_check(vm: &Vm, cpu: &mut FakeCpu) {
         id: vm.id,
         name: &vm.name,
         stopped: vm.state == VmState::Stopped,
-        ram: vm.ram.as_ref(),
+        ram: vm
+            .ram
+            .as_ref()
+            .map(|r| check::RamFacts::of(r, &mut cpu.host)),
     }];
-    let result = check::check(&facts, &vms, &mut cpu.host);
+    let result = check::check(&facts, &vms);
     assert!(result.is_ok(), "check failed: {:?}", result.err());
 }
 
@@ -1791,7 +1794,7 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
     assert!(taken.is_none());
     // `debug fail` armed: the full path fails.
     let mut live = Live::new();
-    live.vm.inject_failure = Some(false);
+    live.vm.inject_failure = Some(InjectedFailure::Panic);
     let taken = live.try_fast_notify();
     assert!(taken.is_none());
 }

@@ -8,7 +8,7 @@ use super::cpu::PhysCpu;
 use super::fdt::{self, layout, GuestBoard};
 use super::manage;
 use super::memory::{GuestRam, HostMemory as _};
-use super::state::{GuestGic, Power, Vm, VmState};
+use super::state::{GuestGic, InjectedFailure, Power, Vm, VmState};
 use crate::addr::GuestAddr;
 use crate::balloon::Balloon;
 use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
@@ -298,18 +298,19 @@ pub fn request_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static 
     }
 }
 
-/// `debug fail <vm> [abort]`: make the VM's next exit fail (a panic, or a
-/// data abort at EL2, with the VM's lock and the frame table held), to show
-/// that only this VM ends.
+/// `debug fail <vm> [abort|frames]`: make the VM's next exit fail (a
+/// panic, a data abort at EL2, or a panic half-way through a frame-table
+/// update, with the VM's lock and the frame table held), to show that
+/// only this VM ends, or that a broken frame table stops the board.
 pub fn inject_failure(
     vm: &mut Vm,
     cpu: &mut impl PhysCpu,
-    abort: bool,
+    kind: InjectedFailure,
 ) -> Result<(), &'static str> {
     if vm.state != VmState::Running {
         return Err("it is not running");
     }
-    vm.inject_failure = Some(abort);
+    vm.inject_failure = Some(kind);
     // An exit soon, even from a guest asleep in WFI.
     cpu.kick(vm.cpus[0]);
     Ok(())

@@ -165,6 +165,18 @@ impl BalloonChange {
     }
 }
 
+/// How `debug fail <vm>` fails the VM's next exit, with its lock and the
+/// frame table held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectedFailure {
+    /// A panic.
+    Panic,
+    /// A data abort at EL2.
+    Abort,
+    /// A panic half-way through a frame-table update (the board must stop).
+    BrokenFrames,
+}
+
 pub struct Vm {
     /// What the bundle says about it (kernel, RAM size, devices...).
     pub spec: VmEntry<'static>,
@@ -213,9 +225,9 @@ pub struct Vm {
     /// The balloon's counters when the VM last stopped.
     pub last_balloon_stats: Option<crate::balloon::BalloonStats>,
     pub starts: u64,
-    /// `debug fail <vm> [abort]`: fail in this VM's path at its next exit,
-    /// by a panic (false) or a data abort at EL2 (true).
-    pub inject_failure: Option<bool>,
+    /// `debug fail <vm> [abort|frames]`: fail in this VM's path at its
+    /// next exit.
+    pub inject_failure: Option<InjectedFailure>,
     /// What the guest gets for a bad access (its configuration's `on_bad_access`).
     pub on_bad_access: OnBadAccess,
     /// Exceptions injected for bad accesses, per kind.

@@ -13,12 +13,15 @@
 //! the paths that jump own no heap memory of note (nothing there allocates
 //! in proportion to a guest's size).
 //!
-//! One recovery point per CPU; a jump disarms it, so a failure while the
-//! failure is handled is never recovered again (no second recovery loop).
+//! Points nest: a board service run from a vCPU's loop (the memory
+//! manager's tick, the shell's look) arms its own inside the vCPU's, so a
+//! failure there comes back to the service, not to the VM. A jump goes to
+//! the innermost point and disarms it, so a failure while a failure is
+//! handled goes to the point outside, never around the same loop again.
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::{cpu_index, MAX_CPUS};
 
@@ -94,47 +97,75 @@ extern "C" {
     fn recovery_jump(point: *const RecoveryPoint) -> !;
 }
 
-/// Per-CPU recovery points; each is written and read only by its CPU.
-struct Points([UnsafeCell<RecoveryPoint>; MAX_CPUS]);
-// SAFETY: slot `i` is touched only by CPU `i` (see `run_recoverable`/`jump`).
+/// Recovery points a CPU can have armed at once: a vCPU's, a board
+/// service's inside it (the memory manager's tick, the shell's look), and a
+/// VM's input handled by that service inside that.
+pub const MAX_DEPTH: usize = 4;
+
+/// Per-CPU stacks of recovery points; each is written and read only by its
+/// CPU.
+struct Points([[UnsafeCell<RecoveryPoint>; MAX_DEPTH]; MAX_CPUS]);
+// SAFETY: row `i` is touched only by CPU `i` (see `run_recoverable_as`/`jump`).
 unsafe impl Sync for Points {}
 
 static POINTS: Points = Points(
     [const {
-        UnsafeCell::new(RecoveryPoint {
-            x19_to_lr: [0; 12],
-            sp: 0,
-            d8_to_d15: [0; 8],
-        })
+        [const {
+            UnsafeCell::new(RecoveryPoint {
+                x19_to_lr: [0; 12],
+                sp: 0,
+                d8_to_d15: [0; 8],
+            })
+        }; MAX_DEPTH]
     }; MAX_CPUS],
 );
-static ARMED: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
+/// How many of each CPU's points are armed (the innermost is `DEPTH - 1`).
+static DEPTH: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
+/// What each armed point stands for: a value its arming code chose (the
+/// failure domain, see `run`), read back by [`current_tag`].
+static TAGS: [[AtomicU64; MAX_DEPTH]; MAX_CPUS] =
+    [const { [const { AtomicU64::new(0) }; MAX_DEPTH] }; MAX_CPUS];
 
 /// `run_recoverable`'s closure did not return: a failure jumped back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Failed;
 
-/// Call `f` with a recovery point armed on this CPU: `Ok` with its result,
-/// or `Err(Failed)` if a failure inside it called [`jump`]. Not nested: the
-/// point is disarmed when `f` returns or a failure jumps.
+/// Call `f` with a recovery point armed on this CPU, tagged 0: `Ok` with
+/// its result, or `Err(Failed)` if a failure inside it called [`jump`].
 pub fn run_recoverable<F: FnOnce() -> R, R>(f: F) -> Result<R, Failed> {
+    run_recoverable_as(0, f)
+}
+
+/// Call `f` with a new innermost recovery point armed on this CPU, tagged
+/// `tag` ([`current_tag`] while it is innermost): `Ok` with its result, or
+/// `Err(Failed)` if a failure inside it (and inside no point armed within
+/// it) called [`jump`]. Points nest up to [`MAX_DEPTH`]; beyond that `f`
+/// runs under the innermost point there is.
+pub fn run_recoverable_as<F: FnOnce() -> R, R>(tag: u64, f: F) -> Result<R, Failed> {
     let cpu = cpu_index();
+    let depth = DEPTH[cpu].load(Ordering::Acquire);
+    if depth >= MAX_DEPTH {
+        return Ok(f());
+    }
     let mut call = (Some(f), None::<R>);
     extern "C" fn trampoline<F: FnOnce() -> R, R>(arg: *mut core::ffi::c_void) {
-        // SAFETY: `arg` is the `call` tuple of `run_recoverable`, alive for
-        // the whole of `recovery_try`, and nothing else touches it meanwhile.
+        // SAFETY: `arg` is the `call` tuple of `run_recoverable_as`, alive
+        // for the whole of `recovery_try`, and nothing else touches it
+        // meanwhile.
         let call = unsafe { &mut *(arg as *mut (Option<F>, Option<R>)) };
         if let Some(f) = call.0.take() {
             call.1 = Some(f());
         }
     }
-    let point = &POINTS.0[cpu];
-    ARMED[cpu].store(true, Ordering::Release);
-    // SAFETY: `point` is this CPU's slot; `trampoline` matches the call
-    // tuple's type; `recovery_try` follows the C ABI and returns normally
-    // (0) or through `recovery_jump` (1) with every callee-saved register
-    // and SP restored, so this frame is intact either way. Frames abandoned
-    // by a jump are those of `f`, which the jumping code accounts for.
+    let point = &POINTS.0[cpu][depth];
+    TAGS[cpu][depth].store(tag, Ordering::Relaxed);
+    DEPTH[cpu].store(depth + 1, Ordering::Release);
+    // SAFETY: `point` is this CPU's slot at this depth, unused by any
+    // point armed outside us; `trampoline` matches the call tuple's type;
+    // `recovery_try` follows the C ABI and returns normally (0) or through
+    // `recovery_jump` (1) with every callee-saved register and SP
+    // restored, so this frame is intact either way. Frames abandoned by a
+    // jump are those of `f`, which the jumping code accounts for.
     let jumped = unsafe {
         recovery_try(
             point.get(),
@@ -142,34 +173,44 @@ pub fn run_recoverable<F: FnOnce() -> R, R>(f: F) -> Result<R, Failed> {
             core::ptr::addr_of_mut!(call).cast(),
         )
     };
-    ARMED[cpu].store(false, Ordering::Release);
+    DEPTH[cpu].store(depth, Ordering::Release);
     match (jumped, call.1) {
         (0, Some(result)) => Ok(result),
         _ => Err(Failed),
     }
 }
 
-/// Call `f` with this CPU's recovery point disarmed, then arm it again: the
-/// shell's work on the CPU it shares with a vCPU. A failure there is the
-/// hypervisor's, not that VM's, and must not end the VM as if it were.
+/// Call `f` with every recovery point of this CPU disarmed, then arm them
+/// again: a failure inside is nobody's to contain (the crash report and a
+/// parked CPU, as at boot). For the shell's `debug panic` and `debug
+/// fault`, which show that report.
 pub fn unarmed<R>(f: impl FnOnce() -> R) -> R {
     let cpu = cpu_index();
-    let was = ARMED[cpu].swap(false, Ordering::AcqRel);
+    let was = DEPTH[cpu].swap(0, Ordering::AcqRel);
     let result = f();
-    // The point is still valid: `run_recoverable`'s frame is below us.
-    ARMED[cpu].store(was, Ordering::Release);
+    // The points are still valid: their frames are below us.
+    DEPTH[cpu].store(was, Ordering::Release);
     result
 }
 
 /// Whether this CPU has a recovery point armed.
 pub fn armed() -> bool {
-    ARMED
+    DEPTH
         .get(cpu_index())
-        .is_some_and(|a| a.load(Ordering::Acquire))
+        .is_some_and(|d| d.load(Ordering::Acquire) > 0)
 }
 
-/// Disarm this CPU's recovery point and go back to it: `run_recoverable`
-/// returns `Err(Failed)`. Returns (doing nothing) if none is armed.
+/// The tag of this CPU's innermost armed point, if any.
+pub fn current_tag() -> Option<u64> {
+    let cpu = cpu_index();
+    let depth = DEPTH.get(cpu)?.load(Ordering::Acquire);
+    let top = depth.checked_sub(1)?;
+    Some(TAGS[cpu][top].load(Ordering::Relaxed))
+}
+
+/// Disarm this CPU's innermost recovery point and go back to it: its
+/// `run_recoverable_as` returns `Err(Failed)`; the points outside it stay
+/// armed. Returns (doing nothing) if none is armed.
 ///
 /// # Safety
 ///
@@ -179,12 +220,13 @@ pub fn armed() -> bool {
 /// below the recovery point (a panic or an EL2 exception handler is).
 pub unsafe fn jump() {
     let cpu = cpu_index();
-    let Some(armed) = ARMED.get(cpu) else { return };
-    if !armed.swap(false, Ordering::AcqRel) {
+    let Some(depth) = DEPTH.get(cpu) else { return };
+    let Some(top) = depth.load(Ordering::Acquire).checked_sub(1) else {
         return;
-    }
-    // SAFETY: the point was armed by `run_recoverable` on this CPU, whose
-    // frame is still live (it disarms before returning); the caller vouches
-    // for the abandoned frames.
-    unsafe { recovery_jump(POINTS.0[cpu].get()) }
+    };
+    depth.store(top, Ordering::Release);
+    // SAFETY: the point was armed by `run_recoverable_as` on this CPU,
+    // whose frame is still live (it disarms before returning); the caller
+    // vouches for the abandoned frames.
+    unsafe { recovery_jump(POINTS.0[cpu][top].get()) }
 }
