@@ -1085,6 +1085,15 @@ fn info_exits(name: &str, reset: bool) {
             notifies,
             interrupts
         );
+        if c.passes_cut != 0 {
+            // A guest publishing faster than one exit may take.
+            println!(
+                "{name}: virtio console passes cut at their bound ({} chains, {} KiB): {}",
+                crate::vconsole::CHAINS_PER_PASS,
+                crate::vconsole::TX_BYTES_PER_PASS / 1024,
+                c.passes_cut
+            );
+        }
     }
 }
 

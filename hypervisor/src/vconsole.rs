@@ -10,6 +10,19 @@
 //! has posted receive buffers ([`VirtioConsole::receive`]). Every chain is
 //! checked like the balloon's: direction of each descriptor, RAM only,
 //! bounded length; a bad one sets DEVICE_NEEDS_RESET.
+//!
+//! # Bounded work per pass
+//!
+//! A pass over a queue (a notify's exit, typed input, a tick) takes at
+//! most [`CHAINS_PER_PASS`] chains and, on the transmit queue, starts no
+//! new chain once [`TX_BYTES_PER_PASS`] bytes were shown: a guest whose
+//! other vCPU publishes chains as fast as the device returns them cannot
+//! keep the vCPU that notified (and the VM lock, which the shell's `stop`,
+//! `info` and `check` wait for) in the loop. A pass cut short remembers
+//! it ([`VirtioConsole::has_more`]); the rest is taken by the guest's
+//! next notify or by [`VirtioConsole::resume`], which the memory tick
+//! calls (`vm::irq::flush_vconsole`), one pass per tick. Linux's hvc
+//! writes one chain and waits for it: it never meets the bound.
 
 use crate::virtio::{
     DescChain, DeviceError, DeviceErrorKind, GuestMemory, VirtioDevice, VirtioDeviceIo, Virtqueue,
@@ -28,6 +41,11 @@ pub const QUEUE_SIZE: u16 = 64;
 /// Longest transmit chain accepted: Linux's hvc sends at most a page; a
 /// longer chain is refused rather than read for an unbounded time.
 pub const MAX_TX_CHAIN: u32 = 64 * 1024;
+/// Most chains one pass over a queue takes: a queue's worth.
+pub const CHAINS_PER_PASS: usize = QUEUE_SIZE as usize;
+/// Bytes of output after which a transmit pass starts no new chain (it
+/// finishes the chain it is in: one chain is at most [`MAX_TX_CHAIN`]).
+pub const TX_BYTES_PER_PASS: u64 = 64 * 1024;
 /// Bytes copied at a time between guest memory and the console.
 const PIECE: usize = 128;
 /// The config space (cols, rows, max_nr_ports, emerg_wr): meaningful only
@@ -57,12 +75,19 @@ pub struct ConsoleStats {
     /// Bytes of input given to the guest, and the receive buffers used.
     pub bytes_in: u64,
     pub buffers_in: u64,
+    /// Passes cut short by their bound with chains maybe left
+    /// ([`CHAINS_PER_PASS`], [`TX_BYTES_PER_PASS`]).
+    pub passes_cut: u64,
 }
 
 /// The device model (behind an [`crate::virtio::MmioTransport`]).
 #[derive(Debug, Default)]
 pub struct VirtioConsole {
     stats: ConsoleStats,
+    /// A transmit or receive pass stopped at its bound: the queue may
+    /// hold more ([`VirtioConsole::resume`]).
+    tx_more: bool,
+    rx_more: bool,
 }
 
 impl VirtioConsole {
@@ -73,7 +98,10 @@ impl VirtioConsole {
                 chains_out: 0,
                 bytes_in: 0,
                 buffers_in: 0,
+                passes_cut: 0,
             },
+            tx_more: false,
+            rx_more: false,
         }
     }
 
@@ -81,9 +109,41 @@ impl VirtioConsole {
         &self.stats
     }
 
+    /// Whether a pass stopped at its bound and the queues may hold more
+    /// for [`resume`](Self::resume).
+    pub fn has_more(&self) -> bool {
+        self.tx_more || self.rx_more
+    }
+
+    /// One more pass over each queue whose last pass stopped at its bound
+    /// (the memory tick calls it, so chains a guest published and does not
+    /// notify again for still go out). Bounded like every pass.
+    pub fn resume<E: GuestMemory + ConsoleIo + ?Sized>(
+        &mut self,
+        queues: &mut [Virtqueue],
+        env: &mut E,
+    ) -> Result<(), DeviceError> {
+        if self.tx_more {
+            self.transmit(queues, env)?;
+        }
+        if self.rx_more {
+            self.receive(queues, env)?;
+        }
+        Ok(())
+    }
+
+    /// A pass ended: `cut` if by its bound.
+    fn pass_ended(&mut self, cut: bool) -> bool {
+        if cut {
+            self.stats.passes_cut += 1;
+        }
+        cut
+    }
+
     /// Move waiting input into the receive buffers the driver posted, one
-    /// buffer after another, each used as far as the input goes. Does
-    /// nothing while no input waits (a buffer is taken only to be filled).
+    /// buffer after another, each used as far as the input goes, at most
+    /// [`CHAINS_PER_PASS`] of them. Does nothing while no input waits (a
+    /// buffer is taken only to be filled).
     pub fn receive<E: GuestMemory + ConsoleIo + ?Sized>(
         &mut self,
         queues: &mut [Virtqueue],
@@ -96,10 +156,17 @@ impl VirtioConsole {
             return Ok(());
         }
         let err = |e| DeviceError::from_queue(RECEIVEQ, "receiveq", e);
+        self.rx_more = false;
+        let mut taken = 0;
         while env.input_waiting() {
+            if taken == CHAINS_PER_PASS {
+                self.rx_more = self.pass_ended(true);
+                break;
+            }
             let Some(chain) = q.pop(env).map_err(err)? else {
                 break;
             };
+            taken += 1;
             let head = chain.head();
             one_direction(&chain, RECEIVEQ)?;
             let room = chain.writable_len();
@@ -138,7 +205,9 @@ impl VirtioConsole {
         Ok(())
     }
 
-    /// Show every chain the driver queued for transmission and return it.
+    /// Show the chains the driver queued for transmission and return them,
+    /// as many as one pass takes ([`CHAINS_PER_PASS`],
+    /// [`TX_BYTES_PER_PASS`]).
     fn transmit<E: GuestMemory + ConsoleIo + ?Sized>(
         &mut self,
         queues: &mut [Virtqueue],
@@ -148,7 +217,17 @@ impl VirtioConsole {
             return Ok(());
         };
         let err = |e| DeviceError::from_queue(TRANSMITQ, "transmitq", e);
-        while let Some(chain) = q.pop(env).map_err(err)? {
+        self.tx_more = false;
+        let (mut chains, mut bytes) = (0, 0u64);
+        loop {
+            if chains == CHAINS_PER_PASS || bytes >= TX_BYTES_PER_PASS {
+                self.tx_more = self.pass_ended(true);
+                break;
+            }
+            let Some(chain) = q.pop(env).map_err(err)? else {
+                break;
+            };
+            chains += 1;
             let head = chain.head();
             one_direction(&chain, TRANSMITQ)?;
             let len = chain.readable_len();
@@ -177,6 +256,7 @@ impl VirtioConsole {
                 done += got as u32;
             }
             q.push_used(env, head, 0).map_err(err)?;
+            bytes += u64::from(done);
             self.stats.bytes_out += u64::from(done);
             self.stats.chains_out += 1;
         }
@@ -249,7 +329,9 @@ impl VirtioDevice for VirtioConsole {
 impl<E: GuestMemory + ConsoleIo + ?Sized> VirtioDeviceIo<E> for VirtioConsole {
     fn reset(&mut self, _env: &mut E) {
         // Nothing is held: chains are returned as they are processed, and
-        // input waits in the VM's queue.
+        // input waits in the VM's queue. Queues start over empty.
+        self.tx_more = false;
+        self.rx_more = false;
     }
 
     fn notify(

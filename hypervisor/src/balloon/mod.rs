@@ -327,6 +327,11 @@ pub struct BalloonStats {
     pub stats_refreshes: u64,
     /// Statistics entries with a tag the device does not know.
     pub stats_unknown_tags: u64,
+    /// Statistics values above their bound (a memory figure above the
+    /// VM's RAM, a cumulative value above 2^62), kept at the bound.
+    pub stats_values_clamped: u64,
+    /// Writes of `actual` above the VM's RAM in pages, kept at it.
+    pub actual_writes_clamped: u64,
     /// Writes to `poison_val` after DRIVER_OK, ignored.
     pub poison_writes_ignored: u64,
     /// Buffers received on reporting_vq.
@@ -781,8 +786,9 @@ impl Balloon {
             .read_readable(env, buf)
             .map_err(DeviceErrorKind::Queue)?;
         let mut sample = StatsSample::new(self.now(env));
-        sample.add_entries(buf);
+        sample.add_entries_within(buf, self.ram_bytes());
         self.stats.stats_unknown_tags += u64::from(sample.unknown_tags);
+        self.stats.stats_values_clamped += u64::from(sample.clamped);
         self.sample = Some(sample);
         Ok(())
     }
@@ -1039,6 +1045,11 @@ impl Balloon {
     }
 
     // ---- Queues ------------------------------------------------------------
+
+    /// The VM's RAM in bytes (as far as a 32-bit PFN names it).
+    fn ram_bytes(&self) -> u64 {
+        (self.ram.end - self.ram.start).saturating_mul(BALLOON_PAGE_BYTES)
+    }
 
     /// Bit index of `pfn` in the bitmaps, if it is guest RAM.
     fn bit(&self, pfn: GuestPfn) -> Option<usize> {
@@ -1419,7 +1430,14 @@ impl VirtioDevice for Balloon {
         if poison_ignored {
             self.stats.poison_writes_ignored += 1;
         }
-        self.actual = u32::from_le_bytes([config[4], config[5], config[6], config[7]]);
+        // `actual` is the driver's word on how many pages it gave: never
+        // more than the VM has (the memory manager and `info` compute on it).
+        let actual = u32::from_le_bytes([config[4], config[5], config[6], config[7]]);
+        let pages = u32::try_from(self.ram.end - self.ram.start).unwrap_or(u32::MAX);
+        if actual > pages {
+            self.stats.actual_writes_clamped += 1;
+        }
+        self.actual = actual.min(pages);
         self.poison_val = u32::from_le_bytes([config[12], config[13], config[14], config[15]]);
     }
 

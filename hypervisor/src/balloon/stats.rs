@@ -9,6 +9,15 @@
 //! Unknown tags are skipped and counted; a repeated tag keeps its last
 //! value; a tag the guest does not send stays unknown (a new sample
 //! replaces the old one whole, so no stale value survives).
+//!
+//! Every value is bounded where it enters ([`StatsSample::add_entries_within`]):
+//! a memory figure (free, total, available, disk caches) is at most the
+//! VM's RAM size (and [`MAX_MEMORY_BYTES`]), any other value (cumulative
+//! bytes moved or events counted since the guest's boot) at most
+//! [`MAX_CUMULATIVE`]. A value above its bound is kept at the bound and
+//! counted ([`StatsSample::clamped`], `BalloonStats::stats_values_clamped`,
+//! shown by `info balloon`): whatever adds or scales them later cannot
+//! overflow (issue 36: free_memory + disk_caches of 2^64-1 each did).
 
 use core::fmt;
 
@@ -20,6 +29,22 @@ pub const MAX_STATS_BYTES: u32 = 64 * STAT_ENTRY_BYTES;
 
 /// Statistics tags the device knows: `VIRTIO_BALLOON_S_NR` in Linux.
 pub const STAT_TAGS: usize = 16;
+
+/// Largest memory figure accepted from any guest, whatever its RAM: 2^48
+/// bytes (256 TiB, a 48-bit address space).
+pub const MAX_MEMORY_BYTES: u64 = 1 << 48;
+
+/// Largest cumulative value accepted (bytes swapped or scanned, events
+/// counted since the guest booted): 2^62, decades of traffic at 2^32 a
+/// second, and four of them still add up without overflow.
+pub const MAX_CUMULATIVE: u64 = 1 << 62;
+
+/// Whether `tag` is a memory figure (how much memory is free, in total,
+/// available, in disk caches) rather than a cumulative value: it cannot
+/// exceed the VM's RAM.
+pub const fn is_memory_figure(tag: u16) -> bool {
+    matches!(tag, 4..=7)
+}
 
 /// What a statistic's value counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +98,8 @@ pub struct StatsSample {
     pub arrived_us: u64,
     /// Entries with a tag the device does not know.
     pub unknown_tags: u32,
+    /// Entries whose value was above its bound and was kept at it.
+    pub clamped: u32,
 }
 
 impl StatsSample {
@@ -82,19 +109,38 @@ impl StatsSample {
             values: [None; STAT_TAGS],
             arrived_us,
             unknown_tags: 0,
+            clamped: 0,
         }
     }
 
-    /// Take the entries of `bytes` (whole 10-byte entries; a partial tail is
-    /// ignored, the caller checks the length).
+    /// [`add_entries_within`](Self::add_entries_within) a VM of the
+    /// largest RAM ([`MAX_MEMORY_BYTES`]).
     pub fn add_entries(&mut self, bytes: &[u8]) {
+        self.add_entries_within(bytes, MAX_MEMORY_BYTES);
+    }
+
+    /// Take the entries of `bytes` (whole 10-byte entries; a partial tail is
+    /// ignored, the caller checks the length) from a VM of `ram_bytes` of
+    /// RAM: memory figures above `ram_bytes` (or [`MAX_MEMORY_BYTES`]),
+    /// other values above [`MAX_CUMULATIVE`], are kept at the bound and
+    /// counted in [`clamped`](Self::clamped).
+    pub fn add_entries_within(&mut self, bytes: &[u8], ram_bytes: u64) {
+        let memory_bound = ram_bytes.min(MAX_MEMORY_BYTES);
         for e in bytes.chunks_exact(STAT_ENTRY_BYTES as usize) {
             let tag = u16::from_le_bytes([e[0], e[1]]);
             let val = u64::from_le_bytes([e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9]]);
-            match self.values.get_mut(usize::from(tag)) {
-                Some(slot) => *slot = Some(val),
-                None => self.unknown_tags = self.unknown_tags.saturating_add(1),
+            let Some(slot) = self.values.get_mut(usize::from(tag)) else {
+                self.unknown_tags = self.unknown_tags.saturating_add(1);
+                continue;
+            };
+            let bound = match is_memory_figure(tag) {
+                true => memory_bound,
+                false => MAX_CUMULATIVE,
+            };
+            if val > bound {
+                self.clamped = self.clamped.saturating_add(1);
             }
+            *slot = Some(val.min(bound));
         }
     }
 

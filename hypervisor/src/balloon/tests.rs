@@ -494,13 +494,19 @@ fn config_space() {
     r.t.write(mmio::CONFIG, 4, 7, &mut r.env).unwrap();
     r.t.write(mmio::CONFIG + 1, 1, 7, &mut r.env).unwrap();
     assert_eq!(r.read_config(0, 4), 0x1234_5678);
-    // actual: byte, half and word writes.
-    r.t.write(mmio::CONFIG + 4, 4, 0xaabb_ccdd, &mut r.env)
+    // actual: byte, half and word writes (the test RAM is 512 pages).
+    r.t.write(mmio::CONFIG + 4, 4, 0x0000_01dd, &mut r.env)
         .unwrap();
-    r.t.write(mmio::CONFIG + 6, 2, 0x1122, &mut r.env).unwrap();
+    r.t.write(mmio::CONFIG + 6, 2, 0, &mut r.env).unwrap();
     r.t.write(mmio::CONFIG + 4, 1, 0x33, &mut r.env).unwrap();
-    assert_eq!(r.balloon().actual(), 0x1122_cc33);
-    assert_eq!(r.read_config(4, 4), 0x1122_cc33);
+    assert_eq!(r.balloon().actual(), 0x133);
+    assert_eq!(r.read_config(4, 4), 0x133);
+    assert_eq!(r.balloon().stats().actual_writes_clamped, 0);
+    // More pages than the VM has: kept at its RAM, counted.
+    r.t.write(mmio::CONFIG + 6, 2, 0x1122, &mut r.env).unwrap();
+    assert_eq!(r.balloon().actual(), 512);
+    assert_eq!(r.read_config(4, 4), 512);
+    assert_eq!(r.balloon().stats().actual_writes_clamped, 1);
     // free_page_hint_cmd_id is the device's; poison_val the driver's.
     r.t.write(mmio::CONFIG + 8, 4, 9, &mut r.env).unwrap();
     assert_eq!(r.read_config(8, 4), 0);

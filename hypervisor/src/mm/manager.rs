@@ -63,6 +63,18 @@
 //!
 //! Everything is integer arithmetic and deterministic; `alloc` only for the
 //! per-VM vectors.
+//!
+//! # Guest numbers
+//!
+//! Most of a [`VmInput`] is the guest's word (its balloon's `actual`, its
+//! statistics) or counts a guest drives (fault-ins, OOM deflates). The
+//! caller bounds them at intake (`vm::manage::input`), and
+//! [`Manager::tick`] bounds them again ([`VmInput::bounded`]): `actual`,
+//! `backed`, fault-ins and OOM deflates to the VM's size, byte statistics
+//! to its size in bytes. Every product is computed wide ([`mul_div`]),
+//! every sum saturates: no input, however absurd, panics a tick (a panic
+//! there would stop the VM whose CPU ran it, not the one that lied) or
+//! moves a target out of its limits.
 
 extern crate alloc;
 
@@ -231,6 +243,21 @@ pub struct GuestStats {
     pub alloc_stalls: Option<u64>,
 }
 
+impl GuestStats {
+    /// The statistics with every memory figure (available, free, caches)
+    /// at most `max_bytes`; the cumulative counters are only compared and
+    /// subtracted with saturation, so they stay as sent.
+    pub fn bounded(self, max_bytes: u64) -> Self {
+        let b = |v: Option<u64>| v.map(|v| v.min(max_bytes));
+        Self {
+            available: b(self.available),
+            free: b(self.free),
+            caches: b(self.caches),
+            ..self
+        }
+    }
+}
+
 /// What the caller tells the manager about one VM each tick. The VM's
 /// identity is its index in the slice passed to [`Manager::tick`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -255,6 +282,65 @@ pub struct VmInput {
     pub driver: bool,
     /// Whether a vCPU waits for a frame (the pool at its floor): pressure.
     pub waiting: bool,
+}
+
+impl VmInput {
+    /// The input with every value the guest drives bounded by the VM's
+    /// size: `backed`, `actual`, `fault_ins` and `deflate_on_oom` at most
+    /// `size` pages, the statistics' memory figures at most `size` pages in
+    /// bytes. `size`, `target` and the limits are the host's and stay.
+    pub fn bounded(self) -> Self {
+        let size = self.size;
+        Self {
+            backed: self.backed.min(size),
+            actual: self.actual.min(size),
+            fault_ins: self.fault_ins.min(size),
+            deflate_on_oom: self.deflate_on_oom.min(size),
+            stats: self
+                .stats
+                .map(|s| s.bounded(size.saturating_mul(PAGE_SIZE))),
+            ..self
+        }
+    }
+
+    /// How many of the values [`bounded`](Self::bounded) bounds were out of
+    /// bounds.
+    pub fn out_of_bounds(&self) -> u32 {
+        let b = self.bounded();
+        let stats = match (self.stats, b.stats) {
+            (Some(s), Some(t)) => {
+                u32::from(s.available != t.available)
+                    + u32::from(s.free != t.free)
+                    + u32::from(s.caches != t.caches)
+            }
+            _ => 0,
+        };
+        u32::from(self.backed != b.backed)
+            + u32::from(self.actual != b.actual)
+            + u32::from(self.fault_ins != b.fault_ins)
+            + u32::from(self.deflate_on_oom != b.deflate_on_oom)
+            + stats
+    }
+}
+
+/// `x * num / den` computed in 128 bits, saturated to `u64` (0 when `den`
+/// is 0): the manager's products of a guest-driven count and a host
+/// factor cannot overflow.
+pub fn mul_div(x: u64, num: u64, den: u64) -> u64 {
+    u128::from(x)
+        .checked_mul(u128::from(num))
+        .and_then(|p| p.checked_div(u128::from(den)))
+        .map_or(0, |q| u64::try_from(q).unwrap_or(u64::MAX))
+}
+
+/// `x` per mille `p`, as [`mul_div`].
+fn permille(x: u64, p: u64) -> u64 {
+    mul_div(x, p, 1000)
+}
+
+/// A saturating sum.
+fn sat_sum(it: impl IntoIterator<Item = u64>) -> u64 {
+    it.into_iter().fold(0, u64::saturating_add)
 }
 
 /// The manager's knobs. [`Tunables::default`] documents each default.
@@ -493,7 +579,10 @@ impl Manager {
     /// One decision round at `now_us`, with `pool_free` pages free in the
     /// pool and one input per VM (index = VM slot).
     pub fn tick(&mut self, now_us: u64, pool_free: Pages, vms: &[VmInput]) -> Decisions {
-        self.stats.ticks += 1;
+        // Bounded again here: the manager never trusts its caller to have.
+        let vms: Vec<VmInput> = vms.iter().map(|v| v.bounded()).collect();
+        let vms = &vms[..];
+        self.stats.ticks = self.stats.ticks.saturating_add(1);
         let dt = self
             .last_tick_us
             .map_or(0, |t| now_us.saturating_sub(t))
@@ -510,7 +599,9 @@ impl Manager {
 
         // Limits: size - max <= target <= size - min.
         for (w, vm) in work.iter_mut().zip(vms) {
-            w.target = w.target.clamp(w.floor, w.ceiling);
+            // `ceiling >= floor` (see `observe`): `clamp` would not panic,
+            // but the limits are the shell's, not checked here again.
+            w.target = w.target.max(w.floor).min(w.ceiling);
             // Accept what the guest deflated on OOM: the driver must not
             // re-inflate it.
             if vm.deflate_on_oom > 0 && w.target > vm.actual {
@@ -520,11 +611,12 @@ impl Manager {
 
         // Pressure relief from the pool, down to `min`.
         let pending_gives = |work: &[Work]| -> Pages {
-            work.iter()
-                .zip(vms)
-                .filter(|(w, _)| !w.congested)
-                .map(|(w, vm)| vm.actual.saturating_sub(w.target))
-                .sum()
+            sat_sum(
+                work.iter()
+                    .zip(vms)
+                    .filter(|(w, _)| !w.congested)
+                    .map(|(w, vm)| vm.actual.saturating_sub(w.target)),
+            )
         };
         let budget = pool_free
             .saturating_sub(self.watermarks.min)
@@ -539,27 +631,28 @@ impl Manager {
                 true => w
                     .want
                     .saturating_sub(vm.actual.saturating_sub(w.target))
-                    .min(w.target - w.floor),
+                    .min(w.target.saturating_sub(w.floor)),
                 false => 0,
             })
             .collect();
         let given = spread(budget, &room, &work, Share::Relief);
         for (w, give) in work.iter_mut().zip(given) {
-            w.target -= give;
+            // `give <= room <= target - floor`.
+            w.target = w.target.saturating_sub(give);
         }
 
         // Reclaim: below low start, at high stop; count what is in flight.
-        let in_flight: Pages = work
-            .iter()
-            .zip(vms)
-            .filter(|(w, _)| w.progressing)
-            .map(|(w, vm)| w.target.saturating_sub(vm.actual))
-            .sum();
+        let in_flight: Pages = sat_sum(
+            work.iter()
+                .zip(vms)
+                .filter(|(w, _)| w.progressing)
+                .map(|(w, vm)| w.target.saturating_sub(vm.actual)),
+        );
         // Reclaim follows the pool itself: what was given is taken from it
         // only as the guest touches it (and may never be), so pending gives
         // are not reclaimed for in advance.
         let projected = pool_free;
-        let effective = projected + in_flight;
+        let effective = projected.saturating_add(in_flight);
         if projected < self.watermarks.low {
             self.reclaiming = true;
         }
@@ -584,14 +677,16 @@ impl Manager {
                 targets.push(None);
                 continue;
             }
-            st.stats.targets_set += 1;
-            self.stats.targets_set += 1;
+            st.stats.targets_set = st.stats.targets_set.saturating_add(1);
+            self.stats.targets_set = self.stats.targets_set.saturating_add(1);
             if w.target > vm.target {
-                st.stats.pages_reclaimed += w.target - vm.target;
-                self.stats.pages_reclaimed += w.target - vm.target;
+                let up = w.target - vm.target;
+                st.stats.pages_reclaimed = st.stats.pages_reclaimed.saturating_add(up);
+                self.stats.pages_reclaimed = self.stats.pages_reclaimed.saturating_add(up);
             } else {
-                st.stats.pages_given += vm.target - w.target;
-                self.stats.pages_given += vm.target - w.target;
+                let down = vm.target - w.target;
+                st.stats.pages_given = st.stats.pages_given.saturating_add(down);
+                self.stats.pages_given = self.stats.pages_given.saturating_add(down);
             }
             st.last_target = w.target;
             if vm.target == vm.actual {
@@ -640,8 +735,8 @@ impl Manager {
             && (!vm.driver || idle_for >= t.congestion_deadline_us)
         {
             st.stats.congested = true;
-            st.stats.congested_marks += 1;
-            self.stats.congested_marks += 1;
+            st.stats.congested_marks = st.stats.congested_marks.saturating_add(1);
+            self.stats.congested_marks = self.stats.congested_marks.saturating_add(1);
         }
         let progressing =
             outstanding && vm.driver && !st.stats.congested && idle_for < t.progress_window_us;
@@ -650,12 +745,13 @@ impl Manager {
 
         // Pressure, from every signal the guest and stage 2 give.
         let has = vm.size.saturating_sub(vm.target.max(vm.actual));
+        let comfort_pages = permille(has, t.comfort_permille);
         let low_available = stats
             .available
-            .is_some_and(|a| a / PAGE_SIZE < has * t.comfort_permille / 1000);
+            .is_some_and(|a| a / PAGE_SIZE < comfort_pages);
         // Faulting in fast enough to run out of available memory within
         // the horizon (or, without statistics, faulting in more and more).
-        let ahead = vm.fault_ins * t.fault_in_horizon_us / dt;
+        let ahead = mul_div(vm.fault_ins, t.fault_in_horizon_us, dt);
         let runs_out = match stats.available {
             Some(a) => ahead > a / PAGE_SIZE,
             None => vm.fault_ins > st.prev_fault_ins,
@@ -680,10 +776,11 @@ impl Manager {
         st.prev_fault_ins = vm.fault_ins;
         st.stats.under_pressure = pressure;
         let want = if pressure {
-            let step = vm.size * t.give_step_permille / 1000;
-            let comfort = (has * t.comfort_permille / 1000)
-                .saturating_sub(stats.available.unwrap_or(u64::MAX) / PAGE_SIZE);
-            step.max(ahead.min(step * 2)).max(comfort.min(step * 2))
+            let step = permille(vm.size, t.give_step_permille);
+            let comfort =
+                comfort_pages.saturating_sub(stats.available.unwrap_or(u64::MAX) / PAGE_SIZE);
+            let most = step.saturating_mul(2);
+            step.max(ahead.min(most)).max(comfort.min(most))
         } else {
             0
         };
@@ -694,22 +791,27 @@ impl Manager {
         let reclaimable = match (stats.free, stats.caches) {
             (None, None) => None,
             (f, c) => {
-                let spare = (f.unwrap_or(0) + c.unwrap_or(0)) / PAGE_SIZE;
+                // Each at most the VM's size (`VmInput::bounded`), and
+                // added in pages, saturating: 2^64-1 twice is no panic.
+                let spare = (f.unwrap_or(0) / PAGE_SIZE).saturating_add(c.unwrap_or(0) / PAGE_SIZE);
                 let used = vm.size.saturating_sub(vm.actual).saturating_sub(spare);
                 let backed_spare = vm.backed.saturating_sub(used);
                 Some(
                     spare
                         .min(backed_spare)
-                        .saturating_sub(has * t.comfort_permille / 1000)
+                        .saturating_sub(comfort_pages)
                         .saturating_sub(vm.target.saturating_sub(vm.actual)),
                 )
             }
         };
         let l = vm.limits;
+        let floor = vm.size.saturating_sub(l.max);
         Work {
             target: vm.target,
-            floor: vm.size.saturating_sub(l.max),
-            ceiling: vm.size.saturating_sub(l.min),
+            floor,
+            // Not below the floor even with limits that were never
+            // validated (`min > max`).
+            ceiling: vm.size.saturating_sub(l.min).max(floor),
             low_ceiling: vm.size.saturating_sub(l.low.max(l.min)),
             progressing,
             congested: st.stats.congested || (outstanding && !progressing),
@@ -718,7 +820,7 @@ impl Manager {
             want,
             reclaimable,
             start: vm.target,
-            step: (vm.size * t.reclaim_step_permille / 1000).max(1),
+            step: permille(vm.size, t.reclaim_step_permille).max(1),
             weight: l.weight.clamp(1, MAX_WEIGHT),
         }
     }
@@ -726,7 +828,7 @@ impl Manager {
     /// Spreads `need` pages of reclaim; returns what could not be placed.
     fn reclaim(&mut self, work: &mut [Work], mut need: Pages, pool_free: Pages) -> Pages {
         let skipped = work.iter().filter(|w| w.congested && !w.held).count();
-        self.stats.congested_skips += skipped as u64;
+        self.stats.congested_skips = self.stats.congested_skips.saturating_add(skipped as u64);
         // Stage 0: free and caches above low (VMs with statistics); 1: the
         // rest above low (VMs without); 2: above min, only in an emergency
         // (the pool below its min) and once no VM has anything left above
@@ -746,8 +848,10 @@ impl Manager {
             let rooms: Vec<Pages> = work.iter().map(|w| room(w, stage, true)).collect();
             let taken = spread(need, &rooms, work, Share::Reclaim);
             for (w, t) in work.iter_mut().zip(&taken) {
-                w.target += t;
-                need -= t;
+                // `t <= room <= ceiling - target`, and the parts sum to at
+                // most `need`.
+                w.target = w.target.saturating_add(*t);
+                need = need.saturating_sub(*t);
             }
         }
         need
@@ -768,8 +872,9 @@ impl Manager {
             let cut = excess.min(work[i].target.saturating_sub(lowest));
             work[i].target -= cut;
             excess -= cut;
-            self.vms[i].stats.pages_trimmed += cut;
-            self.stats.pages_trimmed += cut;
+            let st = &mut self.vms[i].stats;
+            st.pages_trimmed = st.pages_trimmed.saturating_add(cut);
+            self.stats.pages_trimmed = self.stats.pages_trimmed.saturating_add(cut);
         }
     }
 }
@@ -780,18 +885,26 @@ impl Manager {
 /// `min(need, total room)`. Deterministic: remainders go by index.
 fn spread(need: Pages, room: &[Pages], work: &[Work], share: Share) -> Vec<Pages> {
     let mut taken = alloc::vec![0; room.len()];
-    let mut left = need.min(room.iter().sum());
+    let mut left = need.min(sat_sum(room.iter().copied()));
     while left > 0 {
-        let keys: Vec<u128> = (0..room.len())
+        let mut keys: Vec<u128> = (0..room.len())
             .map(|i| {
                 let r = room[i] - taken[i];
-                let w = u128::from(work[i].weight);
+                let w = u128::from(work[i].weight.max(1));
                 match share {
                     Share::Reclaim => u128::from(r) * u128::from(MAX_WEIGHT) / w,
                     Share::Relief => u128::from(r) * w,
                 }
             })
             .collect();
+        // Each key is below 2^78 (a room below 2^64 times a weight up to
+        // 10000); scaled down until their total fits 64 bits, so that
+        // `round * key` below fits 128. Only the proportions matter.
+        let wide: u128 = keys.iter().fold(0u128, |a, &k| a.saturating_add(k));
+        let shift = (128 - wide.leading_zeros()).saturating_sub(64);
+        if shift > 0 {
+            keys.iter_mut().for_each(|k| *k >>= shift);
+        }
         let total: u128 = keys.iter().sum();
         if total == 0 {
             break;

@@ -36,6 +36,26 @@ struct TestEnv {
     /// touching it fail and are counted.
     hole: Option<Range<u64>>,
     hole_hits: u32,
+    /// A hostile guest's second vCPU, publishing while the device works.
+    storm: Option<Storm>,
+}
+
+/// A second vCPU that publishes chain `head` on its queue again each time
+/// the device shows output (transmit) or consumes input (receive), `left`
+/// more times: the device would never see its queue empty.
+struct Storm {
+    q: DriverQueue,
+    head: u16,
+    left: u32,
+}
+
+impl TestEnv {
+    fn storm_step(&mut self) {
+        if let Some(s) = self.storm.as_mut().filter(|s| s.left > 0) {
+            s.left -= 1;
+            s.q.publish(&mut self.mem, s.head);
+        }
+    }
 }
 
 impl TestEnv {
@@ -77,6 +97,7 @@ impl GuestMemory for TestEnv {
 impl ConsoleIo for TestEnv {
     fn output(&mut self, bytes: &[u8]) {
         self.out.extend_from_slice(bytes);
+        self.storm_step();
     }
     fn input_waiting(&self) -> bool {
         !self.input.is_empty()
@@ -92,6 +113,7 @@ impl ConsoleIo for TestEnv {
     }
     fn consume_input(&mut self, count: usize) {
         self.input.drain(..count.min(self.input.len()));
+        self.storm_step();
     }
 }
 
@@ -129,6 +151,7 @@ impl Rig {
                 max_take: core::cell::Cell::new(0),
                 hole: None,
                 hole_hits: 0,
+                storm: None,
             },
             qs: driver_queues(),
             next_buf: BUFS,
@@ -454,6 +477,7 @@ fn transmit_chains_in_order() {
             chains_out: 3,
             bytes_in: 0,
             buffers_in: 0,
+            passes_cut: 0,
         }
     );
     // The device wrote only the transmitq's used ring.
@@ -522,6 +546,70 @@ fn empty_notify_is_quiet_only_on_the_transmitq() {
     assert!(!r.t.empty_notify(4, RECEIVEQ as u32, &mut r.env.mem));
     r.tx(&[b"x"]);
     assert!(!r.t.empty_notify(4, TRANSMITQ as u32, &mut r.env.mem));
+}
+
+/// Chains a storm republishes: far more than one exit may take.
+const STORM: u32 = 10_000;
+
+#[test]
+fn a_transmit_storm_is_handled_a_bounded_pass_at_a_time() {
+    // Issue 36: a second vCPU publishing chains as fast as the device
+    // returns them kept the notify's loop (and the VM lock) forever.
+    let mut r = Rig::live();
+    let head = r.tx(&[b"x"]);
+    r.env.storm = Some(Storm {
+        q: r.qs[TRANSMITQ].clone(),
+        head,
+        left: STORM,
+    });
+    r.notify(TRANSMITQ);
+    let first = r.stats().chains_out;
+    assert!(
+        first <= u64::from(QUEUE_SIZE),
+        "one notify handled {first} chains"
+    );
+    assert_eq!(first, CHAINS_PER_PASS as u64);
+    assert!(r.t.device().has_more());
+    assert_eq!(r.stats().passes_cut, 1);
+    // The rest, a bounded pass at a time: the guest's next notifies and
+    // the memory tick's resume (the guest need not notify again).
+    let mut passes = 1;
+    while r.t.device().has_more() {
+        let before = r.stats().chains_out;
+        if passes % 2 == 0 {
+            r.notify(TRANSMITQ);
+        } else {
+            r.t.device_work(&mut r.env, |d, q, e| d.resume(q, e));
+        }
+        let took = r.stats().chains_out - before;
+        assert!(took <= CHAINS_PER_PASS as u64, "a pass took {took}");
+        passes += 1;
+        assert!(passes < 1000, "the storm never ended");
+    }
+    assert_eq!(r.env.storm.as_ref().map(|s| s.left), Some(0));
+    assert_eq!(r.stats().chains_out, u64::from(STORM) + 1);
+    assert_eq!(r.env.out.len(), STORM as usize + 1);
+    assert!(!r.t.needs_reset());
+    // Once drained, a resume has nothing to do.
+    r.t.device_work(&mut r.env, |d, q, e| d.resume(q, e));
+    assert_eq!(r.stats().chains_out, u64::from(STORM) + 1);
+}
+
+#[test]
+fn a_transmit_pass_starts_no_chain_past_its_byte_bound() {
+    // Chains of 16 KiB: the fifth would pass 64 KiB.
+    let mut r = Rig::live();
+    let big = vec![b'y'; 16 * 1024];
+    for _ in 0..6 {
+        r.tx(&[&big]);
+    }
+    r.notify(TRANSMITQ);
+    assert_eq!(r.stats().chains_out, 4);
+    assert!(r.t.device().has_more());
+    r.t.device_work(&mut r.env, |d, q, e| d.resume(q, e));
+    assert_eq!(r.stats().chains_out, 6);
+    assert!(!r.t.device().has_more());
+    assert_eq!(r.env.out.len(), 6 * big.len());
 }
 
 // ---------------------------------------------------------------------------
@@ -769,6 +857,30 @@ fn receive_large_input_in_pieces() {
     // The device takes input at most a piece at a time.
     let most = r.env.max_take.get();
     assert!(most > 0 && most <= PIECE, "looked at {most} at once");
+}
+
+#[test]
+fn a_receive_storm_is_handled_a_bounded_pass_at_a_time() {
+    // One-byte receive buffers republished as fast as they are filled,
+    // and more input than a pass may take.
+    let mut r = Rig::live();
+    let chain = r.post_rx(&[1]);
+    r.env.storm = Some(Storm {
+        q: r.qs[RECEIVEQ].clone(),
+        head: chain.head,
+        left: 1000,
+    });
+    r.type_input(&[b'z'; 500]);
+    r.receive_work();
+    assert_eq!(r.stats().buffers_in, CHAINS_PER_PASS as u64);
+    assert!(r.t.device().has_more());
+    while r.t.device().has_more() {
+        let before = r.stats().buffers_in;
+        r.t.device_work(&mut r.env, |d, q, e| d.resume(q, e));
+        assert!(r.stats().buffers_in - before <= CHAINS_PER_PASS as u64);
+    }
+    assert_eq!((r.stats().bytes_in, r.stats().buffers_in), (500, 500));
+    assert!(r.env.input.is_empty());
 }
 
 // ---------------------------------------------------------------------------
@@ -1268,6 +1380,7 @@ fn random_traffic() {
                 chains_out: tx_chains,
                 bytes_in: typed.len() as u64,
                 buffers_in: rx_buffers,
+                passes_cut: 0,
             },
             "seed {seed}"
         );

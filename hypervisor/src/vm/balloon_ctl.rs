@@ -233,7 +233,7 @@ pub fn report_hint_end(
     if let (true, Some(ended)) = (was_running, run.ended_us) {
         out.line(format_args!(
             "tidal: [{name}] balloon: free page hint {run}; {} ({} ms)",
-            crate::size::Size(run.pages_hinted * PAGE_SIZE),
+            crate::size::Size(run.pages_hinted.saturating_mul(PAGE_SIZE)),
             ended.saturating_sub(run.started_us) / 1000
         ));
     }

@@ -93,6 +93,13 @@ pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Resul
     writeln!(out, "  {}", dev.stats())?;
     write_transport_line(out, vm, balloon)?;
     write_feature_lines(out, dev, now_us)?;
+    if vm.managed.inputs_clamped != 0 {
+        writeln!(
+            out,
+            "  memory manager inputs clamped to the VM's size: {}",
+            vm.managed.inputs_clamped
+        )?;
+    }
     if let Some(e) = balloon.last_error() {
         writeln!(out, "  last device error: {e}")?;
     }
@@ -194,6 +201,13 @@ pub fn write_feature_lines(f: &mut impl fmt::Write, b: &Balloon, now_us: u64) ->
             s.blocks_rejected_overlapping
         )?;
     }
+    if s.stats_values_clamped + s.actual_writes_clamped != 0 {
+        writeln!(
+            f,
+            "  guest values clamped at intake: {} statistics values, {} writes of actual",
+            s.stats_values_clamped, s.actual_writes_clamped
+        )?;
+    }
     match b.stats_sample() {
         Some(sample) => write_stats_sample(f, sample, now_us, b.stats_interval_us())?,
         None if has(F_STATS_VQ) => writeln!(f, "  guest statistics: none received yet")?,
@@ -229,6 +243,9 @@ pub fn write_stats_sample(
     }
     if sample.unknown_tags != 0 {
         write!(f, "; {} unknown tags ignored", sample.unknown_tags)?;
+    }
+    if sample.clamped != 0 {
+        write!(f, "; {} values clamped", sample.clamped)?;
     }
     f.write_str("):\n")?;
     for t in &STAT_TABLE {

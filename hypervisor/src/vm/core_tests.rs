@@ -265,6 +265,23 @@ fn a_second_start_and_a_missing_cpu_are_refused() {
     assert_eq!(cpu.host.frames.guest_pages(0), 0, "nothing was allocated");
 }
 
+/// A guest PC at the top of the address space: stepping past a trapped
+/// instruction wraps to 0 as the hardware's PC does (it panicked on the
+/// overflow check: the VM stopped as for a hypervisor failure).
+#[test]
+fn stepping_past_the_last_instruction_wraps_the_pc() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    for exit_kind in [store(UART_DR, 4), load(UART_FR, 4)] {
+        ctx.elr = u64::MAX - 3;
+        assert_eq!(
+            exit(&mut vm, &mut cpu, &mut ctx, exit_kind),
+            Outcome::Continue
+        );
+        assert_eq!(ctx.elr, 0);
+    }
+}
+
 #[test]
 fn console_bytes_become_one_line_and_registers_read_back() {
     let (mut vm, mut cpu) = started(1);

@@ -80,8 +80,19 @@ pub fn update_vconsole_after_ack(vm: &mut Vm, cpu: &mut impl PhysCpu) {
 
 /// The virtio console's transmit buffers returned since its last
 /// interrupt, signalled now (every memory tick; see
-/// [`crate::virtio::VirtioDevice::defers_used_signal`]).
+/// [`crate::virtio::VirtioDevice::defers_used_signal`]); first one more
+/// bounded pass over a queue whose last pass stopped at its bound
+/// ([`VirtioConsole::resume`]), so that what a guest published without
+/// notifying again still moves.
 pub fn flush_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
+    if vm.vconsole.as_ref().is_some_and(|c| c.device().has_more()) {
+        with_vconsole(vm, cpu, |transport, view| {
+            Ok::<_, ()>(
+                transport.device_work(view, |device, queues, env| device.resume(queues, env)),
+            )
+        });
+        update_vconsole(vm, cpu);
+    }
     if vm.vconsole.as_mut().is_some_and(|c| c.flush_deferred()) {
         update_vconsole(vm, cpu);
     }

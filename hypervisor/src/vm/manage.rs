@@ -7,6 +7,12 @@
 //! A VM the manager must leave alone (stopped, without a balloon, or
 //! ballooned by hand from the shell) gives an empty input: size 0, so no
 //! decision can touch it.
+//!
+//! Guest numbers: the balloon bounds `actual` and the statistics where
+//! they enter (`balloon::stats`); [`input`] bounds the whole input again
+//! against the VM's size ([`VmInput::bounded`]) and counts what it had to
+//! bound in `Managed::inputs_clamped` (`info balloon`). The shell's
+//! reports convert pages to bytes and MiB with saturation.
 
 use core::fmt;
 
@@ -43,6 +49,8 @@ fn guest_stats(sample: &StatsSample) -> GuestStats {
 
 /// This tick's input for VM `vm` (empty if the manager leaves it alone);
 /// the fault-in and deflate-on-OOM counts are since the previous call.
+/// Every value is bounded by the VM's size; those that were not are
+/// counted.
 pub fn input(vm: &mut Vm) -> VmInput {
     let managed = is_managed(vm);
     let (Some(ram), Some(balloon)) = (vm.ram.as_ref(), vm.balloon.as_ref()) else {
@@ -58,7 +66,7 @@ pub fn input(vm: &mut Vm) -> VmInput {
         return VmInput::default();
     }
     let device = balloon.device();
-    VmInput {
+    let raw = VmInput {
         size: ram.pages(),
         backed: ram.mapped_pages(),
         target: u64::from(device.target()),
@@ -69,7 +77,12 @@ pub fn input(vm: &mut Vm) -> VmInput {
         deflate_on_oom,
         driver: balloon.status() & STATUS_DRIVER_OK != 0 && !balloon.needs_reset(),
         waiting: vm.managed.waiting(),
+    };
+    let clamped = raw.out_of_bounds();
+    if clamped != 0 {
+        vm.managed.inputs_clamped = vm.managed.inputs_clamped.saturating_add(u64::from(clamped));
     }
+    raw.bounded()
 }
 
 /// Set the balloon target the manager decided (quietly: the console gets
@@ -129,8 +142,8 @@ impl fmt::Display for LimitError {
             Self::CannotGuarantee { needed, available } => write!(
                 f,
                 "the pool cannot guarantee {} more ({} free beside the other guarantees and the pool's min reserve)",
-                crate::size::Size(needed * PAGE_SIZE),
-                crate::size::Size(available * PAGE_SIZE)
+                size(*needed),
+                size(*available)
             ),
         }
     }
@@ -192,7 +205,7 @@ pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
         vm.out.line(format_args!(
             "tidal: [{}] vCPU {vcpu} waits for memory: the pool is at its min watermark ({} free) and no VM has given any back yet; the memory manager is reclaiming ('mm' shows it)",
             vm.name,
-            crate::size::Size(pool_free * PAGE_SIZE)
+            size(pool_free)
         ));
     }
 }
@@ -273,7 +286,7 @@ pub fn row(vm: &Vm, stats: VmStats) -> VmRow {
         backed: vm.ram.as_ref().map_or(0, |r| r.mapped_pages()),
         balloon: device.map_or(0, |d| u64::from(d.actual())),
         target: device.map_or(0, |d| u64::from(d.target())),
-        returned: counters.map_or(0, |c| c.pages_reported + c.pages_hinted),
+        returned: counters.map_or(0, |c| c.pages_reported.saturating_add(c.pages_hinted)),
         limits: vm.managed.limits,
         manual: vm.managed.manual,
         has_balloon: vm.spec.has_balloon(),
@@ -282,13 +295,15 @@ pub fn row(vm: &Vm, stats: VmStats) -> VmRow {
     }
 }
 
-/// Pages as whole MiB (rounded down), for tables.
+/// Pages as whole MiB (rounded down), for tables; no overflow for any
+/// count of pages.
 fn mib(pages: Pages) -> u64 {
-    (pages * PAGE_SIZE) >> 20
+    pages / ((1 << 20) / PAGE_SIZE)
 }
 
+/// Pages as a [`crate::size::Size`], saturated at 2^64-1 bytes.
 fn size(pages: Pages) -> crate::size::Size {
-    crate::size::Size(pages * PAGE_SIZE)
+    crate::size::Size(pages.saturating_mul(PAGE_SIZE))
 }
 
 /// What the manager does with a VM's balloon, in a word or two.
@@ -464,4 +479,73 @@ pub fn set_limit(
     }
     vm.managed.limits = limits;
     Ok(limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shell's reports convert pages to MiB and bytes: a row of
+    /// 2^64-1 everywhere (counters of a long-lived board, values a guest
+    /// drove) must print, not overflow.
+    #[test]
+    fn reports_of_extreme_pages_do_not_overflow() {
+        let max = u64::MAX;
+        let row = VmRow {
+            state: "running",
+            size: max,
+            backed: max,
+            balloon: max,
+            target: max,
+            returned: max,
+            limits: Limits {
+                min: max,
+                low: max,
+                max,
+                weight: u32::MAX,
+            },
+            manual: false,
+            has_balloon: true,
+            waits: max,
+            stats: VmStats {
+                pages_reclaimed: max,
+                pages_given: max,
+                ..VmStats::default()
+            },
+        };
+        let pool = PoolView {
+            physical_bytes: max,
+            total: max,
+            free: max,
+            reserved: max,
+            committed: max,
+            committed_running: max,
+            backed: max,
+            watermarks: Watermarks {
+                min: max,
+                low: max,
+                high: max,
+            },
+            stop_lowest: false,
+            exhausted_stops: max,
+        };
+        let stats = ManagerStats {
+            pages_reclaimed: max,
+            pages_given: max,
+            pages_trimmed: max,
+            ..ManagerStats::default()
+        };
+        let mut out = String::new();
+        write_mm(&mut out, &pool, &stats, &[("hostile", row)]).unwrap();
+        write_mm_raw(&mut out, &pool, &[("hostile", row)]).unwrap();
+        write_vm_memory(&mut out, "hostile", &row).unwrap();
+        write_pool(&mut out, &pool).unwrap();
+        // 2^64-1 pages are 2^56 MiB, rounded down.
+        assert!(out.contains(&format!(" {} ", max >> 8)), "{out}");
+        let e = LimitError::CannotGuarantee {
+            needed: max,
+            available: max,
+        };
+        assert!(e.to_string().contains("cannot guarantee"));
+    }
 }

@@ -115,20 +115,14 @@ fn stats_buffer_is_held_parsed_and_returned_on_time() {
     r.env.backend.now = 5 * SECOND;
     // Linux primes the queue with one buffer of real statistics.
     assert_eq!(
-        r.send_stats(&[
-            (4, 300 << 20),
-            (5, 1 << 30),
-            (2, 17),
-            (99, 1),
-            (6, 400 << 20)
-        ]),
+        r.send_stats(&[(4, 1 << 20), (5, 2 << 20), (2, 17), (99, 1), (6, 3 << 19)]),
         TransportEvent::None
     );
     assert!(r.used(q).is_empty(), "the first buffer is kept");
     let s = *r.balloon().stats_sample().expect("sample");
     assert_eq!(s.arrived_us, 5 * SECOND);
-    assert_eq!(s.by_name("free_memory"), Some(300 << 20));
-    assert_eq!(s.get(5), Some(1 << 30));
+    assert_eq!(s.by_name("free_memory"), Some(1 << 20));
+    assert_eq!(s.get(5), Some(2 << 20));
     assert_eq!(s.get(2), Some(17));
     assert_eq!(s.get(0), None);
     assert_eq!(s.unknown_tags, 1);
@@ -139,7 +133,7 @@ fn stats_buffer_is_held_parsed_and_returned_on_time() {
     assert_eq!(r.send_stats(&[(4, 1)]), TransportEvent::Interrupt);
     assert_eq!(r.used(q).len(), 1);
     assert_eq!(r.balloon().stats().stats_buffers_extra, 1);
-    assert_eq!(r.balloon().stats_sample().unwrap().get(4), Some(300 << 20));
+    assert_eq!(r.balloon().stats_sample().unwrap().get(4), Some(1 << 20));
     r.ack();
 
     // Not due before the 2 s default interval.
@@ -155,11 +149,11 @@ fn stats_buffer_is_held_parsed_and_returned_on_time() {
 
     // The driver refills it: a new sample replaces the old one whole.
     r.env.backend.now = 21 * SECOND;
-    r.send_stats(&[(4, 200 << 20)]);
+    r.send_stats(&[(4, 1 << 19)]);
     let s = r.balloon().stats_sample().unwrap();
     assert_eq!(
         (s.get(4), s.get(5), s.arrived_us),
-        (Some(200 << 20), None, 21 * SECOND)
+        (Some(1 << 19), None, 21 * SECOND)
     );
     assert!(r.used(q).is_empty());
     assert_eq!(r.balloon().stats().stats_buffers_held, 2);
@@ -330,6 +324,55 @@ fn stats_lines_for_info_balloon() {
         sample_text(&empty, 0, 0),
         "  guest statistics, 0.0 s old (polling off):\n"
     );
+}
+
+#[test]
+fn stats_of_2_64_minus_1_are_clamped_at_intake() {
+    // Issue 36: a guest reported free_memory and disk_caches of 2^64-1
+    // bytes; the manager added them and panicked. A memory figure is at
+    // most the VM's RAM, a cumulative value at most 2^62.
+    let mut r = Rig::live(F_STATS_VQ, F_STATS_VQ);
+    let all: Vec<(u16, u64)> = (0..16).map(|tag| (tag, u64::MAX)).collect();
+    r.send_stats(&all);
+    let s = *r.balloon().stats_sample().expect("sample");
+    for tag in 4..=7 {
+        assert_eq!(s.get(tag), Some(RAM_BYTES as u64), "tag {tag}");
+    }
+    for tag in (0..4).chain(8..16) {
+        assert_eq!(s.get(tag), Some(1 << 62), "tag {tag}");
+    }
+    assert_eq!(s.clamped, 16);
+    assert_eq!(r.balloon().stats().stats_values_clamped, 16);
+    let info = r.info();
+    assert!(
+        info.contains("guest values clamped at intake: 16 statistics values, 0 writes of actual"),
+        "{info}"
+    );
+    assert!(info.contains("; 16 values clamped):"), "{info}");
+    assert!(info.contains("free_memory          2 MiB"), "{info}");
+    // Values within the bounds are kept as sent.
+    r.t.device_mut().request_stats();
+    r.poll(SECOND);
+    let ram = RAM_BYTES as u64;
+    r.send_stats(&[(4, ram), (7, ram - 1), (2, (1 << 62) - 1), (0, 0)]);
+    let s = *r.balloon().stats_sample().expect("sample");
+    assert_eq!(
+        [s.get(4), s.get(7), s.get(2), s.get(0)],
+        [Some(ram), Some(ram - 1), Some((1 << 62) - 1), Some(0)]
+    );
+}
+
+#[test]
+fn actual_above_the_ram_is_clamped_at_intake() {
+    let mut r = Rig::live(0, 0);
+    let pages = (RAM_END - RAM_START) as u32;
+    // `actual` is config bytes 4..8, the driver's to write.
+    write_reg(&mut r.t, &mut r.env, mmio::CONFIG + 4, u32::MAX);
+    assert_eq!(r.balloon().actual(), pages);
+    assert_eq!(r.balloon().stats().actual_writes_clamped, 1);
+    write_reg(&mut r.t, &mut r.env, mmio::CONFIG + 4, pages);
+    assert_eq!(r.balloon().actual(), pages);
+    assert_eq!(r.balloon().stats().actual_writes_clamped, 1);
 }
 
 // ---- Deflate on OOM -------------------------------------------------------

@@ -391,3 +391,149 @@ fn raising_an_unanswered_target_does_not_restart_the_deadline() {
     }
     assert_eq!(congested_at, Some(2_000_000));
 }
+
+// ------------------------------------------------- guest numbers (issue 36)
+
+/// Every decision lies in `size - max ..= size - min` (and so within the
+/// VM's size).
+fn assert_within_limits(d: &Decisions, vms: &[VmInput]) {
+    for (t, v) in d.targets.iter().zip(vms) {
+        let Some(t) = *t else { continue };
+        let floor = v.size.saturating_sub(v.limits.max);
+        let ceiling = v.size.saturating_sub(v.limits.min);
+        assert!(
+            (floor..=ceiling).contains(&t),
+            "target {t} outside {floor}..={ceiling} for {v:?}"
+        );
+    }
+}
+
+/// Statistics a hostile guest can send: every value at its largest.
+fn hostile_stats() -> Option<GuestStats> {
+    Some(GuestStats {
+        available: Some(u64::MAX),
+        free: Some(u64::MAX),
+        caches: Some(u64::MAX),
+        major_faults: Some(u64::MAX),
+        oom_kills: Some(u64::MAX),
+        alloc_stalls: Some(u64::MAX),
+    })
+}
+
+#[test]
+fn free_and_caches_of_2_64_minus_1_do_not_panic() {
+    // The bug of issue 36: free + caches overflowed in `observe` and the
+    // panic stopped whichever VM's CPU ran the tick.
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    vms[0].stats = hostile_stats();
+    vms[1].stats = guest(2000, 1000);
+    for tick in 0..5 {
+        let d = m.tick(tick * TICK, 0, &vms);
+        assert_within_limits(&d, &vms);
+        apply(&d, &mut vms);
+    }
+}
+
+#[test]
+fn extreme_fault_ins_actual_and_deflates_do_not_panic() {
+    let mut m = manager();
+    let mut a = vm(0, 0);
+    a.fault_ins = u64::MAX;
+    a.stats = Some(GuestStats {
+        available: Some(0),
+        ..GuestStats::default()
+    });
+    // The guest writes `actual` (a u32 on the wire, any u64 here).
+    let mut b = vm(5000, 0);
+    b.actual = u64::MAX;
+    b.deflate_on_oom = u64::MAX;
+    b.waiting = true;
+    let mut c = vm(u64::MAX, 3);
+    c.backed = u64::MAX;
+    c.stats = hostile_stats();
+    let mut vms = [a, b, c];
+    for tick in 0..5 {
+        // The first tick with dt = 1 us: the largest fault-in rate.
+        let d = m.tick(tick * TICK, tick * 100, &vms);
+        assert_within_limits(&d, &vms);
+        apply(&d, &mut vms);
+    }
+}
+
+/// A value from `rng` that is often at an edge: 0, 1, around the VM's
+/// size, around 2^32 (the wire's u32), around 2^64.
+fn extreme(rng: &mut crate::test_rng::XorShift, size: u64) -> u64 {
+    match rng.below(8) {
+        0 => 0,
+        1 => u64::MAX - rng.below(2),
+        2 => size.saturating_add(rng.below(3)).saturating_sub(1),
+        3 => u64::from(u32::MAX) + rng.below(2),
+        4 => 1 << rng.below(64),
+        5 => rng.next(),
+        _ => rng.below(size.saturating_add(1).max(1)),
+    }
+}
+
+#[test]
+fn random_extreme_inputs_never_panic_and_stay_within_limits() {
+    let mut rng = crate::test_rng::XorShift(0x36_36_36_36);
+    for round in 0..300 {
+        let mut m = Manager::new(WM, Tunables::default());
+        let n = 1 + rng.below(4) as usize;
+        let mut now = 0u64;
+        let sizes: Vec<Pages> = (0..n)
+            .map(|_| match rng.below(4) {
+                0 => u64::MAX,
+                1 => 1 << 40,
+                _ => rng.range(1, 1 << 20),
+            })
+            .collect();
+        let mut vms: Vec<VmInput> = sizes
+            .iter()
+            .map(|&size| {
+                let max = rng.below(size.saturating_add(1).max(1)).max(size / 2);
+                let min = rng.below(max / 2 + 1);
+                VmInput {
+                    size,
+                    limits: Limits {
+                        min,
+                        low: min,
+                        max,
+                        weight: rng.range(1, u64::from(MAX_WEIGHT)) as u32,
+                    },
+                    ..VmInput::default()
+                }
+            })
+            .collect();
+        for _ in 0..6 {
+            for v in vms.iter_mut() {
+                let size = v.size;
+                v.backed = extreme(&mut rng, size);
+                v.actual = extreme(&mut rng, size);
+                v.fault_ins = extreme(&mut rng, size);
+                v.deflate_on_oom = extreme(&mut rng, size);
+                v.driver = rng.below(4) != 0;
+                v.waiting = rng.below(4) == 0;
+                let mut s = || {
+                    let x = extreme(&mut rng, size.saturating_mul(PAGE_SIZE));
+                    (!x.is_multiple_of(5)).then_some(x)
+                };
+                v.stats = Some(GuestStats {
+                    available: s(),
+                    free: s(),
+                    caches: s(),
+                    major_faults: s(),
+                    oom_kills: s(),
+                    alloc_stalls: s(),
+                });
+            }
+            now = now.saturating_add(extreme(&mut rng, TICK));
+            let pool = extreme(&mut rng, 1 << 20);
+            let d = m.tick(now, pool, &vms);
+            assert_eq!(d.targets.len(), vms.len(), "round {round}");
+            assert_within_limits(&d, &vms);
+            apply(&d, &mut vms);
+        }
+    }
+}

@@ -204,3 +204,46 @@ fn a_bad_transmit_chain_resets_the_console_and_input_goes_back_to_the_pl011() {
     assert_eq!(vm.uart.rx_len(), 1);
     assert_check(&vm, &mut cpu);
 }
+
+/// A transmit pass is bounded (issue 36): chains past its byte bound wait
+/// for the next notify or the memory tick (`irq::flush_vconsole`), which
+/// takes them without the guest notifying again.
+#[test]
+fn transmit_past_a_pass_bound_goes_out_at_the_tick() {
+    let (mut vm, mut cpu) = with_console(guest_bundle::devices::CONSOLE);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
+    let [_rx, mut tx] = probe(&mut vm, &mut cpu, &mut ctx, rings);
+    let chain = 16 * 1024u32;
+    let out = rings + 0x10000;
+    {
+        let mut stores = GuestStores {
+            vm: &mut vm,
+            cpu: &mut cpu,
+        };
+        stores.poke(out, &vec![b'y'; chain as usize]);
+        for _ in 0..6 {
+            tx.add(&mut stores, &[(out, chain, false)]);
+        }
+    }
+    reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
+    let per_pass = (vconsole::TX_BYTES_PER_PASS / u64::from(chain)) as u32;
+    assert_eq!(used(&mut vm, &mut cpu, &mut tx).len(), per_pass as usize);
+    assert!(vm.vconsole.as_ref().unwrap().device().has_more());
+    irq::flush_vconsole(&mut vm, &mut cpu);
+    assert_eq!(
+        used(&mut vm, &mut cpu, &mut tx).len(),
+        6 - per_pass as usize
+    );
+    let console = vm.vconsole.as_ref().unwrap();
+    assert!(!console.device().has_more());
+    assert_eq!(console.device().stats().chains_out, 6);
+    assert_eq!(console.device().stats().passes_cut, 1);
+    assert!(
+        console.interrupt_pending(),
+        "the tick signals what it returned"
+    );
+    // 96 lines of 1024 'y': more than the outbox keeps, dropped and counted.
+    let _ = vm.out.take();
+    assert_check(&vm, &mut cpu);
+}
