@@ -6,7 +6,9 @@
 //! addresses outside RAM and every device, a fetch outside RAM) get an
 //! abort it handles, or stop it under the "stop" policy; a hostile guest's
 //! attacks on the balloon are refused and reported; a hypervisor failure
-//! in one VM's path ends only that VM. Every test ends with `check`. The
+//! in one VM's path ends only that VM, one in a board service turns only
+//! that service off, and one that breaks the frame table stops the board.
+//! Every test that keeps the board running ends with `check`. The
 //! bundles come from guests/ and guests/tests/ (built by `cargo xtask`).
 
 use std::time::Duration;
@@ -425,6 +427,88 @@ fn failure_in_one_vm_ends_only_it(board: Board) {
     s.assert_check();
 }
 
+/// Work done for the whole board fails alone: a failure in the memory
+/// manager's reading of one VM's input stops that VM (whatever CPU ran the
+/// tick), a failure in the manager itself or in zeroing ahead turns that
+/// service off with one line and every VM goes on, a failure in a shell
+/// command abandons the command and the shell answers the next one.
+fn board_services_fail_alone(board: Board) {
+    let mut s = boot(board, "board_services_fail_alone", None, &["alpha", "beta"]);
+    let mut since = s.mark();
+    ok(s.run("debug fail-input alpha", COMMAND));
+    ok(s.expect_since(
+        &mut since,
+        r"tidal: \[alpha\] hypervisor failure in the memory manager handling this VM's input: injected failure \('debug fail-input alpha'\) at hypervisor/src/run\.rs:\d+; the VM is stopped",
+        STEP,
+    ));
+    ok(s.expect_since(
+        &mut since,
+        r"\[alpha\] VM stopped: a hypervisor failure handling its input to the memory manager; 65536 pages returned to the pool",
+        STEP,
+    ));
+    // beta beats on (two beats after the failure: not stale output).
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    let mm = ok(s.run("mm", COMMAND));
+    assert!(!mm.contains("OFF"), "the manager stays on:\n{mm}");
+    s.assert_check();
+
+    let mut since = s.mark();
+    ok(s.run("debug fail-board mm", COMMAND));
+    ok(s.expect_since(
+        &mut since,
+        r"tidal: memory manager stopped: injected failure \('debug fail-board mm'\) at hypervisor/src/run\.rs:\d+; balloons left as they are",
+        STEP,
+    ));
+    let mm = ok(s.run("mm", COMMAND));
+    assert!(
+        mm.contains("memory manager: OFF since a hypervisor failure: injected failure ('debug fail-board mm')"),
+        "{mm}"
+    );
+    let raw = ok(s.run("mm raw", COMMAND));
+    assert!(raw.contains("mm-service name=manager state=off"), "{raw}");
+
+    let mut since = s.mark();
+    ok(s.run("debug fail-board zeroing", COMMAND));
+    ok(s.expect_since(
+        &mut since,
+        r"tidal: zeroing ahead stopped: injected failure \('debug fail-board zeroing'\) at hypervisor/src/run\.rs:\d+; frames are zeroed when a guest takes them",
+        STEP,
+    ));
+    let mut since = s.mark();
+    ok(s.send_line("debug fail-board shell"));
+    ok(s.expect_since(
+        &mut since,
+        r"tidal: shell command failed: injected failure \('debug fail-board shell'\) at hypervisor/src/boot\.rs:\d+; the command is abandoned, the shell goes on",
+        COMMAND,
+    ));
+    // The shell answers, beta beats on and balloons both ways, alpha
+    // starts again.
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(vms.lines().any(|l| l.starts_with("beta") && l.contains("running")), "{vms}");
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
+    ok(s.balloon_test_guest("beta", 32, STEP));
+    let mut since = s.mark();
+    ok(s.run("start alpha", COMMAND));
+    ok(s.expect_since(&mut since, r"\[alpha\] testguest: balloon at ", STEP));
+    let out = s.output();
+    assert!(!out.contains("*** "), "the hypervisor crashed:\n{out}");
+    s.assert_check();
+}
+
+/// A failure that leaves the frame table half-updated stops the board with
+/// one FATAL: line; no VM goes on with a broken table.
+fn broken_frame_table_stops_the_board(board: Board) {
+    let mut s = boot(board, "broken_frame_table_stops_the_board", None, &["alpha", "beta"]);
+    s.assert_check();
+    ok(s.send_line("debug fail beta frames"));
+    ok(s.expect(
+        r"FATAL: the frame table is inconsistent after a hypervisor failure that held it \(injected failure \('debug fail beta'\) at hypervisor/src/run\.rs:\d+\): .*; the board stops rather than run VMs on it",
+        STEP,
+    ));
+    ok(s.wait_exit(STEP));
+}
+
 macro_rules! vm_tests {
     ($($module:ident => $board:expr;)*) => {$(
         mod $module {
@@ -458,6 +542,18 @@ macro_rules! vm_tests {
             #[ignore = "boots QEMU: run cargo xtask test"]
             fn failure_in_one_vm_ends_only_it() {
                 super::failure_in_one_vm_ends_only_it($board);
+            }
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn board_services_fail_alone() {
+                super::board_services_fail_alone($board);
+            }
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn broken_frame_table_stops_the_board() {
+                super::broken_frame_table_stops_the_board($board);
             }
         }
     )*};
