@@ -100,6 +100,9 @@ impl HostMemory for CheckedHost {
     fn flush_tlb(&mut self, vmid: u16) {
         self.0.flush_tlb(vmid)
     }
+    fn invalidate_icache(&mut self) {
+        self.0.invalidate_icache()
+    }
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         self.0.frame_owner(pa)
     }

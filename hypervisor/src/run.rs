@@ -355,9 +355,8 @@ impl HostMemory for HostMem {
     }
     fn flush_tlb(&mut self, vmid: u16) {
         vcpu::flush_vm_tlb(vmid);
-        // The frames unmapped are about to go back to the pool: no stale
-        // instruction line of this VM may reach the VM that gets them next
-        // (no CPU can fetch from them any more, so none comes back).
+    }
+    fn invalidate_icache(&mut self) {
         aarch64::invalidate_icache_all();
     }
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {

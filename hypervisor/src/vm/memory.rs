@@ -79,6 +79,10 @@ pub trait HostMemory: TableMemory {
     }
     /// Invalidate the TLBs of VMID `vmid` on every CPU.
     fn flush_tlb(&mut self, vmid: u16);
+    /// Invalidate every CPU's instruction cache to the point of
+    /// unification (`IC IALLUIS` on the target): a broadcast, so its
+    /// callers count it ([`RamStats::icache_invalidations`]).
+    fn invalidate_icache(&mut self);
     /// The VM owning the frame at `pa`, per the frame table.
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize>;
     /// Frames VM `vm` owns, per the frame table.
@@ -132,6 +136,9 @@ pub struct RamStats {
     pub pages_released: u64,
     /// TLB invalidations (one per batch).
     pub tlb_flushes: u64,
+    /// Invalidations of every CPU's instruction cache this VM's memory
+    /// asked for.
+    pub icache_invalidations: u64,
     /// Frames unmapped that the frame table refused to take back: they
     /// stay recorded as this VM's (a hypervisor bug; `check` shows them).
     pub frames_leaked: u64,
@@ -250,6 +257,7 @@ impl GuestRam {
         let removed = self.stage2.unmap_device(mem, ipa).is_some();
         if removed {
             mem.flush_tlb(self.vmid);
+            self.invalidate_icache(mem);
         }
         removed
     }
@@ -410,6 +418,10 @@ impl GuestRam {
             // The frames must not be reused before no CPU can reach them.
             mem.flush_tlb(self.vmid);
             self.stats.tlb_flushes += 1;
+            // No instruction line of this VM may reach the VM that gets
+            // the frames next (no CPU can fetch from them any more, so
+            // none comes back).
+            self.invalidate_icache(mem);
             self.trace_flush(frames.len());
             let (leaked, error) = (&mut self.stats.frames_leaked, &mut self.frame_error);
             released += mem.free_frames(self.vm, &frames, &mut |e| {
@@ -431,6 +443,12 @@ impl GuestRam {
             self.vmid,
             pages
         );
+    }
+
+    /// Invalidate every CPU's instruction cache, counted.
+    fn invalidate_icache(&mut self, mem: &mut impl HostMemory) {
+        mem.invalidate_icache();
+        self.stats.icache_invalidations += 1;
     }
 
     /// Give one unmapped frame back; false (and the frame counted as
@@ -664,6 +682,7 @@ impl GuestRam {
                 break;
             }
             mem.flush_tlb(self.vmid);
+            self.invalidate_icache(mem);
             self.trace_flush(batch.len());
             for pa in batch {
                 freed += u64::from(self.free_frame(mem, pa));

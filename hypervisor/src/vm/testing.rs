@@ -30,6 +30,8 @@ pub struct FakeHost {
     data: Vec<Option<Box<[u8; 4096]>>>,
     /// TLB invalidations asked for.
     pub flushes: u64,
+    /// Instruction cache invalidations (every CPU's) asked for.
+    pub icache_invalidations: u64,
     /// Whether guest page contents are kept (off for a large guest whose
     /// contents a test does not read: nothing is allocated per page).
     keep_data: bool,
@@ -49,6 +51,7 @@ impl FakeHost {
             tables: (0..frames_n).map(|_| None).collect(),
             data: (0..frames_n).map(|_| None).collect(),
             flushes: 0,
+            icache_invalidations: 0,
             keep_data: true,
             pool_low_below: 0,
         }
@@ -162,6 +165,9 @@ impl HostMemory for FakeHost {
     }
     fn flush_tlb(&mut self, _vmid: u16) {
         self.flushes += 1;
+    }
+    fn invalidate_icache(&mut self) {
+        self.icache_invalidations += 1;
     }
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         self.frames.guest_owner(pa)
