@@ -229,8 +229,8 @@ fn zero_while_idle() {
 fn alloc_guest_chunk(vm: usize, out: &mut [PhysAddr]) -> usize {
     let (got, ready, free) = {
         let mut table = frames();
-        let (got, ready) = table.alloc_guest_frames_marked(vm, out);
-        (got, ready, table.unreserved_free())
+        let got = table.alloc_guest_frames_marked(vm, out);
+        (got.count, got.zeroed, table.unreserved_free())
     };
     if got < out.len() || free < POOL_LOW.load(Ordering::Relaxed) {
         POOL_EVENT.store(true, Ordering::Relaxed);
@@ -282,9 +282,14 @@ impl HostMemory for HostMem {
         (alloc_guest_chunk(vm, &mut frame) == 1).then_some(frame[0])
     }
     fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
+        let mut frame = [PhysAddr::new(0)];
         let (pa, free) = {
             let mut table = frames();
-            (table.alloc_guest(vm), table.unreserved_free())
+            let got = table.alloc_guest_frames_marked(vm, &mut frame);
+            (
+                (got.count == 1).then_some(frame[0]),
+                table.unreserved_free(),
+            )
         };
         // Below the low watermark (or out of frames): the manager ticks at
         // the next chance rather than at its next period.

@@ -115,12 +115,12 @@ impl TableMemory for FakeHost {
 impl HostMemory for FakeHost {
     fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
         let mut frame = [PhysAddr::new(0)];
-        let (n, ready) = self.frames.alloc_guest_frames_marked(vm, &mut frame);
-        if n == 0 {
+        let got = self.frames.alloc_guest_frames_marked(vm, &mut frame);
+        if got.count == 0 {
             return None;
         }
         let pa = frame[0];
-        if self.keep_data && ready & 1 == 0 {
+        if self.keep_data && got.zeroed & 1 == 0 {
             self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
         }
         Some(pa)
