@@ -96,7 +96,7 @@ pub enum FrameUse {
     Free = 7,
     /// Handed out by [`FrameTable::alloc`] for the hypervisor's own use.
     Allocated = 8,
-    /// Backs guest RAM of one VM ([`FrameTable::alloc_guest`]).
+    /// Backs guest RAM of one VM ([`FrameTable::alloc_guest_frames_marked`]).
     Guest = 9,
 }
 
@@ -494,19 +494,13 @@ pub struct FrameTable<'a> {
 /// CPU's instruction cache: invalidate every CPU's instruction cache
 /// (to the point of unification) before any of them is mapped, then give
 /// this to [`FrameTable::icache_invalidated`]. See "Instruction cache" in
-/// the module docs.
+/// the module docs. Reports are ordered: for several allocations, the
+/// greatest (`Option::max`) covers them all.
 #[must_use = "invalidate the instruction caches before mapping the frames, then acknowledge"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StaleIcache {
     /// The table's `icache_freed` at the allocation.
     freed: u64,
-}
-
-impl StaleIcache {
-    /// One report for two allocations: the later one (it covers both).
-    pub fn merge(self, other: Option<StaleIcache>) -> StaleIcache {
-        other.map_or(self, |o| self.max(o))
-    }
 }
 
 /// What a guest allocation ([`FrameTable::alloc_guest_frames_marked`])
@@ -827,7 +821,7 @@ impl<'a> FrameTable<'a> {
         Ok(())
     }
 
-    /// [`Self::alloc_guest`] for up to `out.len()` frames at once, as many
+    /// `alloc_guest` for up to `out.len()` frames at once, as many
     /// as the guarantee and the floor allow: one first-fit scan from the lowest free frame and one
     /// counter update for the batch. Returns how many were written to `out`.
     /// Tests only, as `alloc_guest`.
@@ -2112,9 +2106,8 @@ mod tests {
         let late = t.alloc_guest_frames_marked(1, &mut one).stale.unwrap();
         assert_eq!(one[0], a[1]);
         assert!(late > early);
-        assert_eq!(early.merge(Some(late)), late);
-        assert_eq!(late.merge(Some(early)), late);
-        assert_eq!(late.merge(None), late);
+        assert_eq!(Some(early).max(Some(late)), Some(late));
+        assert_eq!(Some(late).max(None), Some(late));
         // An old acknowledgement arriving last does not undo a newer one.
         t.icache_invalidated(late);
         t.icache_invalidated(early);
