@@ -26,7 +26,7 @@ use arbitrary::Arbitrary;
 use hypervisor::addr::{GuestAddr, GuestPfn, PhysAddr};
 use hypervisor::balloon::testing::FakeBackend;
 use hypervisor::balloon::{Balloon, BalloonBackend, SUPPORTED_FEATURES};
-use hypervisor::mm::frames::{FrameError, FrameUse, Shortfall, PAGE_SIZE};
+use hypervisor::mm::frames::{FrameError, FrameUse, Shortfall, StaleIcache, PAGE_SIZE};
 use hypervisor::mm::stage2::{TableMemory, ROOT_TABLES};
 use hypervisor::virtio::mmio::{self, MmioTransport};
 use hypervisor::virtio::testing::{driver_ok, handshake, DriverMemory, DriverQueue};
@@ -80,7 +80,7 @@ impl TableMemory for CheckedHost {
 }
 
 impl HostMemory for CheckedHost {
-    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
+    fn alloc_frame(&mut self, vm: usize) -> Option<(PhysAddr, Option<StaleIcache>)> {
         self.0.alloc_frame(vm)
     }
     fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr> {
@@ -99,6 +99,9 @@ impl HostMemory for CheckedHost {
     }
     fn flush_tlb(&mut self, vmid: u16) {
         self.0.flush_tlb(vmid)
+    }
+    fn invalidate_icache(&mut self, stale: StaleIcache) {
+        self.0.invalidate_icache(stale)
     }
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         self.0.frame_owner(pa)

@@ -26,7 +26,9 @@ use crate::domain::{self, Domain, FailureLine, Point, Service, Services};
 use crate::held::{self, Tracked};
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
 use crate::lock::ServiceFirst;
-use crate::mm::frames::{self, FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
+use crate::mm::frames::{
+    self, FrameError, FrameTable, FrameUse, Shortfall, StaleIcache, PAGE_SIZE,
+};
 use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
 use crate::mm::stage2::{TableMemory, ROOT_TABLES};
 use crate::println;
@@ -238,13 +240,13 @@ fn zero_batches() {
 
 /// Up to 64 frames for VM `vm` into `out`, one lock of the frame table,
 /// each zeroed unless the table says it was zeroed ahead of time (while a
-/// CPU idled); how many.
+/// CPU idled): how many, and the table's instruction cache report.
 #[inline]
-fn alloc_guest_chunk(vm: usize, out: &mut [PhysAddr]) -> usize {
-    let (got, ready, free) = {
+fn alloc_guest_chunk(vm: usize, out: &mut [PhysAddr]) -> (usize, Option<StaleIcache>) {
+    let (got, ready, stale, free) = {
         let mut table = frames();
-        let (got, ready) = table.alloc_guest_frames_marked(vm, out);
-        (got, ready, table.unreserved_free())
+        let got = table.alloc_guest_frames_marked(vm, out);
+        (got.count, got.zeroed, got.stale, table.unreserved_free())
     };
     if got < out.len() || free < POOL_LOW.load(Ordering::Relaxed) {
         POOL_EVENT.store(true, Ordering::Relaxed);
@@ -263,7 +265,7 @@ fn alloc_guest_chunk(vm: usize, out: &mut [PhysAddr]) -> usize {
             ZEROING_WANTED.store(false, Ordering::Relaxed);
         }
     }
-    got
+    (got, stale)
 }
 
 impl TableMemory for HostMem {
@@ -291,14 +293,20 @@ impl TableMemory for HostMem {
 }
 
 impl HostMemory for HostMem {
-    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
+    fn alloc_frame(&mut self, vm: usize) -> Option<(PhysAddr, Option<StaleIcache>)> {
         let mut frame = [PhysAddr::new(0)];
-        (alloc_guest_chunk(vm, &mut frame) == 1).then_some(frame[0])
+        let (got, stale) = alloc_guest_chunk(vm, &mut frame);
+        (got == 1).then_some((frame[0], stale))
     }
-    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
+    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<(PhysAddr, Option<StaleIcache>)> {
+        let mut frame = [PhysAddr::new(0)];
         let (pa, free) = {
             let mut table = frames();
-            (table.alloc_guest(vm), table.unreserved_free())
+            let got = table.alloc_guest_frames_marked(vm, &mut frame);
+            (
+                (got.count == 1).then_some((frame[0], got.stale)),
+                table.unreserved_free(),
+            )
         };
         // Below the low watermark (or out of frames): the manager ticks at
         // the next chance rather than at its next period.
@@ -311,18 +319,20 @@ impl HostMemory for HostMem {
         }
         pa
     }
-    fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
+    fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> (usize, Option<StaleIcache>) {
         // At most 64 frames a lock: the frame table marks those that need
-        // no zeroing in a 64-bit mask.
-        let mut n = 0;
+        // no zeroing in a 64-bit mask. One report for them all: the
+        // latest covers the earlier ones.
+        let (mut n, mut stale) = (0, None);
         for chunk in out.chunks_mut(64) {
-            let got = alloc_guest_chunk(vm, chunk);
+            let (got, s) = alloc_guest_chunk(vm, chunk);
             n += got;
+            stale = stale.max(s);
             if got < chunk.len() {
                 break;
             }
         }
-        n
+        (n, stale)
     }
     fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr> {
         let pa = frames().alloc(1, 1, FrameUse::Allocated)?;
@@ -369,10 +379,14 @@ impl HostMemory for HostMem {
     }
     fn flush_tlb(&mut self, vmid: u16) {
         vcpu::flush_vm_tlb(vmid);
-        // The frames unmapped are about to go back to the pool: no stale
-        // instruction line of this VM may reach the VM that gets them next
-        // (no CPU can fetch from them any more, so none comes back).
+    }
+    fn invalidate_icache(&mut self, stale: StaleIcache) {
+        // Without the frame table's lock: a CPU allocating meanwhile gets
+        // the report too and invalidates itself, and the acknowledgement
+        // comes only once this CPU's invalidation has completed (the DSB
+        // in `invalidate_icache_all`), so no CPU maps a stale frame first.
         aarch64::invalidate_icache_all();
+        frames().icache_invalidated(stale);
     }
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         frames().guest_owner(pa)

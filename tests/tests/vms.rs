@@ -485,7 +485,11 @@ fn board_services_fail_alone(board: Board) {
     // The shell answers, beta beats on and balloons both ways, alpha
     // starts again.
     let vms = ok(s.run("vms", COMMAND));
-    assert!(vms.lines().any(|l| l.starts_with("beta") && l.contains("running")), "{vms}");
+    assert!(
+        vms.lines()
+            .any(|l| l.starts_with("beta") && l.contains("running")),
+        "{vms}"
+    );
     ok(s.expect(r"\[beta\] testguest: alive \d+s", STEP));
     ok(s.balloon_test_guest("beta", 32, STEP));
     let mut since = s.mark();
@@ -499,7 +503,12 @@ fn board_services_fail_alone(board: Board) {
 /// A failure that leaves the frame table half-updated stops the board with
 /// one FATAL: line; no VM goes on with a broken table.
 fn broken_frame_table_stops_the_board(board: Board) {
-    let mut s = boot(board, "broken_frame_table_stops_the_board", None, &["alpha", "beta"]);
+    let mut s = boot(
+        board,
+        "broken_frame_table_stops_the_board",
+        None,
+        &["alpha", "beta"],
+    );
     s.assert_check();
     ok(s.send_line("debug fail beta frames"));
     ok(s.expect(

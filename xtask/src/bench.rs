@@ -49,6 +49,10 @@ struct Move {
     #[serde(rename = "el2_instructions_per_page")]
     insns_per_page: Option<f64>,
     exits: Option<u64>,
+    /// Invalidations of every CPU's instruction cache the guest's memory
+    /// asked for during the move; `None` from a hypervisor that does not
+    /// say.
+    icache_invalidations: Option<u64>,
     /// From sending the command until the hypervisor's report arrived.
     #[serde(serialize_with = "json::decimals::<3, _>")]
     wall_s: f64,
@@ -160,7 +164,7 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                 .map_err(|e| e.to_string())?;
             let c = s
                 .expect(
-                    r"tidal: \[bench\] balloon: reached \d+ pages: (\d+) pages \w+ in (\d+) us \((\d+) pages/s\), (?:([\d.]+) hypervisor instructions per page \((\d+) in (\d+) exits\)|hypervisor instructions: not counted)",
+                    r"tidal: \[bench\] balloon: reached \d+ pages: (\d+) pages \w+ in (\d+) us \((\d+) pages/s\), (?:([\d.]+) hypervisor instructions per page \((\d+) in (\d+) exits\)|hypervisor instructions: not counted)(?:, (\d+) I-cache invalidations)?",
                     STEP,
                 )
                 .map_err(|e| e.to_string())?;
@@ -177,6 +181,7 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
                 pages_per_s: num(3)?,
                 insns_per_page: c[4].parse().ok(),
                 exits: c[6].parse().ok(),
+                icache_invalidations: c.get(7).and_then(|v| v.parse().ok()),
                 wall_s,
                 exit_profile: None,
             });
@@ -198,11 +203,11 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     println!();
     println!("Balloon, bare-metal guest, 128 MiB, QEMU virt GICv2, -icount shift=0 (virtual time: 1 ns per instruction)");
     println!(
-        "round  op        pages   virtual ms   pages/s (virtual)   EL2 instr/page   exits   wall s"
+        "round  op        pages   virtual ms   pages/s (virtual)   EL2 instr/page   exits   I-cache inv.   wall s"
     );
     for m in &moves {
         println!(
-            "{:<6} {:<8} {:>6} {:>12.1} {:>19} {:>16} {:>7} {:>8.2}",
+            "{:<6} {:<8} {:>6} {:>12.1} {:>19} {:>16} {:>7} {:>14} {:>8.2}",
             m.round,
             m.op,
             m.pages,
@@ -210,13 +215,16 @@ pub fn bare_metal(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             m.pages_per_s,
             m.insns_per_page.map_or("n/a".into(), |v| format!("{v:.1}")),
             m.exits.map_or("n/a".into(), |v| v.to_string()),
+            m.icache_invalidations
+                .map_or("n/a".into(), |v| v.to_string()),
             m.wall_s
         );
     }
     for line in [
         "EL2 instructions cover every exit of the move, world switch included. A deflate's pages are",
         "backed with zeroed frames at the guest's first touch, 32 pages a fault (fault-around): the",
-        "test guest writes every page it gets back before reporting the target reached.",
+        "test guest writes every page it gets back before reporting the target reached. I-cache inv.:",
+        "broadcast instruction cache invalidations (IC IALLUIS) the guest's memory asked for in the move.",
     ] {
         println!("{line}");
     }
@@ -266,6 +274,7 @@ mod tests {
                 pages_per_s: 403378,
                 insns_per_page: Some(2345.6),
                 exits: Some(64),
+                icache_invalidations: Some(0),
                 wall_s: 1.23456,
                 exit_profile: None,
             },
@@ -277,6 +286,7 @@ mod tests {
                 pages_per_s: 364088,
                 insns_per_page: None,
                 exits: None,
+                icache_invalidations: None,
                 wall_s: 0.5,
                 exit_profile: None,
             },
@@ -298,10 +308,10 @@ mod tests {
                 "moves": [
                     {"round": 1, "op": "inflate", "pages": 32768, "virtual_us": 81234,
                      "pages_per_s_virtual": 403378, "el2_instructions_per_page": 2345.6,
-                     "exits": 64, "wall_s": 1.235},
+                     "exits": 64, "icache_invalidations": 0, "wall_s": 1.235},
                     {"round": 1, "op": "deflate", "pages": 32768, "virtual_us": 90000,
                      "pages_per_s_virtual": 364088, "el2_instructions_per_page": null,
-                     "exits": null, "wall_s": 0.5}
+                     "exits": null, "icache_invalidations": null, "wall_s": 0.5}
                 ],
                 "empty_notifies": {"count": 64, "el2_instructions_per_notify": 431}
             })

@@ -36,6 +36,37 @@
 //! ones first, and [`FrameTable::alloc_guest_frames_marked`] says which
 //! need no zeroing. Each kind has its count and a storage index below which
 //! there is none of it, which [`FrameTable::check_invariants`] checks.
+//!
+//! # Instruction cache
+//!
+//! A frame freed from a guest may still have lines in some CPU's
+//! instruction cache (a Cortex-A72's is physically indexed and tagged), and
+//! the next guest given it must not execute them. Freeing does not
+//! invalidate: the table counts the batches of guest frames freed
+//! (`icache_freed`) and how many of them an acknowledged invalidation of
+//! every CPU's instruction cache covers (`icache_clean`). While the two
+//! differ, a guest allocation reports [`StaleIcache`] with its frames: the
+//! caller invalidates every instruction cache before it maps any of them
+//! and then acknowledges ([`FrameTable::icache_invalidated`]), which covers
+//! every batch freed before the allocation. So a guest that gives pages
+//! back one request at a time causes no invalidation; the next allocation
+//! after any number of frees causes one.
+//!
+//! It is kept by time, not per frame: an allocation while some freed batch
+//! is not covered reports stale even if its own frames never belonged to a
+//! guest (guest frames are taken lowest first, so the frames given back
+//! are mostly the next ones out anyway), and a frame that passes through a
+//! hypervisor use (stage-2 table, heap) needs no mark of its own: when it
+//! reaches a guest later, either an invalidation since its guest free
+//! covered it or the allocation reports stale. The hypervisor's own
+//! allocations ([`FrameTable::alloc`]) report nothing: it never executes
+//! from them and no guest fetches from them (stage-2 tables are mapped in
+//! no guest; the PL011 mirror page is mapped execute-never).
+//!
+//! An acknowledgement covers only what was freed before the allocation
+//! that reported: a batch freed meanwhile keeps the next allocation
+//! reporting. Two CPUs that both got a report both invalidate; none ever
+//! maps a frame before an invalidation that started after its free.
 
 use core::fmt;
 
@@ -65,7 +96,7 @@ pub enum FrameUse {
     Free = 7,
     /// Handed out by [`FrameTable::alloc`] for the hypervisor's own use.
     Allocated = 8,
-    /// Backs guest RAM of one VM ([`FrameTable::alloc_guest`]).
+    /// Backs guest RAM of one VM ([`FrameTable::alloc_guest_frames_marked`]).
     Guest = 9,
 }
 
@@ -452,6 +483,38 @@ pub struct FrameTable<'a> {
     lowest_zeroed: usize,
     /// Storage index below which no plain free frame (byte `FREE`) is.
     lowest_plain: usize,
+    /// Batches of guest frames freed, and how many of those (the first
+    /// ones) an acknowledged instruction cache invalidation covers: see
+    /// "Instruction cache" in the module docs.
+    icache_freed: u64,
+    icache_clean: u64,
+}
+
+/// Frames a guest allocation handed out may still have lines in some
+/// CPU's instruction cache: invalidate every CPU's instruction cache
+/// (to the point of unification) before any of them is mapped, then give
+/// this to [`FrameTable::icache_invalidated`]. See "Instruction cache" in
+/// the module docs. Reports are ordered: for several allocations, the
+/// greatest (`Option::max`) covers them all.
+#[must_use = "invalidate the instruction caches before mapping the frames, then acknowledge"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StaleIcache {
+    /// The table's `icache_freed` at the allocation.
+    freed: u64,
+}
+
+/// What a guest allocation ([`FrameTable::alloc_guest_frames_marked`])
+/// handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestAlloc {
+    /// Frames written to the start of `out`.
+    pub count: usize,
+    /// Bit `i`: `out[i]` was zeroed ahead of time and needs no zeroing
+    /// (only the first 64 are marked).
+    pub zeroed: u64,
+    /// Whether the instruction caches must be invalidated before any of
+    /// the frames is mapped (`None` when no frame was handed out).
+    pub stale: Option<StaleIcache>,
 }
 
 /// At most this many exits in a memory-manager tick (100 ms) count as
@@ -553,6 +616,8 @@ impl<'a> FrameTable<'a> {
             zeroed_taken: 0,
             lowest_zeroed: 0,
             lowest_plain: 0,
+            icache_freed: 0,
+            icache_clean: 0,
             guests: [GuestFrames::default(); MAX_VMS],
             reserved: 0,
             guest_floor: 0,
@@ -670,7 +735,11 @@ impl<'a> FrameTable<'a> {
 
     /// One free frame for guest RAM of VM `vm` (< [`MAX_VMS`]): from its
     /// guarantee while it owns less, else only while the free frames not
-    /// held for guarantees are above the guest floor.
+    /// held for guarantees are above the guest floor. Tests only: it drops
+    /// the instruction cache report ([`Self::alloc_guest_frames_marked`]
+    /// is the allocation a guest's frames come from), and the table stays
+    /// stale.
+    #[cfg(any(test, feature = "testing"))]
     pub fn alloc_guest(&mut self, vm: usize) -> Option<PhysAddr> {
         if vm >= MAX_VMS {
             return None;
@@ -748,23 +817,34 @@ impl<'a> FrameTable<'a> {
             return Err(FrameError::NotOwnedBy { addr, vm, code });
         }
         self.set(idx, FrameUse::Free);
+        self.icache_freed += 1;
         Ok(())
     }
 
-    /// [`Self::alloc_guest`] for up to `out.len()` frames at once, as many
+    /// `alloc_guest` for up to `out.len()` frames at once, as many
     /// as the guarantee and the floor allow: one first-fit scan from the lowest free frame and one
     /// counter update for the batch. Returns how many were written to `out`.
+    /// Tests only, as `alloc_guest`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn alloc_guest_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
-        self.alloc_guest_frames_marked(vm, out).0
+        // The instruction cache report is dropped: the table stays stale.
+        self.alloc_guest_frames_marked(vm, out).count
     }
 
-    /// [`Self::alloc_guest_frames`], and which of the frames need no
-    /// zeroing: bit `i` of the mask for `out[i]` (only the first 64 are
-    /// marked; an unmarked frame is one to zero). Frames zeroed ahead of
-    /// time ([`Self::claim_to_zero`]) first, then first fit among the rest.
-    pub fn alloc_guest_frames_marked(&mut self, vm: usize, out: &mut [PhysAddr]) -> (usize, u64) {
+    /// Up to `out.len()` frames for guest RAM of VM `vm` (< [`MAX_VMS`]),
+    /// as many as its guarantee and the floor allow (see
+    /// [`Self::guarantee`]): frames zeroed ahead of time
+    /// ([`Self::claim_to_zero`]) first, then first fit from the lowest free
+    /// frame; one counter update for the batch. Says which need no zeroing
+    /// and whether the instruction caches must be invalidated before any
+    /// is mapped ([`GuestAlloc`]).
+    pub fn alloc_guest_frames_marked(&mut self, vm: usize, out: &mut [PhysAddr]) -> GuestAlloc {
         let Some(&GuestFrames { owned, guaranteed }) = self.guests.get(vm) else {
-            return (0, 0);
+            return GuestAlloc {
+                count: 0,
+                zeroed: 0,
+                stale: None,
+            };
         };
         // Frames within the guarantee come out of `reserved` and leave the
         // unreserved count alone; beyond it, each takes one down to the floor.
@@ -809,7 +889,26 @@ impl<'a> FrameTable<'a> {
             self.lowest_free = end;
         }
         self.moved_guest(vm, n as u64, true);
-        (n, ready)
+        GuestAlloc {
+            count: n,
+            zeroed: ready,
+            stale: (n > 0 && self.icache_freed > self.icache_clean).then_some(StaleIcache {
+                freed: self.icache_freed,
+            }),
+        }
+    }
+
+    /// Every CPU's instruction cache was invalidated after the allocation
+    /// that reported `stale`: the batches freed before it are clean.
+    pub fn icache_invalidated(&mut self, stale: StaleIcache) {
+        self.icache_clean = self.icache_clean.max(stale.freed);
+    }
+
+    /// Whether a guest allocation now would report [`StaleIcache`]: some
+    /// batch of guest frames was freed since the last invalidation that
+    /// covers it.
+    pub fn icache_stale(&self) -> bool {
+        self.icache_freed > self.icache_clean
     }
 
     /// First fit from `lowest_free` into `out` for the guest code `code`
@@ -1014,6 +1113,9 @@ impl<'a> FrameTable<'a> {
         }
         self.moved_guest(vm, freed, false);
         self.lowest_plain = self.lowest_plain.min(lowest);
+        if freed > 0 {
+            self.icache_freed += 1;
+        }
         freed
     }
 
@@ -1355,6 +1457,11 @@ mod tests {
         ram.iter().map(|b| b.size()).sum()
     }
 
+    /// How many frames an allocation gave, and which were zeroed.
+    fn marked(got: GuestAlloc) -> (usize, u64) {
+        (got.count, got.zeroed)
+    }
+
     /// Everything observable about a table, to check that failures change nothing.
     fn snapshot(t: &FrameTable) -> (Vec<u8>, Accounting, u64) {
         (t.entries.to_vec(), t.accounting(), t.free_pages())
@@ -1449,7 +1556,7 @@ mod tests {
         let mut st = storage(&ram);
         let mut t = FrameTable::new(&ram, &mut st).unwrap();
         let mut got = [pa(0); 4];
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut got), (4, 0));
+        assert_eq!(marked(t.alloc_guest_frames_marked(1, &mut got)), (4, 0));
         let no_error = &mut |e| panic!("{e}");
         t.free_guest_frames(1, &got[..1], no_error);
         // Up to a target of 3: the lowest plain free frames (0, then 4, 5).
@@ -1473,7 +1580,10 @@ mod tests {
         t.check_invariants().unwrap();
         // VM 1: the zeroed ones first, marked, then plain (to zero).
         let mut four = [pa(0); 4];
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut four), (4, 0b0111));
+        assert_eq!(
+            marked(t.alloc_guest_frames_marked(1, &mut four)),
+            (4, 0b0111)
+        );
         assert_eq!(
             four,
             [
@@ -1520,9 +1630,15 @@ mod tests {
         assert!(zero_ahead_now(&t, false, 0, 5));
         // Nothing plain left to zero: the zeroed four went first, marked.
         let mut rest = [pa(0); 12];
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut rest), (12, 0b1111));
+        assert_eq!(
+            marked(t.alloc_guest_frames_marked(1, &mut rest)),
+            (12, 0b1111)
+        );
         assert_eq!(t.plain_free(), 4);
-        assert_eq!(t.alloc_guest_frames_marked(1, &mut rest[..4]), (4, 0));
+        assert_eq!(
+            marked(t.alloc_guest_frames_marked(1, &mut rest[..4])),
+            (4, 0)
+        );
         assert_eq!(t.plain_free(), 0);
         assert!(!zero_ahead_now(&t, false, 0, 100));
         t.check_invariants().unwrap();
@@ -1955,6 +2071,99 @@ mod tests {
         let mut again = [PhysAddr::new(0); 4];
         assert_eq!(t.alloc_guest_frames(2, &mut again), 4);
         assert_eq!(again, [out[20], out[21], out[22], pa(40 * PAGE_SIZE)]);
+        t.check_invariants().unwrap();
+    }
+
+    /// A frame freed from one VM and handed to another is reported stale
+    /// (its lines may still be in an instruction cache) until an
+    /// invalidation after that allocation is acknowledged; freeing alone
+    /// never asks for one, however many requests it takes.
+    #[test]
+    fn frames_freed_from_a_guest_are_stale_until_invalidated() {
+        let ram = [r(0, 64 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let mut a = [PhysAddr::new(0); 16];
+        let got = t.alloc_guest_frames_marked(0, &mut a);
+        assert_eq!((got.count, got.stale), (16, None), "fresh RAM held no code");
+        // VM 0 gives back 5 pages, one request each: nothing to invalidate
+        // yet, the table only remembers.
+        for &pa in &a[3..8] {
+            assert_eq!(t.free_guest_frames(0, &[pa], &mut |e| panic!("{e}")), 1);
+        }
+        assert!(t.icache_stale());
+        // VM 1 gets them (lowest first): reported, and reported again to a
+        // second CPU allocating before the first acknowledged.
+        let mut b = [PhysAddr::new(0); 3];
+        let first = t.alloc_guest_frames_marked(1, &mut b);
+        assert_eq!(first.count, 3);
+        assert_eq!(b, [a[3], a[4], a[5]]);
+        let stale = first.stale.expect("frames freed from VM 0 are stale");
+        let mut c = [PhysAddr::new(0); 2];
+        let second = t.alloc_guest_frames_marked(2, &mut c);
+        assert_eq!(c, [a[6], a[7]]);
+        assert_eq!(second.stale, Some(stale));
+        // Acknowledged: the next allocation needs no invalidation.
+        t.icache_invalidated(stale);
+        assert!(!t.icache_stale());
+        let mut d = [PhysAddr::new(0); 4];
+        let got = t.alloc_guest_frames_marked(1, &mut d);
+        assert_eq!((got.count, got.stale), (4, None));
+        // An allocation that hands out nothing reports nothing.
+        t.free_guest(1, d[0]).unwrap();
+        assert_eq!(t.alloc_guest_frames_marked(1, &mut []).stale, None);
+        t.check_invariants().unwrap();
+    }
+
+    /// A batch freed between an allocation and its acknowledgement stays
+    /// stale: the invalidation may have run before it was freed.
+    #[test]
+    fn a_free_after_the_report_keeps_the_table_stale() {
+        let ram = [r(0, 32 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let mut a = [PhysAddr::new(0); 8];
+        assert_eq!(t.alloc_guest_frames(0, &mut a), 8);
+        t.free_guest(0, a[0]).unwrap();
+        let mut one = [PhysAddr::new(0)];
+        let early = t.alloc_guest_frames_marked(1, &mut one).stale.unwrap();
+        t.free_guest(0, a[1]).unwrap();
+        t.icache_invalidated(early);
+        assert!(t.icache_stale(), "a[1] was freed after the report");
+        let late = t.alloc_guest_frames_marked(1, &mut one).stale.unwrap();
+        assert_eq!(one[0], a[1]);
+        assert!(late > early);
+        assert_eq!(Some(early).max(Some(late)), Some(late));
+        assert_eq!(Some(late).max(None), Some(late));
+        // An old acknowledgement arriving last does not undo a newer one.
+        t.icache_invalidated(late);
+        t.icache_invalidated(early);
+        assert!(!t.icache_stale());
+    }
+
+    /// Staleness is by time, not per frame: a frame freed from a guest
+    /// that passes through a hypervisor use, or is zeroed ahead of time,
+    /// is still reported when it reaches a guest.
+    #[test]
+    fn stale_frames_stay_stale_through_other_uses() {
+        let ram = [r(0, 8 * PAGE_SIZE)];
+        let mut st = storage(&ram);
+        let mut t = FrameTable::new(&ram, &mut st).unwrap();
+        let mut a = [PhysAddr::new(0); 8];
+        assert_eq!(t.alloc_guest_frames(0, &mut a), 8);
+        assert_eq!(t.free_guest_frames(0, &a[..2], &mut |e| panic!("{e}")), 2);
+        // A stage-2 table takes a[0] and gives it back; a[1] is zeroed
+        // while a CPU idles.
+        let table = t.alloc(1, 1, FrameUse::PageTables).unwrap();
+        assert_eq!(table, a[0]);
+        t.free(table, 1, FrameUse::PageTables).unwrap();
+        let mut claim = [PhysAddr::new(0); 2];
+        assert_eq!(t.claim_to_zero(&mut claim, 2), 2);
+        t.finish_zeroing(&claim).unwrap();
+        let mut b = [PhysAddr::new(0); 2];
+        let got = t.alloc_guest_frames_marked(1, &mut b);
+        assert_eq!(got.count, 2);
+        assert!(got.stale.is_some());
         t.check_invariants().unwrap();
     }
 

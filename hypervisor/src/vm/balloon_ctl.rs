@@ -149,6 +149,7 @@ pub fn set_target_by(
         ended: 0,
         instructions: 0,
         exits: 0,
+        icache_at_start: icache_invalidations(vm),
         by,
     });
     Ok(())
@@ -190,10 +191,17 @@ pub fn finish_change(vm: &mut Vm, cpu: &impl PhysCpu) {
     } else {
         let _ = cost.push_str("hypervisor instructions: not counted (no PMU instruction event)");
     }
+    let icache = icache_invalidations(vm).saturating_sub(change.icache_at_start);
     vm.out.line(format_args!(
-        "tidal: [{}] balloon: reached {} pages: {pages} pages {verb} in {micros} us ({rate} pages/s), {cost}",
+        "tidal: [{}] balloon: reached {} pages: {pages} pages {verb} in {micros} us ({rate} pages/s), {cost}, {icache} I-cache invalidations",
         vm.name, change.to
     ));
+}
+
+/// Invalidations of every CPU's instruction cache this VM's memory asked
+/// for so far.
+fn icache_invalidations(vm: &Vm) -> u64 {
+    vm.ram.as_ref().map_or(0, |r| r.stats.icache_invalidations)
 }
 
 /// Which rate limit a virtio transport event's line goes through.

@@ -120,11 +120,12 @@ pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Resul
     if let Some(ram) = vm.ram.as_ref() {
         writeln!(
             out,
-            "  memory: {} pages mapped, {} backed again on fault, {} released, {} TLB flushes",
+            "  memory: {} pages mapped, {} backed again on fault, {} released, {} TLB flushes, {} I-cache invalidations",
             ram.mapped_pages(),
             ram.stats.faults_backed,
             ram.stats.pages_released,
-            ram.stats.tlb_flushes
+            ram.stats.tlb_flushes,
+            ram.stats.icache_invalidations
         )?;
     }
     Ok(())

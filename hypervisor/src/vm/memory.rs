@@ -2,7 +2,10 @@
 //! by which host frames ([`PhysAddr`]), through its stage-2 tables. Frames come from and go back to the frame table (through
 //! [`HostMemory`]); a guest page without a frame (ballooned, or never
 //! touched) is backed again, zeroed, on its next access. Unmapping is
-//! batched: one TLB invalidation per call, never per page.
+//! batched: one TLB invalidation per call, never per page. Instruction
+//! caches are invalidated where frames change owner, not where they are
+//! given back: once per allocation batch the frame table reports stale,
+//! before any of its frames is mapped.
 //!
 //! Nothing here allocates on the heap in proportion to the guest's size:
 //! requests and the final teardown work in fixed-size batches on the stack.
@@ -16,30 +19,41 @@
 //! frames it owns.
 
 use crate::addr::{GuestAddr, GuestPfn, PhysAddr};
-use crate::mm::frames::{FrameError, Shortfall, PAGE_SIZE};
+use crate::mm::frames::{FrameError, Shortfall, StaleIcache, PAGE_SIZE};
 use crate::mm::stage2::{Stage2, Stage2Error, TableMemory, WalkCache};
 use crate::trace::trace_event;
 
 /// What a VM's memory needs from the host.
+///
+/// A frame handed to a guest comes with the frame table's instruction
+/// cache report ([`StaleIcache`], see `mm::frames`): `Some` if frames freed
+/// from a guest since the last invalidation may be among those handed out.
+/// [`GuestRam`] then has [`Self::invalidate_icache`] done before it maps
+/// any of them; giving frames back never invalidates.
 pub trait HostMemory: TableMemory {
-    /// A zeroed frame owned by VM `vm`.
-    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr>;
+    /// A zeroed frame owned by VM `vm`, and the instruction cache report.
+    fn alloc_frame(&mut self, vm: usize) -> Option<(PhysAddr, Option<StaleIcache>)>;
     /// A frame owned by VM `vm` that the caller writes whole before it maps
     /// it, so its old contents never reach the guest: the target skips the
     /// zeroing ([`Self::alloc_frame`] by default).
-    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
+    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<(PhysAddr, Option<StaleIcache>)> {
         self.alloc_frame(vm)
     }
     /// Zeroed frames owned by VM `vm` into `out`, as many as the pool gives
-    /// (one lock of the frame table on the target); how many.
-    fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> usize {
+    /// (one lock of the frame table on the target): how many, and one
+    /// instruction cache report for them all.
+    fn alloc_frames(&mut self, vm: usize, out: &mut [PhysAddr]) -> (usize, Option<StaleIcache>) {
+        let mut stale = None;
         for (n, slot) in out.iter_mut().enumerate() {
             match self.alloc_frame(vm) {
-                Some(pa) => *slot = pa,
-                None => return n,
+                Some((pa, s)) => {
+                    *slot = pa;
+                    stale = stale.max(s);
+                }
+                None => return (n, stale),
             }
         }
-        out.len()
+        (out.len(), stale)
     }
     /// A zeroed frame for the hypervisor's own use (frame table use
     /// `Allocated`), kept for good: a VM's PL011 mirror page.
@@ -79,6 +93,12 @@ pub trait HostMemory: TableMemory {
     }
     /// Invalidate the TLBs of VMID `vmid` on every CPU.
     fn flush_tlb(&mut self, vmid: u16);
+    /// Invalidate every CPU's instruction cache to the point of
+    /// unification (`IC IALLUIS` on the target; a broadcast, so its
+    /// callers count it in [`RamStats::icache_invalidations`]), then tell
+    /// the frame table (`FrameTable::icache_invalidated`): the frames
+    /// `stale` came with may be mapped now.
+    fn invalidate_icache(&mut self, stale: StaleIcache);
     /// The VM owning the frame at `pa`, per the frame table.
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize>;
     /// Frames VM `vm` owns, per the frame table.
@@ -132,6 +152,11 @@ pub struct RamStats {
     pub pages_released: u64,
     /// TLB invalidations (one per batch).
     pub tlb_flushes: u64,
+    /// Invalidations of every CPU's instruction cache done before frames
+    /// given to this VM were mapped, because they might still hold another
+    /// guest's instruction lines (at most one per allocation batch; giving
+    /// frames back does none).
+    pub icache_invalidations: u64,
     /// Frames unmapped that the frame table refused to take back: they
     /// stay recorded as this VM's (a hypervisor bug; `check` shows them).
     pub frames_leaked: u64,
@@ -266,9 +291,10 @@ impl GuestRam {
     }
 
     fn map_new(&mut self, mem: &mut impl HostMemory, ipa: GuestAddr) -> Result<PhysAddr, RamError> {
-        let pa = mem
+        let (pa, stale) = mem
             .alloc_frame(self.vm)
             .ok_or(RamError::OutOfMemory { ipa })?;
+        self.invalidate_icache(mem, stale);
         if let Err(e) = self.stage2.map(mem, ipa, pa) {
             self.free_frame(mem, pa);
             return Err(RamError::Stage2(e));
@@ -315,7 +341,8 @@ impl GuestRam {
                 }
             }
             let mut frames = [PhysAddr::new(0); BATCH];
-            let n = mem.alloc_frames(self.vm, &mut frames[..ipas.len()]);
+            let (n, stale) = mem.alloc_frames(self.vm, &mut frames[..ipas.len()]);
+            self.invalidate_icache(mem, stale);
             let mut unused: heapless::Vec<PhysAddr, BATCH> = heapless::Vec::new();
             for (&ipa, &pa) in ipas.iter().zip(&frames[..n]) {
                 if self.stage2.map_cached(mem, ipa, pa, &mut walk).is_err() {
@@ -408,6 +435,8 @@ impl GuestRam {
                 continue;
             }
             // The frames must not be reused before no CPU can reach them.
+            // Their instruction lines, if any, stay: the frame table
+            // remembers, and whoever gets them next invalidates once.
             mem.flush_tlb(self.vmid);
             self.stats.tlb_flushes += 1;
             self.trace_flush(frames.len());
@@ -431,6 +460,16 @@ impl GuestRam {
             self.vmid,
             pages
         );
+    }
+
+    /// Before frames just allocated are mapped: invalidate every CPU's
+    /// instruction cache if the allocation reported that some frame may
+    /// hold another guest's instruction lines; counted.
+    fn invalidate_icache(&mut self, mem: &mut impl HostMemory, stale: Option<StaleIcache>) {
+        if let Some(stale) = stale {
+            mem.invalidate_icache(stale);
+            self.stats.icache_invalidations += 1;
+        }
     }
 
     /// Give one unmapped frame back; false (and the frame counted as
@@ -564,10 +603,12 @@ impl GuestRam {
         ipa: GuestAddr,
         page: &[u8],
     ) -> Result<(), RamError> {
-        let pa = mem
+        let (pa, stale) = mem
             .alloc_frame_to_overwrite(self.vm)
             .ok_or(RamError::OutOfMemory { ipa })?;
         mem.write(pa, page);
+        // After the write is cleaned (`HostMemory::write`), before the map.
+        self.invalidate_icache(mem, stale);
         if let Err(e) = self.stage2.map(mem, ipa, pa) {
             self.free_frame(mem, pa);
             return Err(RamError::Stage2(e));
@@ -760,6 +801,67 @@ mod tests {
             assert_eq!(mapped, !in_ram.contains(&p), "page {p:#x}");
         }
         ram.check(&mut host).unwrap();
+        host.frames.check_invariants().unwrap();
+    }
+
+    /// A guest giving pages back one request at a time (a balloon driver
+    /// inflating a page per notify) costs a TLB flush per request and no
+    /// instruction cache invalidation: nothing can be stale before a frame
+    /// goes to a guest again.
+    #[test]
+    fn inflating_page_by_page_invalidates_no_instruction_cache() {
+        let mut host = FakeHost::new(256);
+        let mut ram = GuestRam::new(&mut host, 1, 1, BASE, 64 * PAGE_SIZE).unwrap();
+        ram.populate(&mut host).unwrap();
+        let invalidations = host.icache_invalidations;
+        for pfn in GuestPfn::iter(BASE.pfn()..BASE.pfn() + 48) {
+            assert_eq!(ram.release(&mut host, &[pfn]), 1);
+        }
+        assert_eq!(host.flushes, 48, "one TLB flush a request");
+        assert_eq!(host.icache_invalidations, invalidations);
+        assert_eq!(ram.stats.icache_invalidations, 0);
+        // The VM's frames left with whatever lines they had.
+        assert!(host.frames.icache_stale());
+        ram.destroy(&mut host);
+        assert_eq!(host.icache_invalidations, invalidations);
+    }
+
+    /// Frames VM 1 gave back, page by page, reach VM 2 after exactly one
+    /// invalidation of every instruction cache, done before the first is
+    /// mapped (the fake host panics if a stage-2 table is touched while
+    /// one is owed); what VM 2 takes after that needs none.
+    #[test]
+    fn frames_changing_owner_get_one_invalidation_before_they_are_mapped() {
+        let mut host = FakeHost::new(256);
+        let mut a = GuestRam::new(&mut host, 1, 1, BASE, 64 * PAGE_SIZE).unwrap();
+        let mut b = GuestRam::new(&mut host, 2, 2, BASE, 64 * PAGE_SIZE).unwrap();
+        a.populate(&mut host).unwrap();
+        let mut given_back = Vec::new();
+        for pfn in GuestPfn::iter(BASE.pfn()..BASE.pfn() + 16) {
+            let ipa = pfn.addr().unwrap();
+            given_back.push(a.stage2.lookup(&mut host, ipa).unwrap());
+            assert_eq!(a.release(&mut host, &[pfn]), 1);
+        }
+        let before = host.icache_invalidations;
+        // VM 2 touches a page: the fault and its neighbours take frames in
+        // two batches, then single pages come one fault at a time.
+        b.translate_or_back(&mut host, BASE).unwrap();
+        let around: Vec<GuestPfn> = GuestPfn::iter(BASE.pfn() + 1..BASE.pfn() + 8).collect();
+        assert_eq!(b.back_around(&mut host, &around), 7);
+        for page in 8..20 {
+            b.translate_or_back(&mut host, BASE + page * PAGE_SIZE)
+                .unwrap();
+        }
+        let mut taken = Vec::new();
+        b.for_each_mapped(&mut host, |_, pa| taken.push(pa));
+        // All but one (which VM 2's new stage-2 table took).
+        let reused = given_back.iter().filter(|pa| taken.contains(pa)).count();
+        assert_eq!(reused, given_back.len() - 1, "{taken:x?} {given_back:x?}");
+        assert_eq!(host.icache_invalidations, before + 1);
+        assert_eq!(b.stats.icache_invalidations, 1);
+        assert_eq!(a.stats.icache_invalidations, 0);
+        assert!(!host.frames.icache_stale());
+        b.check(&mut host).unwrap();
         host.frames.check_invariants().unwrap();
     }
 

@@ -158,6 +158,10 @@ pub struct BalloonChange {
     /// register accesses and faults backing RAM, world switch included.
     pub instructions: u64,
     pub exits: u64,
+    /// The VM's instruction cache invalidations
+    /// ([`RamStats::icache_invalidations`](super::memory::RamStats)) when
+    /// the target was set.
+    pub icache_at_start: u64,
     /// The shell or the memory manager.
     pub by: SetBy,
 }

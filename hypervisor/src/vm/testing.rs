@@ -12,7 +12,7 @@ use platform::PhysRange;
 
 use super::memory::HostMemory;
 use crate::addr::PhysAddr;
-use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, PAGE_SIZE};
+use crate::mm::frames::{FrameError, FrameTable, FrameUse, Shortfall, StaleIcache, PAGE_SIZE};
 use crate::mm::stage2::{TableMemory, ROOT_TABLES};
 
 /// Physical address of the fake RAM.
@@ -23,6 +23,14 @@ const RAM_BASE: u64 = 0x8000_0000;
 /// could still reach one would read garbage a test notices; as on the
 /// target, frames zeroed ahead of time ([`FakeHost::zero_ahead`]) are
 /// handed out as they are.
+///
+/// It also models the instruction caches, apart from the frame table's own
+/// account: a frame freed from a guest may hold that guest's instruction
+/// lines unless every CPU's instruction cache was invalidated after the
+/// TLB flush that preceded its free (no CPU can fetch from it after that
+/// flush). A guest allocation that hands out such a frame leaves an
+/// invalidation owed, and touching a stage-2 table (mapping the frame)
+/// while one is owed panics.
 pub struct FakeHost {
     pub frames: FrameTable<'static>,
     /// Per frame: its contents as a stage-2 table, or as a guest page.
@@ -30,6 +38,15 @@ pub struct FakeHost {
     data: Vec<Option<Box<[u8; 4096]>>>,
     /// TLB invalidations asked for.
     pub flushes: u64,
+    /// Instruction cache invalidations (every CPU's) asked for.
+    pub icache_invalidations: u64,
+    /// Per frame: the TLB flushes done when a guest last gave it back.
+    freed_after_flush: Vec<Option<u64>>,
+    /// The TLB flushes done at the last instruction cache invalidation.
+    flushes_at_icache: u64,
+    /// A guest was handed a frame that may hold another's instruction
+    /// lines and no invalidation followed yet.
+    icache_owed: Option<PhysAddr>,
     /// Whether guest page contents are kept (off for a large guest whose
     /// contents a test does not read: nothing is allocated per page).
     keep_data: bool,
@@ -49,6 +66,10 @@ impl FakeHost {
             tables: (0..frames_n).map(|_| None).collect(),
             data: (0..frames_n).map(|_| None).collect(),
             flushes: 0,
+            icache_invalidations: 0,
+            freed_after_flush: vec![None; frames_n],
+            flushes_at_icache: 0,
+            icache_owed: None,
             keep_data: true,
             pool_low_below: 0,
         }
@@ -79,6 +100,25 @@ impl FakeHost {
         got
     }
 
+    /// Whether the frame at `pa` may still hold instruction lines of a
+    /// guest that gave it back (see the type's docs).
+    pub fn icache_stale(&self, pa: PhysAddr) -> bool {
+        self.freed_after_flush[Self::frame(pa)].is_some_and(|f| f > self.flushes_at_icache)
+    }
+
+    /// `pa` was just handed to a guest: an invalidation is owed before it
+    /// is mapped if it may hold stale instruction lines.
+    fn handed_to_guest(&mut self, pa: PhysAddr) {
+        if self.icache_stale(pa) {
+            self.icache_owed.get_or_insert(pa);
+        }
+    }
+
+    /// The frame at `pa` went back to the pool from a guest.
+    fn freed_from_guest(&mut self, pa: PhysAddr) {
+        self.freed_after_flush[Self::frame(pa)] = Some(self.flushes);
+    }
+
     /// The index of the frame holding `pa` (which must be fake RAM).
     fn frame(pa: PhysAddr) -> usize {
         usize::try_from((pa.raw() - RAM_BASE) / PAGE_SIZE).expect("frame index fits usize")
@@ -105,31 +145,44 @@ impl TableMemory for FakeHost {
         Ok(())
     }
     fn table(&mut self, pa: PhysAddr) -> &mut [u64; 512] {
+        if let Some(frame) = self.icache_owed {
+            panic!(
+                "a stage-2 table is touched while frame {frame:#x}, handed to a guest, may hold \
+                 another guest's instruction lines (no invalidation since)"
+            );
+        }
         self.tables[Self::frame(pa)].as_mut().expect("table")
     }
 }
 
 impl HostMemory for FakeHost {
-    fn alloc_frame(&mut self, vm: usize) -> Option<PhysAddr> {
+    fn alloc_frame(&mut self, vm: usize) -> Option<(PhysAddr, Option<StaleIcache>)> {
         let mut frame = [PhysAddr::new(0)];
-        let (n, ready) = self.frames.alloc_guest_frames_marked(vm, &mut frame);
-        if n == 0 {
+        let got = self.frames.alloc_guest_frames_marked(vm, &mut frame);
+        if got.count == 0 {
             return None;
         }
         let pa = frame[0];
-        if self.keep_data && ready & 1 == 0 {
+        if self.keep_data && got.zeroed & 1 == 0 {
             self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
         }
-        Some(pa)
+        self.handed_to_guest(pa);
+        Some((pa, got.stale))
     }
     /// With the stale bytes a frame back from the pool may hold (0xdd, as
     /// [`Self::free_frame`] leaves them): nothing may read them.
-    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<PhysAddr> {
-        let pa = self.frames.alloc_guest(vm)?;
+    fn alloc_frame_to_overwrite(&mut self, vm: usize) -> Option<(PhysAddr, Option<StaleIcache>)> {
+        let mut frame = [PhysAddr::new(0)];
+        let got = self.frames.alloc_guest_frames_marked(vm, &mut frame);
+        if got.count == 0 {
+            return None;
+        }
+        let pa = frame[0];
         if self.keep_data {
             self.data[Self::frame(pa)] = Some(Box::new([0xdd; 4096]));
         }
-        Some(pa)
+        self.handed_to_guest(pa);
+        Some((pa, got.stale))
     }
     fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr> {
         let pa = self.frames.alloc(1, 1, FrameUse::Allocated)?;
@@ -138,6 +191,7 @@ impl HostMemory for FakeHost {
     }
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
         self.frames.free_guest(vm, pa)?;
+        self.freed_from_guest(pa);
         if self.keep_data {
             // Poison what the pool gets back: a VM must never see it again.
             self.data[Self::frame(pa)] = Some(Box::new([0xdd; 4096]));
@@ -162,6 +216,12 @@ impl HostMemory for FakeHost {
     }
     fn flush_tlb(&mut self, _vmid: u16) {
         self.flushes += 1;
+    }
+    fn invalidate_icache(&mut self, stale: StaleIcache) {
+        self.icache_invalidations += 1;
+        self.flushes_at_icache = self.flushes;
+        self.icache_owed = None;
+        self.frames.icache_invalidated(stale);
     }
     fn frame_owner(&self, pa: PhysAddr) -> Option<usize> {
         self.frames.guest_owner(pa)

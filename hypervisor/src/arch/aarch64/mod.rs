@@ -194,7 +194,8 @@ pub fn clean_dcache_range(addr: usize, len: usize) {
 /// Invalidate every instruction cache to the point of unification on every
 /// CPU of the inner shareable domain, then make this CPU fetch afresh. Call
 /// it after code was written through the data side and cleaned
-/// ([`clean_dcache_range`]), before it runs; and after frames leave a VM,
+/// ([`clean_dcache_range`]), before it runs; and before frames that left
+/// a VM are mapped into another (when the frame table reports them stale),
 /// so that no stale instruction lines of one VM's frame reach the next.
 pub fn invalidate_icache_all() {
     // SAFETY: invalidating instruction caches only drops cached copies;
