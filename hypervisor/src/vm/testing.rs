@@ -35,6 +35,10 @@ pub struct FakeHost {
     keep_data: bool,
     /// Free frames below which the pool counts as low (`pool_low`).
     pub pool_low_below: u64,
+    /// Reads and writes of frames that are neither a guest's nor the
+    /// hypervisor's own pages (free frames, stage-2 tables, reserved
+    /// memory): what a VM must never reach.
+    pub stray_accesses: u64,
 }
 
 impl FakeHost {
@@ -51,6 +55,7 @@ impl FakeHost {
             flushes: 0,
             keep_data: true,
             pool_low_below: 0,
+            stray_accesses: 0,
         }
     }
 
@@ -77,6 +82,16 @@ impl FakeHost {
             .finish_zeroing(&claimed[..got])
             .expect("claimed frames come back");
         got
+    }
+
+    /// Counts an access to `pa` unless a guest or the hypervisor owns it.
+    fn note_access(&mut self, pa: PhysAddr) {
+        if !matches!(
+            self.frames.use_of(pa),
+            Some(FrameUse::Guest | FrameUse::Allocated)
+        ) {
+            self.stray_accesses += 1;
+        }
     }
 
     /// The index of the frame holding `pa` (which must be fake RAM).
@@ -145,6 +160,7 @@ impl HostMemory for FakeHost {
         Ok(())
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
+        self.note_access(pa);
         if !self.keep_data {
             return buf.fill(0);
         }
@@ -153,6 +169,7 @@ impl HostMemory for FakeHost {
         buf.copy_from_slice(&page[off..off + buf.len()]);
     }
     fn write(&mut self, pa: PhysAddr, data: &[u8]) {
+        self.note_access(pa);
         if !self.keep_data {
             return;
         }
@@ -221,8 +238,15 @@ pub struct FakeCpu {
 impl FakeCpu {
     /// CPU 0 of a board whose CPUs 1-7 are online, over `pages` of RAM.
     pub fn new(pages: u64) -> Self {
+        Self::with_host(FakeHost::new(pages))
+    }
+
+    /// CPU 0 as [`FakeCpu::new`] makes it, over an existing host (a fuzz
+    /// target reuses one host across runs: each new one leaks its frame
+    /// table's storage).
+    pub fn with_host(host: FakeHost) -> Self {
         Self {
-            host: FakeHost::new(pages),
+            host,
             index: 0,
             online: 0xfe,
             now_us: 1_000_000,
