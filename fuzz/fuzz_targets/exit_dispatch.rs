@@ -218,6 +218,9 @@ struct Step {
     far: u64,
     /// Microseconds since the previous exit.
     advance: u16,
+    /// The guest's PC at the trap (any: a guest may run code anywhere,
+    /// up to the last instruction of the address space).
+    pc: Option<u64>,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -337,6 +340,9 @@ fuzz_target!(|input: Input| {
     for (n, step) in input.steps.iter().take(64).enumerate() {
         ctx.x[..4].copy_from_slice(&step.regs);
         ctx.far = step.far;
+        if let Some(pc) = step.pc {
+            ctx.elr = pc & !3;
+        }
         // FnV (ESR_EL2 bit 10) is meaningful only for an external abort;
         // a decoded load or store (a translation or permission fault with
         // a syndrome) has it clear.

@@ -354,7 +354,7 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
     ) {
         self.injected.push((exception, far, il32));
         // What the guest's handler would see: it resumes past the access.
-        ctx.elr += 4;
+        ctx.elr = ctx.elr.wrapping_add(4);
     }
     fn invalidate_icache(&mut self) {
         self.icache_invalidations += 1;
