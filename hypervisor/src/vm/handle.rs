@@ -377,7 +377,7 @@ impl<'a, C: PhysCpu> Fast<'a, C> {
     fn finish(self, kind: ExitKind, access: Traced, insn_len: u8) -> u32 {
         trace_exit(self.vm, self.vcpu, self.exit, self.ctx.elr);
         trace_mmio(self.vm, access.what, access.ipa, access.width, access.value);
-        self.ctx.elr += u64::from(insn_len);
+        self.ctx.elr = self.ctx.elr.wrapping_add(u64::from(insn_len));
         record_fast(self.vm, self.cpu, kind, self.before)
     }
 }
@@ -670,7 +670,7 @@ pub fn handle(
                     return (bad_access(vm, cpu, ctx, refused, access), kind);
                 }
             }
-            ctx.elr += u64::from(insn_len);
+            ctx.elr = ctx.elr.wrapping_add(u64::from(insn_len));
             (Outcome::Continue, kind)
         }
         VcpuExit::MmioWrite {
@@ -691,7 +691,7 @@ pub fn handle(
                 return (bad_access(vm, cpu, ctx, refused, access), kind);
             }
             trace_mmio(vm, "write", ipa, width, value);
-            ctx.elr += u64::from(insn_len);
+            ctx.elr = ctx.elr.wrapping_add(u64::from(insn_len));
             (Outcome::Continue, kind)
         }
         VcpuExit::Abort {
@@ -702,11 +702,11 @@ pub fn handle(
         } => abort(vm, cpu, vcpu, ctx, ipa, write, instruction, fault),
         VcpuExit::Hvc { .. } => (psci_outcome(psci::call(vm, cpu, vcpu, ctx)), ExitKind::Hvc),
         VcpuExit::Smc { insn_len, .. } => {
-            ctx.elr += u64::from(insn_len);
+            ctx.elr = ctx.elr.wrapping_add(u64::from(insn_len));
             (psci_outcome(psci::call(vm, cpu, vcpu, ctx)), ExitKind::Smc)
         }
         VcpuExit::Wait { wfe, insn_len } => {
-            ctx.elr += u64::from(insn_len);
+            ctx.elr = ctx.elr.wrapping_add(u64::from(insn_len));
             if wfe {
                 // A spin-wait hint: go straight back.
                 return (Outcome::Continue, ExitKind::Wfe);
@@ -855,7 +855,7 @@ fn sysreg(
             return bad_access(vm, cpu, ctx, refused, Access::trap(il32(insn_len)));
         }
     }
-    ctx.elr += u64::from(insn_len);
+    ctx.elr = ctx.elr.wrapping_add(u64::from(insn_len));
     Outcome::Continue
 }
 
