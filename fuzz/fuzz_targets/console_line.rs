@@ -177,7 +177,7 @@ fuzz_target!(|ops: Vec<Op>| {
     };
     let mut focus: Option<usize> = None;
     let mut shell = String::new();
-    for op in ops.iter().take(256) {
+    for op in ops.iter().take(128) {
         let mut out = String::new();
         match op {
             Op::Byte { vm, byte } | Op::Echo { vm, byte } => {
@@ -232,7 +232,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 let id = usize::from(*vm);
                 let name = NAMES[id];
                 let g = &mut guests[id];
-                for _ in 0..*count % 3000 {
+                for _ in 0..*count % 1100 {
                     if focus == Some(id) {
                         let o = g.line.push_live(*byte);
                         check_live(&o);
