@@ -254,10 +254,12 @@ impl VirtioConsole {
                 }
                 env.output(&piece[..got]);
                 done += got as u32;
+                // Counted as shown: a chain refused half way (a buffer
+                // outside RAM) has shown its first part already.
+                self.stats.bytes_out += got as u64;
             }
             q.push_used(env, head, 0).map_err(err)?;
             bytes += u64::from(done);
-            self.stats.bytes_out += u64::from(done);
             self.stats.chains_out += 1;
         }
         Ok(())

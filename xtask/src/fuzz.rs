@@ -1,6 +1,9 @@
-//! `cargo xtask fuzz [TARGET...] [--time SECONDS | --runs N]`: builds the
-//! fuzz targets (fuzz/, libFuzzer through libfuzzer-sys) and runs them one
-//! after another.
+//! `cargo xtask fuzz [TARGET...] [--time SECONDS | --runs N | --long]`:
+//! builds the fuzz targets (fuzz/, libFuzzer through libfuzzer-sys) and
+//! runs them one after another. `--long` is the documented long run: every
+//! target to [`LONG_RUNS`] executions. `cargo xtask fuzz --table` writes
+//! the table of target/fuzz/report.json into docs/TRUST.md (between
+//! [`TABLE_BEGIN`] and [`TABLE_END`]) and prints it.
 //!
 //! The targets are built on the stable toolchain without cargo-fuzz: the
 //! coverage instrumentation libFuzzer needs is LLVM's SanitizerCoverage,
@@ -16,28 +19,35 @@
 //! command fails naming the target and the file. Per target it prints
 //! executions, exec/s, wall time and coverage (libFuzzer's `cov`: covered
 //! code edges; `ft`: features), and writes them all to
-//! target/fuzz/report.json.
+//! target/fuzz/report.json, with the commit the targets were built from
+//! (`git rev-parse HEAD`) and whether the tree had changes beside it.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::json;
 
 /// Every target, in the order they run (fast ones first).
-pub const TARGETS: [&str; 10] = [
+pub const TARGETS: [&str; 16] = [
     "exit_decode",
+    "shell",
+    "psci",
+    "console_line",
+    "manager",
     "bundle",
     "board_dtb",
     "pl011",
     "virtio_mmio",
     "virtqueue",
+    "vconsole",
     "vgic_v2",
     "vgic_v3",
     "vm_config",
+    "exit_dispatch",
     "balloon",
 ];
 
@@ -46,8 +56,15 @@ pub fn all_targets() -> Vec<String> {
     TARGETS.iter().map(|t| t.to_string()).collect()
 }
 
+/// Executions per target of the long run (`--long`).
+pub const LONG_RUNS: u64 = 10_000_000;
+
+/// The markers in docs/TRUST.md between which `--table` writes the table.
+pub const TABLE_BEGIN: &str = "<!-- fuzz-table:begin (cargo xtask fuzz --table) -->";
+pub const TABLE_END: &str = "<!-- fuzz-table:end -->";
+
 /// How long each target runs; in the report `{"seconds": S}` or `{"runs": N}`.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Budget {
     Seconds(u64),
@@ -55,7 +72,7 @@ pub enum Budget {
 }
 
 /// What one target's run did; one entry of the report's `targets`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Outcome {
     pub target: String,
     pub runs: u64,
@@ -86,7 +103,15 @@ impl Outcome {
 }
 
 pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--table") {
+        if args.len() != 1 {
+            return Err(format!("--table takes nothing else\n{}", usage()));
+        }
+        return write_table(root);
+    }
     let (targets, budget) = parse_args(args)?;
+    // Read before the build: the commit and tree the binaries come from.
+    let source = Source::of(root)?;
     let bins = build(root, &targets)?;
     let mut outcomes = Vec::new();
     for (target, bin) in targets.iter().zip(&bins) {
@@ -94,7 +119,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
         println!("{}", summary(&outcome));
         outcomes.push(outcome);
         // Written after every target, so a long run shows its progress.
-        write_report(root, budget, &outcomes)?;
+        write_report(root, &source, budget, &outcomes)?;
     }
     let crashed: Vec<String> = outcomes
         .iter()
@@ -113,7 +138,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
 
 fn usage() -> String {
     format!(
-        "usage: cargo xtask fuzz [TARGET...] [--time SECONDS | --runs N]\n  targets: {}",
+        "usage: cargo xtask fuzz [TARGET...] [--time SECONDS | --runs N | --long]\n       \
+         cargo xtask fuzz --table   (docs/TRUST.md's table from target/fuzz/report.json)\n  \
+         targets: {}",
         TARGETS.join(" ")
     )
 }
@@ -132,6 +159,7 @@ pub fn parse_args(args: &[String]) -> Result<(Vec<String>, Budget), String> {
         match arg.as_str() {
             "--time" => budget = Budget::Seconds(number("--time")?),
             "--runs" => budget = Budget::Runs(number("--runs")?),
+            "--long" => budget = Budget::Runs(LONG_RUNS),
             t if TARGETS.contains(&t) => targets.push(t.to_string()),
             other => return Err(format!("unknown target or option '{other}'\n{}", usage())),
         }
@@ -281,22 +309,150 @@ fn summary(o: &Outcome) -> String {
     )
 }
 
-/// target/fuzz/report.json: the budget and every target run so far.
-#[derive(Serialize)]
-struct Report<'a> {
-    budget: Budget,
-    targets: &'a [Outcome],
+/// The commit the targets are built from, and whether the work tree had
+/// changes beside it (then the report is not of that commit alone).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Source {
+    pub commit: String,
+    pub dirty: bool,
 }
 
-fn write_report(root: &Path, budget: Budget, outcomes: &[Outcome]) -> Result<(), String> {
-    let path = root.join("target").join("fuzz").join("report.json");
+impl Source {
+    fn of(root: &Path) -> Result<Self, String> {
+        let git = |args: &[&str]| -> Result<String, String> {
+            let out = Command::new("git")
+                .arg("-C")
+                .arg(root)
+                .args(args)
+                .output()
+                .map_err(|e| format!("cannot run git: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "git {} failed: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        Ok(Source {
+            commit: git(&["rev-parse", "HEAD"])?,
+            // Untracked files count too: a new target not yet committed.
+            dirty: !git(&["status", "--porcelain"])?.is_empty(),
+        })
+    }
+}
+
+/// target/fuzz/report.json: what was fuzzed, the budget, and every target
+/// run so far.
+#[derive(Serialize, Deserialize)]
+pub struct Report {
+    pub source: Source,
+    pub budget: Budget,
+    pub targets: Vec<Outcome>,
+}
+
+fn report_path(root: &Path) -> PathBuf {
+    root.join("target").join("fuzz").join("report.json")
+}
+
+fn write_report(
+    root: &Path,
+    source: &Source,
+    budget: Budget,
+    outcomes: &[Outcome],
+) -> Result<(), String> {
     json::write(
-        &path,
+        &report_path(root),
         &Report {
+            source: source.clone(),
             budget,
-            targets: outcomes,
+            targets: outcomes.to_vec(),
         },
     )
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The report as docs/TRUST.md shows it: where it comes from, then one
+/// row per target in the order they ran.
+pub fn render_table(report: &Report) -> String {
+    let commit: String = report.source.commit.chars().take(12).collect();
+    let budget = match report.budget {
+        Budget::Runs(n) => format!("`--runs {n}`"),
+        Budget::Seconds(s) => format!("`--time {s}`"),
+    };
+    let mut out = format!(
+        "Generated from target/fuzz/report.json by `cargo xtask fuzz --table`: \
+         targets built from commit `{commit}`{}, {budget} each.\n\n",
+        if report.source.dirty {
+            " with uncommitted changes"
+        } else {
+            ""
+        }
+    );
+    out.push_str("| target | executions | exec/s | wall time | cov | ft | crashes |\n");
+    out.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+    for o in &report.targets {
+        let wall = if o.wall_seconds < 100.0 {
+            format!("{:.1} s", o.wall_seconds)
+        } else {
+            format!("{} s", thousands(o.wall_seconds.round() as u64))
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            o.target,
+            thousands(o.runs),
+            thousands(o.exec_per_sec),
+            wall,
+            thousands(o.coverage),
+            thousands(o.features),
+            u8::from(o.crash.is_some()),
+        ));
+    }
+    out
+}
+
+/// `doc` with what lies between the table markers replaced by `table`.
+pub fn splice_table(doc: &str, table: &str) -> Result<String, String> {
+    let begin = doc
+        .find(TABLE_BEGIN)
+        .ok_or_else(|| format!("no {TABLE_BEGIN} marker"))?;
+    let after = begin + TABLE_BEGIN.len();
+    let end = doc[after..]
+        .find(TABLE_END)
+        .map(|e| after + e)
+        .ok_or_else(|| format!("no {TABLE_END} marker after {TABLE_BEGIN}"))?;
+    Ok(format!("{}\n{}{}", &doc[..after], table, &doc[end..]))
+}
+
+/// `--table`: docs/TRUST.md's fuzzing table from target/fuzz/report.json.
+fn write_table(root: &Path) -> Result<(), String> {
+    let path = report_path(root);
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let report: Report =
+        serde_json::from_str(&text).map_err(|e| format!("parsing {}: {e}", path.display()))?;
+    let table = render_table(&report);
+    let doc_path = root.join("docs").join("TRUST.md");
+    let doc = std::fs::read_to_string(&doc_path)
+        .map_err(|e| format!("reading {}: {e}", doc_path.display()))?;
+    let doc = splice_table(&doc, &table).map_err(|e| format!("{}: {e}", doc_path.display()))?;
+    std::fs::write(&doc_path, doc).map_err(|e| format!("writing {}: {e}", doc_path.display()))?;
+    print!("{table}");
+    eprintln!("xtask: wrote the table into {}", doc_path.display());
+    Ok(())
 }
 
 #[cfg(test)]
@@ -332,14 +488,23 @@ mod tests {
         (ok.coverage, ok.features, ok.corpus) = (165, 842, 403);
         let mut crashed = Outcome::new("bundle");
         crashed.crash = Some(PathBuf::from("target/fuzz/crashes/bundle/crash-d197baba"));
+        let source = Source {
+            commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            dirty: true,
+        };
         let report = |budget| {
             serde_json::to_value(Report {
+                source: source.clone(),
                 budget,
-                targets: &[ok.clone(), crashed.clone()],
+                targets: vec![ok.clone(), crashed.clone()],
             })
             .unwrap()
         };
         let value = report(Budget::Seconds(3));
+        assert_eq!(
+            value["source"],
+            serde_json::json!({"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": true})
+        );
         assert_eq!(value["budget"], serde_json::json!({"seconds": 3}));
         assert_eq!(
             value["targets"],
@@ -370,5 +535,59 @@ mod tests {
         assert!(args(&["nosuch"]).is_err());
         assert!(args(&["--time"]).is_err());
         assert!(args(&["--time", "0"]).is_err());
+        let (_, b) = args(&["manager", "--long"]).unwrap();
+        assert!(matches!(b, Budget::Runs(LONG_RUNS)));
+    }
+
+    #[test]
+    fn the_table_says_what_it_is_from() {
+        let text = r#"{
+          "source": {"commit": "69d1aa9d2c3e4f5a6b7c8d9e0f1a2b3c4d5e6f70", "dirty": false},
+          "budget": {"runs": 10000000},
+          "targets": [
+            {"target": "exit_decode", "runs": 10000000, "exec_per_sec": 833333,
+             "wall_seconds": 12.94, "coverage": 71, "features": 72, "corpus": 24,
+             "crash": null},
+            {"target": "balloon", "runs": 10000000, "exec_per_sec": 2069,
+             "wall_seconds": 4834.4, "coverage": 1440, "features": 8025, "corpus": 900,
+             "crash": "target/fuzz/crashes/balloon/crash-1"}
+          ]
+        }"#;
+        let report: Report = serde_json::from_str(text).unwrap();
+        let table = render_table(&report);
+        assert_eq!(
+            table,
+            "Generated from target/fuzz/report.json by `cargo xtask fuzz --table`: \
+             targets built from commit `69d1aa9d2c3e`, `--runs 10000000` each.\n\n\
+             | target | executions | exec/s | wall time | cov | ft | crashes |\n\
+             |---|---:|---:|---:|---:|---:|---:|\n\
+             | exit_decode | 10,000,000 | 833,333 | 12.9 s | 71 | 72 | 0 |\n\
+             | balloon | 10,000,000 | 2,069 | 4,834 s | 1,440 | 8,025 | 1 |\n"
+        );
+        let dirty = Report {
+            source: Source {
+                dirty: true,
+                ..report.source.clone()
+            },
+            ..report
+        };
+        assert!(render_table(&dirty).contains("`69d1aa9d2c3e` with uncommitted changes"));
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+    }
+
+    #[test]
+    fn the_table_goes_between_its_markers() {
+        let doc = format!("# T\n\nbefore\n{TABLE_BEGIN}\nold table\n{TABLE_END}\nafter\n");
+        let spliced = splice_table(&doc, "| new |\n").unwrap();
+        assert_eq!(
+            spliced,
+            format!("# T\n\nbefore\n{TABLE_BEGIN}\n| new |\n{TABLE_END}\nafter\n")
+        );
+        // Again: the same document (idempotent).
+        assert_eq!(splice_table(&spliced, "| new |\n").unwrap(), spliced);
+        assert!(splice_table("no markers", "x").is_err());
+        assert!(splice_table(TABLE_BEGIN, "x").is_err());
     }
 }

@@ -52,6 +52,10 @@ pub struct FakeHost {
     keep_data: bool,
     /// Free frames below which the pool counts as low (`pool_low`).
     pub pool_low_below: u64,
+    /// Reads and writes of frames that are neither a guest's nor the
+    /// hypervisor's own pages (free frames, stage-2 tables, reserved
+    /// memory): what a VM must never reach.
+    pub stray_accesses: u64,
 }
 
 impl FakeHost {
@@ -72,6 +76,7 @@ impl FakeHost {
             icache_owed: None,
             keep_data: true,
             pool_low_below: 0,
+            stray_accesses: 0,
         }
     }
 
@@ -117,6 +122,16 @@ impl FakeHost {
     /// The frame at `pa` went back to the pool from a guest.
     fn freed_from_guest(&mut self, pa: PhysAddr) {
         self.freed_after_flush[Self::frame(pa)] = Some(self.flushes);
+    }
+
+    /// Counts an access to `pa` unless a guest or the hypervisor owns it.
+    fn note_access(&mut self, pa: PhysAddr) {
+        if !matches!(
+            self.frames.use_of(pa),
+            Some(FrameUse::Guest | FrameUse::Allocated)
+        ) {
+            self.stray_accesses += 1;
+        }
     }
 
     /// The index of the frame holding `pa` (which must be fake RAM).
@@ -199,6 +214,7 @@ impl HostMemory for FakeHost {
         Ok(())
     }
     fn read(&mut self, pa: PhysAddr, buf: &mut [u8]) {
+        self.note_access(pa);
         if !self.keep_data {
             return buf.fill(0);
         }
@@ -207,6 +223,7 @@ impl HostMemory for FakeHost {
         buf.copy_from_slice(&page[off..off + buf.len()]);
     }
     fn write(&mut self, pa: PhysAddr, data: &[u8]) {
+        self.note_access(pa);
         if !self.keep_data {
             return;
         }
@@ -281,8 +298,15 @@ pub struct FakeCpu {
 impl FakeCpu {
     /// CPU 0 of a board whose CPUs 1-7 are online, over `pages` of RAM.
     pub fn new(pages: u64) -> Self {
+        Self::with_host(FakeHost::new(pages))
+    }
+
+    /// CPU 0 as [`FakeCpu::new`] makes it, over an existing host (a fuzz
+    /// target reuses one host across runs: each new one leaks its frame
+    /// table's storage).
+    pub fn with_host(host: FakeHost) -> Self {
         Self {
-            host: FakeHost::new(pages),
+            host,
             index: 0,
             online: 0xfe,
             now_us: 1_000_000,
@@ -390,7 +414,7 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
     ) {
         self.injected.push((exception, far, il32));
         // What the guest's handler would see: it resumes past the access.
-        ctx.elr += 4;
+        ctx.elr = ctx.elr.wrapping_add(4);
     }
     fn invalidate_icache(&mut self) {
         self.icache_invalidations += 1;
