@@ -275,9 +275,9 @@ fn check(vm: &Vm, cpu: &mut FakeCpu) {
         id: vm.id,
         name: &vm.name,
         stopped: vm.state == VmState::Stopped,
-        ram: vm.ram.as_ref(),
+        ram: vm.ram.as_ref().map(|r| check::RamFacts::of(r, &mut cpu.host)),
     }];
-    if let Err(e) = check::check(&facts, &vms, &mut cpu.host) {
+    if let Err(e) = check::check(&facts, &vms) {
         panic!("check failed: {e:?}");
     }
     assert_eq!(
