@@ -5,7 +5,8 @@
 //! accesses (malformed device register accesses, a load pair on a device,
 //! addresses outside RAM and every device, a fetch outside RAM) get an
 //! abort it handles, or stop it under the "stop" policy; a hostile guest's
-//! attacks on the balloon are refused and reported; a hypervisor failure
+//! attacks on the balloon are refused and reported, and its statistics of
+//! 2^64-1 are clamped and stop nobody; a hypervisor failure
 //! in one VM's path ends only that VM, one in a board service turns only
 //! that service off, and one that breaks the frame table stops the board.
 //! Every test that keeps the board running ends with `check`. The
@@ -353,6 +354,136 @@ fn hostile_guest_is_contained(board: Board) {
     s.assert_check();
 }
 
+/// `manager: N ticks` from `mm`.
+fn manager_ticks(mm: &str) -> u64 {
+    harness::console::first_number(mm, r"manager: (\d+) ticks;")
+        .unwrap_or_else(|| panic!("no tick count in:\n{mm}"))
+}
+
+/// Issue 36, end to end: a guest whose balloon statistics are all 2^64-1
+/// (free memory, disk caches, total and available memory, faults, OOM
+/// kills, every tag Linux sends) stops nobody. Before the fix the memory
+/// manager's sum of free memory and disk caches overflowed in whichever
+/// CPU ran its tick, and the VM stopped for it was that CPU's (or the
+/// shell died). Now the device clamps every value at intake and counts
+/// it, the manager reads only sane figures, and both guests, the manager
+/// and the shell go on.
+fn hostile_statistics_stop_nobody(board: Board) {
+    let mut s = boot(
+        board,
+        "hostile_statistics_stop_nobody",
+        Some("hostile-stats"),
+        &["hostile", "beta"],
+    );
+    let mut guest = 0;
+    ok(s.expect_since(
+        &mut guest,
+        r"\[hostile\] testguest: hostile-stats: buffer #1 posted",
+        STEP,
+    ));
+    let out = ok(s.run("balloon-stats hostile 1", COMMAND));
+    assert!(
+        out.contains("hostile: balloon statistics every 1 s"),
+        "{out}"
+    );
+    let ticks0 = manager_ticks(&ok(s.run("mm", COMMAND)));
+    // A fresh hostile buffer every second: each a sample the manager
+    // reads at its next tick (every 100 ms).
+    ok(s.expect_since(
+        &mut guest,
+        r"\[hostile\] testguest: hostile-stats: buffer #4 posted",
+        STEP,
+    ));
+    // Asked for at once too: the sample comes back clamped.
+    let now = ok(s.run("balloon-stats hostile now", COMMAND));
+    assert!(now.contains("; 16 values clamped):"), "{now}");
+    assert!(
+        regex::Regex::new(r"free_memory +128 MiB")
+            .unwrap()
+            .is_match(&now),
+        "{now}"
+    );
+    ok(s.expect_since(
+        &mut guest,
+        r"\[hostile\] testguest: hostile-stats: buffer #6 posted",
+        STEP,
+    ));
+    // Both beat on (two beats each from here: not stale output).
+    for vm in ["beta", "hostile", "beta", "hostile"] {
+        ok(s.expect(&format!(r"\[{vm}\] testguest: alive \d+s"), STEP));
+    }
+
+    let info = ok(s.run("info balloon hostile", COMMAND));
+    assert!(
+        info.contains("negotiated: MUST_TELL_HOST STATS_VQ"),
+        "{info}"
+    );
+    // Every value of every buffer clamped where it entered: memory figures
+    // at the VM's 128 MiB, cumulative ones at 2^62.
+    let clamped = harness::console::first_number(
+        &info,
+        r"guest values clamped at intake: (\d+) statistics values, 0 writes of actual",
+    )
+    .unwrap_or_else(|| panic!("no clamp counter in:\n{info}"));
+    assert!(
+        clamped >= 6 * 16 && clamped.is_multiple_of(16),
+        "16 values clamped per buffer, at least 6 buffers: {clamped}\n{info}"
+    );
+    assert!(info.contains("; 16 values clamped):"), "{info}");
+    for (name, value) in [
+        ("free_memory", "128 MiB"),
+        ("total_memory", "128 MiB"),
+        ("available_memory", "128 MiB"),
+        ("disk_caches", "128 MiB"),
+        ("major_faults", "4611686018427387904"),
+        ("oom_kills", "4611686018427387904"),
+    ] {
+        let line = format!(r"(?m)^    {name} +{value}$");
+        assert!(
+            regex::Regex::new(&line).unwrap().is_match(&info),
+            "{name} should read {value}:\n{info}"
+        );
+    }
+    // Clamped at intake, the figures the manager reads are within the
+    // VM's size already: it has nothing left to bound.
+    assert!(!info.contains("memory manager inputs clamped"), "{info}");
+
+    // The manager is on and kept ticking through all of it.
+    let mm = ok(s.run("mm", COMMAND));
+    assert!(!mm.contains("OFF"), "the manager stays on:\n{mm}");
+    assert!(
+        manager_ticks(&mm) > ticks0 + 20,
+        "the manager ticked on (from {ticks0}):\n{mm}"
+    );
+    let raw = ok(s.run("mm raw", COMMAND));
+    assert!(raw.contains("mm-service name=manager state=on"), "{raw}");
+    for vm in ["hostile", "beta"] {
+        assert!(
+            raw.contains(&format!("mm-vm name={vm} state=running ")),
+            "{vm} is managed and running:\n{raw}"
+        );
+    }
+    let vms = ok(s.run("vms", COMMAND));
+    for vm in ["hostile", "beta"] {
+        assert!(
+            vms.lines()
+                .any(|l| l.split_whitespace().next() == Some(vm) && l.contains("running")),
+            "{vm} runs:\n{vms}"
+        );
+    }
+    let out = s.output();
+    for bad in [
+        "hypervisor failure",
+        "*** ",
+        "VM stopped",
+        "MISMATCH",
+        "balloon error",
+    ] {
+        assert!(!out.contains(bad), "'{bad}' in the console:\n{out}");
+    }
+    s.assert_check();
+}
+
 /// A hypervisor failure in one VM's path (`debug fail`: a panic with the
 /// VM's lock and the frame table held) ends that VM only: it is reported,
 /// its pages go back to the pool, the other VM keeps beating, the shell
@@ -545,6 +676,12 @@ macro_rules! vm_tests {
             #[ignore = "boots QEMU: run cargo xtask test"]
             fn hostile_guest_is_contained() {
                 super::hostile_guest_is_contained($board);
+            }
+
+            #[test]
+            #[ignore = "boots QEMU: run cargo xtask test"]
+            fn hostile_statistics_stop_nobody() {
+                super::hostile_statistics_stop_nobody($board);
             }
 
             #[test]

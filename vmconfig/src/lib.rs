@@ -1586,6 +1586,13 @@ kernel = "testguest"
                         ("beta".into(), 128, 4, p("pattern"))
                     ]
                 ),
+                (
+                    "hostile-stats".into(),
+                    vec![
+                        ("hostile".into(), 128, 2, p("hostile-stats")),
+                        ("beta".into(), 128, 4, p("pattern"))
+                    ]
+                ),
                 linux_on_cpu0("linux"),
                 linux_alone("linux-full", poisoned),
                 linux_on_cpu0("linux-hint"),

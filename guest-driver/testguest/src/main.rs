@@ -1,6 +1,7 @@
 //! The Tidal test guest: a bare-metal EL1 kernel that drives the balloon through
 //! `guest-driver`, checks that memory it still owns is never disturbed, and can
-//! misbehave on purpose (`wild`, `hostile`). See `guest-driver/README.md`.
+//! misbehave on purpose (`wild`, `hostile`, `hostile-stats`). See
+//! `guest-driver/README.md`.
 //!
 //! Built for `aarch64-unknown-none` it is an arm64 Image linked at 0x4020_0000
 //! (linker/guest.ld). On the host its `main` is a stub, so that
@@ -26,6 +27,8 @@ mod gic;
 mod hal;
 #[cfg(target_os = "none")]
 mod hostile;
+#[cfg(target_os = "none")]
+mod hostile_stats;
 #[cfg(target_os = "none")]
 mod pool;
 #[cfg(target_os = "none")]

@@ -8,7 +8,7 @@ use crate::wait::Waiter;
 use core::ptr::NonNull;
 use guest_driver::virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
 use guest_driver::virtio_drivers::transport::Transport as _;
-use guest_driver::{Balloon, Error, Progress};
+use guest_driver::{features, Balloon, Error, Options, Progress};
 
 /// virtio-mmio MagicValue ("virt").
 const VIRTIO_MAGIC: u32 = 0x7472_6976;
@@ -34,6 +34,9 @@ enum Mode {
     Pattern,
     Wild,
     Hostile,
+    /// `hostile-stats`: `pattern` whose balloon also sends statistics, all
+    /// of them 2^64-1 (`crate::hostile_stats`).
+    HostileStats,
     Fault,
     Features,
     Spin,
@@ -62,6 +65,7 @@ extern "C" fn rust_main(dtb: u64) -> ! {
     let mode = match bootargs.split_whitespace().next().unwrap_or("pattern") {
         "wild" => Mode::Wild,
         "hostile" => Mode::Hostile,
+        "hostile-stats" => Mode::HostileStats,
         "fault" => Mode::Fault,
         "pattern" => Mode::Pattern,
         "features" => Mode::Features,
@@ -95,7 +99,10 @@ extern "C" fn rust_main(dtb: u64) -> ! {
 
     let balloon_slot = find_balloon(&board);
     // Hostile mode programs the device itself, polling with time-outs.
-    let mut waiter = if matches!(mode, Mode::Pattern | Mode::Features | Mode::Wild) {
+    let mut waiter = if matches!(
+        mode,
+        Mode::Pattern | Mode::Features | Mode::Wild | Mode::HostileStats
+    ) {
         Waiter::new(&board, balloon_slot)
     } else {
         Waiter::Polling
@@ -113,7 +120,7 @@ extern "C" fn rust_main(dtb: u64) -> ! {
             let hold_stats = bootargs.split_whitespace().any(|w| w == "hold-stats");
             crate::features::run(pool, carved, balloon_slot, waiter, boot, hold_stats)
         }
-        Mode::Pattern | Mode::Spin | Mode::Flood => {}
+        Mode::Pattern | Mode::HostileStats | Mode::Spin | Mode::Flood => {}
     }
     if mode == Mode::Hostile {
         println!("hostile: done");
@@ -131,7 +138,15 @@ extern "C" fn rust_main(dtb: u64) -> ! {
                 return None;
             }
         };
-        match Balloon::<GuestHal, _, _>::new(transport, carved.balloon_storage) {
+        // `hostile-stats` asks for the statistics queue too.
+        let options = Options {
+            features: match mode {
+                Mode::HostileStats => features::BASIC | features::STATS_VQ,
+                _ => features::BASIC,
+            },
+            poison_val: 0,
+        };
+        match Balloon::<GuestHal, _, _>::with_options(transport, carved.balloon_storage, options) {
             Ok(b) => {
                 println!(
                     "balloon at 0x{:x}: features 0x{:x}, room for {} pages",
@@ -161,6 +176,14 @@ extern "C" fn rust_main(dtb: u64) -> ! {
         println!("{EMPTY_NOTIFIES} empty notifies of the inflate queue done");
     }
 
+    let mut hostile_stats = (mode == Mode::HostileStats).then(|| {
+        println!(
+            "hostile-stats: every statistic sent as 0x{:x}",
+            crate::hostile_stats::HOSTILE_VALUE
+        );
+        crate::hostile_stats::HostileStats::default()
+    });
+
     let hz = counter_hz();
     let mut next_beat = boot + HEARTBEAT_S * hz;
     let mut stalled_at: Option<(u32, u32)> = None;
@@ -176,6 +199,20 @@ extern "C" fn rust_main(dtb: u64) -> ! {
             waiter.sleep_until(next_beat, |w| guest_driver::Wait::wait(w, &mut || {}));
             continue;
         };
+        // A fresh hostile buffer each time the device has used the last.
+        if let Some(source) = hostile_stats.as_mut() {
+            match b.answer_stats(source) {
+                Ok(true) => println!("hostile-stats: buffer #{} posted", source.sent),
+                Ok(false) => {}
+                Err(e) => {
+                    println!("balloon error: {e}");
+                    if e == Error::Broken {
+                        balloon = None;
+                    }
+                    continue;
+                }
+            }
+        }
         match b.poll_with(&mut pool, &mut waiter) {
             Ok(p) if p.moved() > 0 => {
                 stalled_at = None;
