@@ -64,7 +64,7 @@ pub const TABLE_BEGIN: &str = "<!-- fuzz-table:begin (cargo xtask fuzz --table) 
 pub const TABLE_END: &str = "<!-- fuzz-table:end -->";
 
 /// How long each target runs; in the report `{"seconds": S}` or `{"runs": N}`.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Budget {
     Seconds(u64),
@@ -362,14 +362,46 @@ fn write_report(
     budget: Budget,
     outcomes: &[Outcome],
 ) -> Result<(), String> {
-    json::write(
-        &report_path(root),
-        &Report {
-            source: source.clone(),
-            budget,
-            targets: outcomes.to_vec(),
-        },
-    )
+    let path = report_path(root);
+    let earlier = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Report>(&text).ok());
+    json::write(&path, &merged(earlier, source, budget, outcomes))
+}
+
+/// The report after a run of `outcomes`: an earlier report of the same
+/// clean commit and budget keeps its other targets (a long run can be done
+/// a few targets at a time, one run after another), in [`TARGETS`] order;
+/// anything else is replaced.
+pub fn merged(
+    earlier: Option<Report>,
+    source: &Source,
+    budget: Budget,
+    outcomes: &[Outcome],
+) -> Report {
+    let mut targets = outcomes.to_vec();
+    if let Some(earlier) =
+        earlier.filter(|r| r.source == *source && !source.dirty && r.budget == budget)
+    {
+        targets.extend(
+            earlier
+                .targets
+                .into_iter()
+                .filter(|o| !outcomes.iter().any(|n| n.target == o.target)),
+        );
+        let rank = |t: &str| {
+            TARGETS
+                .iter()
+                .position(|&k| k == t)
+                .unwrap_or(TARGETS.len())
+        };
+        targets.sort_by_key(|o| rank(&o.target));
+    }
+    Report {
+        source: source.clone(),
+        budget,
+        targets,
+    }
 }
 
 /// `1234567` as `1,234,567`.
@@ -575,6 +607,48 @@ mod tests {
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1000), "1,000");
+    }
+
+    #[test]
+    fn a_long_run_in_parts_adds_up_for_one_commit() {
+        let source = |commit: &str, dirty| Source {
+            commit: commit.into(),
+            dirty,
+        };
+        let ran = |t: &str, runs| Outcome {
+            runs,
+            ..Outcome::new(t)
+        };
+        let long = Budget::Runs(LONG_RUNS);
+        let first = merged(None, &source("abc", false), long, &[ran("balloon", 1)]);
+        // Same commit and budget: the earlier target stays, in run order.
+        let both = merged(
+            Some(first),
+            &source("abc", false),
+            long,
+            &[ran("exit_decode", 2)],
+        );
+        let names: Vec<_> = both.targets.iter().map(|o| o.target.as_str()).collect();
+        assert_eq!(names, ["exit_decode", "balloon"]);
+        // Run again: the new figures replace the old.
+        let again = merged(
+            Some(both),
+            &source("abc", false),
+            long,
+            &[ran("balloon", 3)],
+        );
+        assert_eq!(again.targets.len(), 2);
+        assert_eq!(again.targets[1].runs, 3);
+        // Another commit, a dirty tree or another budget start over.
+        for (src, budget) in [
+            (source("def", false), long),
+            (source("abc", true), long),
+            (source("abc", false), Budget::Seconds(3)),
+        ] {
+            let earlier = merged(None, &source("abc", false), long, &[ran("balloon", 1)]);
+            let r = merged(Some(earlier), &src, budget, &[ran("psci", 1)]);
+            assert_eq!(r.targets.len(), 1, "{src:?} {budget:?}");
+        }
     }
 
     #[test]
