@@ -18,6 +18,14 @@ use crate::mm::stage2::{TableMemory, ROOT_TABLES};
 /// Physical address of the fake RAM.
 const RAM_BASE: u64 = 0x8000_0000;
 
+/// A fake frame's contents: one byte repeated until something is written
+/// (a whole page is allocated only then: a VM's start and stop handle
+/// thousands of frames that are never written).
+enum Page {
+    Filled(u8),
+    Data(Box<[u8; 4096]>),
+}
+
 /// A host with `pages` pages of fake RAM at 0x8000_0000 and a real frame
 /// table. Frames given back to the pool are filled with 0xdd, so a VM that
 /// could still reach one would read garbage a test notices; as on the
@@ -35,7 +43,7 @@ pub struct FakeHost {
     pub frames: FrameTable<'static>,
     /// Per frame: its contents as a stage-2 table, or as a guest page.
     tables: Vec<Option<Box<[u64; 512]>>>,
-    data: Vec<Option<Box<[u8; 4096]>>>,
+    data: Vec<Option<Page>>,
     /// TLB invalidations asked for.
     pub flushes: u64,
     /// Instruction cache invalidations (every CPU's) asked for.
@@ -96,7 +104,7 @@ impl FakeHost {
         let got = self.frames.claim_to_zero(&mut claimed, target);
         for &pa in &claimed[..got] {
             if self.keep_data {
-                self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
+                self.data[Self::frame(pa)] = Some(Page::Filled(0));
             }
         }
         self.frames
@@ -179,7 +187,7 @@ impl HostMemory for FakeHost {
         }
         let pa = frame[0];
         if self.keep_data && got.zeroed & 1 == 0 {
-            self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
+            self.data[Self::frame(pa)] = Some(Page::Filled(0));
         }
         self.handed_to_guest(pa);
         Some((pa, got.stale))
@@ -194,14 +202,14 @@ impl HostMemory for FakeHost {
         }
         let pa = frame[0];
         if self.keep_data {
-            self.data[Self::frame(pa)] = Some(Box::new([0xdd; 4096]));
+            self.data[Self::frame(pa)] = Some(Page::Filled(0xdd));
         }
         self.handed_to_guest(pa);
         Some((pa, got.stale))
     }
     fn alloc_hypervisor_page(&mut self) -> Option<PhysAddr> {
         let pa = self.frames.alloc(1, 1, FrameUse::Allocated)?;
-        self.data[Self::frame(pa)] = Some(Box::new([0; 4096]));
+        self.data[Self::frame(pa)] = Some(Page::Filled(0));
         Some(pa)
     }
     fn free_frame(&mut self, vm: usize, pa: PhysAddr) -> Result<(), FrameError> {
@@ -209,7 +217,7 @@ impl HostMemory for FakeHost {
         self.freed_from_guest(pa);
         if self.keep_data {
             // Poison what the pool gets back: a VM must never see it again.
-            self.data[Self::frame(pa)] = Some(Box::new([0xdd; 4096]));
+            self.data[Self::frame(pa)] = Some(Page::Filled(0xdd));
         }
         Ok(())
     }
@@ -218,16 +226,24 @@ impl HostMemory for FakeHost {
         if !self.keep_data {
             return buf.fill(0);
         }
-        let page = self.data[Self::frame(pa)].as_ref().expect("guest page");
         let off = pa.page_offset() as usize;
-        buf.copy_from_slice(&page[off..off + buf.len()]);
+        match self.data[Self::frame(pa)].as_ref().expect("guest page") {
+            Page::Filled(byte) => buf.fill(*byte),
+            Page::Data(page) => buf.copy_from_slice(&page[off..off + buf.len()]),
+        }
     }
     fn write(&mut self, pa: PhysAddr, data: &[u8]) {
         self.note_access(pa);
         if !self.keep_data {
             return;
         }
-        let page = self.data[Self::frame(pa)].as_mut().expect("guest page");
+        let slot = self.data[Self::frame(pa)].as_mut().expect("guest page");
+        if let Page::Filled(byte) = *slot {
+            *slot = Page::Data(Box::new([byte; 4096]));
+        }
+        let Page::Data(page) = slot else {
+            unreachable!("just made data")
+        };
         let off = pa.page_offset() as usize;
         page[off..off + data.len()].copy_from_slice(data);
     }
