@@ -497,7 +497,8 @@ impl Stage2 {
 
     /// Unmap RAM pages at or above `*cursor`, in IPA order, pushing their
     /// frames to `out` until it is full; `*cursor` moves past the last page
-    /// looked at ([`IPA_LIMIT`] when the walk is done). Lets a caller free a
+    /// looked at ([`IPA_LIMIT`] when the walk is done, at once when no RAM
+    /// page is left mapped). Lets a caller free a
     /// whole VM in fixed-size batches: no memory in proportion to its size.
     /// The caller invalidates the TLB before the frames are reused.
     pub fn unmap_some<const N: usize>(
@@ -509,6 +510,11 @@ impl Stage2 {
         const L2_SPAN: u64 = 1 << 21;
         let next = |ipa: GuestAddr, span: u64| GuestAddr::new((ipa.raw() & !(span - 1)) + span);
         while *cursor < IPA_LIMIT && !out.is_full() {
+            if self.mapped == 0 {
+                // No RAM page left: the rest of the 16 GiB walk finds none.
+                *cursor = IPA_LIMIT;
+                break;
+            }
             let ipa = cursor.page_base();
             let e2 = mem.table(root_table(self.root, ipa.raw() >> 30))[index(ipa, 2)];
             if !is_valid(e2) {
