@@ -856,16 +856,20 @@ fn for_vm_input<R>(service: Service, id: usize, f: impl FnOnce() -> R) -> Result
     recovery::run_recoverable_as(point.encode(), f).map_err(|_| id)
 }
 
-/// VM `id`'s name, without waiting for its lock (for a failure's line).
-fn name_now(id: usize) -> heapless::String<32> {
-    VMS.get(id)
-        .and_then(|lock| lock.try_lock())
-        .and_then(|vm| vm.as_ref().map(|vm| vm.name.clone()))
-        .unwrap_or_else(|| {
-            let mut s = heapless::String::new();
-            let _ = core::fmt::write(&mut s, format_args!("VM {id}"));
-            s
-        })
+/// VM `id`'s name, for a failure's line. Waits for its lock as a service
+/// does (another CPU may take it the moment the failure released it),
+/// unless this CPU still holds it in `held` (a domain outside the failed
+/// one): then only its number.
+fn name_of(id: usize, held: u32) -> heapless::String<32> {
+    let name = VMS
+        .get(id)
+        .filter(|_| held & held::vm(id) == 0)
+        .and_then(|lock| lock.lock_service().as_ref().map(|vm| vm.name.clone()));
+    name.unwrap_or_else(|| {
+        let mut s = heapless::String::new();
+        let _ = core::fmt::write(&mut s, format_args!("VM {id}"));
+        s
+    })
 }
 
 /// A panic or an EL2 exception on a CPU with a recovery point armed
@@ -898,7 +902,7 @@ pub fn contain_failure(what: core::fmt::Arguments) {
     match point.domain {
         Domain::Vcpu => {
             let slot = CPU_VM[cpu].load(Ordering::Acquire);
-            let name = name_now(slot / MAX_VCPUS);
+            let name = name_of(slot / MAX_VCPUS, held & !release);
             if ENDING[cpu].load(Ordering::Relaxed) {
                 println!(
                     "tidal: [{name}] hypervisor failure again while stopping the VM: {what}; the VM is left failed and its frames stay accounted to it"
@@ -919,7 +923,7 @@ pub fn contain_failure(what: core::fmt::Arguments) {
         Domain::Input { vm, service } => {
             println!(
                 "tidal: [{}] hypervisor failure in the {} handling this VM's input: {what}; the VM is stopped",
-                name_now(vm),
+                name_of(vm, held & !release),
                 service.name()
             );
         }
