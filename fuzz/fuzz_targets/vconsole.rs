@@ -332,6 +332,17 @@ fuzz_target!(|ops: Vec<Op>| {
         }
 
         // Where the device wrote.
+        if transmitted {
+            // A pass stops at its bound (64 chains or 64 KiB) and the
+            // memory tick resumes it: do as the tick does until nothing is
+            // left, each pass bounded like the first.
+            let mut passes = 0;
+            while r.t.device().has_more() {
+                passes += 1;
+                assert!(passes <= 1 + usize::from(QUEUE_SIZE), "the passes end");
+                let _ = r.t.device_work(&mut r.env, |d, q, e| d.resume(q, e));
+            }
+        }
         for &(at, len) in r.env.mem.writes() {
             let end = at + len as u64;
             assert!(
