@@ -514,7 +514,7 @@ fn room(w: &Work, stage: u32, stepped: bool) -> Pages {
         _ => w.ceiling.saturating_sub(w.target),
     };
     match stepped {
-        true => r.min((w.start + w.step).saturating_sub(w.target)),
+        true => r.min(w.start.saturating_add(w.step).saturating_sub(w.target)),
         false => r,
     }
 }
