@@ -262,11 +262,7 @@ fn spec(prealloc: bool) -> guest_bundle::VmEntry<'static> {
         )
         .expect("valid VM")
         .build();
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    guest_bundle::parse(bytes)
-        .expect("bundle")
-        .vm(0)
-        .expect("one VM")
+    hypervisor::vm::testing::first_vm(bytes)
 }
 
 fn check(vm: &Vm, cpu: &mut FakeCpu) {
@@ -275,7 +271,10 @@ fn check(vm: &Vm, cpu: &mut FakeCpu) {
         id: vm.id,
         name: &vm.name,
         stopped: vm.state == VmState::Stopped,
-        ram: vm.ram.as_ref().map(|r| check::RamFacts::of(r, &mut cpu.host)),
+        ram: vm
+            .ram
+            .as_ref()
+            .map(|r| check::RamFacts::of(r, &mut cpu.host)),
     }];
     if let Err(e) = check::check(&facts, &vms) {
         panic!("check failed: {e:?}");

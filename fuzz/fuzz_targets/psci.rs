@@ -106,11 +106,7 @@ fn spec() -> guest_bundle::VmEntry<'static> {
         })
         .expect("valid VM")
         .build();
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    guest_bundle::parse(bytes)
-        .expect("bundle")
-        .vm(0)
-        .expect("VM")
+    hypervisor::vm::testing::first_vm(bytes)
 }
 
 static SPEC: OnceLock<guest_bundle::VmEntry<'static>> = OnceLock::new();

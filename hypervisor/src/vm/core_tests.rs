@@ -112,9 +112,7 @@ fn spec_devices(
         )
         .expect("valid VM")
         .build();
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    let bundle = guest_bundle::parse(bytes).expect("bundle");
-    bundle.vm(0).expect("one VM")
+    super::testing::first_vm(bytes)
 }
 
 /// VM 0 with `vcpus` vCPUs and a GICv3, started on a fake CPU 0 (the shell's).

@@ -436,3 +436,13 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
         self.icache_invalidations += 1;
     }
 }
+
+/// VM 0 of the bundle `bytes` (built by `BundleBuilder`), kept for the
+/// rest of the process: what a test or fuzz target starts a VM from.
+pub fn first_vm(bytes: Vec<u8>) -> guest_bundle::VmEntry<'static> {
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    guest_bundle::parse(bytes)
+        .expect("a bundle the builder made")
+        .vm(0)
+        .expect("one VM")
+}
