@@ -112,11 +112,15 @@ pub mod mem_flags {
 
 /// Bits of the header's `pool_flags` (pool extension).
 pub mod pool_flags {
-    /// When the free page pool is exhausted, stop the lowest-priority VM
-    /// instead of only making the faulting vCPU wait.
+    /// When a vCPU has waited the bound for a frame, stop the lowest-weight
+    /// VM. Written by older tools; it is also what a bundle without
+    /// [`WAIT`] does.
     pub const STOP_LOWEST: u32 = 1 << 0;
+    /// A vCPU waits for a frame without bound (`when_exhausted = "wait"`);
+    /// it wins over [`STOP_LOWEST`].
+    pub const WAIT: u32 = 1 << 1;
     /// Every bit defined so far; any other bit is rejected.
-    pub const KNOWN: u32 = STOP_LOWEST;
+    pub const KNOWN: u32 = STOP_LOWEST | WAIT;
 }
 
 /// Byte offsets of the header fields.
@@ -1323,10 +1327,10 @@ impl<'a> Bundle<'a> {
     pub fn pool_flags(&self) -> u32 {
         self.pool_flags
     }
-    /// When the pool is exhausted, stop the lowest-priority VM instead of
-    /// only waiting ([`pool_flags::STOP_LOWEST`]).
+    /// When a vCPU has waited the bound for a frame, stop the lowest-weight
+    /// VM: unless [`pool_flags::WAIT`] says to wait without bound.
     pub fn stop_lowest_when_exhausted(&self) -> bool {
-        self.pool_flags & pool_flags::STOP_LOWEST != 0
+        self.pool_flags & pool_flags::WAIT == 0
     }
     /// The header's [`flags`] bits.
     pub fn flags(&self) -> u32 {

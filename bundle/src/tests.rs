@@ -222,7 +222,7 @@ const POOL: PoolSpec = PoolSpec {
     min: 16 * MIB,
     low: 48 * MIB,
     high: 80 * MIB,
-    stop_lowest: true,
+    wait: true,
 };
 
 #[test]
@@ -233,17 +233,14 @@ fn round_trip_memory_limits_and_pool() {
         HEADER_SIZE_POOL as u32
     );
     assert_eq!(read_u64(&bytes, header::POOL_LOW), 48 * MIB);
-    assert_eq!(
-        read_u32(&bytes, header::POOL_FLAGS),
-        pool_flags::STOP_LOWEST
-    );
+    assert_eq!(read_u32(&bytes, header::POOL_FLAGS), pool_flags::WAIT);
     assert_eq!(read_u64(&bytes, E0 + entry::MEM_MAX), 48 * MIB);
     assert_eq!(read_u32(&bytes, E0 + entry::MEM_WEIGHT), 250);
     let b = parse(&bytes).unwrap();
     assert_eq!(b.header_size(), HEADER_SIZE_POOL);
     assert_eq!(b.pool_watermarks(), Some((16 * MIB, 48 * MIB, 80 * MIB)));
-    assert_eq!(b.pool_flags(), pool_flags::STOP_LOWEST);
-    assert!(b.stop_lowest_when_exhausted());
+    assert_eq!(b.pool_flags(), pool_flags::WAIT);
+    assert!(!b.stop_lowest_when_exhausted());
 
     let l = b.find("limited").unwrap();
     assert_eq!(
@@ -278,22 +275,35 @@ fn round_trip_memory_limits_and_pool() {
     let b = parse(&bytes).unwrap();
     assert_eq!(b.header_size(), HEADER_SIZE_POOL);
     assert_eq!(b.pool_watermarks(), None);
-    assert!(!b.stop_lowest_when_exhausted());
+    assert!(
+        b.stop_lowest_when_exhausted(),
+        "a wait is bounded by default"
+    );
     // Flags without watermarks are fine.
-    let stop = PoolSpec {
-        stop_lowest: true,
+    let wait = PoolSpec {
+        wait: true,
         ..PoolSpec::default()
     };
-    let b2 = build_mem(&[], stop);
+    let b2 = build_mem(&[], wait);
     let b2 = parse(&b2).unwrap();
     assert_eq!(b2.pool_watermarks(), None);
-    assert!(b2.stop_lowest_when_exhausted());
+    assert!(!b2.stop_lowest_when_exhausted());
+    // The bit older tools wrote for stop-lowest still reads so; WAIT wins.
+    for (flags, stop) in [
+        (pool_flags::STOP_LOWEST, true),
+        (pool_flags::STOP_LOWEST | pool_flags::WAIT, false),
+    ] {
+        let mut bytes = build_mem(&[], PoolSpec::default());
+        put32(&mut bytes, header::POOL_FLAGS, flags);
+        fix_crc(&mut bytes);
+        assert_eq!(parse(&bytes).unwrap().stop_lowest_when_exhausted(), stop);
+    }
     // min = low = high is in order.
     let flat = PoolSpec {
         min: 4096,
         low: 4096,
         high: 4096,
-        stop_lowest: false,
+        wait: false,
     };
     let b3 = build_mem(&[], flat);
     assert_eq!(
@@ -318,7 +328,7 @@ fn old_bundles_read_with_memory_defaults() {
     assert_eq!(b.header_size(), HEADER_SIZE);
     assert_eq!(b.pool_watermarks(), None);
     assert_eq!(b.pool_flags(), 0);
-    assert!(!b.stop_lowest_when_exhausted());
+    assert!(b.stop_lowest_when_exhausted());
     let vm = b.vm(0).unwrap();
     assert_eq!(vm.mem_min(), 0);
     assert_eq!(vm.mem_low(), 0);
@@ -564,10 +574,10 @@ fn memory_and_pool_error_messages() {
     );
     let m = corrupt(false, |b| put64(b, header::POOL_MIN, 0x10)).to_string();
     assert_eq!(m, "pool min 0x10 is not a multiple of 0x1000 bytes");
-    let m = corrupt(false, |b| put32(b, header::POOL_FLAGS, 2)).to_string();
+    let m = corrupt(false, |b| put32(b, header::POOL_FLAGS, 5)).to_string();
     assert_eq!(
         m,
-        "pool flags 0x2 include unknown bits 0x2 (written by a newer tool?)"
+        "pool flags 0x5 include unknown bits 0x4 (written by a newer tool?)"
     );
 }
 
@@ -639,7 +649,7 @@ fn writer_rejects_bad_memory_limits_and_pools() {
                 min: 2 * MIB,
                 low: MIB,
                 high: 3 * MIB,
-                stop_lowest: false,
+                wait: false,
             },
             "are not in order",
         ),
@@ -648,7 +658,7 @@ fn writer_rejects_bad_memory_limits_and_pools() {
                 min: MIB,
                 low: 2 * MIB,
                 high: 3 * MIB + 1,
-                stop_lowest: false,
+                wait: false,
             },
             "pool high 0x300001 is not a multiple of 0x1000 bytes",
         ),

@@ -61,8 +61,8 @@ impl VmMemory {
 }
 
 /// The free page pool settings of the header's pool extension. The default
-/// (all zero, false) leaves the watermarks to the hypervisor and waits when
-/// the pool is exhausted.
+/// (all zero, false) leaves the watermarks to the hypervisor and stops the
+/// lowest-weight VM when a vCPU has waited the bound for a frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolSpec {
     /// Watermarks in bytes, multiples of 4 KiB: all zero, or all non-zero
@@ -70,14 +70,14 @@ pub struct PoolSpec {
     pub min: u64,
     pub low: u64,
     pub high: u64,
-    /// [`pool_flags::STOP_LOWEST`].
-    pub stop_lowest: bool,
+    /// [`pool_flags::WAIT`]: vCPUs wait for a frame without bound.
+    pub wait: bool,
 }
 
 impl PoolSpec {
     fn flags(&self) -> u32 {
-        if self.stop_lowest {
-            pool_flags::STOP_LOWEST
+        if self.wait {
+            pool_flags::WAIT
         } else {
             0
         }

@@ -27,14 +27,14 @@ fuzz_target!(|data: &[u8]| {
     let mut builder = BundleBuilder::new();
     builder.on_target_tests(bundle.on_target_tests());
     let stop_lowest = bundle.stop_lowest_when_exhausted();
-    if bundle.pool_watermarks().is_some() || stop_lowest {
+    if bundle.pool_watermarks().is_some() || !stop_lowest {
         let (min, low, high) = bundle.pool_watermarks().unwrap_or((0, 0, 0));
         builder
             .pool(PoolSpec {
                 min,
                 low,
                 high,
-                stop_lowest,
+                wait: !stop_lowest,
             })
             .expect("the writer takes the pool the reader accepted");
     }

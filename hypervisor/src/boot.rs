@@ -495,7 +495,7 @@ fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &vm::FrameLock) 
         size(watermarks.min),
         size(watermarks.low),
         size(watermarks.high),
-        if stop_lowest { "stop the lowest-weight VM" } else { "the faulting vCPU waits" }
+        manage::exhausted_policy(stop_lowest)
     );
 }
 

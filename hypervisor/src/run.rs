@@ -1359,9 +1359,11 @@ pub struct MemoryManager {
     /// The last input read from each VM (reused while its lock is busy).
     inputs: [VmInput; MAX_GUESTS],
     /// `when_exhausted = "stop-lowest"`: stop the lowest-weight VM when a
-    /// vCPU has waited a second for a frame.
+    /// vCPU has waited [`manage::WAIT_BOUND_US`] for a frame.
     pub stop_lowest: bool,
     pub exhausted_stops: u64,
+    /// When the last of them was stopped.
+    last_exhausted_stop_us: Option<u64>,
 }
 
 static MANAGER: TicketMutex<Option<MemoryManager>> = TicketMutex::new(None);
@@ -1383,6 +1385,7 @@ pub fn init_manager(watermarks: Watermarks, stop_lowest: bool) {
         inputs: [VmInput::default(); MAX_GUESTS],
         stop_lowest,
         exhausted_stops: 0,
+        last_exhausted_stop_us: None,
     });
 }
 
@@ -1496,6 +1499,9 @@ fn manager_tick(now: u64) {
     }
     let mut longest_wait = 0;
     let mut failed = [false; MAX_GUESTS];
+    // Short of memory, the manager asks for fresh statistics rather than
+    // deciding on a sample up to a poll interval old.
+    let short = frames().unreserved_free() < mm.manager.watermarks().low;
     for (id, failed) in failed.iter_mut().enumerate() {
         let read = for_vm_input(Service::Manager, id, || {
             let mut vm_guard = lock_vm_for_service(id);
@@ -1504,6 +1510,9 @@ fn manager_tick(now: u64) {
                 panic!("injected failure ('debug fail-input {}')", vm.name);
             }
             irq::flush_vconsole(vm, &mut TargetCpu::new());
+            if short {
+                manage::want_fresh_stats(vm, now);
+            }
             Some((
                 manage::is_managed(vm),
                 vm.starts,
@@ -1551,8 +1560,20 @@ fn manager_tick(now: u64) {
     for (id, _) in failed.iter().enumerate().filter(|(_, &f)| f) {
         stop_for_failed_input(id);
     }
-    if mm.stop_lowest && longest_wait >= manage::WAIT_ANNOUNCE_US && stop_lowest_weight() {
+    // A VM giving memory back may take frames from the upper half of the
+    // reserve (`Manager::may_dip`): parked at the floor, it could not.
+    {
+        let mut table = frames();
+        for (id, input) in mm.inputs.iter().enumerate() {
+            table.set_inflating(id, input.size > 0 && mm.manager.may_dip(id));
+        }
+    }
+    // One stop per bound at most: the memory of the VM just stopped needs
+    // a moment to reach the vCPUs that waited for it.
+    let due = manage::escalation_due(now, longest_wait, mm.last_exhausted_stop_us);
+    if mm.stop_lowest && due && stop_lowest_weight() {
         mm.exhausted_stops += 1;
+        mm.last_exhausted_stop_us = Some(now);
     }
 }
 
@@ -1572,12 +1593,12 @@ fn stop_for_failed_input(id: usize) {
 /// Why a VM stopped whose input made a board service fail.
 const INPUT_FAILURE: &str = "a hypervisor failure handling its input to the memory manager";
 
-/// The pool is exhausted and a vCPU has waited a second: stop the running
+/// The pool is exhausted and a vCPU has waited the bound: stop the running
 /// VM with the lowest weight (the most backed among equals), unless a VM
 /// is already stopping. True if one was stopped.
 fn stop_lowest_weight() -> bool {
-    let mut victim: Option<(usize, u32, u64)> = None;
-    for id in 0..MAX_GUESTS {
+    let mut running = [None; MAX_GUESTS];
+    for (id, slot) in running.iter_mut().enumerate() {
         let vm_guard = lock_vm_for_service(id);
         let Some(vm) = vm_guard.as_ref() else {
             continue;
@@ -1587,14 +1608,11 @@ fn stop_lowest_weight() -> bool {
             VmState::Running => {}
             _ => continue,
         }
-        let weight = vm.managed.limits.weight;
         let backed = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
-        let lower = victim.is_none_or(|(_, w, b)| weight < w || (weight == w && backed > b));
-        if lower {
-            victim = Some((id, weight, backed));
-        }
+        *slot = Some((vm.managed.limits.weight, backed));
     }
-    let Some((id, _, _)) = victim else {
+    let victim = manage::lowest_weight(&running);
+    let Some(id) = victim else {
         return false;
     };
     let mut vm_guard = lock_vm_for_service(id);
@@ -1602,8 +1620,9 @@ fn stop_lowest_weight() -> bool {
         return false;
     };
     vm.out.line(format_args!(
-        "tidal: [{}] stopping the VM: the pool is exhausted, a vCPU has waited a second for memory, and it has the lowest weight (when_exhausted = \"stop-lowest\")",
-        vm.name
+        "tidal: [{}] stopping the VM: the pool is exhausted, a vCPU has waited {} s for memory, and it has the lowest weight (when_exhausted = \"stop-lowest\", the default)",
+        vm.name,
+        manage::WAIT_BOUND_US / 1_000_000
     ));
     lifecycle::begin_stop(
         vm,

@@ -10,9 +10,12 @@
 
 use std::time::{Duration, Instant};
 
+use regex::Regex;
+
 use harness::linux::overcommit::{BETA, BOOT, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE};
 use harness::linux::{
-    agent_run, hog_phase, leave_console, mm_raw, oom_kills, wait_for_agents, HogOutcome, HogPhase,
+    agent_run, enter_console, hog_phase, leave_console, mm_raw, oom_kills, wait_for_agents,
+    HogOutcome, HogPhase,
 };
 use harness::{Artifacts, Board, HarnessError, QemuOptions, Session};
 
@@ -24,13 +27,13 @@ fn ok<T>(result: Result<T, HarnessError>) -> T {
 
 /// Boots the four VMs with 5 CPUs (the shell on CPU 0, the VMs on 1-4) and
 /// waits for the three agents and the test guest's balloon.
-fn boot(board: Board) -> Session {
+fn boot(board: Board, test: &str, bundle: &str) -> Session {
     let artifacts = Artifacts::locate();
     let mut opts = QemuOptions::for_board(board, &artifacts);
-    opts.initrd = Some(harness::target_dir().join("bundles").join("overcommit.img"));
+    opts.initrd = Some(harness::target_dir().join("bundles").join(bundle));
     opts.smp = Some(5);
     let mut s = ok(Session::start(
-        &format!("{}-overcommit_hog_moves_between_guests", board.name()),
+        &format!("{}-{test}", board.name()),
         board,
         &artifacts,
         &opts,
@@ -48,7 +51,11 @@ fn boot(board: Board) -> Session {
 
 fn hog_moves_between_guests(board: Board) {
     let booting = Instant::now();
-    let mut s = boot(board);
+    let mut s = boot(
+        board,
+        "overcommit_hog_moves_between_guests",
+        "overcommit.img",
+    );
     println!("booted in {:.1} s", booting.elapsed().as_secs_f64());
 
     let first = ok(mm_raw(&mut s, COMMAND));
@@ -143,6 +150,134 @@ fn hog_moves_between_guests(board: Board) {
     s.assert_check();
 }
 
+/// Everyone hungry at once (issue 37): the three hogs start together,
+/// 2,100 MiB asked of a board with less free. The board never wedges:
+/// every guest's hog completes, or its own kernel kills it (`kill`: the
+/// guests do not deflate on OOM), or its VM is the one the board's
+/// escalation stops (a guest that deflates on OOM takes its balloon back
+/// rather than kill; `when_exhausted = "stop-lowest"`, the default, then
+/// stops the lowest-weight VM once a vCPU has waited the bound). No vCPU
+/// waits longer than the bound, at most one VM is stopped per bound, no
+/// guest reports a soft lockup or an RCU stall, and `check` passes. Each
+/// guest's outcome is printed.
+fn everyone_hungry_at_once(board: Board, kill: bool) {
+    let (test, bundle) = match kill {
+        false => ("overcommit_everyone_hungry_at_once", "overcommit.img"),
+        true => (
+            "overcommit_everyone_hungry_guests_kill",
+            "overcommit-kill.img",
+        ),
+    };
+    let mut s = boot(board, test, bundle);
+    let mut at = s.mark();
+    let started = Instant::now();
+    for (i, vm) in LINUX.iter().enumerate() {
+        ok(enter_console(&mut s, vm));
+        ok(s.send_line(&format!("run {} tidal-mem hog {HOG_MIB} {HOLD_S}", 10 + i)));
+        ok(leave_console(&mut s));
+    }
+    let events = r"\[(vm[abc])\] tidal-guest: done 1[012] rc=(\d+)|tidal: \[(vm[abc])\] VM stopped";
+    // Per VM: its hog's exit status, or None if its VM was stopped first.
+    let mut outcomes: Vec<(String, Option<u32>, f64)> = Vec::new();
+    while outcomes.len() < LINUX.len() {
+        let left = HUNGRY.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            diagnose(&mut s);
+            panic!("the board wedged: outcomes so far {outcomes:?} after {HUNGRY:?}");
+        }
+        match s.expect_since(&mut at, events, left.min(SAMPLE)) {
+            Ok(found) => {
+                let t = started.elapsed().as_secs_f64();
+                let (vm, rc) = match found[1].is_empty() {
+                    false => (found[1].to_string(), found[2].parse().ok()),
+                    true => (found[3].to_string(), None),
+                };
+                if !outcomes.iter().any(|(v, _, _)| *v == vm) {
+                    outcomes.push((vm, rc, t));
+                }
+            }
+            Err(e) if e.kind == harness::ErrorKind::Timeout => {
+                // What the pool and each balloon do meanwhile, for the
+                // test's output.
+                let mut line = format!("{:6.1} s", started.elapsed().as_secs_f64());
+                if let Ok(r) = mm_raw(&mut s, COMMAND) {
+                    line += &format!(" pool {} MiB:", r.pool.free / 256);
+                    for v in &r.vms {
+                        line += &format!(
+                            " {} {} backed {} balloon {}/{}{}{};",
+                            v.name,
+                            v.state,
+                            v.backed / 256,
+                            v.balloon / 256,
+                            v.target / 256,
+                            if v.pressure { " P" } else { "" },
+                            if v.congested { " C" } else { "" },
+                        );
+                    }
+                }
+                println!("{line}");
+            }
+            Err(e) => {
+                diagnose(&mut s);
+                panic!("outcomes so far {outcomes:?}: {e}");
+            }
+        }
+    }
+    let out = s.output();
+    let stopped = |vm: &str| {
+        out.contains(&format!(
+            "tidal: [{vm}] stopping the VM: the pool is exhausted"
+        ))
+    };
+    for (vm, rc, t) in &outcomes {
+        let kills = oom_kills(&out, vm);
+        let what = match rc {
+            Some(0) => "completed",
+            Some(137) if kills > 0 => "its own kernel killed the hog",
+            None if stopped(vm) => "its VM was stopped by the escalation",
+            _ => panic!("{vm}: neither completed, killed by its kernel nor stopped by the escalation ({rc:?})"),
+        };
+        println!("{vm}: {what} after {t:.1} s ({kills} OOM kills in the guest)");
+    }
+    // Waits: bounded (a tick and the stop's own time past the bound), and
+    // stops one at a time.
+    let bound_ms = 5_000;
+    let waited = Regex::new(r"got memory after waiting (\d+) ms").unwrap();
+    for c in waited.captures_iter(&out) {
+        let ms: u64 = c[1].parse().unwrap();
+        assert!(ms <= bound_ms + 1_000, "a vCPU waited {ms} ms");
+    }
+    let stops = out
+        .matches("stopping the VM: the pool is exhausted")
+        .count();
+    println!("{stops} VMs stopped by the escalation");
+    assert!(stops <= 1, "more than one stop for one shortage: {stops}");
+    for line in out.lines() {
+        assert!(
+            !line.contains("soft lockup")
+                && !line.contains("rcu_sched self-detected stall")
+                && !line.contains("rcu: INFO"),
+            "a guest stalled: {line}"
+        );
+    }
+    let last = ok(mm_raw(&mut s, COMMAND));
+    println!("after: {last:?}");
+    for vm in &last.vms {
+        let expected = if stopped(&vm.name) {
+            "stopped"
+        } else {
+            "running"
+        };
+        assert_eq!(vm.state, expected, "{vm:?}");
+    }
+    s.assert_check();
+}
+
+/// How long the three hogs at once may take, all of them.
+const HUNGRY: Duration = Duration::from_secs(300);
+/// How often the pool is sampled meanwhile.
+const SAMPLE: Duration = Duration::from_secs(2);
+
 /// After a phase failed: what the hypervisor and each guest that still
 /// answers say about their balloons, printed with the test's output (a
 /// guest whose vCPU waits for memory times out and is passed over).
@@ -171,5 +306,17 @@ mod virt_gicv2 {
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn overcommit_hog_moves_between_guests() {
         super::hog_moves_between_guests(harness::Board::VirtGicv2);
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn overcommit_everyone_hungry_at_once() {
+        super::everyone_hungry_at_once(harness::Board::VirtGicv2, false);
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn overcommit_everyone_hungry_guests_kill() {
+        super::everyone_hungry_at_once(harness::Board::VirtGicv2, true);
     }
 }

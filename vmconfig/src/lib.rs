@@ -27,7 +27,7 @@
 //! min = "16M"             # watermarks: all three or none (default: from RAM)
 //! low = "48M"
 //! high = "80M"
-//! when_exhausted = "wait" # or "stop-lowest"
+//! when_exhausted = "stop-lowest" # or "wait" (without bound)
 //!
 //! on_target_tests = true  # optional, top level (before any table): the
 //!                         # hypervisor runs its on-target self-checks
@@ -127,8 +127,8 @@ const MEMORY_KEYS: [&str; 5] = ["min", "low", "max", "weight", "prealloc"];
 const POOL_KEYS: [&str; 4] = ["min", "low", "high", "when_exhausted"];
 
 /// Values of `[pool] when_exhausted` and whether they set the bundle's
-/// stop-lowest flag.
-const EXHAUSTED_POLICIES: [(&str, bool); 2] = [("wait", false), ("stop-lowest", true)];
+/// wait flag (vCPUs wait for a frame without bound).
+const EXHAUSTED_POLICIES: [(&str, bool); 2] = [("stop-lowest", false), ("wait", true)];
 
 /// A size as written (for messages) and its value in bytes.
 type Size = (String, u64);
@@ -329,15 +329,15 @@ fn pool_from_value(value: &toml::Value) -> Result<PoolSpec, String> {
             POOL_KEYS.join(", ")
         ));
     }
-    let stop_lowest = match t.get("when_exhausted") {
+    let wait = match t.get("when_exhausted") {
         None => false,
         Some(toml::Value::String(word)) => EXHAUSTED_POLICIES
             .iter()
             .find(|(w, _)| w == word)
-            .map(|&(_, stop)| stop)
+            .map(|&(_, wait)| wait)
             .ok_or_else(|| {
                 format!(
-                    "when_exhausted \"{word}\" is unknown; it is \"wait\" (the default) or \"stop-lowest\""
+                    "when_exhausted \"{word}\" is unknown; it is \"stop-lowest\" (the default) or \"wait\""
                 )
             })?,
         Some(other) => return Err(wrong_type("when_exhausted", "a string", other)),
@@ -363,7 +363,7 @@ fn pool_from_value(value: &toml::Value) -> Result<PoolSpec, String> {
         .collect();
     if missing.len() == 3 {
         return Ok(PoolSpec {
-            stop_lowest,
+            wait,
             ..PoolSpec::default()
         });
     }
@@ -385,7 +385,7 @@ fn pool_from_value(value: &toml::Value) -> Result<PoolSpec, String> {
         min,
         low,
         high,
-        stop_lowest,
+        wait,
     })
 }
 
@@ -2086,7 +2086,7 @@ on_bad_access = "stop"
             (pool("min = \"0\"\nlow = \"48M\"\nhigh = \"80M\""), "t.toml: pool: min \"0\" is zero; leave min, low and high out for the defaults".into()),
             (pool("min = \"16M\"\nlow = \"48M\"\nhigh = \"81001K\""), "t.toml: pool: high \"81001K\" is not a multiple of 4 KiB; use \"81004K\"".into()),
             (pool("min = \"many\""), "t.toml: pool: min \"many\" is not a size".into()),
-            (pool("when_exhausted = \"kill\""), "t.toml: pool: when_exhausted \"kill\" is unknown; it is \"wait\" (the default) or \"stop-lowest\"".into()),
+            (pool("when_exhausted = \"kill\""), "t.toml: pool: when_exhausted \"kill\" is unknown; it is \"stop-lowest\" (the default) or \"wait\"".into()),
             (pool("when_exhausted = 1"), "t.toml: pool: when_exhausted must be a string, found integer 1".into()),
             (pool("size = \"1M\""), "t.toml: pool: unknown field `size`; [pool] has min, low, high, when_exhausted".into()),
             (format!("pool = 5\n{ONE}"), "t.toml: pool: must be a table ([pool]), found integer 5".into()),
@@ -2215,11 +2215,12 @@ on_bad_access = "stop"
             (1 << 20, 1 << 20, 512 << 20)
         );
 
-        // Without [pool] and [vm.memory]: every default.
+        // Without [pool] and [vm.memory]: every default (a wait for a
+        // frame is bounded: stop-lowest).
         let b = build(ONE).unwrap();
         let b = guest_bundle::parse(&b).unwrap();
         assert_eq!(b.pool_watermarks(), None);
-        assert!(!b.stop_lowest_when_exhausted());
+        assert!(b.stop_lowest_when_exhausted());
         let v = b.vm(0).unwrap();
         assert_eq!(
             (

@@ -690,6 +690,13 @@ impl Balloon {
         self.sample.as_ref()
     }
 
+    /// Tests only: an empty sample that arrived at `arrived_us`, as if the
+    /// driver had sent one.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn set_stats_sample_for_test(&mut self, arrived_us: u64) {
+        self.sample = Some(StatsSample::new(arrived_us));
+    }
+
     /// The statistics polling interval, microseconds (0: off).
     pub fn stats_interval_us(&self) -> u64 {
         self.stats_interval_us

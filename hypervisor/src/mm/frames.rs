@@ -538,6 +538,9 @@ pub fn zero_ahead_now(table: &FrameTable<'_>, frames_taken: bool, exits: u64, ta
 struct GuestFrames {
     owned: u64,
     guaranteed: u64,
+    /// Its balloon is asked to inflate: it may take frames down to half
+    /// the floor (see [`FrameTable::set_inflating`]).
+    inflating: bool,
 }
 
 /// Why [`FrameTable::guarantee`] refused: the frames missing.
@@ -803,6 +806,25 @@ impl<'a> FrameTable<'a> {
         self.guest_floor
     }
 
+    /// VM `vm`'s balloon is asked to inflate (`true`) or not: while it is,
+    /// its frames beyond a guarantee stop at half the guest floor, not at
+    /// the floor. A guest parked at the floor cannot run its balloon driver
+    /// or its own reclaim (the vCPU waits inside its kernel), and inflation
+    /// itself may touch pages (a kernel that zeroes what it allocates): the
+    /// upper half of the reserve is for the VM that is giving memory back,
+    /// as Linux lets a task that frees memory dip below its watermarks.
+    pub fn set_inflating(&mut self, vm: usize, inflating: bool) {
+        if let Some(g) = self.guests.get_mut(vm) {
+            g.inflating = inflating;
+        }
+    }
+
+    /// Whether VM `vm` may take frames below the floor (see
+    /// [`Self::set_inflating`]).
+    pub fn inflating(&self, vm: usize) -> bool {
+        self.guests.get(vm).is_some_and(|g| g.inflating)
+    }
+
     /// Give a frame of VM `vm` back to the pool; an error (and no change) if
     /// the frame does not belong to that VM.
     pub fn free_guest(&mut self, vm: usize, addr: PhysAddr) -> Result<(), FrameError> {
@@ -839,7 +861,12 @@ impl<'a> FrameTable<'a> {
     /// and whether the instruction caches must be invalidated before any
     /// is mapped ([`GuestAlloc`]).
     pub fn alloc_guest_frames_marked(&mut self, vm: usize, out: &mut [PhysAddr]) -> GuestAlloc {
-        let Some(&GuestFrames { owned, guaranteed }) = self.guests.get(vm) else {
+        let Some(&GuestFrames {
+            owned,
+            guaranteed,
+            inflating,
+        }) = self.guests.get(vm)
+        else {
             return GuestAlloc {
                 count: 0,
                 zeroed: 0,
@@ -847,9 +874,14 @@ impl<'a> FrameTable<'a> {
             };
         };
         // Frames within the guarantee come out of `reserved` and leave the
-        // unreserved count alone; beyond it, each takes one down to the floor.
-        let allowed = guaranteed.saturating_sub(owned)
-            + self.unreserved_free().saturating_sub(self.guest_floor);
+        // unreserved count alone; beyond it, each takes one down to the floor
+        // (half of it for a VM giving memory back).
+        let floor = match inflating {
+            true => self.guest_floor / 2,
+            false => self.guest_floor,
+        };
+        let allowed =
+            guaranteed.saturating_sub(owned) + self.unreserved_free().saturating_sub(floor);
         let want = (out.len() as u64).min(allowed).min(self.free_pages()) as usize;
         let code = FIRST_GUEST_CODE + vm as u8;
         let (mut n, mut ready) = (0, 0u64);
@@ -1666,6 +1698,25 @@ mod tests {
         }
         assert_eq!(t.reserved(), 0);
         assert_eq!(t.alloc_guest(0), None);
+        // A VM asked to inflate its balloon goes on to half the floor, and
+        // no further; asked no more, it stops at the floor again.
+        t.set_inflating(1, true);
+        assert!(t.inflating(1) && !t.inflating(0));
+        assert!(t.alloc_guest(1).is_some() && t.alloc_guest(1).is_some());
+        assert_eq!(t.alloc_guest(1), None);
+        assert_eq!(t.alloc_guest(0), None, "only the VM giving back");
+        assert_eq!(t.unreserved_free(), 2);
+        t.set_inflating(1, false);
+        assert_eq!(t.alloc_guest(1), None);
+        let back: Vec<_> = (0..64)
+            .map(|i| pa(i * PAGE_SIZE))
+            .filter(|&a| t.guest_owner(a) == Some(1))
+            .take(2)
+            .collect();
+        for f in back {
+            t.free_guest(1, f).unwrap();
+        }
+        assert_eq!(t.unreserved_free(), 4);
         // A new guarantee that does not fit is refused, naming the shortfall.
         assert_eq!(
             t.guarantee(2, 10),

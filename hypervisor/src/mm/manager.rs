@@ -1,16 +1,16 @@
-//! The memory manager's policy (issue 12, its first, portable step): which
-//! balloon target each VM should have, decided once per tick from plain data.
+//! The memory manager's policy: which balloon target each VM should have,
+//! decided once per tick from plain data.
 //!
 //! It owns only its own bookkeeping: the per-VM history it needs to see
 //! progress and pressure (last balloon actual and target, since when it has
-//! owed its target, the guest's cumulative counters at the previous tick,
-//! when it was last under pressure), the
-//! congestion marks, and the counters of every decision ([`ManagerStats`],
-//! [`VmStats`]). It owns no page, no balloon and no VM: the caller (the VM
-//! loop, not yet wired) fills one [`VmInput`] per VM, passes the pool's free
-//! page count, and applies the [`Decisions`] by setting balloon targets. It
-//! never waits for anything; a VM that does not answer is marked congested
-//! and skipped.
+//! owed its target, the guest's cumulative counters and fault rates, when it
+//! was last under pressure, squeezed or withdrawn from), the congestion
+//! marks, and the counters of every decision ([`ManagerStats`],
+//! [`VmStats`]). It owns no page, no balloon and no VM: the caller
+//! (`crate::run`'s tick, through `vm::manage`) fills one [`VmInput`] per
+//! VM, passes the pool's free page count, and applies the [`Decisions`] by
+//! setting balloon targets. It never waits for anything; a VM that does not
+//! answer is marked congested and skipped.
 //!
 //! # Policy, in order, each [`Manager::tick`]
 //!
@@ -22,44 +22,67 @@
 //!    gets no new reclaim. After
 //!    [`Tunables::congestion_deadline_us`] (at once without a driver) it is
 //!    marked *congested* (counted, shown). Both clear when actual moves
-//!    again, or when nothing is outstanding.
+//!    again, or when nothing is outstanding. Rates (major faults, stage-2
+//!    fault-ins) are per second, measured over windows of at least
+//!    [`RATE_WINDOW_US`] however often the manager ticks.
 //! 2. **Limits.** A target always lies in `size - max ..= size - min`: the
 //!    guest never has more than `max` pages (the target rises instead) and
-//!    never fewer than `min`.
-//! 3. **Pressure relief first.** A VM under pressure (deflate-on-OOM, new
-//!    OOM kills or allocation stalls, major faults over a threshold, stage-2
-//!    fault-ins fast enough to exhaust its available memory within
-//!    [`Tunables::fault_in_horizon_us`], or available memory under
-//!    [`Tunables::comfort_permille`] of what it has) gets its balloon lowered
-//!    from the pool, down to the pool's `min` watermark, up to its `max`,
-//!    shared by want and weight when the pool is short, less what it was
-//!    given and has not deflated yet. Pages the guest deflated on OOM are
-//!    accepted (the target follows), so the driver never re-inflates them;
-//!    and a VM is not reclaimed from for [`Tunables::pressure_hold_us`]
-//!    after its last pressure signal.
-//! 4. **Reclaim, only what is needed.** Reclaim starts when the pool falls
-//!    below `low` and goes on until it is back at `high` (kswapd's
-//!    hysteresis). What is needed is `high - (pool + in flight)`, where in
-//!    flight counts only VMs making progress; pages given are not reclaimed
-//!    for in advance (the guest takes them from the pool only as it touches
-//!    them). If nothing is needed the tick is a bail-out. The need is
-//!    spread over VMs not held by pressure, not stalled, with a driver: first
-//!    what guests report
-//!    free or as caches above their `low` (less a comfort reserve, and only
-//!    pages a frame backs), then, for VMs without statistics, the rest
-//!    above `low`; only in an emergency (the pool below its `min`) and
-//!    when no VM has anything left above its `low`, what lies between
-//!    `min` and `low`. Within each stage a VM's share is proportional to
-//!    its room divided by its weight (the most reclaimable first; weight
-//!    is cgroup's share of the resource, so a heavier VM gives less), and
-//!    at most [`Tunables::reclaim_step_permille`] of its size per tick.
-//! 5. **Trim.** Once the pool is at or above `high`, outstanding inflation
-//!    of VMs making progress is cancelled (targets lowered toward actual,
-//!    largest first): no over-reclaim when several demands overlap.
+//!    never fewer than `min`. A raised target a congested balloon never
+//!    moved towards is *withdrawn* (its share goes to other donors) and the
+//!    VM is not asked again for [`Tunables::withdraw_backoff_us`].
+//! 3. **The fence.** The pages *hungry* VMs (fault-ins at
+//!    [`Tunables::fault_ins_per_s`] or more, or a vCPU waiting for a frame)
+//!    believe free but no frame backs, beyond what the board can back (the
+//!    pool above `min`, inflation in flight, and what VMs that are not
+//!    hungry can spare), are taken into their balloons, one VM after the
+//!    other in the order of weight and `low`. Inflating them frees nothing
+//!    and costs the guest nothing it had: it keeps a guest from touching
+//!    memory the board cannot give (its vCPU would wait at stage 2 inside
+//!    its kernel, where it can neither reclaim nor run its balloon driver),
+//!    so its own kernel reclaims its caches or kills instead.
+//! 4. **Pressure relief.** A VM under pressure (deflate-on-OOM, new OOM
+//!    kills or allocation stalls, major faults fast, stage-2 fault-ins fast
+//!    enough to exhaust its available memory within
+//!    [`Tunables::fault_in_horizon_us`], available memory under
+//!    [`Tunables::comfort_permille`] of what it has, or a vCPU waiting)
+//!    gets its balloon lowered from the pool, down to the pool's `min`
+//!    watermark and a margin short of the fence, up to its `max`, shared
+//!    by want and weight, less what it was given and has not deflated yet.
+//!    Pages the guest deflated on OOM are accepted (the target follows),
+//!    so the driver never re-inflates them.
+//! 5. **Reclaim, only what is needed.** Reclaim starts when the pool falls
+//!    below `low` (or a vCPU waits) and goes on until it is back at `high`
+//!    (kswapd's hysteresis). What is needed is `high - (pool + in
+//!    flight)`, where in flight counts only VMs making progress and only
+//!    beyond their pages no frame backs. Stages, each inversely to weight
+//!    and at most [`Tunables::reclaim_step_permille`] of a VM per tick:
+//!    free pages and caches above `low` of VMs not under pressure (within
+//!    [`Tunables::pressure_hold_us`] of a signal), less a comfort reserve;
+//!    the rest above `low` of those without statistics; free pages and
+//!    caches of VMs under pressure; then, only with the board exhausted (a
+//!    vCPU waits or the pool is at `min`) and nothing of the earlier
+//!    stages left, between `min` and `low` of VMs not under pressure, and
+//!    the *squeeze*: one VM under pressure, the lowest weight first (the
+//!    one already squeezed among equals), inflated towards its `low` and
+//!    `min` so that its own kernel reclaims or kills. A VM that deflated on
+//!    OOM within the hold is neither fenced nor squeezed (it refuses; the
+//!    board's escalation applies to it).
+//! 6. **Trim and give back.** Once the pool is at or above `high`,
+//!    outstanding inflation that would free frames is cancelled (largest
+//!    first); once it has stayed there [`Tunables::give_back_after_us`],
+//!    balloons above what the limits require are lowered step by step,
+//!    VMs under pressure and with the least available memory first, never
+//!    taking the pool below `high` (reclaim starts only below `low`: no
+//!    oscillation).
 //!
-//! The simulation in `manager/sim_tests.rs` checks the issue's claims
-//! against a naive controller (`cargo test -p hypervisor manager --
-//! --nocapture` prints the figures).
+//! [`Manager::may_dip`] says which VMs may take frames below the pool's
+//! floor (half of it): those giving memory back (owing inflation, not
+//! hungry themselves, or squeezed). A guest that zeroes what it allocates
+//! touches each page it inflates.
+//!
+//! The simulation in `manager/sim_tests.rs` checks the claims against a
+//! naive controller (`cargo test -p hypervisor manager -- --nocapture`
+//! prints the figures).
 //!
 //! Everything is integer arithmetic and deterministic; `alloc` only for the
 //! per-VM vectors.
@@ -363,21 +386,32 @@ pub struct Tunables {
     /// A guest reporting less available memory than this, per mille of the
     /// pages it has, is under pressure (default 50).
     pub comfort_permille: u64,
-    /// Major faults in one tick from which a VM is under pressure (default
-    /// 64).
-    pub major_faults_per_tick: u64,
-    /// Stage-2 fault-ins in one tick from which a VM whose fault-in count is
-    /// rising is under pressure (default 256, 1 MiB).
-    pub fault_ins_per_tick: u64,
+    /// Major faults per second from which a VM is under pressure (default
+    /// 640).
+    pub major_faults_per_s: u64,
+    /// Stage-2 fault-ins per second from which a VM whose fault-in count is
+    /// rising is under pressure (default 2560 pages, 10 MiB/s).
+    pub fault_ins_per_s: u64,
     /// How far ahead pressure relief gives at the observed fault-in rate,
     /// and how soon a VM faulting at its rate must run out of available
     /// memory to be under pressure (default 1 s).
     pub fault_in_horizon_us: u64,
     /// A VM is not reclaimed from for this long after its last pressure
     /// signal, so that what it was given or deflated on OOM is not taken
-    /// back at once (default 10 s).
+    /// back at once (default 10 s), unless the board is exhausted.
     pub pressure_hold_us: u64,
+    /// The pool at or above `high` for this long before balloons the
+    /// manager inflated are given back (default 3 s).
+    pub give_back_after_us: u64,
+    /// A balloon whose raised target was withdrawn because it never moved
+    /// is not asked again for this long (default 30 s).
+    pub withdraw_backoff_us: u64,
 }
+
+/// The shortest span a rate (faults per second) is measured over: ticks
+/// can come on almost every exit below `low`, and a rate over a few
+/// microseconds says nothing.
+pub const RATE_WINDOW_US: u64 = 100_000;
 
 impl Default for Tunables {
     fn default() -> Self {
@@ -387,10 +421,12 @@ impl Default for Tunables {
             reclaim_step_permille: 50,
             give_step_permille: 100,
             comfort_permille: 50,
-            major_faults_per_tick: 64,
-            fault_ins_per_tick: 256,
+            major_faults_per_s: 640,
+            fault_ins_per_s: 2560,
             fault_in_horizon_us: 1_000_000,
             pressure_hold_us: 10_000_000,
+            give_back_after_us: 3_000_000,
+            withdraw_backoff_us: 30_000_000,
         }
     }
 }
@@ -418,6 +454,20 @@ pub struct ManagerStats {
     /// Times a reclaim passed over a stalled or congested VM instead of
     /// waiting for it.
     pub congested_skips: u64,
+    /// Pages asked of VMs under pressure because the board was exhausted
+    /// (squeezed towards their `low`, then `min`).
+    pub pages_squeezed: u64,
+    /// Pages given back to balloons the manager had inflated, once the
+    /// pool stayed above high.
+    pub pages_given_back: u64,
+    /// Pages of raised targets withdrawn from balloons that never moved.
+    pub pages_withdrawn: u64,
+    /// Pages fenced: free in a guest, backed by no frame, taken into its
+    /// balloon because the pool could not back them (the fence, see
+    /// [`Manager::tick`]).
+    pub pages_fenced: u64,
+    /// Ticks that ended with reclaim short of its need (`Decisions::unmet`).
+    pub short_ticks: u64,
 }
 
 /// One VM's counters and state, for the shell.
@@ -437,6 +487,18 @@ pub struct VmStats {
     pub congested: bool,
     /// Under pressure at the last tick.
     pub under_pressure: bool,
+    /// Pages asked of it while under pressure, the board exhausted.
+    pub pages_squeezed: u64,
+    /// Pages given back to its balloon.
+    pub pages_given_back: u64,
+    /// Pages of its raised target withdrawn (its balloon never moved).
+    pub pages_withdrawn: u64,
+    /// Pages fenced: free in the guest, never backed, taken into its
+    /// balloon because the pool could not back them.
+    pub pages_fenced: u64,
+    /// May take frames below the pool's floor while its balloon inflates
+    /// ([`Manager::may_dip`]).
+    pub may_dip: bool,
 }
 
 /// A tick's outcome.
@@ -448,6 +510,10 @@ pub struct Decisions {
     /// Pages still needed to reach `high` after this tick's decisions were
     /// counted as in flight (0 unless reclaim ran out of candidates).
     pub unmet: Pages,
+    /// The board is exhausted: a vCPU waits for a frame or the pool is at
+    /// its `min`. With `unmet` the caller's escalation applies to waits
+    /// that outlast its bound.
+    pub exhausted: bool,
 }
 
 /// The manager's memory of one VM.
@@ -463,9 +529,29 @@ struct VmState {
     prev_major: u64,
     prev_oom: u64,
     prev_stalls: u64,
-    prev_fault_ins: Pages,
+    /// The current rate window: since when, fault-ins so far, and the
+    /// major fault count at its start.
+    window_start_us: u64,
+    window_fault_ins: Pages,
+    window_major: u64,
+    /// Fault-ins of the last complete window, and what it found: fault-ins
+    /// over the horizon at its rate, faulting fast, major faults fast.
+    prev_window_fault_ins: Pages,
+    ahead: Pages,
+    faulting: bool,
+    /// Faulting in at least `fault_ins_per_s`, whatever it has left.
+    fast_faults: bool,
+    major_fast: bool,
     /// When the VM was last under pressure.
     last_pressure_us: Option<u64>,
+    /// When it last deflated on OOM: it refuses to give pages under
+    /// pressure, so squeezing it again only churns its balloon.
+    last_oom_deflate_us: Option<u64>,
+    /// When it was last squeezed (inflated under pressure, the board
+    /// exhausted): it is the one giving way, and gets no relief meanwhile.
+    squeezed_us: Option<u64>,
+    /// When a raised target it never moved towards was withdrawn.
+    withdrawn_us: Option<u64>,
     stats: VmStats,
 }
 
@@ -483,35 +569,100 @@ struct Work {
     progressing: bool,
     congested: bool,
     pressure: bool,
-    /// Under pressure within the hold: not reclaimed from.
+    /// Under pressure within the hold: not reclaimed from unless the board
+    /// is exhausted.
     held: bool,
+    /// Deflated on OOM within the hold: never squeezed.
+    refuses: bool,
+    /// Touching new pages fast (`fault_ins_per_s`), or waiting for a
+    /// frame: its pages no frame backs will be wanted soon.
+    hungry: bool,
+    /// Squeezed within the hold: gets no relief.
+    squeezed: bool,
+    /// A raised target was withdrawn within the backoff: not asked.
+    backoff: bool,
+    /// Available memory per mille of what it has (`u64::MAX` without
+    /// statistics): the lower, the more it needs what is given back.
+    available_permille: u64,
+    /// Its size and the pages of it backed by frames.
+    size: Pages,
+    backed: Pages,
+    /// Pages of its RAM neither in its balloon nor backed by a frame: free
+    /// in the guest, never touched or given back. Inflation is counted as
+    /// freeing frames only beyond them (the guest's allocator may hand the
+    /// balloon these first).
+    unbacked: Pages,
     /// Pages pressure relief wants to give.
     want: Pages,
     /// With statistics: what a reclaim can take from the VM without putting
     /// it under pressure or inflating pages no frame backs (see `observe`);
     /// `None` without statistics.
     reclaimable: Option<Pages>,
-    /// The target this tick started from.
+    /// The target this tick started from, and the balloon's actual size.
     start: Pages,
+    actual: Pages,
     /// Most pages this tick's reclaim may add.
     step: Pages,
     weight: u32,
 }
 
-/// What reclaim stage `stage` (see `Manager::reclaim`) may still take from
-/// a VM this tick, within its step if `stepped`.
-fn room(w: &Work, stage: u32, stepped: bool) -> Pages {
-    if w.held || w.congested {
+/// Reclaim stages, in the order [`Manager::reclaim`] tries them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Free memory and caches above `low`, from VMs with statistics not
+    /// under pressure.
+    Spare,
+    /// The rest above `low`, from VMs without statistics not under
+    /// pressure.
+    AboveLow,
+    /// Free memory and caches above `low` of VMs under pressure, once
+    /// those not under pressure have none: their caches go before any vCPU
+    /// waits for a frame, and before anyone's working set.
+    HeldSpare,
+    /// Exhausted only, once no VM not under pressure has anything above
+    /// its `low`: between `min` and `low`, from VMs not under pressure.
+    AboveMin,
+    /// Exhausted only: one VM under pressure at a time, lowest weight
+    /// first, is inflated towards its `low` and then its `min`, so that its
+    /// own kernel reclaims or its own OOM killer picks a process.
+    Squeeze,
+}
+
+const STAGES: [Stage; 5] = [
+    Stage::Spare,
+    Stage::AboveLow,
+    Stage::HeldSpare,
+    Stage::AboveMin,
+    Stage::Squeeze,
+];
+
+/// Pages the guest will believe free that no frame backs once its balloon
+/// reaches its target.
+fn uncovered(w: &Work) -> Pages {
+    w.unbacked
+        .saturating_add(w.actual.saturating_sub(w.target))
+        .saturating_sub(w.target.saturating_sub(w.actual))
+}
+
+/// What reclaim stage `stage` may still take from a VM this tick, within
+/// its step if `stepped`.
+fn room(w: &Work, stage: Stage, stepped: bool) -> Pages {
+    if w.congested || w.backoff {
         return 0;
     }
     let above_low = w.low_ceiling.saturating_sub(w.target);
     // Raised already this tick.
     let claimed = w.target.saturating_sub(w.start);
-    let r = match (stage, w.reclaimable) {
-        (0, Some(r)) | (1, Some(r)) => above_low.min(r.saturating_sub(claimed)),
-        (0, None) => 0,
-        (1, None) => above_low,
-        _ => w.ceiling.saturating_sub(w.target),
+    let spare = |r: Pages| above_low.min(r.saturating_sub(claimed));
+    let r = match (stage, w.held, w.reclaimable) {
+        (Stage::Spare, false, Some(r)) => spare(r),
+        (Stage::AboveLow, false, None) => above_low,
+        // Free pages and caches even of a VM that deflated on OOM: only
+        // its working set is spared.
+        (Stage::HeldSpare, true, Some(r)) => spare(r),
+        (Stage::AboveMin, false, _) => w.ceiling.saturating_sub(w.target),
+        (Stage::Squeeze, true, _) if !w.refuses => w.ceiling.saturating_sub(w.target),
+        _ => 0,
     };
     match stepped {
         true => r.min(w.start.saturating_add(w.step).saturating_sub(w.target)),
@@ -537,7 +688,9 @@ pub struct Manager {
     vms: Vec<VmState>,
     /// Reclaiming: set below `low`, cleared at `high`.
     reclaiming: bool,
-    last_tick_us: Option<u64>,
+    /// Since when the pool has been at or above `high` (give-back waits
+    /// [`Tunables::give_back_after_us`]).
+    above_high_since: Option<u64>,
     stats: ManagerStats,
 }
 
@@ -549,7 +702,7 @@ impl Manager {
             tunables,
             vms: Vec::new(),
             reclaiming: false,
-            last_tick_us: None,
+            above_high_since: None,
             stats: ManagerStats::default(),
         }
     }
@@ -569,6 +722,17 @@ impl Manager {
         self.vms.get(index).map(|v| v.stats).unwrap_or_default()
     }
 
+    /// Whether VM `index` may take frames below the pool's floor (the
+    /// caller's frame table allows it half the reserve): its balloon owes
+    /// inflation and it is not itself touching new memory fast, or it is
+    /// the VM squeezed to give way. A guest inflating its balloon touches
+    /// each page it inflates (a kernel that zeroes what it allocates), and
+    /// parked at the floor it could give nothing back; a hungry VM would
+    /// spend the reserve on its own demand, so only the giver gets it.
+    pub fn may_dip(&self, index: usize) -> bool {
+        self.vms.get(index).is_some_and(|v| v.stats.may_dip)
+    }
+
     /// Forgets VM `index` (it stopped; a new VM may take its slot).
     pub fn forget(&mut self, index: usize) {
         if let Some(v) = self.vms.get_mut(index) {
@@ -583,22 +747,18 @@ impl Manager {
         let vms: Vec<VmInput> = vms.iter().map(|v| v.bounded()).collect();
         let vms = &vms[..];
         self.stats.ticks = self.stats.ticks.saturating_add(1);
-        let dt = self
-            .last_tick_us
-            .map_or(0, |t| now_us.saturating_sub(t))
-            .max(1);
-        self.last_tick_us = Some(now_us);
         if self.vms.len() < vms.len() {
             self.vms.resize(vms.len(), VmState::default());
         }
         let mut work: Vec<Work> = Vec::with_capacity(vms.len());
         for (i, vm) in vms.iter().enumerate() {
-            let w = self.observe(i, now_us, dt, vm);
+            let w = self.observe(i, now_us, vm);
             work.push(w);
         }
+        let exhausted = pool_free <= self.watermarks.min || vms.iter().any(|v| v.waiting);
 
         // Limits: size - max <= target <= size - min.
-        for (w, vm) in work.iter_mut().zip(vms) {
+        for (i, (w, vm)) in work.iter_mut().zip(vms).enumerate() {
             // `ceiling >= floor` (see `observe`): `clamp` would not panic,
             // but the limits are the shell's, not checked here again.
             w.target = w.target.max(w.floor).min(w.ceiling);
@@ -607,9 +767,33 @@ impl Manager {
             if vm.deflate_on_oom > 0 && w.target > vm.actual {
                 w.target = vm.actual.max(w.floor);
             }
+            // A balloon that never moved towards its raised target: the
+            // target is withdrawn (its share goes to other donors from the
+            // next tick) and the VM is not asked again for a while.
+            if self.vms[i].stats.congested && vm.driver && w.target > vm.actual.max(w.floor) {
+                let withdrawn = w.target - vm.actual.max(w.floor);
+                w.target -= withdrawn;
+                w.start = w.target;
+                w.backoff = true;
+                let st = &mut self.vms[i];
+                st.withdrawn_us = Some(now_us);
+                st.stats.pages_withdrawn = st.stats.pages_withdrawn.saturating_add(withdrawn);
+                self.stats.pages_withdrawn = self.stats.pages_withdrawn.saturating_add(withdrawn);
+            }
         }
 
-        // Pressure relief from the pool, down to `min`.
+        // The fence, before relief: what hungry VMs could touch beyond what
+        // the pool can back.
+        self.fence(&mut work, pool_free);
+        // Relief leaves a margin (high - low) below the fence's trigger, so
+        // that the two never take turns on the same pages.
+        let slack = self
+            .backable(&work, pool_free)
+            .saturating_sub(sat_sum(work.iter().filter(|w| w.hungry).map(uncovered)))
+            .saturating_sub(self.watermarks.high.saturating_sub(self.watermarks.low));
+
+        // Pressure relief from the pool, down to `min`, and no more than
+        // hungry VMs leave uncovered (else the fence takes it back).
         let pending_gives = |work: &[Work]| -> Pages {
             sat_sum(
                 work.iter()
@@ -620,13 +804,14 @@ impl Manager {
         };
         let budget = pool_free
             .saturating_sub(self.watermarks.min)
-            .saturating_sub(pending_gives(&work));
+            .saturating_sub(pending_gives(&work))
+            .min(slack);
         // Shared by what each wants, times its weight, when the pool is
-        // short.
+        // short; nothing to the VM giving way.
         let room: Vec<Pages> = work
             .iter()
             .zip(vms)
-            .map(|(w, vm)| match w.pressure && !w.congested {
+            .map(|(w, vm)| match w.pressure && !w.congested && !w.squeezed {
                 // Less what it was given and has not deflated yet.
                 true => w
                     .want
@@ -641,32 +826,55 @@ impl Manager {
             w.target = w.target.saturating_sub(give);
         }
 
-        // Reclaim: below low start, at high stop; count what is in flight.
-        let in_flight: Pages = sat_sum(
-            work.iter()
-                .zip(vms)
-                .filter(|(w, _)| w.progressing)
-                .map(|(w, vm)| w.target.saturating_sub(vm.actual)),
-        );
+        // Reclaim: below low start, at high stop; count what is in flight:
+        // the frames outstanding inflation will free, beyond the pages no
+        // frame backs.
+        let in_flight: Pages = sat_sum(work.iter().zip(vms).filter(|(w, _)| w.progressing).map(
+            |(w, vm)| {
+                w.target
+                    .saturating_sub(vm.actual)
+                    .saturating_sub(w.unbacked)
+            },
+        ));
         // Reclaim follows the pool itself: what was given is taken from it
         // only as the guest touches it (and may never be), so pending gives
         // are not reclaimed for in advance.
         let projected = pool_free;
         let effective = projected.saturating_add(in_flight);
-        if projected < self.watermarks.low {
+        if projected < self.watermarks.low || exhausted {
             self.reclaiming = true;
         }
         let mut unmet = 0;
-        if projected >= self.watermarks.high {
+        if projected >= self.watermarks.high && !exhausted {
             self.reclaiming = false;
             let excess = effective.saturating_sub(self.watermarks.high);
             self.trim(&mut work, vms, excess.min(in_flight));
-        } else if self.reclaiming {
-            if effective >= self.watermarks.high {
-                self.stats.bailouts += 1;
-            } else {
-                unmet = self.reclaim(&mut work, self.watermarks.high - effective, pool_free);
+            // Give back once the pool has stayed at high a while: what is
+            // above high, less what was given and not yet deflated.
+            let since = *self.above_high_since.get_or_insert(now_us);
+            if now_us.saturating_sub(since) >= self.tunables.give_back_after_us {
+                let budget = pool_free
+                    .saturating_sub(self.watermarks.high)
+                    .saturating_sub(pending_gives(&work));
+                self.give_back(&mut work, vms, budget);
             }
+        } else {
+            self.above_high_since = None;
+            if self.reclaiming {
+                if effective >= self.watermarks.high {
+                    self.stats.bailouts = self.stats.bailouts.saturating_add(1);
+                } else {
+                    unmet = self.reclaim(
+                        &mut work,
+                        self.watermarks.high - effective,
+                        exhausted,
+                        now_us,
+                    );
+                }
+            }
+        }
+        if unmet > 0 {
+            self.stats.short_ticks = self.stats.short_ticks.saturating_add(1);
         }
 
         // Apply and count.
@@ -694,12 +902,19 @@ impl Manager {
             }
             targets.push(Some(w.target));
         }
-        Decisions { targets, unmet }
+        for (i, w) in work.iter().enumerate() {
+            self.vms[i].stats.may_dip = w.target > w.actual && (!w.hungry || w.squeezed);
+        }
+        Decisions {
+            targets,
+            unmet,
+            exhausted,
+        }
     }
 
     /// Updates VM `i`'s history from its input and says what this tick may
     /// do with it.
-    fn observe(&mut self, i: usize, now_us: u64, dt: u64, vm: &VmInput) -> Work {
+    fn observe(&mut self, i: usize, now_us: u64, vm: &VmInput) -> Work {
         let t = self.tunables;
         let st = &mut self.vms[i];
         let stats = vm.stats.unwrap_or_default();
@@ -711,13 +926,13 @@ impl Manager {
                 seen: true,
                 last_actual: vm.actual,
                 last_target: vm.target,
-                waiting_since: None,
                 prev_major: major,
                 prev_oom: oom,
                 prev_stalls: stalls,
-                prev_fault_ins: 0,
-                last_pressure_us: None,
+                window_start_us: now_us,
+                window_major: major,
                 stats: st.stats,
+                ..VmState::default()
             };
         }
         let outstanding = vm.target != vm.actual;
@@ -743,44 +958,61 @@ impl Manager {
         st.last_actual = vm.actual;
         st.last_target = vm.target;
 
-        // Pressure, from every signal the guest and stage 2 give.
+        // Rates per second, over a window of at least RATE_WINDOW_US
+        // however often the manager ticks; a window's verdict holds until
+        // the next one closes.
         let has = vm.size.saturating_sub(vm.target.max(vm.actual));
         let comfort_pages = permille(has, t.comfort_permille);
+        st.window_fault_ins = st.window_fault_ins.saturating_add(vm.fault_ins);
+        let span = now_us.saturating_sub(st.window_start_us);
+        if span >= RATE_WINDOW_US {
+            let n = st.window_fault_ins;
+            st.ahead = mul_div(n, t.fault_in_horizon_us, span);
+            // Faulting in fast enough to run out of available memory within
+            // the horizon (or, without statistics, faulting in more and
+            // more).
+            let runs_out = match stats.available {
+                Some(a) => st.ahead > a / PAGE_SIZE,
+                None => n > st.prev_window_fault_ins,
+            };
+            st.fast_faults = mul_div(n, 1_000_000, span) >= t.fault_ins_per_s;
+            st.faulting = st.fast_faults && runs_out;
+            st.major_fast = mul_div(major.saturating_sub(st.window_major), 1_000_000, span)
+                >= t.major_faults_per_s;
+            st.prev_window_fault_ins = n;
+            st.window_fault_ins = 0;
+            st.window_major = major;
+            st.window_start_us = now_us;
+        }
         let low_available = stats
             .available
             .is_some_and(|a| a / PAGE_SIZE < comfort_pages);
-        // Faulting in fast enough to run out of available memory within
-        // the horizon (or, without statistics, faulting in more and more).
-        let ahead = mul_div(vm.fault_ins, t.fault_in_horizon_us, dt);
-        let runs_out = match stats.available {
-            Some(a) => ahead > a / PAGE_SIZE,
-            None => vm.fault_ins > st.prev_fault_ins,
-        };
-        let faulting = vm.fault_ins >= t.fault_ins_per_tick && runs_out;
+        if vm.deflate_on_oom > 0 {
+            st.last_oom_deflate_us = Some(now_us);
+        }
         let pressure = vm.deflate_on_oom > 0
             || vm.waiting
             || oom > st.prev_oom
             || stalls > st.prev_stalls
-            || major.saturating_sub(st.prev_major) >= t.major_faults_per_tick
-            || faulting
+            || st.major_fast
+            || st.faulting
             || low_available;
         if pressure {
             st.last_pressure_us = Some(now_us);
         }
-        let held = st
-            .last_pressure_us
-            .is_some_and(|p| now_us.saturating_sub(p) < t.pressure_hold_us);
+        let within =
+            |at: Option<u64>, span: u64| at.is_some_and(|p| now_us.saturating_sub(p) < span);
+        let held = within(st.last_pressure_us, t.pressure_hold_us);
         st.prev_major = major;
         st.prev_oom = oom;
         st.prev_stalls = stalls;
-        st.prev_fault_ins = vm.fault_ins;
         st.stats.under_pressure = pressure;
         let want = if pressure {
             let step = permille(vm.size, t.give_step_permille);
             let comfort =
                 comfort_pages.saturating_sub(stats.available.unwrap_or(u64::MAX) / PAGE_SIZE);
             let most = step.saturating_mul(2);
-            step.max(ahead.min(most)).max(comfort.min(most))
+            step.max(st.ahead.min(most)).max(comfort.min(most))
         } else {
             0
         };
@@ -817,33 +1049,64 @@ impl Manager {
             congested: st.stats.congested || (outstanding && !progressing),
             pressure,
             held,
+            refuses: within(st.last_oom_deflate_us, t.pressure_hold_us),
+            hungry: st.fast_faults || vm.waiting,
+            squeezed: within(st.squeezed_us, t.pressure_hold_us),
+            backoff: within(st.withdrawn_us, t.withdraw_backoff_us),
+            available_permille: stats
+                .available
+                .map_or(u64::MAX, |a| mul_div(a / PAGE_SIZE, 1000, has.max(1))),
+            size: vm.size,
+            backed: vm.backed,
+            unbacked: vm.size.saturating_sub(vm.actual).saturating_sub(vm.backed),
             want,
             reclaimable,
             start: vm.target,
+            actual: vm.actual,
             step: permille(vm.size, t.reclaim_step_permille).max(1),
             weight: l.weight.clamp(1, MAX_WEIGHT),
         }
     }
 
-    /// Spreads `need` pages of reclaim; returns what could not be placed.
-    fn reclaim(&mut self, work: &mut [Work], mut need: Pages, pool_free: Pages) -> Pages {
+    /// Spreads `need` pages of reclaim over the stages in order; returns
+    /// what could not be placed. `exhausted`: a vCPU waits for a frame or
+    /// the pool is at its `min`.
+    fn reclaim(
+        &mut self,
+        work: &mut [Work],
+        mut need: Pages,
+        exhausted: bool,
+        now_us: u64,
+    ) -> Pages {
         let skipped = work.iter().filter(|w| w.congested && !w.held).count();
         self.stats.congested_skips = self.stats.congested_skips.saturating_add(skipped as u64);
-        // Stage 0: free and caches above low (VMs with statistics); 1: the
-        // rest above low (VMs without); 2: above min, only in an emergency
-        // (the pool below its min) and once no VM has anything left above
-        // its low. Short of an emergency, reclaiming what a guest needs
-        // would only put it under pressure and have relief give it back.
-        for stage in 0..3 {
+        for stage in STAGES {
             if need == 0 {
                 break;
             }
-            if stage == 2
-                && (pool_free >= self.watermarks.min || work.iter().any(|w| room(w, 1, false) > 0))
-            {
-                // Some VM still has pages above its low (its step limits it
-                // this tick): nobody is reclaimed below low yet.
-                break;
+            match stage {
+                // Caches of VMs under pressure go before any vCPU waits.
+                Stage::Spare | Stage::AboveLow | Stage::HeldSpare => {}
+                // Short of exhaustion, reclaiming what a guest needs would
+                // only put it under pressure and have relief give it back.
+                _ if !exhausted => break,
+                // Some VM still has spare pages or, not under pressure,
+                // pages above its low (its step limits it this tick): nobody
+                // goes below low yet.
+                Stage::AboveMin | Stage::Squeeze
+                    if work.iter().any(|w| {
+                        [Stage::Spare, Stage::AboveLow, Stage::HeldSpare]
+                            .into_iter()
+                            .any(|stage| room(w, stage, false) > 0)
+                    }) =>
+                {
+                    break
+                }
+                _ => {}
+            }
+            if stage == Stage::Squeeze {
+                need = self.squeeze(work, need, now_us);
+                continue;
             }
             let rooms: Vec<Pages> = work.iter().map(|w| room(w, stage, true)).collect();
             let taken = spread(need, &rooms, work, Share::Reclaim);
@@ -857,6 +1120,150 @@ impl Manager {
         need
     }
 
+    /// The squeeze: one VM under pressure gives way, the one with the
+    /// lowest weight (among equals: the one already giving way, then the
+    /// one furthest above its `low`, then the lowest index), up to its step
+    /// this tick. Returns what is still needed.
+    fn squeeze(&mut self, work: &mut [Work], need: Pages, now_us: u64) -> Pages {
+        let victim = (0..work.len())
+            .filter(|&i| room(&work[i], Stage::Squeeze, true) > 0)
+            .min_by_key(|&i| {
+                let w = &work[i];
+                (
+                    w.weight,
+                    !w.squeezed,
+                    core::cmp::Reverse(w.low_ceiling.saturating_sub(w.target)),
+                    i,
+                )
+            });
+        let Some(i) = victim else { return need };
+        let w = &mut work[i];
+        let take = need.min(room(w, Stage::Squeeze, true));
+        w.target = w.target.saturating_add(take);
+        w.squeezed = true;
+        let st = &mut self.vms[i];
+        st.squeezed_us = Some(now_us);
+        st.stats.pages_squeezed = st.stats.pages_squeezed.saturating_add(take);
+        self.stats.pages_squeezed = self.stats.pages_squeezed.saturating_add(take);
+        need - take
+    }
+
+    /// What the board can back for hungry VMs: the pool above `min`, what
+    /// inflation in flight will free, and what reclaim can still take from
+    /// VMs that are not hungry without putting them under pressure (their
+    /// spare pages, or all above their `low` without statistics).
+    fn backable(&self, work: &[Work], pool_free: Pages) -> Pages {
+        let others = work
+            .iter()
+            .filter(|w| !w.hungry && !w.congested && !w.backoff);
+        let spare = sat_sum(others.map(|w| match w.reclaimable {
+            Some(r) => r,
+            None => w.low_ceiling.saturating_sub(w.target),
+        }));
+        let in_flight = sat_sum(
+            work.iter()
+                .filter(|w| w.progressing)
+                .map(|w| w.target.saturating_sub(w.actual).saturating_sub(w.unbacked)),
+        );
+        pool_free
+            .saturating_sub(self.watermarks.min)
+            .saturating_add(spare)
+            .saturating_add(in_flight)
+    }
+
+    /// The fence: the pages hungry VMs believe free that no frame backs,
+    /// beyond what the board can back ([`Self::backable`]), are taken into
+    /// their balloons, whatever their pressure: one VM after the other, in
+    /// the order of weight and `low`, so that one gives way rather than all. Inflating them frees no
+    /// frame and takes nothing the guest had; it stops a guest from touching
+    /// memory the board cannot give, so that its own kernel reclaims its
+    /// caches or kills instead of its vCPU waiting at stage 2, where it can
+    /// do neither (a vCPU parked inside its kernel cannot run the balloon
+    /// driver either). Given back with the rest once the pool stays above
+    /// high.
+    fn fence(&mut self, work: &mut [Work], pool_free: Pages) {
+        let backable = self.backable(work, pool_free);
+        let mut need =
+            sat_sum(work.iter().filter(|w| w.hungry).map(uncovered)).saturating_sub(backable);
+        let rooms: Vec<Pages> = work
+            .iter()
+            .map(
+                |w| match w.hungry && !w.congested && !w.backoff && !w.refuses {
+                    true => uncovered(w).min(w.ceiling.saturating_sub(w.target)),
+                    false => 0,
+                },
+            )
+            .collect();
+        // One VM after the other: the lowest weight first, among equals the
+        // one furthest above its `low`. What each can still give counts
+        // before the next is fenced: its free pages and caches, and, once
+        // it has nothing left to touch unbacked, the working set its own
+        // kernel will reclaim or kill.
+        let mut order: Vec<usize> = (0..work.len()).filter(|&i| rooms[i] > 0).collect();
+        order.sort_by_key(|&i| {
+            let w = &work[i];
+            (
+                w.weight,
+                core::cmp::Reverse(w.low_ceiling.saturating_sub(w.target)),
+                i,
+            )
+        });
+        for i in order {
+            if need == 0 {
+                break;
+            }
+            let t = need.min(rooms[i]);
+            let w = &mut work[i];
+            w.target = w.target.saturating_add(t);
+            // Left nothing it could touch unbacked, a hungry guest's kernel
+            // reclaims, then kills: what it has backed above its `min` is
+            // what the board can count on from it.
+            let killed = match t == rooms[i] {
+                true => w.backed.saturating_sub(w.size.saturating_sub(w.ceiling)),
+                false => 0,
+            };
+            need = need
+                .saturating_sub(t)
+                .saturating_sub(w.reclaimable.unwrap_or(0))
+                .saturating_sub(killed);
+            let st = &mut self.vms[i].stats;
+            st.pages_fenced = st.pages_fenced.saturating_add(t);
+            self.stats.pages_fenced = self.stats.pages_fenced.saturating_add(t);
+        }
+    }
+
+    /// Gives back up to `budget` pages to balloons above what the VMs'
+    /// limits require, those under pressure first, then the least
+    /// available memory; each by at most its give step.
+    fn give_back(&mut self, work: &mut [Work], vms: &[VmInput], mut budget: Pages) {
+        let mut order: Vec<usize> = (0..work.len())
+            .filter(|&i| {
+                let w = &work[i];
+                vms[i].driver
+                    && !w.hungry
+                    && !w.congested
+                    && !w.backoff
+                    && !w.squeezed
+                    && w.target <= vms[i].actual
+                    && w.target > w.floor
+            })
+            .collect();
+        order.sort_by_key(|&i| (!work[i].pressure, work[i].available_permille, i));
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            let w = &mut work[i];
+            let step = permille(vms[i].size, self.tunables.give_step_permille).max(1);
+            let give = budget.min(step).min(w.target - w.floor);
+            w.target -= give;
+            budget -= give;
+            let st = &mut self.vms[i].stats;
+            st.pages_given_back = st.pages_given_back.saturating_add(give);
+            self.stats.pages_given_back = self.stats.pages_given_back.saturating_add(give);
+        }
+    }
+
     /// Cancels up to `excess` pages of outstanding inflation, largest
     /// outstanding first.
     fn trim(&mut self, work: &mut [Work], vms: &[VmInput], mut excess: Pages) {
@@ -868,7 +1275,12 @@ impl Manager {
             if excess == 0 {
                 break;
             }
-            let lowest = vms[i].actual.max(work[i].floor);
+            // Only inflation that frees frames: the fence over pages no
+            // frame backs stays.
+            let lowest = vms[i]
+                .actual
+                .saturating_add(work[i].unbacked)
+                .max(work[i].floor);
             let cut = excess.min(work[i].target.saturating_sub(lowest));
             work[i].target -= cut;
             excess -= cut;

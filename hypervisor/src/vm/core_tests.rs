@@ -2129,3 +2129,113 @@ fn a_bit_raised_before_the_guests_ack_is_delivered_edge_or_level() {
         assert_eq!(l.cpu.read_lr(0).intid, intid);
     }
 }
+
+/// Short of memory, the manager asks a balloon for fresh statistics when
+/// its sample is missing or older than `STATS_FRESH_US`; never for a VM it
+/// leaves alone.
+#[test]
+fn the_manager_asks_for_fresh_statistics_when_short() {
+    let mut vm = Vm::new(0, spec_with(1, 0, VmMemory::default()), GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    assert!(manage::want_fresh_stats(&mut vm, 0), "no sample yet");
+    let balloon = vm.balloon.as_mut().unwrap();
+    balloon.device_mut().set_stats_sample_for_test(1_000_000);
+    assert!(!manage::want_fresh_stats(&mut vm, 1_200_000), "fresh");
+    assert!(manage::want_fresh_stats(
+        &mut vm,
+        1_000_001 + manage::STATS_FRESH_US
+    ));
+    vm.managed.manual = true;
+    assert!(!manage::want_fresh_stats(&mut vm, 9_000_000), "left alone");
+}
+
+/// A VM is never backed above its `max`: a fault past it waits (its
+/// balloon must make room; the board is not exhausted), the console says
+/// so after a second, and past the bound the VM stops, its frames back.
+#[test]
+fn a_vm_is_never_backed_above_its_max() {
+    let memory = VmMemory {
+        max: VM_RAM - (2 << 20),
+        ..VmMemory::default()
+    };
+    let mut vm = Vm::new(0, spec_with(1, 0, memory), GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    let _ = lines(&mut vm);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    let max = vm.managed.limits.max;
+    let mut page = 0;
+    while vm.ram.as_ref().unwrap().mapped_pages() < max {
+        let touch = first_touch(layout::RAM_BASE + page * PAGE_SIZE, true);
+        assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, touch), Outcome::Continue);
+        page += 1;
+    }
+    assert_eq!(
+        vm.ram.as_ref().unwrap().mapped_pages(),
+        max,
+        "fault-around stops at max"
+    );
+    let touch = first_touch(layout::RAM_BASE + (VM_RAM - PAGE_SIZE), true);
+    assert_eq!(
+        exit(&mut vm, &mut cpu, &mut ctx, touch),
+        Outcome::WaitMemory
+    );
+    assert!(!vm.managed.waiting(), "not a wait for the pool");
+    assert_eq!(manage::longest_wait_us(&vm, cpu.now_us), None);
+    cpu.now_us += manage::WAIT_ANNOUNCE_US;
+    assert_eq!(
+        exit(&mut vm, &mut cpu, &mut ctx, touch),
+        Outcome::WaitMemory
+    );
+    let said = lines(&mut vm).join("\n");
+    assert!(
+        said.contains("vCPU 0 waits for memory: the VM has its memory max"),
+        "{said}"
+    );
+    cpu.now_us += manage::WAIT_BOUND_US;
+    let Outcome::Stop(why) = exit(&mut vm, &mut cpu, &mut ctx, touch) else {
+        panic!("not stopped past the bound");
+    };
+    assert!(why.contains("more than its memory max"), "{why}");
+    lifecycle::begin_stop(&mut vm, &mut cpu, why, false);
+    lifecycle::leave(&mut vm, &mut cpu, 0, true);
+    assert_eq!(vm.state, VmState::Stopped);
+    assert_eq!(cpu.host.frames.guest_pages(0), 0);
+}
+
+/// A VM stopped while a vCPU waited for a frame leaves no wait behind:
+/// the board's escalation counts only running VMs' waits.
+#[test]
+fn a_stopped_vm_leaves_no_wait_behind() {
+    let mut vm = Vm::new(0, spec_with(1, 0, VmMemory::default()), GuestGic::V3);
+    let mut cpu = FakeCpu::new(BOARD_PAGES);
+    lifecycle::start(&mut vm, &mut cpu).expect("starts");
+    manage::frame_wait(&mut vm, 0, 0, 0);
+    assert_eq!(manage::longest_wait_us(&vm, 7), Some(7));
+    lifecycle::begin_stop(&mut vm, &mut cpu, "test", false);
+    assert!(!vm.managed.waiting());
+    assert_eq!(manage::longest_wait_us(&vm, 9_000_000), None);
+}
+
+/// A VM the manager can take nothing back from (no balloon, no prealloc)
+/// is named at its start; one with either is not.
+#[test]
+fn a_vm_without_balloon_or_prealloc_is_named_at_start() {
+    let note = "no balloon and no prealloc";
+    for (devices, prealloc, named) in [
+        (0, false, true),
+        (0, true, false),
+        (guest_bundle::devices::BALLOON, false, false),
+    ] {
+        let memory = VmMemory {
+            prealloc,
+            ..VmMemory::default()
+        };
+        let mut vm = Vm::new(0, spec_devices(1, 0, memory, VM_RAM, devices), GuestGic::V3);
+        let mut cpu = FakeCpu::new(BOARD_PAGES);
+        lifecycle::start(&mut vm, &mut cpu).expect("starts");
+        let said = lines(&mut vm).join("\n");
+        assert_eq!(said.contains(note), named, "{devices} {prealloc}: {said}");
+    }
+}

@@ -765,6 +765,10 @@ fn fault_around(vm: &mut Vm, cpu: &mut impl PhysCpu, ipa: GuestAddr) -> u64 {
     if cpu.memory().pool_low() {
         return 0;
     }
+    // Within the VM's `max` too.
+    let room = vm.ram.as_ref().map_or(0, |r| {
+        vm.managed.limits.max.saturating_sub(r.mapped_pages())
+    });
     let pfn = ipa.pfn().raw();
     let first = pfn & !(FAULT_AROUND_PAGES - 1);
     let mut around: heapless::Vec<GuestPfn, { FAULT_AROUND_PAGES as usize }> = heapless::Vec::new();
@@ -780,7 +784,7 @@ fn fault_around(vm: &mut Vm, cpu: &mut impl PhysCpu, ipa: GuestAddr) -> u64 {
     }
     vm.ram
         .as_mut()
-        .map_or(0, |ram| ram.back_around(cpu.memory(), &around))
+        .map_or(0, |ram| ram.back_around(cpu.memory(), &around, room))
 }
 
 /// A stage-2 abort: a RAM page to back, or a bad access.
@@ -898,6 +902,21 @@ fn back_page(
         return Outcome::Continue;
     };
     ram.set_page_fill(fill);
+    // Never backed above its `max` (a VM whose balloon does not keep it
+    // there waits, then stops).
+    let max = vm.managed.limits.max;
+    if max < ram.pages() && ram.mapped_pages() >= max {
+        if manage::max_wait(vm, vcpu, cpu.uptime_us()) {
+            let why = "it needed more than its memory max and its balloon made no room";
+            vm.out.line(format_args!(
+                "tidal: [{}] stopping the VM: {why} within {} s",
+                vm.name,
+                manage::WAIT_BOUND_US / 1_000_000
+            ));
+            return Outcome::Stop(why);
+        }
+        return Outcome::WaitMemory;
+    }
     let backed = ram.stats.faults_backed;
     match ram.translate_or_back(cpu.memory(), ipa) {
         Ok(_) => {}

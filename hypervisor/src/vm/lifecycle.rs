@@ -105,6 +105,13 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
         return Err("no memory for its stage-2 tables");
     };
     // Backed on first touch, unless it asks for all of it now.
+    if !spec.prealloc() && !spec.has_balloon() {
+        vm.out.line(format_args!(
+            "tidal: [{}] note: no balloon and no prealloc: its RAM is backed as it touches it (up to its memory max, {}) and the memory manager can take none of it back; give it a [vm.balloon] or memory.prealloc = true",
+            vm.name,
+            Size(vm.managed.limits.max.saturating_mul(PAGE_SIZE))
+        ));
+    }
     if spec.prealloc() {
         if let Err(e) = ram.populate(cpu.memory()) {
             vm.out.line(format_args!("tidal: [{}] {e}", vm.name));
@@ -224,6 +231,9 @@ pub fn begin_stop(vm: &mut Vm, cpu: &mut impl PhysCpu, why: &'static str, restar
     }
     vm.state = VmState::StopRequested;
     vm.restart |= restart;
+    // Its vCPUs wait for frames no more: the board's escalation must not
+    // count a stopped VM's last wait.
+    vm.managed.waits = Default::default();
     let me = cpu.index();
     for v in 0..vm.vcpus {
         if vm.power[v] != Power::Off && vm.cpus[v] != me {

@@ -29,6 +29,41 @@ use crate::virtio::mmio::STATUS_DRIVER_OK;
 /// How long a vCPU waits for a frame before the console says so.
 pub const WAIT_ANNOUNCE_US: u64 = 1_000_000;
 
+/// The bound on a vCPU's wait for a frame: past it, the board's
+/// escalation (`when_exhausted`) applies. Long enough for the squeeze to
+/// have a guest's own kernel reclaim or kill (a balloon moves 64 MiB/s or
+/// more), well short of a guest's soft-lockup watchdog (20 s).
+pub const WAIT_BOUND_US: u64 = 5_000_000;
+
+/// Whether the board's escalation is due at `now_us`: a vCPU has waited
+/// [`WAIT_BOUND_US`] for a frame, and the last VM the escalation stopped
+/// (if any) was stopped at least that long ago: its memory needs a moment
+/// to reach the vCPUs that waited for it, so one stop never cascades.
+pub fn escalation_due(now_us: u64, longest_wait_us: u64, last_stop_us: Option<u64>) -> bool {
+    longest_wait_us >= WAIT_BOUND_US
+        && last_stop_us.is_none_or(|t| now_us.saturating_sub(t) >= WAIT_BOUND_US)
+}
+
+/// `stop-lowest`'s victim among the running VMs (`(weight, backed pages)`
+/// by VM slot, `None` for a slot not running): the lowest weight, the most
+/// backed among equals (it frees the most), the lowest slot among those.
+pub fn lowest_weight(running: &[Option<(u32, Pages)>]) -> Option<usize> {
+    running
+        .iter()
+        .enumerate()
+        .filter_map(|(id, r)| r.map(|(weight, backed)| (id, weight, backed)))
+        .min_by_key(|&(id, weight, backed)| (weight, core::cmp::Reverse(backed), id))
+        .map(|(id, _, _)| id)
+}
+
+/// What `when_exhausted` does, as the console and `mm` say it.
+pub fn exhausted_policy(stop_lowest: bool) -> &'static str {
+    match stop_lowest {
+        true => "a vCPU that waits 5 s for a frame stops the lowest-weight VM",
+        false => "the faulting vCPU waits without bound (when_exhausted = \"wait\")",
+    }
+}
+
 /// Whether the manager may move VM `vm`'s balloon.
 pub fn is_managed(vm: &Vm) -> bool {
     vm.state == VmState::Running && !vm.managed.manual && vm.ram.is_some() && vm.balloon.is_some()
@@ -83,6 +118,31 @@ pub fn input(vm: &mut Vm) -> VmInput {
         vm.managed.inputs_clamped = vm.managed.inputs_clamped.saturating_add(u64::from(clamped));
     }
     raw.bounded()
+}
+
+/// How old the guest's statistics may be when the manager needs them (the
+/// pool below `low`): older, it asks the driver for fresh ones at once
+/// instead of waiting for the next poll (every 2 s by default).
+pub const STATS_FRESH_US: u64 = 250_000;
+
+/// The manager needs VM `vm`'s statistics now (the pool is short): if its
+/// balloon's latest sample is older than [`STATS_FRESH_US`] (or there is
+/// none yet), ask the driver for fresh ones. True if it asked.
+pub fn want_fresh_stats(vm: &mut Vm, now_us: u64) -> bool {
+    if !is_managed(vm) {
+        return false;
+    }
+    let Some(balloon) = vm.balloon.as_mut() else {
+        return false;
+    };
+    let stale = balloon
+        .device()
+        .stats_sample()
+        .is_none_or(|s| now_us.saturating_sub(s.arrived_us) > STATS_FRESH_US);
+    if stale {
+        balloon.device_mut().request_stats();
+    }
+    stale
 }
 
 /// Set the balloon target the manager decided (quietly: the console gets
@@ -197,6 +257,7 @@ pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
         FrameWait {
             since_us: now_us,
             announced: false,
+            at_max: false,
         }
     });
     if !wait.announced && now_us.saturating_sub(wait.since_us) >= WAIT_ANNOUNCE_US {
@@ -208,6 +269,40 @@ pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
             size(pool_free)
         ));
     }
+}
+
+/// vCPU `vcpu` touched a page its VM may not have: the VM has `max` pages
+/// backed already (its balloon has not made room, or it has no working
+/// balloon). It waits, retrying the access, as for the pool: the console
+/// says so after [`WAIT_ANNOUNCE_US`]; after [`WAIT_BOUND_US`] the answer
+/// is true and the caller stops the VM (the limit is its own: no other VM
+/// gives way for it).
+pub fn max_wait(vm: &mut Vm, vcpu: usize, now_us: u64) -> bool {
+    let max = vm.managed.limits.max;
+    let Some(slot) = vm.managed.waits.get_mut(vcpu) else {
+        return false;
+    };
+    let wait = slot.get_or_insert_with(|| {
+        vm.managed.waits_begun += 1;
+        FrameWait {
+            since_us: now_us,
+            announced: false,
+            at_max: true,
+        }
+    });
+    wait.at_max = true;
+    let waited = now_us.saturating_sub(wait.since_us);
+    if !wait.announced && waited >= WAIT_ANNOUNCE_US {
+        wait.announced = true;
+        vm.managed.waits_long += 1;
+        vm.out.line(format_args!(
+            "tidal: [{}] vCPU {vcpu} waits for memory: the VM has its memory max ({}) backed and its balloon has not made room; at {} s the VM is stopped",
+            vm.name,
+            size(max),
+            WAIT_BOUND_US / 1_000_000
+        ));
+    }
+    waited >= WAIT_BOUND_US
 }
 
 /// vCPU `vcpu`'s fault was served: its wait, if any, is over.
@@ -225,12 +320,18 @@ pub fn frame_served(vm: &mut Vm, vcpu: usize, now_us: u64) {
     }
 }
 
-/// How long VM `vm`'s longest current wait for a frame has lasted.
+/// How long VM `vm`'s longest current wait for a frame from the pool has
+/// lasted (a wait at its own `max` is not the board's).
 pub fn longest_wait_us(vm: &Vm, now_us: u64) -> Option<u64> {
+    // A VM that stopped while a vCPU waited waits no more.
+    if vm.state != VmState::Running {
+        return None;
+    }
     vm.managed
         .waits
         .iter()
         .flatten()
+        .filter(|w| !w.at_max)
         .map(|w| now_us.saturating_sub(w.since_us))
         .max()
 }
@@ -350,16 +451,20 @@ pub fn write_mm(
     write_pool(out, pool)?;
     writeln!(
         out,
-        "manager: {} ticks; {} targets set; {} reclaimed, {} given, {} trimmed; {} bail-outs; {} congestion marks ({} VMs skipped); when exhausted: {} ({} VMs stopped)",
+        "manager: {} ticks; {} targets set; {} reclaimed ({} squeezed from VMs under pressure), {} given, {} given back, {} trimmed, {} withdrawn from stuck balloons; {} bail-outs, {} ticks short; {} congestion marks ({} VMs skipped); when exhausted: {} ({} VMs stopped)",
         stats.ticks,
         stats.targets_set,
         size(stats.pages_reclaimed),
+        size(stats.pages_squeezed),
         size(stats.pages_given),
+        size(stats.pages_given_back),
         size(stats.pages_trimmed),
+        size(stats.pages_withdrawn),
         stats.bailouts,
+        stats.short_ticks,
         stats.congested_marks,
         stats.congested_skips,
-        if pool.stop_lowest { "stop the lowest-weight VM" } else { "the faulting vCPU waits" },
+        exhausted_policy(pool.stop_lowest),
         pool.exhausted_stops
     )?;
     writeln!(
@@ -419,7 +524,7 @@ pub fn write_mm_raw(
     for (name, r) in rows {
         writeln!(
             out,
-            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={}",
+            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={} squeezed={} given_back={} withdrawn={}",
             r.state,
             r.size,
             r.backed,
@@ -435,7 +540,10 @@ pub fn write_mm_raw(
             r.stats.pages_reclaimed,
             r.stats.pages_given,
             u8::from(r.manual),
-            r.waits
+            r.waits,
+            r.stats.pages_squeezed,
+            r.stats.pages_given_back,
+            r.stats.pages_withdrawn
         )?;
     }
     writeln!(out, "mm-end")
@@ -547,5 +655,32 @@ mod tests {
             available: max,
         };
         assert!(e.to_string().contains("cannot guarantee"));
+    }
+
+    #[test]
+    fn escalation_waits_for_the_bound_and_never_cascades() {
+        let b = WAIT_BOUND_US;
+        assert!(!escalation_due(b, b - 1, None));
+        assert!(escalation_due(b, b, None));
+        // A stop a moment ago: the next waits its own bound.
+        assert!(!escalation_due(10 * b, 3 * b, Some(10 * b - 1)));
+        assert!(escalation_due(11 * b, 3 * b, Some(10 * b)));
+        assert!(escalation_due(u64::MAX, u64::MAX, Some(0)), "no overflow");
+    }
+
+    #[test]
+    fn stop_lowest_picks_the_lowest_weight_then_the_most_backed() {
+        assert_eq!(lowest_weight(&[]), None);
+        assert_eq!(lowest_weight(&[None, None]), None);
+        let running = [
+            Some((100, 10)),
+            None,
+            Some((50, 1)),
+            Some((50, 7)),
+            Some((50, 7)),
+        ];
+        assert_eq!(lowest_weight(&running), Some(3));
+        assert_eq!(lowest_weight(&running[..3]), Some(2));
+        assert_eq!(lowest_weight(&[Some((100, 1)), Some((100, 2))]), Some(1));
     }
 }

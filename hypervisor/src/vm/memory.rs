@@ -321,11 +321,11 @@ impl GuestRam {
     }
 
     /// Back the pages of these PFNs that are in RAM without a frame, as
-    /// their first access would: the neighbours of a page a fault backs
-    /// (fault-around). Frames come from the pool in batches. Stops when
-    /// the pool gives no more; returns how many pages were backed (counted
-    /// with the faults' pages).
-    pub fn back_around(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn]) -> u64 {
+    /// their first access would, `most` of them at most (the VM's `max`):
+    /// the neighbours of a page a fault backs (fault-around). Frames come
+    /// from the pool in batches. Stops when the pool gives no more; returns
+    /// how many pages were backed (counted with the faults' pages).
+    pub fn back_around(&mut self, mem: &mut impl HostMemory, pfns: &[GuestPfn], most: u64) -> u64 {
         const BATCH: usize = 64;
         let mut backed = 0;
         let mut walk = WalkCache::default();
@@ -335,6 +335,9 @@ impl GuestRam {
                 let Some(ipa) = pfn.addr().filter(|&a| self.contains(a)) else {
                     continue;
                 };
+                if backed + ipas.len() as u64 >= most {
+                    break;
+                }
                 if self.stage2.lookup_cached(mem, ipa, &mut walk).is_none() {
                     // Cannot overflow: at most BATCH per chunk.
                     let _ = ipas.push(ipa);
@@ -847,7 +850,7 @@ mod tests {
         // two batches, then single pages come one fault at a time.
         b.translate_or_back(&mut host, BASE).unwrap();
         let around: Vec<GuestPfn> = GuestPfn::iter(BASE.pfn() + 1..BASE.pfn() + 8).collect();
-        assert_eq!(b.back_around(&mut host, &around), 7);
+        assert_eq!(b.back_around(&mut host, &around, u64::MAX), 7);
         for page in 8..20 {
             b.translate_or_back(&mut host, BASE + page * PAGE_SIZE)
                 .unwrap();

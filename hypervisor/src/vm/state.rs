@@ -87,6 +87,9 @@ impl VmState {
 pub struct FrameWait {
     pub since_us: u64,
     pub announced: bool,
+    /// The VM is at its memory `max`, not the pool at its floor: its own
+    /// balloon must make room (not a sign the board is exhausted).
+    pub at_max: bool,
 }
 
 /// What the manager keeps on each VM between ticks, and its waits.
@@ -127,9 +130,10 @@ impl Managed {
         }
     }
 
-    /// Whether a vCPU waits for a frame now.
+    /// Whether a vCPU waits for a frame from the pool now (not at the
+    /// VM's own `max`).
     pub fn waiting(&self) -> bool {
-        self.waits.iter().any(Option::is_some)
+        self.waits.iter().flatten().any(|w| !w.at_max)
     }
 }
 

@@ -63,6 +63,22 @@ struct Guest {
     /// Pages inflated after the balloon had deflated: churn.
     reinflated: Pages,
     done_us: Option<u64>,
+    /// Anonymous memory before the hog (what an OOM kill leaves).
+    base_anon: Pages,
+    /// The hog frees its memory this long after it has it all.
+    release_after_us: Option<u64>,
+    /// Its own kernel killed the hog.
+    killed: bool,
+    /// A vCPU waits for a frame (stage 2, the pool at its floor) since.
+    waiting_since: Option<u64>,
+    longest_wait_us: u64,
+    /// Stopped by the board's escalation (`stop-lowest`).
+    stopped: bool,
+    /// Free page reporting: its free backed pages go back to the pool
+    /// each tick.
+    reporting: bool,
+    /// Pages returned by reporting.
+    reported: Pages,
 }
 
 impl Guest {
@@ -87,6 +103,14 @@ impl Guest {
             has_deflated: false,
             reinflated: 0,
             done_us: None,
+            base_anon: 0,
+            release_after_us: None,
+            killed: false,
+            waiting_since: None,
+            longest_wait_us: 0,
+            stopped: false,
+            reporting: false,
+            reported: 0,
         }
     }
 
@@ -96,6 +120,7 @@ impl Guest {
         self.target = balloon;
         self.actual = balloon;
         self.anon = anon;
+        self.base_anon = anon;
         let rest = self.size - balloon - anon;
         if cached {
             self.cache = rest;
@@ -114,14 +139,20 @@ impl Guest {
     }
 
     /// Takes up to `n` free pages for the guest's own use, backing them on
-    /// first touch from the pool; evicts cache if `evict`.
-    fn alloc(&mut self, n: Pages, pool: &mut Pages, evict: bool) -> Pages {
+    /// first touch from the pool down to `floor`; evicts cache if `evict`.
+    /// Returns the pages taken and whether the vCPU now waits (it touched a
+    /// page no frame backs and the pool is at its floor).
+    fn alloc(&mut self, n: Pages, pool: &mut Pages, evict: bool, floor: Pages) -> (Pages, bool) {
         let unbacked = self.free_unbacked();
         let a = n.min(self.free_backed);
         self.free_backed -= a;
-        let b = (n - a).min(unbacked).min(*pool);
+        let wanted = (n - a).min(unbacked);
+        let b = wanted.min(pool.saturating_sub(floor));
         *pool -= b;
         self.fault_ins += b;
+        if b < wanted {
+            return (a + b, true);
+        }
         let c = if evict {
             let c = (n - a - b).min(self.cache);
             self.cache -= c;
@@ -129,7 +160,7 @@ impl Guest {
         } else {
             0
         };
-        a + b + c
+        (a + b + c, false)
     }
 
     /// The balloon driver's move toward the target.
@@ -160,13 +191,30 @@ impl Guest {
         }
     }
 
-    fn run(&mut self, now: u64, pool: &mut Pages) {
-        self.drive(pool);
+    /// One tick of the guest on a board whose guest frames stop at `floor`
+    /// (half of it if it may dip, as the frame table allows).
+    fn run(&mut self, now: u64, pool: &mut Pages, floor: Pages, dip: bool) {
+        if self.stopped {
+            return;
+        }
+        let floor = match dip {
+            true => floor / 2,
+            false => floor,
+        };
+        // A vCPU parked at stage 2 runs nothing, its balloon driver
+        // included, until a frame comes.
+        let parked = self.waiting_since.is_some() && *pool <= floor;
+        if !parked {
+            self.drive(pool);
+        }
+        let mut blocked = parked;
         match self.demand {
             Demand::Idle => {}
+            _ if parked => {}
             Demand::Streaming { rate } => {
-                let got = self.alloc(rate, pool, false);
+                let (got, b) = self.alloc(rate, pool, false, floor);
                 self.cache += got;
+                blocked = b;
             }
             Demand::Hog {
                 start_us,
@@ -175,9 +223,10 @@ impl Guest {
             } => {
                 if now >= start_us && self.anon < goal {
                     let want = rate.min(goal - self.anon);
-                    let got = self.alloc(want, pool, true);
+                    let (got, b) = self.alloc(want, pool, true, floor);
                     self.anon += got;
-                    if got < want {
+                    blocked = b;
+                    if got < want && !b {
                         self.alloc_stalls += 1;
                         if self.free_unbacked() == 0 && self.free_backed == 0 {
                             // Out of memory in the guest.
@@ -189,6 +238,13 @@ impl Guest {
                                 self.has_deflated = true;
                             } else {
                                 self.oom_kills += 1;
+                                if self.release_after_us.is_some() {
+                                    // The hog is killed: its memory is free.
+                                    self.free_backed += self.anon - self.base_anon;
+                                    self.anon = self.base_anon;
+                                    self.killed = true;
+                                    self.demand = Demand::Idle;
+                                }
                             }
                         }
                     }
@@ -196,13 +252,43 @@ impl Guest {
                 if self.anon >= goal && self.done_us.is_none() {
                     self.done_us = Some(now);
                 }
+                if let (Some(done), Some(after)) = (self.done_us, self.release_after_us) {
+                    if now >= done + after {
+                        self.free_backed += self.anon - self.base_anon;
+                        self.anon = self.base_anon;
+                        self.demand = Demand::Idle;
+                    }
+                }
             }
         }
+        if self.reporting && !parked {
+            *pool += self.free_backed;
+            self.reported += self.free_backed;
+            self.free_backed = 0;
+        }
+        match (blocked, self.waiting_since) {
+            (true, None) => self.waiting_since = Some(now),
+            (true, Some(_)) => {}
+            (false, Some(since)) => {
+                self.longest_wait_us = self.longest_wait_us.max(now - since);
+                self.waiting_since = None;
+            }
+            (false, None) => {}
+        }
+    }
+
+    /// The longest wait for a frame so far, the current one included.
+    fn longest_wait(&self, now: u64) -> u64 {
+        self.waiting_since
+            .map_or(self.longest_wait_us, |s| self.longest_wait_us.max(now - s))
     }
 
     /// What the VM loop would pass the manager; counters since the last
     /// input are reset.
     fn input(&mut self) -> VmInput {
+        if self.stopped {
+            return VmInput::default();
+        }
         let free = self.free_backed + self.free_unbacked();
         let input = VmInput {
             size: self.size,
@@ -221,7 +307,7 @@ impl Guest {
             fault_ins: self.fault_ins,
             deflate_on_oom: self.oom_deflated,
             driver: true,
-            waiting: false,
+            waiting: self.waiting_since.is_some(),
         };
         self.fault_ins = 0;
         self.oom_deflated = 0;
@@ -232,11 +318,20 @@ impl Guest {
 /// A controller under test.
 trait Controller {
     fn tick(&mut self, now: u64, pool: Pages, vms: &[VmInput]) -> Vec<Option<Pages>>;
+
+    /// Whether VM `i` may take frames below the floor, down to half of it.
+    fn may_dip(&self, _i: usize) -> bool {
+        false
+    }
 }
 
 impl Controller for Manager {
     fn tick(&mut self, now: u64, pool: Pages, vms: &[VmInput]) -> Vec<Option<Pages>> {
         Manager::tick(self, now, pool, vms).targets
+    }
+
+    fn may_dip(&self, i: usize) -> bool {
+        Manager::may_dip(self, i)
     }
 }
 
@@ -304,19 +399,56 @@ impl Outcome {
     }
 }
 
-/// Runs `guests` for `seconds` of virtual time with `pool` free pages.
-fn simulate(
+/// Runs `guests` for `seconds` of virtual time with `pool` free pages and
+/// no floor (the host took memory below it).
+fn simulate(ctl: &mut dyn Controller, guests: Vec<Guest>, pool: Pages, seconds: u64) -> Outcome {
+    simulate_board(ctl, guests, pool, seconds, Board::default())
+}
+
+/// What the board does beside the controller.
+#[derive(Clone, Copy, Debug, Default)]
+struct Board {
+    /// Guest frames stop here (the `min` watermark; half of it for a VM
+    /// whose balloon owes inflation).
+    floor: Pages,
+    /// `when_exhausted = "stop-lowest"`: a vCPU that waited this long for
+    /// a frame stops the running VM with the lowest weight (the most
+    /// backed among equals).
+    stop_lowest_after_us: Option<u64>,
+}
+
+/// Runs `guests` for `seconds` of virtual time on `board`.
+fn simulate_board(
     ctl: &mut dyn Controller,
     mut guests: Vec<Guest>,
     mut pool: Pages,
     seconds: u64,
+    board: Board,
 ) -> Outcome {
     let pool_start = pool;
     let mut pool_low = pool;
     for tick in 0..seconds * 1_000_000 / TICK_US {
         let now = tick * TICK_US;
-        for g in &mut guests {
-            g.run(now, &mut pool);
+        for (i, g) in guests.iter_mut().enumerate() {
+            g.run(now, &mut pool, board.floor, ctl.may_dip(i));
+        }
+        if let Some(bound) = board.stop_lowest_after_us {
+            let waited = guests
+                .iter()
+                .any(|g| g.waiting_since.is_some_and(|s| now - s >= bound));
+            let victim = guests
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| !g.stopped)
+                .min_by_key(|(_, g)| (g.limits.weight, core::cmp::Reverse(g.backed())))
+                .map(|(i, _)| i);
+            if let (true, Some(i)) = (waited, victim) {
+                let g = &mut guests[i];
+                pool += g.backed();
+                g.stopped = true;
+                g.longest_wait_us = g.longest_wait(now);
+                g.waiting_since = None;
+            }
         }
         pool_low = pool_low.min(pool);
         let inputs: Vec<VmInput> = guests.iter_mut().map(Guest::input).collect();
@@ -481,7 +613,8 @@ fn a_congested_vm_does_not_delay_a_victim() {
         ms(n_with),
         with.stats().congested_marks,
     );
-    assert!(with.vm_stats(2).congested);
+    assert!(with.vm_stats(2).congested_marks > 0);
+    assert!(with.vm_stats(2).pages_withdrawn > 0, "its target withdrawn");
     assert!(with.stats().congested_skips > 0);
     let (m_alone, m_with) = (m_alone.unwrap(), m_with.unwrap());
     let n_alone = n_alone.expect("naive, alone");
@@ -570,4 +703,182 @@ fn inflation_under_cache_pressure_does_not_churn() {
     // The naive controller churns: it re-inflates what the guest gave
     // back on OOM.
     assert!(n.guests[0].reinflated > 4 * OOM_DEFLATE);
+}
+
+/// Three guests of [`SIZE`] with 32 MiB of anonymous memory, 96 MiB of
+/// page cache and the rest free and never touched, whose hogs all start at
+/// 1 s and each want 200 MiB more, at 8 MiB a tick: 600 MiB asked of a
+/// board with `pool` free and 288 MiB of caches. The hogs free their
+/// memory 5 s after they have it all; `weights` per guest.
+fn everyone_hungry(
+    pool_mib: Pages,
+    deflate_on_oom: bool,
+    weights: [u32; 3],
+) -> (Vec<Guest>, Pages, Watermarks) {
+    let guests: Vec<Guest> = weights
+        .iter()
+        .map(|&weight| {
+            let mut g = Guest::new(
+                SIZE,
+                Demand::Hog {
+                    start_us: 1_000_000,
+                    goal: 232 * MIB,
+                    rate: 8 * MIB,
+                },
+            );
+            g.anon = 32 * MIB;
+            g.base_anon = 32 * MIB;
+            g.cache = 96 * MIB;
+            g.deflate_on_oom = deflate_on_oom;
+            g.release_after_us = Some(5_000_000);
+            g.limits.weight = weight;
+            g.limits.min = 64 * MIB;
+            g.limits.low = 64 * MIB;
+            g
+        })
+        .collect();
+    let backed: Pages = guests.iter().map(Guest::backed).sum();
+    let wm = Watermarks::for_ram(backed + pool_mib * MIB);
+    (guests, pool_mib * MIB, wm)
+}
+
+/// The board as Tidal runs it: guest frames stop at `min` (half of it for
+/// a VM giving back), and a vCPU that waited the bound stops the
+/// lowest-weight VM.
+fn tidal_board(wm: Watermarks) -> Board {
+    Board {
+        floor: wm.min,
+        stop_lowest_after_us: Some(WAIT_BOUND_US),
+    }
+}
+
+const WAIT_BOUND_US: u64 = crate::vm::manage::WAIT_BOUND_US;
+
+fn report(name: &str, o: &Outcome, end_us: u64) {
+    for (i, g) in o.guests.iter().enumerate() {
+        println!(
+            "  {name} guest {i}: done {:?} killed {} stopped {} longest wait {} ms, \
+             balloon {} MiB (target {}), inflated {} MiB, oom-deflated {} MiB",
+            g.done_us.map(|t| t / 1000),
+            g.killed,
+            g.stopped,
+            g.longest_wait(end_us) / 1000,
+            g.actual / MIB,
+            g.target / MIB,
+            g.inflated / MIB,
+            g.deflated_on_oom / MIB
+        );
+    }
+}
+
+#[test]
+fn everyone_hungry_at_once_within_what_caches_cover() {
+    // 360 MiB free and 288 MiB of caches for 600 MiB of demand, 384 MiB
+    // of it on pages never touched.
+    let (guests, pool, wm) = everyone_hungry(360, true, [100; 3]);
+    let seconds = 30;
+    let m = simulate_board(
+        &mut manager(wm),
+        guests.clone(),
+        pool,
+        seconds,
+        tidal_board(wm),
+    );
+    let n = simulate_board(&mut naive(wm), guests, pool, seconds, tidal_board(wm));
+    println!("everyone hungry, caches cover the demand:");
+    report("manager", &m, seconds * 1_000_000);
+    report("naive", &n, seconds * 1_000_000);
+    for g in &m.guests {
+        assert!(g.done_us.is_some(), "a hog did not complete: {g:?}");
+        assert!(!g.stopped && !g.killed && g.oom_kills == 0, "{g:?}");
+        assert!(g.longest_wait(seconds * 1_000_000) < 1_000_000, "{g:?}");
+        assert!(g.inflated > 0, "no cache reclaimed from it");
+    }
+}
+
+#[test]
+fn everyone_hungry_beyond_ram_the_lowest_weight_gives_way() {
+    // 160 MiB free and 288 MiB of caches for 600 MiB of demand; the third
+    // guest has the lowest weight. It gives way: its own kernel kills its
+    // hog, or (a guest that deflates on OOM instead, or one its kernel
+    // cannot run for) the board's escalation stops it once a vCPU has
+    // waited the bound. The two heavier guests complete, and no wait
+    // outlasts the bound by more than a tick.
+    let end = 40 * 1_000_000;
+    for deflate_on_oom in [false, true] {
+        let (guests, pool, wm) = everyone_hungry(160, deflate_on_oom, [200, 200, 50]);
+        let m = simulate_board(&mut manager(wm), guests, pool, 40, tidal_board(wm));
+        println!("everyone hungry beyond RAM, deflate-on-OOM {deflate_on_oom}:");
+        report("manager", &m, end);
+        for g in &m.guests {
+            assert!(g.longest_wait(end) <= WAIT_BOUND_US + TICK_US, "{g:?}");
+        }
+        for g in &m.guests[..2] {
+            assert!(g.done_us.is_some() && !g.killed && !g.stopped, "{g:?}");
+        }
+        let victim = &m.guests[2];
+        assert!(victim.killed || victim.stopped, "{victim:?}");
+    }
+}
+
+#[test]
+fn memory_is_given_back_once_the_pressure_is_gone() {
+    // Everyone hungry within what caches cover, with free page reporting:
+    // the hogs' memory comes back by reporting once they free it, and what
+    // the manager inflated goes back to the guests step by step, without
+    // any target rising again.
+    let (mut guests, pool, wm) = everyone_hungry(360, true, [100; 3]);
+    for g in &mut guests {
+        g.reporting = true;
+    }
+    let mut m = manager(wm);
+    let mut o = simulate_board(&mut m, guests, pool, 12, tidal_board(wm));
+    let inflated = m.stats().pages_reclaimed;
+    assert!(inflated > 0, "the scenario inflates nothing");
+    // From here nothing wants memory: 30 s more.
+    let targets = |o: &Outcome| o.guests.iter().map(|g| g.target).collect::<Vec<_>>();
+    let mut last = targets(&o);
+    for second in 12..42 {
+        let now_us = second * 1_000_000;
+        let mut next = Vec::new();
+        for tick in 0..10 {
+            let now = now_us + tick * TICK_US;
+            let mut pool = o.pool_end;
+            for (i, g) in o.guests.iter_mut().enumerate() {
+                g.run(now, &mut pool, wm.min, m.may_dip(i));
+            }
+            let inputs: Vec<VmInput> = o.guests.iter_mut().map(Guest::input).collect();
+            for (g, t) in o.guests.iter_mut().zip(m.tick(now, pool, &inputs).targets) {
+                if let Some(t) = t {
+                    g.target = t;
+                }
+            }
+            o.pool_end = pool;
+            next = targets(&o);
+            for (a, b) in last.iter().zip(&next) {
+                assert!(
+                    b <= a,
+                    "a target rose again at {now} us: {last:?} -> {next:?}"
+                );
+            }
+            last = next.clone();
+        }
+        let _ = next;
+    }
+    println!(
+        "given back: {} MiB of {} MiB inflated; reported {} MiB; pool end {} MiB (high {} MiB)",
+        m.stats().pages_given_back / MIB,
+        inflated / MIB,
+        o.guests.iter().map(|g| g.reported).sum::<Pages>() / MIB,
+        o.pool_end / MIB,
+        wm.high / MIB
+    );
+    report("manager", &o, 42_000_000);
+    assert!(m.stats().pages_given_back > 0);
+    // Every balloon is back at what its limits allow (no max: empty), and
+    // the pool at or above high.
+    for g in &o.guests {
+        assert_eq!((g.target, g.actual), (0, 0), "{g:?}");
+    }
+    assert!(o.pool_end >= wm.high);
 }

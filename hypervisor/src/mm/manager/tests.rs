@@ -311,13 +311,24 @@ fn congestion_is_marked_skipped_and_cleared() {
     // other VM took over the need; never waited for the deadline.
     assert_eq!(first_skip, Some(500_000));
     assert_eq!(vms[0].target, 500);
-    assert!(m.vm_stats(1).congested);
     assert_eq!(m.stats().congested_marks, 1);
     assert!(m.stats().congested_skips > 0);
-    // It moves again: no longer congested.
-    vms[1].actual = 1;
-    m.tick(now + TICK, 500, &vms);
+    // Marked congested at the deadline, its raised target was withdrawn
+    // (the congestion clears with nothing outstanding) ...
+    assert_eq!(m.vm_stats(1).pages_withdrawn, hung_target);
+    assert_eq!(vms[1].target, 0);
     assert!(!m.vm_stats(1).congested);
+    // ... and it is not asked again within the backoff, however short the
+    // pool.
+    let mut t = now;
+    // (Withdrawn at the deadline, 2 s in; `now` is 3 s.)
+    while t < now + Tunables::default().withdraw_backoff_us - 1_000_000 - TICK {
+        t += TICK;
+        let d = m.tick(t, 0, &vms);
+        assert_eq!(d.targets[1], None, "asked again at {t}");
+        apply(&d, &mut vms);
+        vms[0].actual = vms[0].target;
+    }
 }
 
 #[test]
@@ -536,4 +547,128 @@ fn random_extreme_inputs_never_panic_and_stay_within_limits() {
             apply(&d, &mut vms);
         }
     }
+}
+
+#[test]
+fn pressure_thresholds_are_per_second_whatever_the_tick() {
+    // 100 major faults each 100 ms (1000/s, above 640/s) seen in ticks of
+    // 10 ms: 10 a tick, far below what a per-tick threshold of 64 would
+    // need. Half the rate stays below.
+    for (per_100ms, pressured) in [(100, true), (50, false)] {
+        let mut m = manager();
+        let mut v = vm(0, 0);
+        v.stats = guest(5000, 0);
+        let mut faults = 0;
+        let mut seen = false;
+        for tick in 0..50 {
+            faults += per_100ms / 10;
+            v.stats.as_mut().unwrap().major_faults = Some(faults);
+            m.tick(tick * 10_000, 10_000, &[v]);
+            seen |= m.vm_stats(0).under_pressure;
+        }
+        assert_eq!(seen, pressured, "{per_100ms} major faults per 100 ms");
+    }
+}
+
+/// A VM faulting in 512 pages each 100 ms (20 MiB/s: hungry) with
+/// `unbacked` pages it never touched.
+fn hungry(unbacked: Pages) -> VmInput {
+    let mut v = vm(0, 0);
+    v.backed = SIZE - unbacked;
+    v.fault_ins = 512;
+    v
+}
+
+#[test]
+fn the_fence_takes_what_hungry_guests_could_touch_beyond_the_pool() {
+    let mut m = manager();
+    // Two hungry VMs with 3000 untouched pages each, a pool of 1100 (1000
+    // above min): 5000 cannot be backed. The lighter VM is fenced first,
+    // all it could touch; what its kernel will then reclaim or kill (its
+    // 500 backed pages) counts, and the heavier one is fenced the rest.
+    let mut light = vm(6500, 6500);
+    light.backed = 500;
+    light.fault_ins = 512;
+    light.limits.weight = 50;
+    let mut vms = [light, hungry(3000)];
+    m.tick(0, 1100, &vms);
+    let d = m.tick(TICK, 1100, &vms);
+    let r = raised(&d, &vms);
+    assert_eq!(r, [3000, 1500], "{d:?}");
+    assert_eq!(m.stats().pages_fenced, 4500);
+    // With more of it backed, the lighter VM's kernel covers it all.
+    let mut m = manager();
+    let mut both = [hungry(3000), hungry(3000)];
+    both[0].limits.weight = 50;
+    m.tick(0, 1100, &both);
+    let d = m.tick(TICK, 1100, &both);
+    assert_eq!(raised(&d, &both), [3000, 0], "{d:?}");
+    // Fenced pages free no frame: nothing is counted in flight for them,
+    // and no trim cancels them once the pool is above high.
+    apply(&d, &mut vms);
+    let d = m.tick(2 * TICK, 10_000, &vms);
+    assert_eq!(d.targets, [None, None], "{d:?}");
+    // A VM that is not hungry is never fenced, however much it never
+    // touched.
+    let mut m = manager();
+    let idle = {
+        let mut v = vm(0, 0);
+        v.backed = 1000;
+        v
+    };
+    m.tick(0, 1100, &[idle]);
+    assert_eq!(m.tick(TICK, 1100, &[idle]).targets, [None]);
+}
+
+#[test]
+fn memory_is_given_back_after_the_pool_stays_above_high() {
+    let mut m = manager();
+    // The manager had inflated 2000 pages; the pool is far above high.
+    let mut vms = [vm(2000, 2000)];
+    vms[0].stats = guest(1000, 0);
+    let wait = Tunables::default().give_back_after_us;
+    let mut now = 0;
+    while now < wait {
+        assert_eq!(m.tick(now, 9000, &vms).targets, [None], "at {now}");
+        now += TICK;
+    }
+    // Then step by step (10% of the VM a tick at most), never below what
+    // its max requires.
+    vms[0].limits.max = SIZE - 500;
+    let mut steps = 0;
+    loop {
+        let d = m.tick(now, 9000, &vms);
+        let Some(t) = d.targets[0] else { break };
+        assert!(vms[0].target - t <= SIZE / 10);
+        vms[0].target = t;
+        vms[0].actual = t;
+        steps += 1;
+        now += TICK;
+    }
+    assert_eq!(vms[0].target, 500);
+    assert_eq!(steps, 2);
+    assert_eq!(m.stats().pages_given_back, 1500);
+    // Below high again the clock starts over.
+    let mut vms = [vm(2000, 2000)];
+    let mut m = manager();
+    m.tick(0, 9000, &vms);
+    m.tick(wait / 2, 400, &vms);
+    vms[0].stats = guest(1000, 0);
+    assert_eq!(m.tick(wait + TICK, 9000, &vms).targets, [None]);
+}
+
+#[test]
+fn only_the_vm_giving_back_may_dip_into_the_reserve() {
+    let mut m = manager();
+    // VM 0 is asked to inflate (reclaim: its free pages), VM 1 is hungry
+    // and fenced: only VM 0 may take frames below the floor.
+    let mut giver = vm(0, 0);
+    giver.stats = guest(3000, 0);
+    let vms = [giver, hungry(3000)];
+    m.tick(0, 200, &vms);
+    let d = m.tick(TICK, 200, &vms);
+    assert!(d.targets[0].is_some() && d.targets[1].is_some(), "{d:?}");
+    assert!(m.may_dip(0));
+    assert!(!m.may_dip(1));
+    assert!(!m.may_dip(7), "no such VM");
 }
