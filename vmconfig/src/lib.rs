@@ -35,7 +35,8 @@
 //!
 //! RAM may be overcommitted: the VMs' `ram` may add up to more than the board
 //! has, but what they are guaranteed (`memory.min`, or `ram` with
-//! `prealloc`) may not exceed [`MAX_GUARANTEED`].
+//! `prealloc`) may not exceed [`MAX_GUARANTEED`] (the largest board's), and
+//! each board checks it against its own RAM at boot.
 //!
 //! [`build_bundle`] parses and validates one file and returns the bundle
 //! bytes; [`build_all`] writes `target/guests.img` from `guests/demo.toml` and
@@ -71,11 +72,14 @@ pub const MAX_CPUS: u32 = 8;
 pub const RAM_GRANULE: u64 = 2 << 20;
 
 /// Most memory all VMs of one configuration may be guaranteed together (the
-/// sum of `memory.min`, or of `ram` for VMs with `memory.prealloc`): the
-/// boards have 2 GiB (QEMU `-m 2G`, the Raspberry Pi 4 model in QEMU), and
-/// the hypervisor, its frame table, the bundle and the firmware need the
-/// rest. The sum of `ram` itself is not limited (overcommit).
-pub const MAX_GUARANTEED: u64 = 1536 << 20;
+/// sum of `memory.min`, or of `ram` for VMs with `memory.prealloc`) on any
+/// board: the largest, a Raspberry Pi 4 with 8 GiB, less what the
+/// hypervisor, its frame table, the bundle and the firmware need. A bundle
+/// is not built for one board; each board checks the guarantees against its
+/// own RAM when it starts the VMs (a VM whose guarantee its pool cannot
+/// hold is not started, with the shortfall named). The sum of `ram` itself
+/// is not limited (overcommit).
+pub const MAX_GUARANTEED: u64 = (8 << 30) - (512 << 20);
 
 /// Most RAM one VM may have: a sanity limit, and well inside the
 /// hypervisor's 16 GiB guest-physical space (RAM starts at 1 GiB).
@@ -1096,7 +1100,7 @@ fn check_vm<'a>(
             format!("memory.min \"{text}\"")
         };
         return Err(format!(
-            "{what} brings the memory guaranteed to all VMs to {}, more than the {} the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)",
+            "{what} brings the memory guaranteed to all VMs to {}, more than the {} the largest board (8G) can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)",
             format_size(seen.guaranteed),
             format_size(MAX_GUARANTEED)
         ));
@@ -1644,6 +1648,15 @@ kernel = "testguest"
                     ]
                 ),
                 (
+                    "overcommit-kill".into(),
+                    vec![
+                        ("vma".into(), 1024, 2, p(quiet)),
+                        ("vmb".into(), 1024, 4, p(quiet)),
+                        ("vmc".into(), 1024, 8, p(quiet)),
+                        ("beta".into(), 128, 16, p("pattern"))
+                    ]
+                ),
+                (
                     "overcommit-static".into(),
                     vec![
                         ("vma".into(), 600, 2, p(quiet)),
@@ -1959,8 +1972,8 @@ on_bad_access = "stop"
             (one_with("ram = \"lots\""), "t.toml: VM \"alpha\": ram \"lots\" is not a size"),
             (one_with("ram = \"9G\""), "t.toml: VM \"alpha\": ram \"9G\" is more than a VM may have; use at most \"8G\""),
             (
-                one_with("ram = \"2G\"") + "[vm.memory]\nprealloc = true\n",
-                "t.toml: VM \"alpha\": memory.prealloc = true (all of ram \"2G\") brings the memory guaranteed to all VMs to 2G, more than the 1536M the boards can guarantee",
+                one_with("ram = \"8G\"") + "[vm.memory]\nprealloc = true\n",
+                "t.toml: VM \"alpha\": memory.prealloc = true (all of ram \"8G\") brings the memory guaranteed to all VMs to 8G, more than the 7680M the largest board (8G) can guarantee",
             ),
             (one_with("ram = \"2M\""), "t.toml: VM \"alpha\": ram \"2M\" is too small"),
             (one_with("name = \"Alpha\""), "t.toml: VM 0: name \"Alpha\" contains 'A'"),
@@ -2124,22 +2137,24 @@ on_bad_access = "stop"
         let b = guest_bundle::parse(&b).unwrap();
         assert_eq!(b.vms().map(|v| v.ram_size()).sum::<u64>(), 3 << 30);
         assert!(b.vms().all(|v| v.guaranteed() == 0));
-        // Exactly 1536M guaranteed: 1G preallocated and 512M of min.
+        // Exactly 7.5G guaranteed, what the largest board can: 4G
+        // preallocated and 3.5G of min. (A 2 GiB board refuses to start
+        // what its own pool cannot hold.)
         let ok = three_vms(
-            "1G",
-            ["prealloc = true", "min = \"256M\"", "min = \"256M\""],
+            "4G",
+            ["prealloc = true", "min = \"1792M\"", "min = \"1792M\""],
         );
         let b = build(&ok).unwrap();
         let b = guest_bundle::parse(&b).unwrap();
         assert_eq!(b.vms().map(|v| v.guaranteed()).sum::<u64>(), MAX_GUARANTEED);
         // 4 KiB more, and the VM that crosses the line is named.
         let over = three_vms(
-            "1G",
-            ["prealloc = true", "min = \"256M\"", "min = \"262148K\""],
+            "4G",
+            ["prealloc = true", "min = \"1792M\"", "min = \"1835012K\""],
         );
         assert_eq!(
             err(&over),
-            "t.toml:24:7: VM \"vm2\": memory.min \"262148K\" brings the memory guaranteed to all VMs to 1572868K, more than the 1536M the boards can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)"
+            "t.toml:24:7: VM \"vm2\": memory.min \"1835012K\" brings the memory guaranteed to all VMs to 7864324K, more than the 7680M the largest board (8G) can guarantee; lower memory.min or turn memory.prealloc off somewhere (ram itself may be overcommitted)"
         );
         // The per-VM ceiling.
         let b = build(&one_with("ram = \"8G\"")).unwrap();
