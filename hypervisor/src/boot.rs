@@ -500,7 +500,9 @@ fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &vm::FrameLock) 
     // The guarantee limit is this board's RAM, not the configuration's
     // (a bundle runs on boards of 2 to 8 GiB).
     let guaranteed: u64 = bundle.vms().map(|v| v.guaranteed()).sum();
-    let holdable = free.saturating_sub(watermarks.min).saturating_mul(PAGE_SIZE);
+    let holdable = free
+        .saturating_sub(watermarks.min)
+        .saturating_mul(PAGE_SIZE);
     if guaranteed > holdable {
         println!(
             "memory manager: the VMs are guaranteed {} together, more than this board's pool can hold ({} above its min reserve): a VM whose guarantee does not fit is not started, and says so",

@@ -1367,8 +1367,13 @@ pub struct MemoryManager {
 }
 
 static MANAGER: TicketMutex<Option<MemoryManager>> = TicketMutex::new(None);
+/// The least time between two ticks, whatever the pool events.
+pub const TICK_MIN_US: u64 = 10_000;
+
 /// The counter value (CNTPCT) at which the next tick is due.
 static NEXT_TICK: AtomicU64 = AtomicU64::new(0);
+/// The counter value before which a pool event does not bring a tick.
+static EARLIEST_TICK: AtomicU64 = AtomicU64::new(0);
 /// The pool fell below its low watermark (or ran out): tick now.
 static POOL_EVENT: AtomicBool = AtomicBool::new(false);
 static POOL_LOW: AtomicU64 = AtomicU64::new(0);
@@ -1412,7 +1417,12 @@ pub fn memory_tick() -> bool {
     // no division (the time in microseconds is worked out only when due).
     let (count, freq) = aarch64::counter();
     let due = NEXT_TICK.load(Ordering::Relaxed);
-    if count < due && !POOL_EVENT.load(Ordering::Relaxed) {
+    // A pool event brings the tick forward, but not closer than
+    // TICK_MIN_US to the last: below `low` nearly every allocation raises
+    // one.
+    let event =
+        POOL_EVENT.load(Ordering::Relaxed) && count >= EARLIEST_TICK.load(Ordering::Relaxed);
+    if count < due && !event {
         return false;
     }
     let period = freq.saturating_mul(TICK_US) / 1_000_000;
@@ -1427,6 +1437,8 @@ pub fn memory_tick() -> bool {
     {
         return false;
     }
+    let gap = freq.saturating_mul(TICK_MIN_US) / 1_000_000;
+    EARLIEST_TICK.store(count.saturating_add(gap), Ordering::Relaxed);
     tick_now();
     true
 }

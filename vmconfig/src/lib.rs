@@ -1648,6 +1648,15 @@ kernel = "testguest"
                     ]
                 ),
                 (
+                    "overcommit-full".into(),
+                    vec![
+                        ("vma".into(), 1024, 2, p(quiet)),
+                        ("vmb".into(), 1024, 4, p(quiet)),
+                        ("vmc".into(), 1024, 8, p(quiet)),
+                        ("beta".into(), 128, 16, p("pattern"))
+                    ]
+                ),
+                (
                     "overcommit-kill".into(),
                     vec![
                         ("vma".into(), 1024, 2, p(quiet)),
