@@ -1542,6 +1542,19 @@ kernel = "testguest"
                 vec![("linux".to_string(), 512, 3, p(quiet))],
             )
         };
+        // The three Linux VMs and the test guest of overcommit.toml and its
+        // variants.
+        let overcommit = |bundle: &str| {
+            (
+                bundle.to_string(),
+                vec![
+                    ("vma".to_string(), 1024, 2, p(quiet)),
+                    ("vmb".to_string(), 1024, 4, p(quiet)),
+                    ("vmc".to_string(), 1024, 8, p(quiet)),
+                    ("beta".to_string(), 128, 16, p("pattern")),
+                ],
+            )
+        };
         let pair = vec![
             ("alpha".to_string(), 256, 2, p("pattern")),
             ("beta".to_string(), 128, 4, p("pattern")),
@@ -1638,33 +1651,9 @@ kernel = "testguest"
                         ("linux".into(), 384, 8, p(quiet))
                     ]
                 ),
-                (
-                    "overcommit".into(),
-                    vec![
-                        ("vma".into(), 1024, 2, p(quiet)),
-                        ("vmb".into(), 1024, 4, p(quiet)),
-                        ("vmc".into(), 1024, 8, p(quiet)),
-                        ("beta".into(), 128, 16, p("pattern"))
-                    ]
-                ),
-                (
-                    "overcommit-full".into(),
-                    vec![
-                        ("vma".into(), 1024, 2, p(quiet)),
-                        ("vmb".into(), 1024, 4, p(quiet)),
-                        ("vmc".into(), 1024, 8, p(quiet)),
-                        ("beta".into(), 128, 16, p("pattern"))
-                    ]
-                ),
-                (
-                    "overcommit-kill".into(),
-                    vec![
-                        ("vma".into(), 1024, 2, p(quiet)),
-                        ("vmb".into(), 1024, 4, p(quiet)),
-                        ("vmc".into(), 1024, 8, p(quiet)),
-                        ("beta".into(), 128, 16, p("pattern"))
-                    ]
-                ),
+                overcommit("overcommit"),
+                overcommit("overcommit-full"),
+                overcommit("overcommit-kill"),
                 (
                     "overcommit-static".into(),
                     vec![

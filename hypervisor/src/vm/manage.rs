@@ -249,20 +249,7 @@ pub fn guaranteed(vm: &Vm, l: &Limits) -> Pages {
 /// waits, retrying the access; after [`WAIT_ANNOUNCE_US`] the console says
 /// which VM and why, once per wait.
 pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
-    let Some(slot) = vm.managed.waits.get_mut(vcpu) else {
-        return;
-    };
-    let wait = slot.get_or_insert_with(|| {
-        vm.managed.waits_begun += 1;
-        FrameWait {
-            since_us: now_us,
-            announced: false,
-            at_max: false,
-        }
-    });
-    if !wait.announced && now_us.saturating_sub(wait.since_us) >= WAIT_ANNOUNCE_US {
-        wait.announced = true;
-        vm.managed.waits_long += 1;
+    if wait_announced(vm, vcpu, now_us, false).is_some() {
         vm.out.line(format_args!(
             "tidal: [{}] vCPU {vcpu} waits for memory: the pool is at its min watermark ({} free) and no VM has given any back yet; the memory manager is reclaiming ('mm' shows it)",
             vm.name,
@@ -278,31 +265,44 @@ pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
 /// is true and the caller stops the VM (the limit is its own: no other VM
 /// gives way for it).
 pub fn max_wait(vm: &mut Vm, vcpu: usize, now_us: u64) -> bool {
-    let max = vm.managed.limits.max;
-    let Some(slot) = vm.managed.waits.get_mut(vcpu) else {
-        return false;
-    };
+    let waited = wait_announced(vm, vcpu, now_us, true);
+    if waited.is_some() {
+        vm.out.line(format_args!(
+            "tidal: [{}] vCPU {vcpu} waits for memory: the VM has its memory max ({}) backed and its balloon has not made room; at {} s the VM is stopped",
+            vm.name,
+            size(vm.managed.limits.max),
+            WAIT_BOUND_US / 1_000_000
+        ));
+    }
+    vm.managed
+        .waits
+        .get(vcpu)
+        .copied()
+        .flatten()
+        .is_some_and(|w| now_us.saturating_sub(w.since_us) >= WAIT_BOUND_US)
+}
+
+/// Records vCPU `vcpu`'s wait (begun now if it was not waiting; `at_max`
+/// says which kind); `Some(waited)` the one time the console is due to
+/// hear of it, after [`WAIT_ANNOUNCE_US`].
+fn wait_announced(vm: &mut Vm, vcpu: usize, now_us: u64, at_max: bool) -> Option<u64> {
+    let slot = vm.managed.waits.get_mut(vcpu)?;
     let wait = slot.get_or_insert_with(|| {
         vm.managed.waits_begun += 1;
         FrameWait {
             since_us: now_us,
             announced: false,
-            at_max: true,
+            at_max,
         }
     });
-    wait.at_max = true;
+    wait.at_max = at_max;
     let waited = now_us.saturating_sub(wait.since_us);
-    if !wait.announced && waited >= WAIT_ANNOUNCE_US {
-        wait.announced = true;
-        vm.managed.waits_long += 1;
-        vm.out.line(format_args!(
-            "tidal: [{}] vCPU {vcpu} waits for memory: the VM has its memory max ({}) backed and its balloon has not made room; at {} s the VM is stopped",
-            vm.name,
-            size(max),
-            WAIT_BOUND_US / 1_000_000
-        ));
+    if wait.announced || waited < WAIT_ANNOUNCE_US {
+        return None;
     }
-    waited >= WAIT_BOUND_US
+    wait.announced = true;
+    vm.managed.waits_long += 1;
+    Some(waited)
 }
 
 /// vCPU `vcpu`'s fault was served: its wait, if any, is over.
