@@ -255,6 +255,11 @@ pub struct MmVm {
     pub reclaimed: u64,
     /// Pages the manager has given this VM, ever.
     pub given: u64,
+    /// Of `reclaimed`: pages fenced (untouched pages the board could not
+    /// back); of `given`: pages given back once the pool stayed above high.
+    /// 0 when the hypervisor does not say.
+    pub fenced: u64,
+    pub given_back: u64,
 }
 
 /// The output of the shell's `mm raw`: the pool, then one line per VM.
@@ -333,6 +338,14 @@ pub fn parse_mm_raw(text: &str) -> Result<MmReport, String> {
                 pressure: flag("pressure")?,
                 reclaimed: num("reclaimed")?,
                 given: num("given")?,
+                fenced: text("fenced")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                given_back: text("given_back")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
             }),
             _ => {
                 let pool = pool.ok_or("`mm-end` without an `mm-pool` line")?;

@@ -592,6 +592,8 @@ mod scenario_tests {
                     pressure: false,
                     reclaimed,
                     given,
+                    fenced: 0,
+                    given_back: 0,
                 })
                 .collect(),
         };

@@ -109,6 +109,21 @@ fn hog_moves_between_guests(board: Board) {
             outcome.churn_iterations,
             outcome.samples.len()
         );
+        // Where the moves came from, per VM over the phase (pages).
+        if let (Some(a), Some(b)) = (outcome.samples.first(), outcome.samples.last()) {
+            for v in &b.report.vms {
+                let before = a.report.vm(&v.name);
+                let d = |now: u64, then: Option<u64>| now.saturating_sub(then.unwrap_or(0));
+                println!(
+                    "  {}: reclaimed {} (fenced {}), given {} (given back {})",
+                    v.name,
+                    d(v.reclaimed, before.map(|b| b.reclaimed)),
+                    d(v.fenced, before.map(|b| b.fenced)),
+                    d(v.given, before.map(|b| b.given)),
+                    d(v.given_back, before.map(|b| b.given_back)),
+                );
+            }
+        }
         if !outcome.completed() {
             diagnose(&mut s);
         }

@@ -30,12 +30,14 @@
 //!    never fewer than `min`. A raised target a congested balloon never
 //!    moved towards is *withdrawn* (its share goes to other donors) and the
 //!    VM is not asked again for [`Tunables::withdraw_backoff_us`].
-//! 3. **The fence.** The pages *hungry* VMs (fault-ins at
-//!    [`Tunables::fault_ins_per_s`] or more, or a vCPU waiting for a frame)
-//!    believe free but no frame backs, beyond what the board can back (the
-//!    pool above `min`, inflation in flight, and what VMs that are not
-//!    hungry can spare), are taken into their balloons, one VM after the
-//!    other in the order of weight and `low`. Inflating them frees nothing
+//! 3. **The fence.** When exhaustion is near (at the rates of the *hungry*
+//!    VMs, those faulting in [`Tunables::fault_ins_per_s`] or more or with
+//!    a vCPU waiting, within [`Tunables::hungry_hold_us`], the pool above
+//!    `min` lasts less than twice [`Tunables::fault_in_horizon_us`]), the
+//!    pages hungry VMs believe free but no frame backs, beyond what the
+//!    board can back (the pool above `min`, inflation in flight, and what
+//!    VMs that are not hungry can spare), are taken into their balloons,
+//!    one VM after the other in the order of weight and `low`. Inflating them frees nothing
 //!    and costs the guest nothing it had: it keeps a guest from touching
 //!    memory the board cannot give (its vCPU would wait at stage 2 inside
 //!    its kernel, where it can neither reclaim nor run its balloon driver),
@@ -406,6 +408,10 @@ pub struct Tunables {
     /// A balloon whose raised target was withdrawn because it never moved
     /// is not asked again for this long (default 30 s).
     pub withdraw_backoff_us: u64,
+    /// A VM stays hungry (fenced, never given back to) this long after it
+    /// last faulted in fast or waited (default 2 s), so that a guest
+    /// whose demand comes in bursts is not fenced and relieved in turn.
+    pub hungry_hold_us: u64,
 }
 
 /// The shortest span a rate (faults per second) is measured over: ticks
@@ -427,6 +433,7 @@ impl Default for Tunables {
             pressure_hold_us: 10_000_000,
             give_back_after_us: 3_000_000,
             withdraw_backoff_us: 30_000_000,
+            hungry_hold_us: 2_000_000,
         }
     }
 }
@@ -541,6 +548,8 @@ struct VmState {
     faulting: bool,
     /// Faulting in at least `fault_ins_per_s`, whatever it has left.
     fast_faults: bool,
+    /// When it was last hungry (fast fault-ins or a vCPU waiting).
+    last_hungry_us: Option<u64>,
     major_fast: bool,
     /// When the VM was last under pressure.
     last_pressure_us: Option<u64>,
@@ -577,6 +586,8 @@ struct Work {
     /// Touching new pages fast (`fault_ins_per_s`), or waiting for a
     /// frame: its pages no frame backs will be wanted soon.
     hungry: bool,
+    /// Fault-ins expected within the horizon at its last window's rate.
+    ahead: Pages,
     /// Squeezed within the hold: gets no relief.
     squeezed: bool,
     /// A raised target was withdrawn within the backoff: not asked.
@@ -1000,6 +1011,9 @@ impl Manager {
         if pressure {
             st.last_pressure_us = Some(now_us);
         }
+        if st.fast_faults || vm.waiting {
+            st.last_hungry_us = Some(now_us);
+        }
         let within =
             |at: Option<u64>, span: u64| at.is_some_and(|p| now_us.saturating_sub(p) < span);
         let held = within(st.last_pressure_us, t.pressure_hold_us);
@@ -1050,7 +1064,8 @@ impl Manager {
             pressure,
             held,
             refuses: within(st.last_oom_deflate_us, t.pressure_hold_us),
-            hungry: st.fast_faults || vm.waiting,
+            hungry: within(st.last_hungry_us, t.hungry_hold_us),
+            ahead: st.ahead,
             squeezed: within(st.squeezed_us, t.pressure_hold_us),
             backoff: within(st.withdrawn_us, t.withdraw_backoff_us),
             available_permille: stats
@@ -1182,6 +1197,14 @@ impl Manager {
     /// driver either). Given back with the rest once the pool stays above
     /// high.
     fn fence(&mut self, work: &mut [Work], pool_free: Pages) {
+        // Only when exhaustion is near: at the hungry VMs' rates the pool
+        // above `min` lasts less than twice the horizon. Far from it,
+        // reclaim keeps up and fencing would only churn balloons (a
+        // fenced page is touched once as the guest inflates it).
+        let ahead = sat_sum(work.iter().filter(|w| w.hungry).map(|w| w.ahead));
+        if pool_free.saturating_sub(self.watermarks.min) >= ahead.saturating_mul(2) {
+            return;
+        }
         let backable = self.backable(work, pool_free);
         let mut need =
             sat_sum(work.iter().filter(|w| w.hungry).map(uncovered)).saturating_sub(backable);
@@ -1195,7 +1218,8 @@ impl Manager {
             )
             .collect();
         // One VM after the other: the lowest weight first, among equals the
-        // one furthest above its `low`. What each can still give counts
+        // one touching new pages slowest (it loses least), then the one
+        // furthest above its `low`. What each can still give counts
         // before the next is fenced: its free pages and caches, and, once
         // it has nothing left to touch unbacked, the working set its own
         // kernel will reclaim or kill.
@@ -1204,6 +1228,7 @@ impl Manager {
             let w = &work[i];
             (
                 w.weight,
+                w.ahead,
                 core::cmp::Reverse(w.low_ceiling.saturating_sub(w.target)),
                 i,
             )

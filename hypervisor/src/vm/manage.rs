@@ -451,10 +451,11 @@ pub fn write_mm(
     write_pool(out, pool)?;
     writeln!(
         out,
-        "manager: {} ticks; {} targets set; {} reclaimed ({} squeezed from VMs under pressure), {} given, {} given back, {} trimmed, {} withdrawn from stuck balloons; {} bail-outs, {} ticks short; {} congestion marks ({} VMs skipped); when exhausted: {} ({} VMs stopped)",
+        "manager: {} ticks; {} targets set; {} reclaimed ({} fenced, {} squeezed from VMs under pressure), {} given, {} given back, {} trimmed, {} withdrawn from stuck balloons; {} bail-outs, {} ticks short; {} congestion marks ({} VMs skipped); when exhausted: {} ({} VMs stopped)",
         stats.ticks,
         stats.targets_set,
         size(stats.pages_reclaimed),
+        size(stats.pages_fenced),
         size(stats.pages_squeezed),
         size(stats.pages_given),
         size(stats.pages_given_back),
@@ -524,7 +525,7 @@ pub fn write_mm_raw(
     for (name, r) in rows {
         writeln!(
             out,
-            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={} squeezed={} given_back={} withdrawn={}",
+            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={} squeezed={} given_back={} withdrawn={} fenced={}",
             r.state,
             r.size,
             r.backed,
@@ -543,7 +544,8 @@ pub fn write_mm_raw(
             r.waits,
             r.stats.pages_squeezed,
             r.stats.pages_given_back,
-            r.stats.pages_withdrawn
+            r.stats.pages_withdrawn,
+            r.stats.pages_fenced
         )?;
     }
     writeln!(out, "mm-end")

@@ -561,6 +561,8 @@ mod tests {
                         pressure: false,
                         reclaimed: 0,
                         given: 0,
+                        fenced: 0,
+                        given_back: 0,
                     })
                     .collect(),
             },
