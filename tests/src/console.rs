@@ -260,6 +260,9 @@ pub struct MmVm {
     /// 0 when the hypervisor does not say.
     pub fenced: u64,
     pub given_back: u64,
+    /// Pages of raised targets withdrawn because its balloon never moved
+    /// (0 when the hypervisor does not say).
+    pub withdrawn: u64,
 }
 
 /// The output of the shell's `mm raw`: the pool, then one line per VM.
@@ -304,6 +307,8 @@ pub fn parse_mm_raw(text: &str) -> Result<MmReport, String> {
                 .parse::<u64>()
                 .map_err(|e| format!("{key}= in `{line}`: {e}"))
         };
+        // A counter a hypervisor before it did not print: 0.
+        let count = |key: &str| text(key).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
         let flag = |key: &str| match text(key)? {
             "0" => Ok(false),
             "1" => Ok(true),
@@ -338,14 +343,9 @@ pub fn parse_mm_raw(text: &str) -> Result<MmReport, String> {
                 pressure: flag("pressure")?,
                 reclaimed: num("reclaimed")?,
                 given: num("given")?,
-                fenced: text("fenced")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-                given_back: text("given_back")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
+                fenced: count("fenced"),
+                given_back: count("given_back"),
+                withdrawn: count("withdrawn"),
             }),
             _ => {
                 let pool = pool.ok_or("`mm-end` without an `mm-pool` line")?;

@@ -594,6 +594,7 @@ mod scenario_tests {
                     given,
                     fenced: 0,
                     given_back: 0,
+                    withdrawn: 0,
                 })
                 .collect(),
         };

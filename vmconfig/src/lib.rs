@@ -1665,6 +1665,14 @@ kernel = "testguest"
                 ),
                 ("pair".into(), pair),
                 (
+                    "stuck-balloon".into(),
+                    vec![
+                        ("vma".into(), 1024, 2, p(quiet)),
+                        ("stuck".into(), 640, 4, p("pattern stuck")),
+                        ("donor".into(), 640, 8, p("pattern"))
+                    ]
+                ),
+                (
                     "wild".into(),
                     vec![
                         ("wild".into(), 64, 2, p("wild")),

@@ -176,6 +176,14 @@ extern "C" fn rust_main(dtb: u64) -> ! {
         println!("{EMPTY_NOTIFIES} empty notifies of the inflate queue done");
     }
 
+    // `stuck`: the driver is up (DRIVER_OK) and acknowledges the device's
+    // interrupts, but never moves the balloon: a guest whose balloon never
+    // answers, for the memory manager's tests.
+    let stuck = balloon.is_some() && bootargs.split_whitespace().any(|w| w == "stuck");
+    if stuck {
+        println!("balloon stuck: the driver runs but never moves the balloon");
+    }
+
     let mut hostile_stats = (mode == Mode::HostileStats).then(|| {
         println!(
             "hostile-stats: every statistic sent as 0x{:x}",
@@ -199,6 +207,12 @@ extern "C" fn rust_main(dtb: u64) -> ! {
             waiter.sleep_until(next_beat, |w| guest_driver::Wait::wait(w, &mut || {}));
             continue;
         };
+        if stuck {
+            waiter.sleep_until(next_beat, |w| {
+                b.idle(w);
+            });
+            continue;
+        }
         // A fresh hostile buffer each time the device has used the last.
         if let Some(source) = hostile_stats.as_mut() {
             match b.answer_stats(source) {

@@ -563,6 +563,7 @@ mod tests {
                         given: 0,
                         fenced: 0,
                         given_back: 0,
+                        withdrawn: 0,
                     })
                     .collect(),
             },
