@@ -339,9 +339,18 @@ fn download_and_unpack(
     for deb in debs(into)? {
         fs::remove_file(&deb).map_err(|e| format!("{}: {e}", deb.display()))?;
     }
+    // Not quiet: apt shows the download's progress (its size, and bytes and
+    // rate as it goes when the output is a terminal); a package of a few
+    // hundred MiB takes minutes.
     run(apt(apt_dir, "apt-get")
         .current_dir(into)
-        .args(["-qq", "download", package]))?;
+        .args(["download", package]))
+    .map_err(|e| {
+        format!(
+            "downloading Debian's arm64 package {package} failed ({e}); check the network and \
+             the machine's apt sources (/etc/apt/sources.list*), then run the command again"
+        )
+    })?;
     let deb = match debs(into)?.as_slice() {
         [deb] => deb.clone(),
         other => {
@@ -355,6 +364,13 @@ fn download_and_unpack(
     if dest.exists() {
         fs::remove_dir_all(dest).map_err(|e| format!("{}: {e}", dest.display()))?;
     }
+    let size = fs::metadata(&deb).map_or(0, |m| m.len());
+    eprintln!(
+        "fixtures: unpacking {} ({:.1} MiB) into {}",
+        deb.file_name().unwrap_or_default().to_string_lossy(),
+        size as f64 / f64::from(1 << 20),
+        dest.display()
+    );
     run(Command::new("dpkg").arg("-x").arg(&deb).arg(dest))?;
     Ok(deb)
 }
