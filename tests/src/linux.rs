@@ -379,19 +379,19 @@ impl HogOutcome {
     /// of its `reclaimed` and `given` counters from the first sample to the
     /// last.
     pub fn pages_moved(&self) -> u64 {
+        self.growth(|v| v.reclaimed) + self.growth(|v| v.given)
+    }
+
+    /// Over every VM, how much `counter` grew from the phase's first sample
+    /// to its last (a VM the first did not list counts from 0).
+    pub fn growth(&self, counter: impl Fn(&crate::console::MmVm) -> u64) -> u64 {
         let (Some(first), Some(last)) = (self.samples.first(), self.samples.last()) else {
             return 0;
         };
         last.report
             .vms
             .iter()
-            .map(|vm| {
-                let (reclaimed, given) = first
-                    .report
-                    .vm(&vm.name)
-                    .map_or((0, 0), |b| (b.reclaimed, b.given));
-                vm.reclaimed.saturating_sub(reclaimed) + vm.given.saturating_sub(given)
-            })
+            .map(|vm| counter(vm).saturating_sub(first.report.vm(&vm.name).map_or(0, &counter)))
             .sum()
     }
 }
@@ -618,6 +618,8 @@ mod scenario_tests {
         };
         // a: 100 reclaimed; b: 100 + 20; c (new): 7. Only ends count.
         assert_eq!(outcome.pages_moved(), 227);
+        assert_eq!(outcome.growth(|v| v.reclaimed), 207);
+        assert_eq!(outcome.growth(|v| v.given), 20);
         assert!(outcome.completed());
         outcome.rc = Some(137);
         assert!(!outcome.completed());

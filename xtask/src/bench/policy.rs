@@ -68,6 +68,12 @@ struct PhaseReport {
     /// From the hog's request to `hog: touched`; `null`: never.
     demand_met_s: Option<f64>,
     pages_moved: u64,
+    /// Pages the guests gave back by free page reporting and hinting, and
+    /// pages the manager asked back through the balloons (of them, fenced:
+    /// untouched pages the board could not have backed), over the phase.
+    pages_returned_by_guests: u64,
+    pages_reclaimed_by_manager: u64,
+    pages_fenced: u64,
     /// When the hog's request was sent and when the phase ended, from the
     /// first phase's start.
     #[serde(serialize_with = "json::decimals::<3, _>")]
@@ -89,6 +95,9 @@ impl PhaseReport {
             rc: outcome.rc,
             demand_met_s: outcome.demand_met_s.map(|s| json::rounded(s, 3)),
             pages_moved: outcome.pages_moved(),
+            pages_returned_by_guests: outcome.growth(|v| v.returned),
+            pages_reclaimed_by_manager: outcome.growth(|v| v.reclaimed),
+            pages_fenced: outcome.growth(|v| v.fenced),
             start_s: outcome.start_s,
             end_s: outcome.end_s,
             churn_iterations: outcome.churn_iterations.clone(),
@@ -104,6 +113,9 @@ impl PhaseReport {
             rc: None,
             demand_met_s: None,
             pages_moved: 0,
+            pages_returned_by_guests: 0,
+            pages_reclaimed_by_manager: 0,
+            pages_fenced: 0,
             start_s: f64::NAN,
             end_s: f64::NAN,
             churn_iterations: Vec::new(),
@@ -641,13 +653,16 @@ mod tests {
         assert_eq!(
             run["phases"][0],
             json!({"phase": 1, "hog_vm": "vma", "completed": true, "rc": 0,
-                   "demand_met_s": 0.712, "pages_moved": 0, "start_s": 0.25, "end_s": 1.0,
+                   "demand_met_s": 0.712, "pages_moved": 0, "pages_returned_by_guests": 0,
+                   "pages_reclaimed_by_manager": 0, "pages_fenced": 0,
+                   "start_s": 0.25, "end_s": 1.0,
                    "churn_iterations": {"vmb": 3}, "error": null})
         );
         assert_eq!(
             run["phases"][1],
             json!({"phase": 2, "hog_vm": "vmb", "completed": false, "rc": null,
-                   "demand_met_s": null, "pages_moved": 0, "start_s": null, "end_s": null,
+                   "demand_met_s": null, "pages_moved": 0, "pages_returned_by_guests": 0,
+                   "pages_reclaimed_by_manager": 0, "pages_fenced": 0, "start_s": null, "end_s": null,
                    "churn_iterations": {}, "error": "timed out"})
         );
         assert_eq!(
