@@ -1170,6 +1170,19 @@ fn a_guarantee_the_pool_cannot_hold_is_refused() {
     assert_eq!(cpu.host.frames.reserved(), 0);
 }
 
+/// The retried `touch` waits again, and the console now says `why`.
+fn still_waits_and_says(
+    vm: &mut Vm,
+    cpu: &mut FakeCpu,
+    ctx: &mut GuestContext,
+    touch: VcpuExit,
+    why: &str,
+) {
+    assert_eq!(exit(vm, cpu, ctx, touch), Outcome::WaitMemory);
+    let said = lines(vm).join("\n");
+    assert!(said.contains(why), "{said}");
+}
+
 /// With the pool at its floor only the faulting vCPU waits: the fault is
 /// retried, the console says so after a second, and once a frame is free
 /// the access goes through.
@@ -1196,14 +1209,12 @@ fn a_fault_with_the_pool_at_its_floor_waits_and_then_goes_through() {
     assert!(vm.managed.waiting());
     assert!(lines(&mut vm).is_empty(), "nothing said before a second");
     cpu.now_us += 1_200_000;
-    assert_eq!(
-        exit(&mut vm, &mut cpu, &mut ctx, touch),
-        Outcome::WaitMemory
-    );
-    let said = lines(&mut vm).join("\n");
-    assert!(
-        said.contains("vCPU 0 waits for memory: the pool is at its min watermark"),
-        "{said}"
+    still_waits_and_says(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        touch,
+        "vCPU 0 waits for memory: the pool is at its min watermark",
     );
     assert!(manage::input(&mut vm).waiting, "the manager sees the wait");
     cpu.host
@@ -2184,14 +2195,12 @@ fn a_vm_is_never_backed_above_its_max() {
     assert!(!vm.managed.waiting(), "not a wait for the pool");
     assert_eq!(manage::longest_wait_us(&vm, cpu.now_us), None);
     cpu.now_us += manage::WAIT_ANNOUNCE_US;
-    assert_eq!(
-        exit(&mut vm, &mut cpu, &mut ctx, touch),
-        Outcome::WaitMemory
-    );
-    let said = lines(&mut vm).join("\n");
-    assert!(
-        said.contains("vCPU 0 waits for memory: the VM has its memory max"),
-        "{said}"
+    still_waits_and_says(
+        &mut vm,
+        &mut cpu,
+        &mut ctx,
+        touch,
+        "vCPU 0 waits for memory: the VM has its memory max",
     );
     cpu.now_us += manage::WAIT_BOUND_US;
     let Outcome::Stop(why) = exit(&mut vm, &mut cpu, &mut ctx, touch) else {
