@@ -723,8 +723,8 @@ extern crate alloc;
 
 /// Wake an idle CPU that was just given a vCPU (see `aarch64::idle_wait`).
 fn wake_cpu(cpu: usize) {
-    // SAFETY: SEV only wakes CPUs waiting in WFE (hosts without our GIC).
-    unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+    // SEV wakes CPUs waiting in WFE (hosts without our GIC).
+    aarch64::send_event();
     gic::kick(cpu);
 }
 

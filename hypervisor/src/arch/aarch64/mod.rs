@@ -3,8 +3,9 @@
 //!
 //! System registers are read and written through aarch64-cpu's
 //! `registers::*` (and [`sysreg`] for those it lacks), fields by name.
-//! Instructions it has no helper for (cache and TLB maintenance, WFI/WFE)
-//! are small functions with their own `asm!` here and in [`vcpu`]; the
+//! WFI, WFE and SEV are its `asm::*` helpers. Instructions it has no
+//! helper for (cache and TLB maintenance) are small functions with their
+//! own `asm!` here and in [`vcpu`]; the
 //! entry, vector, world-switch and recovery code stays in `global_asm!`
 //! because it runs without a Rust stack or with the guest's registers live.
 
@@ -256,8 +257,12 @@ pub fn idle_wait(micros: u64) {
 
 /// Wait for an event (WFE).
 pub fn wait_for_event() {
-    // SAFETY: WFE only waits.
-    unsafe { asm!("wfe", options(nomem, nostack)) };
+    aarch64_cpu::asm::wfe();
+}
+
+/// Signal an event to every CPU (SEV): wakes those waiting in WFE.
+pub fn send_event() {
+    aarch64_cpu::asm::sev();
 }
 
 /// Wake this CPU from WFE about every millisecond: the physical counter's
@@ -353,8 +358,7 @@ impl spin::RelaxStrategy for SpinThenNap {
 
 /// Wait for an interrupt (WFI).
 fn wait_for_interrupt() {
-    // SAFETY: WFI only waits.
-    unsafe { asm!("wfi", options(nomem, nostack)) };
+    aarch64_cpu::asm::wfi();
 }
 
 /// Stop the calling CPU for good, interrupts masked.

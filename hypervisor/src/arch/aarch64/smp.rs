@@ -125,8 +125,7 @@ fn release_spinning_cpu(release_addr: u64, entry: u64) {
     // spin-table binding.
     unsafe { write_volatile(release_addr as *mut u64, entry) };
     super::clean_dcache_range(release_addr as usize, 8);
-    // SAFETY: SEV only signals an event.
-    unsafe { core::arch::asm!("sev", options(nomem, nostack)) };
+    super::send_event();
 }
 
 impl CpuState {
