@@ -4,7 +4,7 @@
 //! concatenated root tables (VTCR_EL2.T0SZ = 30, SL0 = 0): a walk reads two
 //! descriptors, not three. Under QEMU's TCG every guest TLB refill walks
 //! stage 2 again, and the refills of a fork-and-exec workload are where
-//! most of the host time beyond QEMU's own goes (docs/ARCHITECTURE.md).
+//! most of the host time beyond QEMU's own goes (docs/PERFORMANCE.md).
 //! Table memory comes from a [`TableMemory`], which on the target is the
 //! frame table plus the identity map and in tests is a plain vector, so the
 //! walker runs on the host unchanged.
