@@ -798,6 +798,21 @@ fn run(cmd: Command, board: &BoardInfo) {
             };
             print!("{text}");
         }
+        Command::MmPolicy { policy } => {
+            use crate::mm::manager::Policy;
+            if vm::with_manager(|mm| mm.manager.set_policy(policy)).is_none() {
+                println!("mm policy: the memory manager is not running");
+            } else {
+                println!(
+                    "mm policy: balloon targets are now set by {}",
+                    match policy {
+                        Policy::Manager => "the memory manager (the default)",
+                        Policy::Naive => "the naive baseline controller (proportional reclaim whenever the pool is below low)",
+                        Policy::NoController => "nobody: only free page reporting and hinting return memory; balloons stay where they are",
+                    }
+                );
+            }
+        }
         Command::SetLimit {
             vm: name,
             field,

@@ -1650,9 +1650,15 @@ fn stop_lowest_weight() -> bool {
 
 /// The pool as `mm` and `mem` show it (`physical_bytes`: the board's RAM).
 pub fn pool_view(physical_bytes: u64) -> manage::PoolView {
-    let (watermarks, stop_lowest, exhausted_stops) =
-        with_manager(|mm| (mm.manager.watermarks(), mm.stop_lowest, mm.exhausted_stops))
-            .unwrap_or_default();
+    let (watermarks, stop_lowest, exhausted_stops, policy) = with_manager(|mm| {
+        (
+            mm.manager.watermarks(),
+            mm.stop_lowest,
+            mm.exhausted_stops,
+            mm.manager.policy(),
+        )
+    })
+    .unwrap_or_default();
     let (total, free, reserved, backed) = {
         let f = frames();
         (
@@ -1680,6 +1686,7 @@ pub fn pool_view(physical_bytes: u64) -> manage::PoolView {
         watermarks,
         stop_lowest,
         exhausted_stops,
+        policy,
     }
 }
 

@@ -35,6 +35,10 @@ pub enum Command<'a> {
     Mm {
         raw: bool,
     },
+    /// Who sets the balloon targets: the manager, or a baseline.
+    MmPolicy {
+        policy: crate::mm::manager::Policy,
+    },
     /// Change a VM's memory limit (`value` in bytes, or the weight).
     SetLimit {
         vm: &'a str,
@@ -144,6 +148,10 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "the memory manager: pool and watermarks, each VM's backed, ballooned and returned memory, limits, decisions",
     },
     CommandInfo {
+        usage: "mm policy <manager|naive|none>",
+        summary: "who sets balloon targets: the manager (default), the naive baseline, or nobody (reporting and hinting alone)",
+    },
+    CommandInfo {
         usage: "set <vm> <min|low|max|weight> <value>",
         summary: "change a VM's memory limit (e.g. set linux max 768M; weight 1-10000, default 100)",
     },
@@ -217,6 +225,7 @@ const INFO_USAGE: &str = "info balloon [vm] | info exits <vm> [reset]";
 
 const INFO_EXITS_USAGE: &str = "info exits <vm> [reset]";
 
+const MM_POLICY_USAGE: &str = "mm policy <manager|naive|none>";
 const SET_USAGE: &str = "set <vm> <min|low|max|weight> <value> (e.g. set linux max 768M)";
 
 const DEBUG_USAGE: &str = "debug fault | debug panic | debug fail <vm> [abort|frames] | debug fail-board <mm|zeroing|shell> | debug fail-input <vm> | debug hog <size|all> | debug unhog";
@@ -304,9 +313,13 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
             },
             _ => Err(ParseError::Usage("on-bad-access <vm> <abort|stop>")),
         },
-        "mm" | "memory" => match (rest, words.next()) {
-            (None, _) => Ok(Some(Command::Mm { raw: false })),
-            (Some("raw"), None) => Ok(Some(Command::Mm { raw: true })),
+        "mm" | "memory" => match (rest, words.next(), words.next()) {
+            (None, ..) => Ok(Some(Command::Mm { raw: false })),
+            (Some("raw"), None, _) => Ok(Some(Command::Mm { raw: true })),
+            (Some("policy"), Some(name), None) => crate::mm::manager::Policy::from_name(name)
+                .map(|policy| Some(Command::MmPolicy { policy }))
+                .ok_or(ParseError::Usage(MM_POLICY_USAGE)),
+            (Some("policy"), ..) => Err(ParseError::Usage(MM_POLICY_USAGE)),
             _ => Err(ParseError::Usage("mm [raw]")),
         },
         "set" => match (rest, words.next(), words.next(), words.next()) {
@@ -434,6 +447,7 @@ mod tests {
                 .replace("<abort|stop>", "stop")
                 .replace("[vm]", "beta")
                 .replace("[raw]", "raw")
+                .replace("<manager|naive|none>", "naive")
                 .replace("<min|low|max|weight> <value>", "max 768M");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
@@ -468,6 +482,16 @@ mod tests {
         );
         assert_eq!(parse("set linux max"), Err(ParseError::Usage(SET_USAGE)));
         assert_eq!(parse("mm"), Ok(Some(Command::Mm { raw: false })));
+        use crate::mm::manager::Policy;
+        assert_eq!(
+            parse("mm policy none"),
+            Ok(Some(Command::MmPolicy {
+                policy: Policy::NoController
+            }))
+        );
+        for bad in ["mm policy", "mm policy off", "mm policy naive now"] {
+            assert_eq!(parse(bad), Err(ParseError::Usage(MM_POLICY_USAGE)), "{bad}");
+        }
         assert_eq!(parse("memory raw"), Ok(Some(Command::Mm { raw: true })));
         assert_eq!(parse("mm now"), Err(ParseError::Usage("mm [raw]")));
         assert_eq!(

@@ -103,6 +103,7 @@
 
 extern crate alloc;
 
+use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -412,6 +413,10 @@ pub struct Tunables {
     /// last faulted in fast or waited (default 2 s), so that a guest
     /// whose demand comes in bursts is not fenced and relieved in turn.
     pub hungry_hold_us: u64,
+    /// The naive controller ([`Policy::Naive`]) waits this long for every
+    /// VM to reach the targets it set before it acts again (default 2 s; 0:
+    /// it acts every tick).
+    pub naive_wait_us: u64,
 }
 
 /// The shortest span a rate (faults per second) is measured over: ticks
@@ -434,6 +439,7 @@ impl Default for Tunables {
             give_back_after_us: 3_000_000,
             withdraw_backoff_us: 30_000_000,
             hungry_hold_us: 2_000_000,
+            naive_wait_us: 2_000_000,
         }
     }
 }
@@ -690,12 +696,55 @@ enum Share {
     Relief,
 }
 
+/// Which controller sets the balloon targets (`mm policy`): the manager,
+/// or one of the baselines `cargo xtask bench policy` measures it against
+/// (docs/PERFORMANCE.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Policy {
+    /// The memory manager (the module docs give its steps).
+    #[default]
+    Manager,
+    /// A naive controller, oVirt MOM-like: a guest with less than 5% of
+    /// its memory available gets 5% of its size; whenever the pool is
+    /// below `low`, `high - pool` pages are reclaimed from every VM in
+    /// proportion to its weight, nothing counted as in flight; then it
+    /// waits until every VM reached its target, up to
+    /// [`Tunables::naive_wait_us`]. Limits hold; nothing else the manager
+    /// does (the fence, the stages, give-back, withdrawal) happens.
+    Naive,
+    /// No controller: targets stay where they are, and only the guests'
+    /// free page reporting and hinting return memory.
+    NoController,
+}
+
+impl Policy {
+    /// Every policy, in the order `mm policy` lists them.
+    pub const ALL: [Policy; 3] = [Policy::Manager, Policy::Naive, Policy::NoController];
+
+    /// The name `mm policy` takes and `mm` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Manager => "manager",
+            Policy::Naive => "naive",
+            Policy::NoController => "none",
+        }
+    }
+
+    /// The policy called `name`.
+    pub fn from_name(name: &str) -> Option<Policy> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
 /// The memory manager: call [`Manager::tick`] on every timer tick and pool
 /// event.
 #[derive(Debug, Clone)]
 pub struct Manager {
     watermarks: Watermarks,
     tunables: Tunables,
+    policy: Policy,
+    /// [`Policy::Naive`]: since when it waits for its last targets.
+    naive_waiting_since: Option<u64>,
     vms: Vec<VmState>,
     /// Reclaiming: set below `low`, cleared at `high`.
     reclaiming: bool,
@@ -711,6 +760,8 @@ impl Manager {
         Self {
             watermarks,
             tunables,
+            policy: Policy::Manager,
+            naive_waiting_since: None,
             vms: Vec::new(),
             reclaiming: false,
             above_high_since: None,
@@ -721,6 +772,18 @@ impl Manager {
     /// The watermarks in use.
     pub fn watermarks(&self) -> Watermarks {
         self.watermarks
+    }
+
+    /// The controller in use.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Hands the targets to `policy` from the next tick. What each VM's
+    /// balloon holds stays; counters go on.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+        self.naive_waiting_since = None;
     }
 
     /// The counters of all VMs together.
@@ -767,6 +830,27 @@ impl Manager {
             work.push(w);
         }
         let exhausted = pool_free <= self.watermarks.min || vms.iter().any(|v| v.waiting);
+        for v in &mut self.vms {
+            v.stats.may_dip &= self.policy == Policy::Manager;
+        }
+        match self.policy {
+            Policy::Manager => {}
+            Policy::Naive => {
+                self.naive(&mut work, vms, pool_free, now_us);
+                return Decisions {
+                    targets: self.apply(&work, vms, now_us),
+                    unmet: 0,
+                    exhausted,
+                };
+            }
+            Policy::NoController => {
+                return Decisions {
+                    targets: vec![None; vms.len()],
+                    unmet: 0,
+                    exhausted,
+                };
+            }
+        }
 
         // Limits: size - max <= target <= size - min.
         for (i, (w, vm)) in work.iter_mut().zip(vms).enumerate() {
@@ -888,7 +972,19 @@ impl Manager {
             self.stats.short_ticks = self.stats.short_ticks.saturating_add(1);
         }
 
-        // Apply and count.
+        let targets = self.apply(&work, vms, now_us);
+        for (i, w) in work.iter().enumerate() {
+            self.vms[i].stats.may_dip = w.target > w.actual && (!w.hungry || w.squeezed);
+        }
+        Decisions {
+            targets,
+            unmet,
+            exhausted,
+        }
+    }
+
+    /// The targets `work` decided, counted; `None` where a VM's stays.
+    fn apply(&mut self, work: &[Work], vms: &[VmInput], now_us: u64) -> Vec<Option<Pages>> {
         let mut targets = Vec::with_capacity(vms.len());
         for (i, (w, vm)) in work.iter().zip(vms).enumerate() {
             let st = &mut self.vms[i];
@@ -913,13 +1009,45 @@ impl Manager {
             }
             targets.push(Some(w.target));
         }
-        for (i, w) in work.iter().enumerate() {
-            self.vms[i].stats.may_dip = w.target > w.actual && (!w.hungry || w.squeezed);
+        targets
+    }
+
+    /// [`Policy::Naive`]'s round: sets `work`'s targets within the limits.
+    fn naive(&mut self, work: &mut [Work], vms: &[VmInput], pool_free: Pages, now_us: u64) {
+        if let Some(since) = self.naive_waiting_since {
+            let behind = vms.iter().any(|v| v.size > 0 && v.target != v.actual);
+            if behind && now_us.saturating_sub(since) < self.tunables.naive_wait_us {
+                return;
+            }
+            self.naive_waiting_since = None;
         }
-        Decisions {
-            targets,
-            unmet,
-            exhausted,
+        // An unmanaged VM's input is all zero: it has no share.
+        let managed = |(_, vm): &(&mut Work, &VmInput)| vm.size > 0;
+        for (w, vm) in work.iter_mut().zip(vms).filter(managed) {
+            w.target = w.target.max(w.floor).min(w.ceiling);
+            let has = vm.size.saturating_sub(vm.target);
+            let available = vm
+                .stats
+                .and_then(|s| s.available)
+                .map_or(u64::MAX, |a| a / PAGE_SIZE);
+            if available < has / 20 {
+                w.target = w.target.saturating_sub(vm.size / 20).max(w.floor);
+            }
+        }
+        if pool_free < self.watermarks.low {
+            let deficit = self.watermarks.high.saturating_sub(pool_free);
+            let total = sat_sum(
+                vms.iter()
+                    .filter(|v| v.size > 0)
+                    .map(|v| u64::from(v.limits.weight)),
+            );
+            for (w, vm) in work.iter_mut().zip(vms).filter(managed) {
+                let share = mul_div(deficit, u64::from(vm.limits.weight), total);
+                w.target = w.target.saturating_add(share).min(w.ceiling);
+            }
+        }
+        if work.iter().zip(vms).any(|(w, vm)| w.target != vm.target) {
+            self.naive_waiting_since = Some(now_us);
         }
     }
 

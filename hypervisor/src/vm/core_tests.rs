@@ -1230,6 +1230,17 @@ fn a_fault_with_the_pool_at_its_floor_waits_and_then_goes_through() {
     );
     assert!(!vm.managed.waiting());
     assert_eq!((vm.managed.waits_begun, vm.managed.waits_long), (1, 1));
+    // `mm raw` counts it slow and keeps its length.
+    assert_eq!(vm.managed.waits_slow, 1);
+    assert_eq!(vm.managed.wait_longest_us, 1_500_000);
+    let row = manage::row(&vm, crate::mm::manager::VmStats::default());
+    let mut raw = String::new();
+    manage::write_mm_raw(&mut raw, &manage::PoolView::default(), &[("vm", row)]).unwrap();
+    assert!(
+        raw.contains(" waits_slow=1 wait_longest_us=1500000"),
+        "{raw}"
+    );
+    assert!(raw.contains(" policy=manager"), "{raw}");
 }
 
 /// What the manager reads of a VM and how its targets land: an input with

@@ -23,7 +23,9 @@ pub use super::state::{FrameWait, Managed};
 use super::state::{Vm, VmState};
 use crate::balloon::stats::StatsSample;
 use crate::mm::frames::PAGE_SIZE;
-use crate::mm::manager::{GuestStats, Limits, ManagerStats, Pages, VmInput, VmStats, Watermarks};
+use crate::mm::manager::{
+    GuestStats, Limits, ManagerStats, Pages, Policy, VmInput, VmStats, Watermarks,
+};
 use crate::virtio::mmio::STATUS_DRIVER_OK;
 
 /// How long a vCPU waits for a frame before the console says so.
@@ -54,6 +56,18 @@ pub fn lowest_weight(running: &[Option<(u32, Pages)>]) -> Option<usize> {
         .filter_map(|(id, r)| r.map(|(weight, backed)| (id, weight, backed)))
         .min_by_key(|&(id, weight, backed)| (weight, core::cmp::Reverse(backed), id))
         .map(|(id, _, _)| id)
+}
+
+/// The end of `mm`'s manager line: nothing for the manager itself, else
+/// who sets the targets instead (`mm policy`).
+fn policy_note(policy: Policy) -> &'static str {
+    match policy {
+        Policy::Manager => "",
+        Policy::Naive => "; targets set by the naive controller ('mm policy naive'), not the manager",
+        Policy::NoController => {
+            "; no controller sets targets ('mm policy none'): only reporting and hinting return memory"
+        }
+    }
 }
 
 /// What `when_exhausted` does, as the console and `mm` say it.
@@ -305,17 +319,27 @@ fn wait_announced(vm: &mut Vm, vcpu: usize, now_us: u64, at_max: bool) -> Option
     Some(waited)
 }
 
+/// A wait for a frame longer than this is slow (`mm raw`'s `waits_slow`):
+/// where reclaim can cover the demand, the manager's goal is that none is.
+pub const SLOW_WAIT_US: u64 = 100_000;
+
 /// vCPU `vcpu`'s fault was served: its wait, if any, is over.
 #[inline]
 pub fn frame_served(vm: &mut Vm, vcpu: usize, now_us: u64) {
     let Some(wait) = vm.managed.waits.get_mut(vcpu).and_then(Option::take) else {
         return;
     };
+    let waited = now_us.saturating_sub(wait.since_us);
+    let m = &mut vm.managed;
+    m.wait_longest_us = m.wait_longest_us.max(waited);
+    if waited > SLOW_WAIT_US {
+        m.waits_slow = m.waits_slow.saturating_add(1);
+    }
     if wait.announced {
         vm.out.line(format_args!(
             "tidal: [{}] vCPU {vcpu} got memory after waiting {} ms",
             vm.name,
-            now_us.saturating_sub(wait.since_us) / 1000
+            waited / 1000
         ));
     }
 }
@@ -355,6 +379,8 @@ pub struct PoolView {
     pub backed: Pages,
     pub watermarks: Watermarks,
     pub stop_lowest: bool,
+    /// Who sets the balloon targets (`mm policy`).
+    pub policy: Policy,
     /// VMs the manager stopped because the pool was exhausted.
     pub exhausted_stops: u64,
 }
@@ -374,6 +400,9 @@ pub struct VmRow {
     pub manual: bool,
     pub has_balloon: bool,
     pub waits: u64,
+    /// Waits longer than [`SLOW_WAIT_US`], and the longest that ended (µs).
+    pub waits_slow: u64,
+    pub wait_longest_us: u64,
     pub stats: VmStats,
 }
 
@@ -392,6 +421,8 @@ pub fn row(vm: &Vm, stats: VmStats) -> VmRow {
         manual: vm.managed.manual,
         has_balloon: vm.spec.has_balloon(),
         waits: vm.managed.waits_begun,
+        waits_slow: vm.managed.waits_slow,
+        wait_longest_us: vm.managed.wait_longest_us,
         stats,
     }
 }
@@ -451,7 +482,7 @@ pub fn write_mm(
     write_pool(out, pool)?;
     writeln!(
         out,
-        "manager: {} ticks; {} targets set; {} reclaimed ({} fenced, {} squeezed from VMs under pressure), {} given, {} given back, {} trimmed, {} withdrawn from stuck balloons; {} bail-outs, {} ticks short; {} congestion marks ({} VMs skipped); when exhausted: {} ({} VMs stopped)",
+        "manager: {} ticks; {} targets set; {} reclaimed ({} fenced, {} squeezed from VMs under pressure), {} given, {} given back, {} trimmed, {} withdrawn from stuck balloons; {} bail-outs, {} ticks short; {} congestion marks ({} VMs skipped); when exhausted: {} ({} VMs stopped){}",
         stats.ticks,
         stats.targets_set,
         size(stats.pages_reclaimed),
@@ -466,7 +497,8 @@ pub fn write_mm(
         stats.congested_marks,
         stats.congested_skips,
         exhausted_policy(pool.stop_lowest),
-        pool.exhausted_stops
+        pool.exhausted_stops,
+        policy_note(pool.policy)
     )?;
     writeln!(
         out,
@@ -519,13 +551,13 @@ pub fn write_mm_raw(
     let waits: u64 = rows.iter().map(|(_, r)| r.waits).sum();
     writeln!(
         out,
-        "mm-pool total={} free={} reserved={} committed={} backed={} min={} low={} high={} waits={} stopped={}",
-        pool.total, pool.free, pool.reserved, pool.committed, pool.backed, w.min, w.low, w.high, waits, pool.exhausted_stops
+        "mm-pool total={} free={} reserved={} committed={} backed={} min={} low={} high={} waits={} stopped={} policy={}",
+        pool.total, pool.free, pool.reserved, pool.committed, pool.backed, w.min, w.low, w.high, waits, pool.exhausted_stops, pool.policy.name()
     )?;
     for (name, r) in rows {
         writeln!(
             out,
-            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={} squeezed={} given_back={} withdrawn={} fenced={}",
+            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={} squeezed={} given_back={} withdrawn={} fenced={} waits_slow={} wait_longest_us={}",
             r.state,
             r.size,
             r.backed,
@@ -545,7 +577,9 @@ pub fn write_mm_raw(
             r.stats.pages_squeezed,
             r.stats.pages_given_back,
             r.stats.pages_withdrawn,
-            r.stats.pages_fenced
+            r.stats.pages_fenced,
+            r.waits_slow,
+            r.wait_longest_us
         )?;
     }
     writeln!(out, "mm-end")
@@ -617,6 +651,8 @@ mod tests {
             manual: false,
             has_balloon: true,
             waits: max,
+            waits_slow: max,
+            wait_longest_us: max,
             stats: VmStats {
                 pages_reclaimed: max,
                 pages_given: max,
@@ -638,6 +674,7 @@ mod tests {
             },
             stop_lowest: false,
             exhausted_stops: max,
+            policy: Policy::Naive,
         };
         let stats = ManagerStats {
             pages_reclaimed: max,

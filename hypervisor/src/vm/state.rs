@@ -108,6 +108,10 @@ pub struct Managed {
     /// Waits that began, and those that lasted past a second (`vm::manage`).
     pub waits_begun: u64,
     pub waits_long: u64,
+    /// Waits that lasted longer than `vm::manage::SLOW_WAIT_US`, and the
+    /// longest that ended, in microseconds.
+    pub waits_slow: u64,
+    pub wait_longest_us: u64,
     /// Values of the memory manager's input out of bounds for the VM's
     /// size, bounded before the manager saw them (`vm::manage::input`).
     pub inputs_clamped: u64,

@@ -2,8 +2,8 @@
 //! time in 100 ms ticks, a pool, simulated guests with scripted demand and a
 //! balloon driver moving 64 MiB/s, backing on first touch (a stage-2
 //! fault-in takes a pool page), and deflate-on-OOM. The claims of the Linux
-//! work the manager borrows from are asserted as ratios against a naive
-//! controller written here (proportional reclaim from every VM by weight
+//! work the manager borrows from are asserted as ratios against the naive
+//! controller ([`Policy::Naive`]: proportional reclaim from every VM by weight
 //! whenever the pool is below low, no in-flight accounting, and a step that
 //! blocks until every VM reached its previous target, up to a timeout).
 //! `cargo test -- --nocapture` prints the figures.
@@ -17,9 +17,6 @@ const MIB: Pages = 256;
 const BALLOON_PER_TICK: Pages = 64 * MIB / 10;
 /// What Linux deflates per OOM notification (`VIRTIO_BALLOON_OOM_NR_PAGES`).
 const OOM_DEFLATE: Pages = 256;
-/// How long the naive controller waits on a VM that has not reached its
-/// target before it goes on.
-const NAIVE_WAIT_US: u64 = 2_000_000;
 
 #[derive(Clone, Copy, Debug)]
 enum Demand {
@@ -335,54 +332,6 @@ impl Controller for Manager {
     }
 }
 
-/// The naive controller: MOM-like relief (a guest with less than 5%
-/// available gets 5% of its size), and whenever the pool is below low,
-/// `high - pool` reclaimed from every VM in proportion to its weight,
-/// nothing counted as in flight; after setting targets it waits until every
-/// VM reached them, up to [`NAIVE_WAIT_US`] (unless `wait` is false: then
-/// it acts every tick, which shows the cost of not counting in flight).
-struct Naive {
-    wm: Watermarks,
-    wait: bool,
-    waiting_since: Option<u64>,
-}
-
-impl Controller for Naive {
-    fn tick(&mut self, now: u64, pool: Pages, vms: &[VmInput]) -> Vec<Option<Pages>> {
-        let mut out = vec![None; vms.len()];
-        if let Some(since) = self.waiting_since {
-            let behind = vms.iter().any(|v| v.target != v.actual);
-            if behind && now - since < NAIVE_WAIT_US {
-                return out;
-            }
-            self.waiting_since = None;
-        }
-        let mut targets: Vec<Pages> = vms.iter().map(|v| v.target).collect();
-        for (t, v) in targets.iter_mut().zip(vms) {
-            let has = v.size - v.target;
-            let avail = v.stats.and_then(|s| s.available).unwrap_or(u64::MAX) / PAGE_SIZE;
-            if avail < has / 20 {
-                *t = t.saturating_sub(v.size / 20).max(v.size - v.limits.max);
-            }
-        }
-        if pool < self.wm.low {
-            let deficit = self.wm.high - pool;
-            let total: u64 = vms.iter().map(|v| u64::from(v.limits.weight)).sum();
-            for (t, v) in targets.iter_mut().zip(vms) {
-                let share = deficit * u64::from(v.limits.weight) / total;
-                *t = (*t + share).min(v.size - v.limits.min);
-            }
-        }
-        for (i, (t, v)) in targets.iter().zip(vms).enumerate() {
-            if *t != v.target {
-                out[i] = Some(*t);
-                self.waiting_since = self.wait.then_some(now);
-            }
-        }
-        out
-    }
-}
-
 /// One run's outcome.
 #[derive(Debug)]
 struct Outcome {
@@ -470,19 +419,24 @@ fn manager(wm: Watermarks) -> Manager {
     Manager::new(wm, Tunables::default())
 }
 
-fn naive(wm: Watermarks) -> Naive {
-    Naive {
-        wm,
-        wait: true,
-        waiting_since: None,
-    }
+/// The naive controller ([`Policy::Naive`]), waiting up to 2 s for its
+/// targets to be reached.
+fn naive(wm: Watermarks) -> Manager {
+    let mut m = Manager::new(wm, Tunables::default());
+    m.set_policy(Policy::Naive);
+    m
 }
 
-fn naive_no_wait(wm: Watermarks) -> Naive {
-    Naive {
-        wait: false,
-        ..naive(wm)
-    }
+/// The naive controller acting every tick, which shows the cost of not
+/// counting what is in flight.
+fn naive_no_wait(wm: Watermarks) -> Manager {
+    let tunables = Tunables {
+        naive_wait_us: 0,
+        ..Tunables::default()
+    };
+    let mut m = Manager::new(wm, tunables);
+    m.set_policy(Policy::Naive);
+    m
 }
 
 const SIZE: Pages = 256 * MIB;

@@ -491,6 +491,7 @@ fn random_extreme_inputs_never_panic_and_stay_within_limits() {
     let mut rng = crate::test_rng::XorShift(0x36_36_36_36);
     for round in 0..300 {
         let mut m = Manager::new(WM, Tunables::default());
+        m.set_policy(Policy::ALL[round % Policy::ALL.len()]);
         let n = 1 + rng.below(4) as usize;
         let mut now = 0u64;
         let sizes: Vec<Pages> = (0..n)
@@ -671,4 +672,73 @@ fn only_the_vm_giving_back_may_dip_into_the_reserve() {
     assert!(m.may_dip(0));
     assert!(!m.may_dip(1));
     assert!(!m.may_dip(7), "no such VM");
+}
+
+#[test]
+fn policies_are_named_for_the_shell() {
+    for p in Policy::ALL {
+        assert_eq!(Policy::from_name(p.name()), Some(p));
+    }
+    assert_eq!(Policy::from_name("none"), Some(Policy::NoController));
+    assert_eq!(Policy::from_name("Manager"), None);
+    assert_eq!(manager().policy(), Policy::Manager);
+}
+
+#[test]
+fn without_a_controller_no_target_moves_whatever_the_pool() {
+    let mut m = manager();
+    m.set_policy(Policy::NoController);
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    vms[0].waiting = true;
+    vms[1].limits.max = SIZE / 2;
+    for tick in 0..50 {
+        let d = m.tick(tick * TICK, 0, &vms);
+        assert_eq!(d.targets, [None, None]);
+        assert!(d.exhausted);
+        assert!(!m.may_dip(0) && !m.may_dip(1));
+    }
+    assert_eq!(m.stats().ticks, 50);
+    assert_eq!(m.stats().targets_set, 0);
+}
+
+#[test]
+fn the_naive_controller_takes_high_minus_pool_by_weight_then_waits() {
+    let mut m = manager();
+    m.set_policy(Policy::Naive);
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    vms[1].limits.weight = 300;
+    // Below low: high - pool = 400 pages, a quarter from the first VM and
+    // three quarters from the heavier one (naively: weight as a share).
+    let d = m.tick(0, 100, &vms);
+    assert_eq!(d.targets, [Some(100), Some(300)]);
+    assert_eq!(m.stats().pages_reclaimed, 400);
+    apply(&d, &mut vms);
+    // Nothing counted in flight: it waits for the balloons, up to 2 s,
+    // whatever the pool does meanwhile.
+    for tick in 1..20 {
+        assert_eq!(m.tick(tick * TICK, 0, &vms).targets, [None, None]);
+    }
+    // Past the wait it asks again, for all of high - pool once more.
+    let d = m.tick(20 * TICK, 0, &vms);
+    assert_eq!(d.targets, [Some(100 + 125), Some(300 + 375)]);
+    // Its limits hold: never below min.
+    vms[0].limits.min = SIZE - 150;
+    apply(&d, &mut vms);
+    for v in &mut vms {
+        v.actual = v.target;
+    }
+    let d = m.tick(21 * TICK, 0, &vms);
+    assert_eq!(d.targets[0], Some(150));
+}
+
+#[test]
+fn the_naive_controller_gives_a_starving_guest_5_percent() {
+    let mut m = manager();
+    m.set_policy(Policy::Naive);
+    let mut vms = [vm(2_000, 2_000)];
+    // 100 pages available of the 8,000 it has: under 5%.
+    vms[0].stats = guest(50, 50);
+    let d = m.tick(0, 10_000, &vms);
+    assert_eq!(d.targets, [Some(2_000 - SIZE / 20)]);
+    assert_eq!(m.stats().pages_given, SIZE / 20);
 }
