@@ -263,6 +263,10 @@ pub struct MmVm {
     /// Pages of raised targets withdrawn because its balloon never moved
     /// (0 when the hypervisor does not say).
     pub withdrawn: u64,
+    /// Its vCPUs' waits for a frame that took over 100 ms, and the longest
+    /// that ended, in µs (0 when the hypervisor does not say).
+    pub waits_slow: u64,
+    pub wait_longest_us: u64,
 }
 
 /// The output of the shell's `mm raw`: the pool, then one line per VM.
@@ -346,6 +350,8 @@ pub fn parse_mm_raw(text: &str) -> Result<MmReport, String> {
                 fenced: count("fenced"),
                 given_back: count("given_back"),
                 withdrawn: count("withdrawn"),
+                waits_slow: count("waits_slow"),
+                wait_longest_us: count("wait_longest_us"),
             }),
             _ => {
                 let pool = pool.ok_or("`mm-end` without an `mm-pool` line")?;

@@ -382,6 +382,24 @@ impl HogOutcome {
         self.growth(|v| v.reclaimed) + self.growth(|v| v.given)
     }
 
+    /// The longest wait for a frame that ended during the phase, in µs,
+    /// when it was the longest its VM had had (`mm raw`'s
+    /// `wait_longest_us` grew); `None` when no VM's grew: every wait of
+    /// the phase was shorter than one before it, and
+    /// `growth(|v| v.waits_slow)` says whether any took over 100 ms.
+    pub fn longest_new_wait_us(&self) -> Option<u64> {
+        let (first, last) = (self.samples.first()?, self.samples.last()?);
+        last.report
+            .vms
+            .iter()
+            .filter(|vm| {
+                let before = first.report.vm(&vm.name).map_or(0, |v| v.wait_longest_us);
+                vm.wait_longest_us > before
+            })
+            .map(|vm| vm.wait_longest_us)
+            .max()
+    }
+
     /// Over every VM, how much `counter` grew from the phase's first sample
     /// to its last (a VM the first did not list counts from 0).
     pub fn growth(&self, counter: impl Fn(&crate::console::MmVm) -> u64) -> u64 {
@@ -595,6 +613,8 @@ mod scenario_tests {
                     fenced: 0,
                     given_back: 0,
                     withdrawn: 0,
+                    waits_slow: 0,
+                    wait_longest_us: 0,
                 })
                 .collect(),
         };
@@ -648,4 +668,12 @@ pub mod overcommit {
     pub const PHASE: Duration = Duration::from_secs(180);
     /// Sampling after the hog ended, while its memory goes back.
     pub const SETTLE: Duration = Duration::from_secs(10);
+
+    /// An agent command that fills a guest's page cache, what free page
+    /// reporting cannot return: an 80 MiB file on an ext2 file system on a
+    /// loop device (its image in tmpfs), read once.
+    pub const CACHE_SETUP: &str =
+        "dd if=/dev/zero of=/tmp/disk bs=1M count=100 2>/dev/null && losetup /dev/loop0 /tmp/disk \
+         && mke2fs -q /dev/loop0 && mkdir -p /mnt && mount /dev/loop0 /mnt \
+         && dd if=/dev/urandom of=/mnt/f bs=1M count=80 2>/dev/null && sync && cat /mnt/f >/dev/null";
 }

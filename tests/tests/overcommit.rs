@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use harness::linux::overcommit::{BETA, BOOT, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE};
+use harness::linux::overcommit::{
+    BETA, BOOT, CACHE_SETUP, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE,
+};
 use harness::linux::{
     agent_run, enter_console, hog_phase, leave_console, mm_raw, oom_kills, wait_for_agents,
     HogOutcome, HogPhase,
@@ -379,13 +381,6 @@ enum Hungry {
     /// page cache in every guest.
     EveryFeature,
 }
-
-/// Fills a guest's page cache: an 80 MiB file on an ext2 file system on a
-/// loop device (its image in tmpfs), read once.
-const CACHE_SETUP: &str =
-    "dd if=/dev/zero of=/tmp/disk bs=1M count=100 2>/dev/null && losetup /dev/loop0 /tmp/disk \
-     && mke2fs -q /dev/loop0 && mkdir -p /mnt && mount /dev/loop0 /mnt \
-     && dd if=/dev/urandom of=/mnt/f bs=1M count=80 2>/dev/null && sync && cat /mnt/f >/dev/null";
 
 /// How long the three hogs at once may take, all of them.
 const HUNGRY: Duration = Duration::from_secs(300);

@@ -463,6 +463,24 @@ fn hostile_statistics_stop_nobody(board: Board) {
             "{vm} is managed and running:\n{raw}"
         );
     }
+    // The baselines `cargo xtask bench policy` runs (`mm policy`) read the
+    // same hostile figures: neither stops anybody, and the tick goes on.
+    for (policy, note) in [
+        ("naive", "targets set by the naive controller"),
+        ("none", "no controller sets targets"),
+    ] {
+        let out = ok(s.run(&format!("mm policy {policy}"), COMMAND));
+        assert!(out.contains("balloon targets are now set by"), "{out}");
+        let ticks = manager_ticks(&ok(s.run("mm", COMMAND)));
+        ok(s.expect(r"\[hostile\] testguest: alive \d+s", STEP));
+        let mm = ok(s.run("mm", COMMAND));
+        assert!(mm.contains(note), "{mm}");
+        assert!(manager_ticks(&mm) > ticks, "ticks on under {policy}:\n{mm}");
+        let raw = ok(s.run("mm raw", COMMAND));
+        assert!(raw.contains(&format!(" policy={policy}")), "{raw}");
+    }
+    let out = ok(s.run("mm policy manager", COMMAND));
+    assert!(out.contains("set by the memory manager"), "{out}");
     let vms = ok(s.run("vms", COMMAND));
     for vm in ["hostile", "beta"] {
         assert!(

@@ -126,8 +126,13 @@ pub fn features(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
 
 /// The memory manager under overcommit, against static partitions
 /// (`cargo xtask bench policy`).
-pub fn policy(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
-    policy::run(root, artifacts)
+pub fn policy(root: &Path, artifacts: &Artifacts, rounds: usize) -> Result<(), String> {
+    policy::run(root, artifacts, rounds)
+}
+
+/// `cargo xtask bench policy`'s own arguments (`--rounds N`).
+pub fn policy_rounds(args: &[String]) -> Result<usize, String> {
+    policy::rounds_arg(args)
 }
 
 /// The bare-metal part alone (`cargo xtask bench bare-metal`).

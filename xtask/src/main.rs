@@ -51,7 +51,10 @@ fn main() -> ExitCode {
                 Some("bare-metal") => bench::bare_metal(&root, &build(&root)?),
                 Some("linux") => bench::linux(&root, &build(&root)?),
                 Some("features") => bench::features(&root, &build(&root)?),
-                Some("policy") => bench::policy(&root, &build(&root)?),
+                Some("policy") => {
+                    let rounds = bench::policy_rounds(&args[2..])?;
+                    bench::policy(&root, &build(&root)?, rounds)
+                }
                 Some(other) => Err(format!(
                     "unknown bench '{other}'; `cargo xtask bench` runs the balloon benches, `cargo xtask bench bare-metal` the -icount part only, `cargo xtask bench linux` the Linux comparison only, `cargo xtask bench features` the balloon features only, `cargo xtask bench policy` the memory manager under overcommit"
                 )),
@@ -119,12 +122,14 @@ fn print_help() {
                      on), with Tidal's exit profile of the boot and of 10 s idle, by kind
                      (in target/bench/linux.json too)
   bench features     only the balloon features with Linux (the last part of `bench`)
-  bench policy       the memory manager under overcommit (not part of `bench`): three 1 GiB
-                     Linux VMs and a test guest on 2 GiB, a 700 MiB hog moving between them,
-                     then the same on static 600 MiB partitions; per phase the time until the
-                     demand is met and the pages moved, OOM kills and stopped VMs
-                     (target/bench/policy.json), and a plot of each VM's backed memory and
-                     the pool (target/bench/policy.svg)
+  bench policy [--rounds N]
+                     the memory manager under overcommit (not part of `bench`): three 1 GiB
+                     Linux VMs with page cache and a test guest on 2 GiB, a 700 MiB hog moving
+                     between them; the same under no controller (reporting and hinting alone),
+                     the naive controller, and static 600 MiB partitions; N rounds each
+                     (default 3); per phase the time until the demand is met, pages moved,
+                     vCPU waits over 100 ms, OOM kills (target/bench/policy.json, with the
+                     median and spread), and a plot per run (target/bench/policy-*.svg)
   fuzz [TARGET...] [--time S | --runs N | --long]
                      build and run the fuzz targets (default: all, 60 s each; --long: 10
                      million executions each); per target executions, exec/s, coverage;

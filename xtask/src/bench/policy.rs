@@ -1,32 +1,49 @@
-//! `cargo xtask bench policy`: the memory manager under overcommit (issue
-//! 12). Three 1 GiB Linux VMs and the bare-metal `beta` on a 2 GiB virt
-//! board (guests/tests/overcommit.toml, over 3 GiB committed), and a 700
-//! MiB `tidal-mem hog` that moves from `vma` to `vmb` to `vmc` while the
+//! `cargo xtask bench policy [--rounds N]`: the memory manager under
+//! overcommit against its baselines. Three 1 GiB Linux VMs and the
+//! bare-metal `beta` on a 2 GiB virt board (guests/tests/overcommit-full.toml:
+//! over 3 GiB committed, the demo's balloon features on), page cache in
+//! every Linux guest (an 80 MiB file read through an ext2 loop mount), and a
+//! 700 MiB `tidal-mem hog` that moves from `vma` to `vmb` to `vmc` while the
 //! other two churn memory ([`harness::linux::hog_phase`], the driver
-//! tests/tests/overcommit.rs uses too); then the same workload on static
-//! partitions that fit (overcommit-static.toml: 3 × 600 MiB, each VM's
-//! memory fixed), where the hog cannot get its memory.
+//! tests/tests/overcommit.rs uses too). The same workload runs under:
 //!
-//! Per phase: whether it completed (the hog touched all its memory and
-//! exited with 0), the time from sending the hog's request to its `hog:
-//! touched` line (the demand met), and the pages the manager moved (growth
-//! of every VM's `reclaimed` and `given` in `mm raw`); per guest: the OOM
-//! kills on its console and whether it stopped. Wall time under QEMU TCG.
+//! - `manager`: the memory manager;
+//! - `reporting-only`: no controller (`mm policy none`), free page
+//!   reporting and hinting alone;
+//! - `naive`: the simulation's naive controller (`mm policy naive`);
+//! - `static`: static partitions that fit (overcommit-static.toml: 3 × 600
+//!   MiB, `mm policy none`: no balloon moves), where the hog cannot get its
+//!   memory.
 //!
-//! Results: a table on stdout, target/bench/policy.json (both runs, with
-//! every `mm raw` sample) and target/bench/policy.svg (the overcommit run:
-//! each VM's backed memory and the free pool over time, phases marked).
+//! Each [`ROUNDS`] times (`--rounds N`), the configurations taking turns, so
+//! that the host's drift falls on all of them. Per phase: whether it
+//! completed (the hog touched all its memory and exited with 0), the time
+//! from sending the hog's request to its `hog: touched` line (the demand
+//! met), the pages moved (growth of every VM's `reclaimed` and `given` in
+//! `mm raw`, and what the guests returned by reporting and hinting), the
+//! vCPU waits for a frame over 100 ms and the longest, and the guests' OOM
+//! kills. Wall time under QEMU TCG.
+//!
+//! Results: a table per run and a summary over the rounds (median and
+//! spread) on stdout; target/bench/policy.json (every run, with every `mm
+//! raw` sample, and the summary); a plot per run,
+//! target/bench/policy-CONFIG-ROUND.svg (each VM's backed memory and the
+//! free pool over time, phases marked).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use harness::linux::{hog_phase, mm_raw, oom_kills, wait_for_agents, HogOutcome, HogPhase};
+use harness::linux::{
+    agent_run, hog_phase, mm_raw, oom_kills, wait_for_agents, HogOutcome, HogPhase,
+};
 use harness::{target_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
 use serde::Serialize;
 
 use super::svg::{line_chart, Chart, Series};
 use crate::json;
-use harness::linux::overcommit::{BETA, BOOT, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE};
+use harness::linux::overcommit::{
+    BETA, BOOT, CACHE_SETUP, CHURN_MIB, HOG_MIB, HOLD_S, LINUX, PHASE, SETTLE,
+};
 
 const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 const COMMAND: Duration = Duration::from_secs(30);
@@ -34,28 +51,49 @@ const COMMAND: Duration = Duration::from_secs(30);
 const SESSION: Duration = Duration::from_secs(2400);
 const PAGE: u64 = 4096;
 const MIB: u64 = 1 << 20;
+/// Runs of each configuration (`--rounds N`).
+pub const ROUNDS: usize = 3;
+/// A wait for a frame longer than this misses the manager's goal (the
+/// hypervisor's `vm::manage::SLOW_WAIT_US`).
+const SLOW_WAIT_MS: u64 = 100;
 
-/// The two runs: JSON name, bundle (`guests/tests/<bundle>.toml`), and each
+/// One configuration: JSON name, bundle (`guests/tests/<bundle>.toml`),
+/// the `mm policy` set after boot, and each
 /// Linux VM's RAM and beta's, in MiB.
 struct Config {
     name: &'static str,
     bundle: &'static str,
+    policy: &'static str,
     linux_mib: u64,
     beta_mib: u64,
 }
 
-const OVERCOMMIT: Config = Config {
-    name: "overcommit",
-    bundle: "overcommit",
+const MANAGER: Config = Config {
+    name: "manager",
+    bundle: "overcommit-full",
+    policy: "manager",
     linux_mib: 1024,
     beta_mib: 128,
+};
+const REPORTING_ONLY: Config = Config {
+    name: "reporting-only",
+    policy: "none",
+    ..MANAGER
+};
+const NAIVE: Config = Config {
+    name: "naive",
+    policy: "naive",
+    ..MANAGER
 };
 const STATIC: Config = Config {
     name: "static",
     bundle: "overcommit-static",
+    policy: "none",
     linux_mib: 600,
     beta_mib: 64,
 };
+/// The manager first, then its baselines.
+const CONFIGS: [&Config; 4] = [&MANAGER, &REPORTING_ONLY, &NAIVE, &STATIC];
 
 /// One phase; an entry of a run's `phases`.
 #[derive(Serialize)]
@@ -74,6 +112,14 @@ struct PhaseReport {
     pages_returned_by_guests: u64,
     pages_reclaimed_by_manager: u64,
     pages_fenced: u64,
+    /// vCPU waits for a frame over 100 ms that ended in the phase.
+    waits_over_100ms: u64,
+    /// The longest wait that ended in the phase when it was the longest
+    /// its VM had had (exact); `null`: every wait was shorter than an
+    /// earlier one (`waits_over_100ms` says whether any was slow).
+    longest_new_wait_ms: Option<f64>,
+    /// OOM kills in the Linux guests during the phase.
+    oom_kills: usize,
     /// When the hog's request was sent and when the phase ended, from the
     /// first phase's start.
     #[serde(serialize_with = "json::decimals::<3, _>")]
@@ -87,7 +133,7 @@ struct PhaseReport {
 }
 
 impl PhaseReport {
-    fn new(phase: usize, hog_vm: &'static str, outcome: &HogOutcome) -> Self {
+    fn new(phase: usize, hog_vm: &'static str, outcome: &HogOutcome, oom_kills: usize) -> Self {
         PhaseReport {
             phase,
             hog_vm,
@@ -98,6 +144,11 @@ impl PhaseReport {
             pages_returned_by_guests: outcome.growth(|v| v.returned),
             pages_reclaimed_by_manager: outcome.growth(|v| v.reclaimed),
             pages_fenced: outcome.growth(|v| v.fenced),
+            waits_over_100ms: outcome.growth(|v| v.waits_slow),
+            longest_new_wait_ms: outcome
+                .longest_new_wait_us()
+                .map(|us| json::rounded(us as f64 / 1000.0, 1)),
+            oom_kills,
             start_s: outcome.start_s,
             end_s: outcome.end_s,
             churn_iterations: outcome.churn_iterations.clone(),
@@ -116,6 +167,9 @@ impl PhaseReport {
             pages_returned_by_guests: 0,
             pages_reclaimed_by_manager: 0,
             pages_fenced: 0,
+            waits_over_100ms: 0,
+            longest_new_wait_ms: None,
+            oom_kills: 0,
             start_s: f64::NAN,
             end_s: f64::NAN,
             churn_iterations: Vec::new(),
@@ -130,6 +184,9 @@ struct GuestReport {
     name: &'static str,
     oom_kills: usize,
     stopped: bool,
+    /// Its longest wait for a frame over the run (`mm raw`).
+    #[serde(serialize_with = "json::decimals::<1, _>")]
+    longest_wait_ms: f64,
 }
 
 /// One `mm raw` sample, in pages.
@@ -146,7 +203,11 @@ struct SampleReport {
 #[derive(Serialize)]
 struct RunReport {
     config: &'static str,
+    /// 1-based.
+    round: usize,
     bundle: String,
+    /// The `mm policy` in force.
+    policy: &'static str,
     /// From the first `mm raw`: the pages the frame table manages, and
     /// all VMs' RAM together.
     total_pages: u64,
@@ -158,6 +219,133 @@ struct RunReport {
     error: Option<String>,
 }
 
+/// Median, lowest and highest of a figure over the rounds that have it.
+#[derive(Serialize, Debug, Clone, Copy, PartialEq)]
+struct Spread {
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    median: f64,
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    min: f64,
+    #[serde(serialize_with = "json::decimals::<3, _>")]
+    max: f64,
+}
+
+impl Spread {
+    fn of(values: &[f64]) -> Option<Spread> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        })
+    }
+}
+
+/// One configuration's phase over every round.
+#[derive(Serialize)]
+struct SummaryRow {
+    config: &'static str,
+    phase: usize,
+    hog_vm: &'static str,
+    rounds: usize,
+    completed: usize,
+    /// Over the rounds where the demand was met.
+    demand_met_s: Option<Spread>,
+    pages_moved: Option<Spread>,
+    waits_over_100ms: u64,
+    /// The longest exact wait any round saw in this phase.
+    longest_new_wait_ms: Option<f64>,
+    oom_kills: usize,
+}
+
+/// Every configuration's phases over the rounds, in the order of [`CONFIGS`].
+fn summarise(runs: &[RunReport]) -> Vec<SummaryRow> {
+    let mut rows = Vec::new();
+    for config in CONFIGS {
+        let mine: Vec<&RunReport> = runs.iter().filter(|r| r.config == config.name).collect();
+        for (i, &hog_vm) in LINUX.iter().enumerate() {
+            let phases: Vec<&PhaseReport> = mine
+                .iter()
+                .filter_map(|r| r.phases.iter().find(|p| p.phase == i + 1))
+                .collect();
+            let met: Vec<f64> = phases.iter().filter_map(|p| p.demand_met_s).collect();
+            let moved: Vec<f64> = phases.iter().map(|p| p.pages_moved as f64).collect();
+            rows.push(SummaryRow {
+                config: config.name,
+                phase: i + 1,
+                hog_vm,
+                rounds: mine.len(),
+                completed: phases.iter().filter(|p| p.completed).count(),
+                demand_met_s: Spread::of(&met),
+                pages_moved: Spread::of(&moved),
+                waits_over_100ms: phases.iter().map(|p| p.waits_over_100ms).sum(),
+                longest_new_wait_ms: phases
+                    .iter()
+                    .filter_map(|p| p.longest_new_wait_ms)
+                    .reduce(f64::max),
+                oom_kills: phases.iter().map(|p| p.oom_kills).sum(),
+            });
+        }
+    }
+    rows
+}
+
+/// The goal, phase by phase: the manager completed every round, no vCPU
+/// waited over 100 ms, and its median time until the demand was met beats
+/// every baseline's (one that never met it is beaten). One line each.
+fn verdicts(summary: &[SummaryRow]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for row in summary.iter().filter(|r| r.config == MANAGER.name) {
+        let mine = row.demand_met_s.map(|s| s.median);
+        let mut beaten = Vec::new();
+        let mut not_beaten = Vec::new();
+        for other in summary
+            .iter()
+            .filter(|o| o.phase == row.phase && o.config != MANAGER.name)
+        {
+            let theirs = other.demand_met_s.map(|s| s.median);
+            // A baseline that missed the demand in some round is behind.
+            let ahead = match (mine, theirs) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(m), Some(t)) => m < t || other.completed < other.rounds,
+            };
+            match ahead {
+                true => beaten.push(other.config),
+                false => not_beaten.push(other.config),
+            }
+        }
+        let all_done = row.completed == row.rounds && row.rounds > 0;
+        let ok = all_done && row.waits_over_100ms == 0 && not_beaten.is_empty();
+        lines.push(format!(
+            "goal, phase {} (hog in {}): {}: completed {}/{}, waits over {SLOW_WAIT_MS} ms {}, ahead of {} {}",
+            row.phase,
+            row.hog_vm,
+            if ok { "met" } else { "NOT met" },
+            row.completed,
+            row.rounds,
+            row.waits_over_100ms,
+            if beaten.is_empty() { "none".to_string() } else { beaten.join(", ") },
+            if not_beaten.is_empty() {
+                String::new()
+            } else {
+                format!("(not of {})", not_beaten.join(", "))
+            }
+        ));
+    }
+    lines
+}
+
 /// target/bench/policy.json.
 #[derive(Serialize)]
 struct Report<'a> {
@@ -167,11 +355,16 @@ struct Report<'a> {
     hold_s: u64,
     churn_mib: u64,
     sample_every_s: f64,
+    rounds: usize,
     runs: &'a [RunReport],
+    summary: Vec<SummaryRow>,
+    goal: Vec<String>,
 }
 
 impl<'a> Report<'a> {
-    fn new(runs: &'a [RunReport]) -> Self {
+    fn new(runs: &'a [RunReport], rounds: usize) -> Self {
+        let summary = summarise(runs);
+        let goal = verdicts(&summary);
         Report {
             benchmark: "memory-policy",
             board: "virt-gicv2",
@@ -179,38 +372,70 @@ impl<'a> Report<'a> {
             hold_s: HOLD_S,
             churn_mib: CHURN_MIB,
             sample_every_s: SAMPLE_EVERY.as_secs_f64(),
+            rounds,
             runs,
+            summary,
+            goal,
         }
     }
 }
 
-pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
-    for config in [&OVERCOMMIT, &STATIC] {
+/// `--rounds N` (default [`ROUNDS`]).
+pub fn rounds_arg(args: &[String]) -> Result<usize, String> {
+    match args {
+        [] => Ok(ROUNDS),
+        [flag, n] if flag == "--rounds" => n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("--rounds {n}: not a positive number")),
+        _ => Err(format!(
+            "usage: cargo xtask bench policy [--rounds N] (default {ROUNDS}); got {args:?}"
+        )),
+    }
+}
+
+pub fn run(root: &Path, artifacts: &Artifacts, rounds: usize) -> Result<(), String> {
+    for config in CONFIGS {
         check_config(root, config)?;
     }
+    let dir = root.join("target").join("bench");
     let mut runs = Vec::new();
-    for config in [&OVERCOMMIT, &STATIC] {
-        eprintln!("bench: policy, {} ({}.img) ...", config.name, config.bundle);
-        let run = run_config(artifacts, config);
-        if let Some(e) = &run.error {
-            eprintln!("bench: policy, {}: {e}", config.name);
+    for round in 1..=rounds {
+        for config in CONFIGS {
+            eprintln!(
+                "bench: policy, {} round {round}/{rounds} ({}.img) ...",
+                config.name, config.bundle
+            );
+            let run = run_config(artifacts, config, round);
+            if let Some(e) = &run.error {
+                eprintln!("bench: policy, {} round {round}: {e}", config.name);
+            }
+            let svg = dir.join(format!("policy-{}-{round}.svg", config.name));
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::write(&svg, line_chart(&chart(&run)))
+                .map_err(|e| format!("writing {}: {e}", svg.display()))?;
+            runs.push(run);
         }
-        runs.push(run);
     }
     print_table(&runs);
-
-    let dir = root.join("target").join("bench");
+    let report = Report::new(&runs, rounds);
+    print_summary(&report.summary);
+    for line in &report.goal {
+        println!("{line}");
+    }
     let path = dir.join("policy.json");
-    json::write(&path, &Report::new(&runs))?;
+    json::write(&path, &report)?;
     println!("written to {}", path.display());
-    let svg = dir.join("policy.svg");
-    std::fs::write(&svg, line_chart(&chart(&runs[0])))
-        .map_err(|e| format!("writing {}: {e}", svg.display()))?;
-    println!("plot of the overcommit run: {}", svg.display());
+    println!("plots: {}", dir.join("policy-CONFIG-ROUND.svg").display());
 
     let errors: Vec<String> = runs
         .iter()
-        .filter_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.config)))
+        .filter_map(|r| {
+            r.error
+                .as_ref()
+                .map(|e| format!("{} round {}: {e}", r.config, r.round))
+        })
         .collect();
     if errors.is_empty() {
         Ok(())
@@ -219,12 +444,20 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
     }
 }
 
-/// Boots `config` and runs the three phases; what could not be done is
-/// the run's `error`, with the phases done so far.
-fn run_config(artifacts: &Artifacts, config: &Config) -> RunReport {
+/// Every Linux guest's OOM kills in `output`.
+fn all_oom_kills(output: &str) -> usize {
+    LINUX.iter().map(|vm| oom_kills(output, vm)).sum()
+}
+
+/// Boots `config`, fills the guests' page cache, sets its policy and runs
+/// the three phases; what could not be done is the run's `error`, with the
+/// phases done so far.
+fn run_config(artifacts: &Artifacts, config: &Config, round: usize) -> RunReport {
     let mut report = RunReport {
         config: config.name,
+        round,
         bundle: format!("{}.img", config.bundle),
+        policy: config.policy,
         total_pages: 0,
         committed_pages: 0,
         phases: Vec::new(),
@@ -239,6 +472,10 @@ fn run_config(artifacts: &Artifacts, config: &Config) -> RunReport {
             return report;
         }
     };
+    if let Err(e) = prepare(&mut s, config) {
+        report.error = Some(e);
+        return report;
+    }
     let origin = Instant::now();
     match mm_raw(&mut s, COMMAND) {
         Ok(first) => {
@@ -266,11 +503,13 @@ fn run_config(artifacts: &Artifacts, config: &Config) -> RunReport {
             settle: SETTLE,
             origin,
         };
+        let kills_before = all_oom_kills(&s.output());
         match hog_phase(&mut s, &phase) {
             Ok(outcome) => {
-                let phase = PhaseReport::new(i + 1, vm, &outcome);
+                let kills = all_oom_kills(&s.output()).saturating_sub(kills_before);
+                let phase = PhaseReport::new(i + 1, vm, &outcome, kills);
                 eprintln!(
-                    "bench: {} phase {}: hog in {vm}: {}, demand met {}, {} pages moved",
+                    "bench: {} round {round} phase {}: hog in {vm}: {}, demand met {}, {} pages moved, {} waits over {SLOW_WAIT_MS} ms",
                     config.name,
                     i + 1,
                     if phase.completed {
@@ -281,7 +520,8 @@ fn run_config(artifacts: &Artifacts, config: &Config) -> RunReport {
                     outcome
                         .demand_met_s
                         .map_or("never".into(), |t| format!("after {t:.1} s")),
-                    phase.pages_moved
+                    phase.pages_moved,
+                    phase.waits_over_100ms
                 );
                 samples.extend(outcome.samples);
                 report.phases.push(phase);
@@ -300,14 +540,12 @@ fn run_config(artifacts: &Artifacts, config: &Config) -> RunReport {
     let out = s.output();
     for name in LINUX.into_iter().chain([BETA]) {
         let stopped_line = out.contains(&format!("tidal: [{name}] VM stopped"));
-        let state = last
-            .as_ref()
-            .and_then(|r| r.vm(name))
-            .map(|v| v.state.as_str());
+        let vm = last.as_ref().and_then(|r| r.vm(name));
         report.guests.push(GuestReport {
             name,
             oom_kills: oom_kills(&out, name),
-            stopped: stopped_line || state.is_some_and(|s| s != "running"),
+            stopped: stopped_line || vm.is_some_and(|v| v.state != "running"),
+            longest_wait_ms: vm.map_or(0.0, |v| v.wait_longest_us as f64 / 1000.0),
         });
     }
     report.samples = samples
@@ -324,6 +562,28 @@ fn run_config(artifacts: &Artifacts, config: &Config) -> RunReport {
         })
         .collect();
     report
+}
+
+/// Page cache in every Linux guest, then the configuration's policy.
+fn prepare(s: &mut Session, config: &Config) -> Result<(), String> {
+    for (i, vm) in LINUX.iter().enumerate() {
+        let reply = agent_run(s, vm, 50 + i as u32, CACHE_SETUP, COMMAND * 4).map_err(harness)?;
+        if reply.rc != 0 {
+            return Err(format!(
+                "{vm}: filling the page cache failed (rc {}): {}",
+                reply.rc,
+                reply.lines.join(" / ")
+            ));
+        }
+    }
+    let policy = config.policy;
+    let answer = s
+        .run(&format!("mm policy {policy}"), COMMAND)
+        .map_err(harness)?;
+    if !answer.contains("balloon targets are now set by") {
+        return Err(format!("`mm policy {policy}` answered: {answer}"));
+    }
+    Ok(())
 }
 
 /// Boots `config` on virt GICv2 with 5 CPUs (the shell on CPU 0, the VMs
@@ -409,7 +669,9 @@ fn chart(run: &RunReport) -> Chart {
     }
     Chart {
         title: format!(
-            "Tidal overcommit: {} MiB committed on {} MiB, {HOG_MIB} MiB hog moving",
+            "Tidal {} (round {}): {} MiB committed on {} MiB, {HOG_MIB} MiB hog moving",
+            run.config,
+            run.round,
             mib(run.committed_pages).round(),
             mib(run.total_pages).round()
         ),
@@ -423,15 +685,16 @@ fn chart(run: &RunReport) -> Chart {
 fn print_table(runs: &[RunReport]) {
     println!();
     println!(
-        "Memory policy: three Linux VMs and beta on QEMU virt GICv2 (2 GiB, -smp 5); a {HOG_MIB} MiB hog"
+        "Memory policy: three Linux VMs and beta on QEMU virt GICv2 (2 GiB, -smp 5), page cache in each;"
     );
     println!(
-        "in vma, then vmb, then vmc, holding {HOLD_S} s, while the other two write and delete {CHURN_MIB} MiB in tmpfs;"
+        "a {HOG_MIB} MiB hog in vma, then vmb, then vmc, holding {HOLD_S} s, while the other two write and delete"
     );
-    println!("wall time under TCG");
+    println!("{CHURN_MIB} MiB in tmpfs; wall time under TCG");
     println!(
-        "{:<11} {:>15} {:>6} {:<4} {:<10} {:>4} {:>13} {:>12} {:>10}",
+        "{:<15} {:>5} {:>15} {:>6} {:<4} {:<10} {:>4} {:>13} {:>12} {:>10} {:>9} {:>12} {:>4}",
         "run",
+        "round",
         "committed MiB",
         "phase",
         "hog",
@@ -439,7 +702,10 @@ fn print_table(runs: &[RunReport]) {
         "rc",
         "demand met s",
         "pages moved",
-        "MiB moved"
+        "MiB moved",
+        "waits>100",
+        "new longest",
+        "OOM"
     );
     for run in runs {
         let committed = format!(
@@ -448,34 +714,44 @@ fn print_table(runs: &[RunReport]) {
             mib(run.total_pages)
         );
         if run.phases.is_empty() {
-            println!("{:<11} {committed:>15} (no phase ran)", run.config);
+            println!(
+                "{:<15} {:>5} {committed:>15} (no phase ran)",
+                run.config, run.round
+            );
         }
         for p in &run.phases {
             println!(
-                "{:<11} {committed:>15} {:>6} {:<4} {:<10} {:>4} {:>13} {:>12} {:>10.1}",
+                "{:<15} {:>5} {committed:>15} {:>6} {:<4} {:<10} {:>4} {:>13} {:>12} {:>10.1} {:>9} {:>12} {:>4}",
                 run.config,
+                run.round,
                 p.phase,
                 p.hog_vm,
                 if p.completed { "yes" } else { "no" },
                 p.rc.map_or("-".into(), |rc| rc.to_string()),
                 p.demand_met_s.map_or("-".into(), |t| format!("{t:.2}")),
                 p.pages_moved,
-                mib(p.pages_moved)
+                mib(p.pages_moved),
+                p.waits_over_100ms,
+                p.longest_new_wait_ms
+                    .map_or("-".into(), |ms| format!("{ms:.1} ms")),
+                p.oom_kills
             );
         }
     }
     println!(
-        "{:<11} {:<6} {:>9} {:>8}",
-        "run", "guest", "OOM kills", "stopped"
+        "{:<15} {:>5} {:<6} {:>9} {:>8} {:>15}",
+        "run", "round", "guest", "OOM kills", "stopped", "longest wait"
     );
     for run in runs {
         for g in &run.guests {
             println!(
-                "{:<11} {:<6} {:>9} {:>8}",
+                "{:<15} {:>5} {:<6} {:>9} {:>8} {:>12.1} ms",
                 run.config,
+                run.round,
                 g.name,
                 g.oom_kills,
-                if g.stopped { "yes" } else { "no" }
+                if g.stopped { "yes" } else { "no" },
+                g.longest_wait_ms
             );
         }
     }
@@ -486,6 +762,52 @@ fn print_table(runs: &[RunReport]) {
     println!(
         "Pages moved: growth of every VM's `reclaimed` and `given` in `mm raw` over the phase."
     );
+    println!(
+        "waits>100: vCPU waits for a frame over {SLOW_WAIT_MS} ms; new longest: the phase's longest wait when it was its VM's longest yet."
+    );
+}
+
+/// The summary over the rounds: per configuration and phase, the rounds
+/// completed and the median [min-max] of the time until the demand was met.
+fn print_summary(summary: &[SummaryRow]) {
+    println!();
+    println!(
+        "{:<15} {:>6} {:<4} {:>9} {:>26} {:>22} {:>9} {:>12} {:>4}",
+        "config",
+        "phase",
+        "hog",
+        "completed",
+        "demand met s, median [range]",
+        "MiB moved, median",
+        "waits>100",
+        "new longest",
+        "OOM"
+    );
+    let spread = |s: Option<Spread>, scale: f64| {
+        s.map_or("-".into(), |s| {
+            format!(
+                "{:.2} [{:.2}-{:.2}]",
+                s.median * scale,
+                s.min * scale,
+                s.max * scale
+            )
+        })
+    };
+    for r in summary {
+        println!(
+            "{:<15} {:>6} {:<4} {:>9} {:>26} {:>22} {:>9} {:>12} {:>4}",
+            r.config,
+            r.phase,
+            r.hog_vm,
+            format!("{}/{}", r.completed, r.rounds),
+            spread(r.demand_met_s, 1.0),
+            spread(r.pages_moved, PAGE as f64 / MIB as f64),
+            r.waits_over_100ms,
+            r.longest_new_wait_ms
+                .map_or("-".into(), |ms| format!("{ms:.1} ms")),
+            r.oom_kills
+        );
+    }
 }
 
 /// `guests/tests/<bundle>.toml` holds the VMs this bench drives: the three
@@ -576,6 +898,8 @@ mod tests {
                         fenced: 0,
                         given_back: 0,
                         withdrawn: 0,
+                        waits_slow: 0,
+                        wait_longest_us: 0,
                     })
                     .collect(),
             },
@@ -583,7 +907,7 @@ mod tests {
     }
 
     fn synthetic_run() -> RunReport {
-        let samples = [
+        let mut samples = [
             sample(
                 0.0,
                 300_000,
@@ -600,6 +924,9 @@ mod tests {
                 &[("vma", 210_000), ("vmb", 31_000), ("beta", 32_768)],
             ),
         ];
+        // One wait of vma's over 100 ms, its longest yet, in the phase.
+        samples[2].report.vms[0].waits_slow = 1;
+        samples[2].report.vms[0].wait_longest_us = 250_000;
         let outcome = HogOutcome {
             start_s: 0.25,
             end_s: 1.0,
@@ -611,18 +938,21 @@ mod tests {
             samples: samples.to_vec(),
         };
         RunReport {
-            config: "overcommit",
-            bundle: "overcommit.img".into(),
+            config: "manager",
+            round: 1,
+            bundle: "overcommit-full.img".into(),
+            policy: "manager",
             total_pages: 470_000,
             committed_pages: 819_200,
             phases: vec![
-                PhaseReport::new(1, "vma", &outcome),
+                PhaseReport::new(1, "vma", &outcome, 2),
                 PhaseReport::failed(2, "vmb", "timed out".into()),
             ],
             guests: vec![GuestReport {
                 name: "vma",
                 oom_kills: 0,
                 stopped: false,
+                longest_wait_ms: 12.5,
             }],
             samples: samples
                 .iter()
@@ -644,17 +974,22 @@ mod tests {
     #[test]
     fn report_keeps_its_fields() {
         let runs = [synthetic_run()];
-        let value = serde_json::to_value(Report::new(&runs)).unwrap();
+        let value = serde_json::to_value(Report::new(&runs, 1)).unwrap();
         assert_eq!(value["benchmark"], "memory-policy");
         assert_eq!(value["hog_mib"], 700);
         assert_eq!(value["sample_every_s"], 0.5);
         let run = &value["runs"][0];
         assert_eq!(run["committed_pages"], 819_200);
         assert_eq!(
+            (run["round"].clone(), run["policy"].clone()),
+            (json!(1), json!("manager"))
+        );
+        assert_eq!(
             run["phases"][0],
             json!({"phase": 1, "hog_vm": "vma", "completed": true, "rc": 0,
                    "demand_met_s": 0.712, "pages_moved": 0, "pages_returned_by_guests": 0,
                    "pages_reclaimed_by_manager": 0, "pages_fenced": 0,
+                   "waits_over_100ms": 1, "longest_new_wait_ms": 250.0, "oom_kills": 2,
                    "start_s": 0.25, "end_s": 1.0,
                    "churn_iterations": {"vmb": 3}, "error": null})
         );
@@ -662,12 +997,14 @@ mod tests {
             run["phases"][1],
             json!({"phase": 2, "hog_vm": "vmb", "completed": false, "rc": null,
                    "demand_met_s": null, "pages_moved": 0, "pages_returned_by_guests": 0,
-                   "pages_reclaimed_by_manager": 0, "pages_fenced": 0, "start_s": null, "end_s": null,
+                   "pages_reclaimed_by_manager": 0, "pages_fenced": 0,
+                   "waits_over_100ms": 0, "longest_new_wait_ms": null, "oom_kills": 0,
+                   "start_s": null, "end_s": null,
                    "churn_iterations": {}, "error": "timed out"})
         );
         assert_eq!(
             run["guests"][0],
-            json!({"name": "vma", "oom_kills": 0, "stopped": false})
+            json!({"name": "vma", "oom_kills": 0, "stopped": false, "longest_wait_ms": 12.5})
         );
         assert_eq!(
             run["samples"][1],
@@ -688,19 +1025,111 @@ mod tests {
         }
         // The failed phase has no start: no marker for it.
         assert!(!svg.contains(">vmb hog</text>"), "{svg}");
-        assert!(svg.contains("3200 MiB committed on 1836 MiB"), "{svg}");
+        assert!(
+            svg.contains("Tidal manager (round 1): 3200 MiB committed on 1836 MiB"),
+            "{svg}"
+        );
     }
 
     #[test]
     fn the_configs_hold_the_driven_vms() {
         let root = crate::root();
-        check_config(&root, &OVERCOMMIT).unwrap();
-        check_config(&root, &STATIC).unwrap();
+        for config in CONFIGS {
+            check_config(&root, config).unwrap();
+        }
         let wrong = Config {
             linux_mib: 512,
-            ..OVERCOMMIT
+            ..MANAGER
         };
         let err = check_config(&root, &wrong).unwrap_err();
         assert!(err.contains("512M"), "{err}");
+    }
+
+    /// A run of `config` whose phases met the demand after these seconds
+    /// (`None`: not met), with `slow` waits over 100 ms in each.
+    fn run_of(config: &'static str, round: usize, met: [Option<f64>; 3], slow: u64) -> RunReport {
+        RunReport {
+            config,
+            round,
+            bundle: String::new(),
+            policy: "manager",
+            total_pages: 0,
+            committed_pages: 0,
+            phases: met
+                .iter()
+                .enumerate()
+                .map(|(i, &m)| {
+                    let mut p = PhaseReport::failed(i + 1, LINUX[i], String::new());
+                    p.error = None;
+                    p.demand_met_s = m;
+                    p.completed = m.is_some();
+                    p.waits_over_100ms = slow;
+                    p.pages_moved = 256 * 100;
+                    p
+                })
+                .collect(),
+            guests: Vec::new(),
+            samples: Vec::new(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_summary_takes_medians_over_rounds_and_judges_the_goal() {
+        let runs = vec![
+            run_of("manager", 1, [Some(3.0), Some(4.0), Some(9.0)], 0),
+            run_of("manager", 2, [Some(5.0), Some(4.5), Some(8.0)], 0),
+            run_of("manager", 3, [Some(4.0), Some(4.2), Some(7.0)], 0),
+            run_of("reporting-only", 1, [Some(6.0), None, Some(6.0)], 0),
+            run_of("naive", 1, [Some(8.0), Some(9.0), Some(10.0)], 2),
+            run_of("static", 1, [None, None, None], 0),
+        ];
+        let summary = summarise(&runs);
+        assert_eq!(summary.len(), CONFIGS.len() * 3);
+        let first = &summary[0];
+        assert_eq!(
+            (first.config, first.phase, first.rounds, first.completed),
+            ("manager", 1, 3, 3)
+        );
+        assert_eq!(
+            first.demand_met_s,
+            Some(Spread {
+                median: 4.0,
+                min: 3.0,
+                max: 5.0
+            })
+        );
+        let naive = summary
+            .iter()
+            .find(|r| r.config == "naive" && r.phase == 1)
+            .unwrap();
+        assert_eq!(naive.waits_over_100ms, 2);
+        let stat = summary.iter().find(|r| r.config == "static").unwrap();
+        assert_eq!((stat.completed, stat.demand_met_s), (0, None));
+
+        let goal = verdicts(&summary);
+        assert_eq!(goal.len(), 3);
+        // Phase 1: ahead of every baseline.
+        assert!(goal[0].contains(": met:"), "{}", goal[0]);
+        // Phase 2: reporting-only missed it in its round: still behind.
+        assert!(goal[1].contains(": met:"), "{}", goal[1]);
+        // Phase 3: reporting-only met it faster (6.0 against 8.0).
+        assert!(
+            goal[2].contains("NOT met") && goal[2].contains("(not of reporting-only)"),
+            "{}",
+            goal[2]
+        );
+        // A slow wait of the manager's misses the goal however fast it is.
+        let slow = vec![run_of("manager", 1, [Some(1.0); 3], 1)];
+        assert!(verdicts(&summarise(&slow))[0].contains("NOT met"));
+    }
+
+    #[test]
+    fn rounds_come_from_the_command_line() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(rounds_arg(&[]), Ok(ROUNDS));
+        assert_eq!(rounds_arg(&args(&["--rounds", "5"])), Ok(5));
+        assert!(rounds_arg(&args(&["--rounds", "0"])).is_err());
+        assert!(rounds_arg(&args(&["--round", "2"])).is_err());
     }
 }
