@@ -71,7 +71,12 @@
 //!    board's escalation applies to it).
 //! 6. **Trim and give back.** Once the pool is at or above `high`,
 //!    outstanding inflation that would free frames is cancelled (largest
-//!    first); once it has stayed there [`Tunables::give_back_after_us`],
+//!    first). Before that, once no VM touches new memory fast and the pool
+//!    is back above `low`, inflation of VMs not hungry that would take the
+//!    pool more than the margin past `high` is cancelled and reclaim stops
+//!    (it counted only inflation beyond pages no frame backs as in flight,
+//!    and so overshoots a demand that has stopped). Once the pool has
+//!    stayed at or above `high` [`Tunables::give_back_after_us`],
 //!    balloons above what the limits require are lowered step by step,
 //!    VMs under pressure and with the least available memory first, never
 //!    taking the pool below `high` (reclaim starts only below `low`: no
@@ -592,6 +597,9 @@ struct Work {
     /// Touching new pages fast (`fault_ins_per_s`), or waiting for a
     /// frame: its pages no frame backs will be wanted soon.
     hungry: bool,
+    /// Touching new pages fast in the last rate window, or waiting for a
+    /// frame, now (no hold).
+    demanding: bool,
     /// Fault-ins expected within the horizon at its last window's rate.
     ahead: Pages,
     /// Squeezed within the hold: gets no relief.
@@ -955,7 +963,33 @@ impl Manager {
             }
         } else {
             self.above_high_since = None;
-            if self.reclaiming {
+            // Reclaim overshoots once the demand stops: each tick asked for
+            // what the pool lacked, counting as in flight only inflation
+            // beyond pages no frame backs (the guest may hand those to its
+            // balloon first). With nobody touching new memory and the pool
+            // back above `low`, outstanding inflation of VMs that are not
+            // hungry, counted whole, beyond `high` and its margin is
+            // cancelled, and reclaim stops until the pool is below `low`
+            // again (else the next tick would ask for it again).
+            let outstanding: Pages = sat_sum(
+                work.iter()
+                    .zip(vms)
+                    .filter(|(w, _)| w.progressing && !w.hungry)
+                    .map(|(w, vm)| w.target.saturating_sub(vm.actual)),
+            );
+            let margin = self.watermarks.high.saturating_sub(self.watermarks.low);
+            let overshoot = pool_free
+                .saturating_add(outstanding)
+                .saturating_sub(self.watermarks.high);
+            let settled = self.reclaiming
+                && !exhausted
+                && pool_free >= self.watermarks.low
+                && !work.iter().any(|w| w.demanding)
+                && overshoot > margin;
+            if settled {
+                self.reclaiming = false;
+                self.settle(&mut work, vms, overshoot);
+            } else if self.reclaiming {
                 if effective >= self.watermarks.high {
                     self.stats.bailouts = self.stats.bailouts.saturating_add(1);
                 } else {
@@ -1193,6 +1227,7 @@ impl Manager {
             held,
             refuses: within(st.last_oom_deflate_us, t.pressure_hold_us),
             hungry: within(st.last_hungry_us, t.hungry_hold_us),
+            demanding: st.fast_faults || vm.waiting,
             ahead: st.ahead,
             squeezed: within(st.squeezed_us, t.pressure_hold_us),
             backoff: within(st.withdrawn_us, t.withdraw_backoff_us),
@@ -1419,6 +1454,25 @@ impl Manager {
 
     /// Cancels up to `excess` pages of outstanding inflation, largest
     /// outstanding first.
+    /// Cancels up to `excess` pages of the outstanding inflation of VMs
+    /// that are not hungry, largest first, down to their balloons' actual
+    /// size; counted as trimmed.
+    fn settle(&mut self, work: &mut [Work], vms: &[VmInput], mut excess: Pages) {
+        let mut order: Vec<usize> = (0..work.len())
+            .filter(|&i| work[i].progressing && !work[i].hungry && work[i].target > vms[i].actual)
+            .collect();
+        order.sort_by_key(|&i| core::cmp::Reverse(work[i].target - vms[i].actual));
+        for i in order {
+            let lowest = vms[i].actual.max(work[i].floor);
+            let cut = excess.min(work[i].target.saturating_sub(lowest));
+            work[i].target -= cut;
+            excess -= cut;
+            let st = &mut self.vms[i].stats;
+            st.pages_trimmed = st.pages_trimmed.saturating_add(cut);
+            self.stats.pages_trimmed = self.stats.pages_trimmed.saturating_add(cut);
+        }
+    }
+
     fn trim(&mut self, work: &mut [Work], vms: &[VmInput], mut excess: Pages) {
         let mut order: Vec<usize> = (0..work.len())
             .filter(|&i| work[i].progressing && work[i].target > vms[i].actual)

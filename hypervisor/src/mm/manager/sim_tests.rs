@@ -836,3 +836,72 @@ fn memory_is_given_back_once_the_pressure_is_gone() {
     }
     assert!(o.pool_end >= wm.high);
 }
+
+/// The overcommit scenario of the QEMU tests: three 1 GiB guests with 40
+/// MiB of their own and 20 of cache, a 700 MiB hog at 160 MiB/s in each in
+/// turn (at 1 s, 20 s and 40 s), freed 5 s after it has it all; 1528 MiB
+/// free of 1836 (`wm` for that). The first two fit; the third needs what the first two
+/// freed, through their balloons.
+fn hog_moving(ctl: &mut dyn Controller, wm: Watermarks) -> (Outcome, Pages) {
+    let hog = |start_us| {
+        let mut g = Guest::new(
+            1024 * MIB,
+            Demand::Hog {
+                start_us,
+                goal: 740 * MIB,
+                rate: 16 * MIB,
+            },
+        );
+        g.anon = 40 * MIB;
+        g.base_anon = 40 * MIB;
+        g.cache = 20 * MIB;
+        g.release_after_us = Some(5_000_000);
+        g.limits.min = 64 * MIB;
+        g.limits.low = 64 * MIB;
+        g
+    };
+    let guests = vec![hog(1_000_000), hog(20_000_000), hog(40_000_000)];
+    let pool = 1528 * MIB;
+    // What the third hog needs from the others: all of it, less what the
+    // pool holds above high once the first two have run.
+    let needed = 700 * MIB - (pool - 2 * 700 * MIB - wm.high);
+    let board = Board {
+        floor: wm.min,
+        stop_lowest_after_us: None,
+    };
+    (simulate_board(ctl, guests, pool, 60, board), needed)
+}
+
+#[test]
+fn a_hog_moving_between_guests_moves_little_more_than_it_needs() {
+    let wm = Watermarks::for_ram(1836 * MIB);
+    let mut m = manager(wm);
+    let (o, needed) = hog_moving(&mut m, wm);
+    let (n, _) = hog_moving(&mut naive(wm), wm);
+    let inflated = |o: &Outcome| o.guests.iter().map(|g| g.inflated).sum::<Pages>();
+    let s = m.stats();
+    println!(
+        "hog moving: needed {} MiB; manager inflated {} MiB (targets up {} MiB, down {} MiB, \
+         {} trimmed, {} given back), pool at the end {} MiB; naive inflated {} MiB",
+        needed / MIB,
+        inflated(&o) / MIB,
+        s.pages_reclaimed / MIB,
+        s.pages_given / MIB,
+        s.pages_trimmed / MIB,
+        s.pages_given_back / MIB,
+        o.pool_end / MIB,
+        inflated(&n) / MIB
+    );
+    for g in &o.guests {
+        assert!(g.done_us.is_some(), "{g:?}");
+        // The third hog outruns two balloon drivers (160 MiB/s against
+        // 2 x 64): its vCPU gets frames as they come, which this model of
+        // a tick counts as one wait.
+        assert!(g.longest_wait(60_000_000) < WAIT_BOUND_US, "{g:?}");
+        assert_eq!(g.reinflated, 0, "{g:?}");
+    }
+    // What the balloons took is what the hog needed, not what the pool
+    // lacked each tick summed up while the drivers caught up.
+    assert!(inflated(&o) * 10 <= needed * 12, "{o:?}");
+    assert!(o.pool_end >= wm.low, "{o:?}");
+}

@@ -355,15 +355,48 @@ fn in_flight_is_trimmed_once_above_high() {
     assert_eq!(vms[0].target, 100);
     assert_eq!(vms[1].target, 0);
     assert_eq!(m.stats().pages_trimmed, 400);
-    // Between low and high while reclaiming: what is in flight stays.
+    // Between low and high while reclaiming: what is in flight and needed
+    // to reach high stays.
     let mut m = manager();
     let mut vms = [vm(0, 0)];
     let d = m.tick(0, 0, &vms);
     apply(&d, &mut vms);
-    vms[0].actual = 100;
+    vms[0].actual = 400;
     let d = m.tick(TICK, 400, &vms);
     assert_eq!(d.targets, [None]);
     assert_eq!(m.stats().pages_trimmed, 0);
+}
+
+#[test]
+fn reclaim_overshooting_a_demand_that_stopped_is_cancelled() {
+    // The pool ran dry: 500 pages asked of a VM.
+    let mut m = manager();
+    let mut vms = [vm(0, 0)];
+    let d = m.tick(0, 0, &vms);
+    apply(&d, &mut vms);
+    assert_eq!(vms[0].target, 500);
+    // The demand stopped; 100 inflated so far, and the pool is back at
+    // 400 (between low and high): 400 more in flight would take it to
+    // 800, 300 beyond high. That is cancelled, once.
+    vms[0].actual = 100;
+    let d = m.tick(TICK, 400, &vms);
+    assert_eq!(d.targets, [Some(200)]);
+    assert_eq!(m.stats().pages_trimmed, 300);
+    apply(&d, &mut vms);
+    // Reclaim has stopped: nothing is asked again above low.
+    for tick in 2..20 {
+        assert_eq!(m.tick(tick * TICK, 400, &vms).targets, [None]);
+    }
+    // A VM touching new memory fast keeps the reclaim going meanwhile.
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    let d = m.tick(0, 0, &vms);
+    apply(&d, &mut vms);
+    vms[0].actual = 100;
+    vms[1].actual = 100;
+    vms[1].fault_ins = 10_000;
+    let d = m.tick(2 * TICK, 400, &vms);
+    assert_eq!(m.stats().pages_trimmed, 0, "{d:?}");
 }
 
 #[test]
