@@ -422,13 +422,13 @@ fuzz_target!(|input: Input| {
         }
         // The stray count and the VM's page count every exit; the walk over
         // the frame table and the stage-2 tables (most of a run's time)
-        // every eighth and at the end.
+        // every 32nd and at the end.
         assert_eq!(
             cpu.host.stray_accesses, 0,
             "the VM reached a frame not its own"
         );
         assert!(cpu.host.frames.guest_pages(0) <= VM_RAM / PAGE_SIZE);
-        if n % 8 == 7 {
+        if n % 32 == 31 {
             check(&vm, &mut cpu);
         }
     }
@@ -447,7 +447,7 @@ fuzz_target!(|input: Input| {
         0,
         "a stop gives every page back"
     );
-    assert!(cpu.host.frames.check_invariants().is_ok());
+    // The frame table's invariants are part of the check.
     check(&vm, &mut cpu);
     // The VM is dropped: its hypervisor page (the UART mirror, kept while
     // the VM exists) goes back, and the host is as it was.

@@ -65,6 +65,7 @@ fn render(c: &Command<'_>) -> String {
             format!("info exits {vm}{}", if reset { " reset" } else { "" })
         }
         Command::Mm { raw } => format!("mm{}", if raw { " raw" } else { "" }),
+        Command::MmPolicy { policy } => format!("mm policy {}", policy.name()),
         Command::SetLimit { vm, field, value } => format!("set {vm} {} {value}", field.name()),
         Command::BalloonStats { vm, seconds } => format!("balloon-stats {vm} {seconds}"),
         Command::StatsNow { vm } => format!("balloon-stats {vm} now"),

@@ -25,6 +25,8 @@ pub const IPA_BITS: u32 = 34;
 /// aligned to their total size (concatenated, as the architecture requires
 /// of a stage-2 walk that starts at level 2 with more than 30 bits).
 pub const ROOT_TABLES: u64 = 1 << (IPA_BITS - 30);
+// `Stage2::used_gib` has a bit per root table.
+const _: () = assert!(ROOT_TABLES <= 16);
 /// The first IPA past the space (where [`Stage2::unmap_some`] ends).
 pub const IPA_LIMIT: GuestAddr = GuestAddr::new(1 << IPA_BITS);
 const PAGE: u64 = 4096;
@@ -166,6 +168,10 @@ pub struct Stage2 {
     root: PhysAddr,
     mapped: u64,
     tables: u64,
+    /// Bit `g`: the root's level-2 table for GiB `g` of IPA space holds a
+    /// level-3 table. Walks over every mapping (`check`, teardown) skip the
+    /// others: a VM's RAM and devices span 2 of the 16 GiB.
+    used_gib: u16,
     /// The level-3 table [`Self::lookup`] last walked to: device reads of
     /// the same rings (a virtqueue's indexes, a notify after a notify) skip
     /// the walk. Never stale: tables are freed only by [`Self::destroy`].
@@ -207,6 +213,7 @@ impl Stage2 {
             root,
             mapped: 0,
             tables: ROOT_TABLES,
+            used_gib: 0,
             lookup_walk: WalkCache::default(),
         })
     }
@@ -224,6 +231,11 @@ impl Stage2 {
     /// Tables in use, the root included.
     pub fn tables(&self) -> u64 {
         self.tables
+    }
+
+    /// Whether GiB `gib` of IPA space has a level-3 table.
+    fn uses_gib(&self, gib: u64) -> bool {
+        gib < 16 && self.used_gib & (1 << gib) != 0
     }
 
     fn check(ipa: GuestAddr) -> Result<(), Stage2Error> {
@@ -255,6 +267,7 @@ impl Stage2 {
         }
         let new = mem.alloc_table().ok_or(Stage2Error::OutOfTables)?;
         self.tables += 1;
+        self.used_gib |= 1 << (ipa.raw() >> 30);
         mem.table(level2)[i] = table_descriptor(new);
         Ok(Some(new))
     }
@@ -474,7 +487,7 @@ impl Stage2 {
         mem: &mut M,
         mut f: impl FnMut(&mut M, GuestAddr, PhysAddr),
     ) {
-        for i1 in 0..ROOT_TABLES {
+        for i1 in (0..ROOT_TABLES).filter(|&g| self.uses_gib(g)) {
             let level2 = root_table(self.root, i1);
             for i2 in 0..512u64 {
                 let e2 = mem.table(level2)[i2 as usize];
@@ -547,7 +560,7 @@ impl Stage2 {
         };
         for i1 in 0..ROOT_TABLES {
             let level2 = root_table(self.root, i1);
-            for i2 in 0..512 {
+            for i2 in (0..512).filter(|_| self.uses_gib(i1)) {
                 let e2 = mem.table(level2)[i2];
                 if !is_valid(e2) {
                     continue;
@@ -731,6 +744,31 @@ pub mod tests {
         assert_eq!(s2.mapped_pages(), 0);
         assert_eq!(s2.destroy(&mut mem), Ok(0));
         assert!(mem.tables.is_empty(), "every table returned");
+    }
+
+    #[test]
+    fn walks_find_pages_in_every_gib_used_and_destroy_frees_every_table() {
+        let mut mem = FakeTables::default();
+        let mut s2 = Stage2::new(&mut mem).unwrap();
+        let ipas = [
+            g(0x0900_0000),
+            g(0x4000_0000),
+            g(0xC000_0000),
+            g(IPA_LIMIT.raw() - PAGE),
+        ];
+        for (i, &ipa) in ipas.iter().enumerate() {
+            s2.map(&mut mem, ipa, p(0x8000_0000 + i as u64 * PAGE))
+                .unwrap();
+        }
+        assert_eq!(s2.used_gib, 1 | 1 << 1 | 1 << 3 | 1 << 15);
+        let mut seen = Vec::new();
+        s2.for_each_mapped(&mut mem, |_, ipa, _| seen.push(ipa));
+        assert_eq!(seen, ipas);
+        let tables = s2.tables();
+        assert_eq!(tables, ROOT_TABLES + 4);
+        // Still mapped at the teardown: counted; every table freed.
+        assert_eq!(s2.destroy(&mut mem), Ok(4));
+        assert!(mem.tables.is_empty(), "{} tables left", mem.tables.len());
     }
 
     #[test]
