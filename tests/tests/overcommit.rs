@@ -116,6 +116,9 @@ fn hog_moves_between_guests(board: Board) {
                 );
             }
         }
+        if std::env::var_os("OVERCOMMIT_SAMPLES").is_some() {
+            print_samples(&outcome);
+        }
         if !outcome.completed() {
             diagnose(&mut s);
         }
@@ -368,6 +371,38 @@ fn a_stuck_balloon_is_passed_over(board: Board) {
         assert_eq!(v.state, "running", "{v:?}");
     }
     s.assert_check();
+}
+
+/// Every `mm raw` sample of a phase, one line each, in MiB: per VM
+/// backed, balloon target and actual, and the manager's counters reclaimed,
+/// fenced and given back (`OVERCOMMIT_SAMPLES=1` prints them).
+fn print_samples(outcome: &HogOutcome) {
+    let mib = |pages: u64| pages / 256;
+    for sample in &outcome.samples {
+        let vms: Vec<String> = sample
+            .report
+            .vms
+            .iter()
+            .map(|v| {
+                format!(
+                    "{}: backed {} target {} actual {} reclaimed {} fenced {} given back {}",
+                    v.name,
+                    mib(v.backed),
+                    mib(v.target),
+                    mib(v.balloon),
+                    mib(v.reclaimed),
+                    mib(v.fenced),
+                    mib(v.given_back)
+                )
+            })
+            .collect();
+        println!(
+            "  {:.1} s: pool {}; {}",
+            sample.t_s,
+            mib(sample.report.pool.free),
+            vms.join("; ")
+        );
+    }
 }
 
 /// The variants of [`everyone_hungry_at_once`].

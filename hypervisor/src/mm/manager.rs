@@ -80,7 +80,9 @@
 //!    balloons above what the limits require are lowered step by step,
 //!    VMs under pressure and with the least available memory first, never
 //!    taking the pool below `high` (reclaim starts only below `low`: no
-//!    oscillation).
+//!    oscillation), nor below what hungry VMs will touch within four
+//!    horizons at their rates (the fence acts below two: what is given
+//!    back is not fenced again).
 //!
 //! [`Manager::may_dip`] says which VMs may take frames below the pool's
 //! floor (half of it): those giving memory back (owing inflation, not
@@ -956,9 +958,16 @@ impl Manager {
             // above high, less what was given and not yet deflated.
             let since = *self.above_high_since.get_or_insert(now_us);
             if now_us.saturating_sub(since) >= self.tunables.give_back_after_us {
+                // Hysteresis against the fence: what hungry VMs will touch
+                // within four horizons at their rates stays in the pool
+                // (the fence acts below two), so that what is given back
+                // is not fenced again at the next burst.
+                let reserve =
+                    sat_sum(work.iter().filter(|w| w.hungry).map(|w| w.ahead)).saturating_mul(4);
                 let budget = pool_free
                     .saturating_sub(self.watermarks.high)
-                    .saturating_sub(pending_gives(&work));
+                    .saturating_sub(pending_gives(&work))
+                    .saturating_sub(reserve);
                 self.give_back(&mut work, vms, budget);
             }
         } else {
@@ -1452,8 +1461,6 @@ impl Manager {
         }
     }
 
-    /// Cancels up to `excess` pages of outstanding inflation, largest
-    /// outstanding first.
     /// Cancels up to `excess` pages of the outstanding inflation of VMs
     /// that are not hungry, largest first, down to their balloons' actual
     /// size; counted as trimmed.
@@ -1473,6 +1480,8 @@ impl Manager {
         }
     }
 
+    /// Cancels up to `excess` pages of outstanding inflation, largest
+    /// outstanding first.
     fn trim(&mut self, work: &mut [Work], vms: &[VmInput], mut excess: Pages) {
         let mut order: Vec<usize> = (0..work.len())
             .filter(|&i| work[i].progressing && work[i].target > vms[i].actual)

@@ -692,6 +692,36 @@ fn memory_is_given_back_after_the_pool_stays_above_high() {
 }
 
 #[test]
+fn nothing_is_given_back_that_a_hungry_vm_would_touch_soon() {
+    // VM 0's balloon holds 2000 pages the manager inflated; VM 1 touches
+    // 500 new pages a tick (5000 a second). The pool, 9000 above nothing,
+    // would last under four horizons at that rate: VM 0 gets nothing back.
+    let mut m = manager();
+    let mut vms = [vm(2000, 2000), vm(0, 0)];
+    vms[0].stats = guest(1000, 0);
+    vms[1].backed = 0;
+    let mut now = 0;
+    let mut backed = 0;
+    while now < 2 * Tunables::default().give_back_after_us {
+        vms[1].fault_ins = 500;
+        backed += 500;
+        vms[1].backed = backed;
+        let d = m.tick(now, 9000, &vms);
+        assert_eq!(d.targets[0], None, "given back at {now}: {d:?}");
+        now += TICK;
+    }
+    // Once VM 1 has stopped (and its hunger hold has passed), it is.
+    vms[1].fault_ins = 0;
+    let stop = now;
+    let mut given = false;
+    while now < stop + 2 * Tunables::default().give_back_after_us {
+        given |= m.tick(now, 9000, &vms).targets[0].is_some();
+        now += TICK;
+    }
+    assert!(given, "never given back");
+}
+
+#[test]
 fn only_the_vm_giving_back_may_dip_into_the_reserve() {
     let mut m = manager();
     // VM 0 is asked to inflate (reclaim: its free pages), VM 1 is hungry
