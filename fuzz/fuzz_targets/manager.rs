@@ -11,7 +11,7 @@
 
 use arbitrary::Arbitrary;
 use hypervisor::mm::manager::{
-    GuestStats, Limits, Manager, Pages, Tunables, VmInput, Watermarks, MAX_WEIGHT,
+    GuestStats, Limits, Manager, Pages, Policy, Tunables, VmInput, Watermarks, MAX_WEIGHT,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -23,6 +23,7 @@ struct VmTick {
     backed: u64,
     stats: Option<Stats>,
     fault_ins: u64,
+    returned: u64,
     deflate_on_oom: u64,
     driver: bool,
     waiting: bool,
@@ -67,6 +68,9 @@ struct Input {
     ticks: Vec<Tick>,
     /// VMs forgotten (stopped) after a tick: a bit per VM slot.
     forget: Vec<u8>,
+    /// Who sets the targets (`mm policy`): the manager or a baseline, all
+    /// of them fed the same guest numbers.
+    policy: u8,
 }
 
 /// Limits that pass `Limits::validate` for a VM of `size` pages, from any
@@ -139,6 +143,7 @@ fuzz_target!(|input: Input| {
         return;
     }
     let mut m = Manager::new(watermarks, tunables);
+    m.set_policy(Policy::ALL[usize::from(input.policy) % Policy::ALL.len()]);
     let mut now = input.start_us;
     for (n, tick) in input.ticks.iter().take(32).enumerate() {
         now = now.saturating_add(u64::from(tick.advance));
@@ -150,6 +155,7 @@ fuzz_target!(|input: Input| {
                 backed: 0,
                 stats: None,
                 fault_ins: 0,
+                returned: 0,
                 deflate_on_oom: 0,
                 driver: true,
                 waiting: false,
@@ -162,6 +168,7 @@ fuzz_target!(|input: Input| {
                 limits,
                 stats: t.stats.as_ref().map(stats),
                 fault_ins: t.fault_ins,
+                returned: t.returned,
                 deflate_on_oom: t.deflate_on_oom,
                 driver: t.driver,
                 waiting: t.waiting,

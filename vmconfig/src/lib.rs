@@ -1673,6 +1673,14 @@ kernel = "testguest"
                     ]
                 ),
                 (
+                    "stuck-balloon-control".into(),
+                    vec![
+                        ("vma".into(), 1024, 2, p(quiet)),
+                        ("stuck".into(), 640, 4, p("pattern")),
+                        ("donor".into(), 640, 8, p("pattern"))
+                    ]
+                ),
+                (
                     "wild".into(),
                     vec![
                         ("wild".into(), 64, 2, p("wild")),

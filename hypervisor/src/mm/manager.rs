@@ -31,7 +31,8 @@
 //!    moved towards is *withdrawn* (its share goes to other donors) and the
 //!    VM is not asked again for [`Tunables::withdraw_backoff_us`].
 //! 3. **The fence.** When exhaustion is near (at the rates of the *hungry*
-//!    VMs, those faulting in [`Tunables::fault_ins_per_s`] or more or with
+//!    VMs, those faulting in [`Tunables::fault_ins_per_s`] or more, net of
+//!    what free page reporting and hinting gave back meanwhile, or with
 //!    a vCPU waiting, within [`Tunables::hungry_hold_us`], the pool above
 //!    `min` lasts less than twice [`Tunables::fault_in_horizon_us`]), the
 //!    pages hungry VMs believe free but no frame backs, beyond what the
@@ -309,6 +310,11 @@ pub struct VmInput {
     pub stats: Option<GuestStats>,
     /// Stage-2 fault-ins (pages newly backed) since the previous tick.
     pub fault_ins: Pages,
+    /// Pages the guest gave back by free page reporting and hinting since
+    /// the previous tick. Fault-ins that only take such pages back (a guest
+    /// writing and deleting a file, its freed pages reported in between)
+    /// are not new demand: rates are counted net of them.
+    pub returned: Pages,
     /// Pages the guest deflated on OOM since the previous tick.
     pub deflate_on_oom: Pages,
     /// Whether a balloon driver runs (the device is live).
@@ -319,7 +325,7 @@ pub struct VmInput {
 
 impl VmInput {
     /// The input with every value the guest drives bounded by the VM's
-    /// size: `backed`, `actual`, `fault_ins` and `deflate_on_oom` at most
+    /// size: `backed`, `actual`, `fault_ins`, `returned` and `deflate_on_oom` at most
     /// `size` pages, the statistics' memory figures at most `size` pages in
     /// bytes. `size`, `target` and the limits are the host's and stay.
     pub fn bounded(self) -> Self {
@@ -328,6 +334,7 @@ impl VmInput {
             backed: self.backed.min(size),
             actual: self.actual.min(size),
             fault_ins: self.fault_ins.min(size),
+            returned: self.returned.min(size),
             deflate_on_oom: self.deflate_on_oom.min(size),
             stats: self
                 .stats
@@ -351,6 +358,7 @@ impl VmInput {
         u32::from(self.backed != b.backed)
             + u32::from(self.actual != b.actual)
             + u32::from(self.fault_ins != b.fault_ins)
+            + u32::from(self.returned != b.returned)
             + u32::from(self.deflate_on_oom != b.deflate_on_oom)
             + stats
     }
@@ -425,6 +433,10 @@ pub struct Tunables {
     /// it acts every tick).
     pub naive_wait_us: u64,
 }
+
+/// The span over which fault-ins are weighed against what free page
+/// reporting and hinting gave back: longer than a guest's reporting delay.
+pub const CHURN_WINDOW_US: u64 = 6_000_000;
 
 /// The shortest span a rate (faults per second) is measured over: ticks
 /// can come on almost every exit below `low`, and a rate over a few
@@ -507,6 +519,10 @@ pub struct VmStats {
     pub congested: bool,
     /// Under pressure at the last tick.
     pub under_pressure: bool,
+    /// Hungry at the last tick: touching new memory fast, net of what it
+    /// gives back by reporting and hinting, or a vCPU waiting for a frame
+    /// (within [`Tunables::hungry_hold_us`]).
+    pub hungry: bool,
     /// Pages asked of it while under pressure, the board exhausted.
     pub pages_squeezed: u64,
     /// Pages given back to its balloon.
@@ -561,6 +577,16 @@ struct VmState {
     faulting: bool,
     /// Faulting in at least `fault_ins_per_s`, whatever it has left.
     fast_faults: bool,
+    /// The churn window ([`CHURN_WINDOW_US`]): since when, and the
+    /// fault-ins and pages returned by reporting and hinting in it.
+    churn_start_us: u64,
+    churn_fault_ins: Pages,
+    churn_returned: Pages,
+    /// Its last churn window gave back by reporting and hinting at least
+    /// half of what it faulted in, and its net rate was below
+    /// `fault_ins_per_s`: it takes back what it gives, and is not hungry
+    /// however fast it faults.
+    churning: bool,
     /// When it was last hungry (fast fault-ins or a vCPU waiting).
     last_hungry_us: Option<u64>,
     major_fast: bool,
@@ -1112,6 +1138,7 @@ impl Manager {
                 prev_oom: oom,
                 prev_stalls: stalls,
                 window_start_us: now_us,
+                churn_start_us: now_us,
                 window_major: major,
                 stats: st.stats,
                 ..VmState::default()
@@ -1145,7 +1172,25 @@ impl Manager {
         // the next one closes.
         let has = vm.size.saturating_sub(vm.target.max(vm.actual));
         let comfort_pages = permille(has, t.comfort_permille);
-        st.window_fault_ins = st.window_fault_ins.saturating_add(vm.fault_ins);
+        // Net of what reporting and hinting gave back meanwhile.
+        let fault_ins = vm.fault_ins.saturating_sub(vm.returned);
+        // A guest reports a page freed a couple of seconds after it freed
+        // it (Linux: 2 s), so a file written and deleted over and over
+        // faults fast in every 100 ms window; over a longer one it takes
+        // back what it gave.
+        st.churn_fault_ins = st.churn_fault_ins.saturating_add(vm.fault_ins);
+        st.churn_returned = st.churn_returned.saturating_add(vm.returned);
+        let churn_span = now_us.saturating_sub(st.churn_start_us);
+        if churn_span >= CHURN_WINDOW_US {
+            let net = st.churn_fault_ins.saturating_sub(st.churn_returned);
+            st.churning = st.churn_returned.saturating_mul(2) >= st.churn_fault_ins
+                && st.churn_fault_ins > 0
+                && mul_div(net, 1_000_000, churn_span) < t.fault_ins_per_s;
+            st.churn_fault_ins = 0;
+            st.churn_returned = 0;
+            st.churn_start_us = now_us;
+        }
+        st.window_fault_ins = st.window_fault_ins.saturating_add(fault_ins);
         let span = now_us.saturating_sub(st.window_start_us);
         if span >= RATE_WINDOW_US {
             let n = st.window_fault_ins;
@@ -1182,7 +1227,7 @@ impl Manager {
         if pressure {
             st.last_pressure_us = Some(now_us);
         }
-        if st.fast_faults || vm.waiting {
+        if (st.fast_faults && !st.churning) || vm.waiting {
             st.last_hungry_us = Some(now_us);
         }
         let within =
@@ -1192,6 +1237,7 @@ impl Manager {
         st.prev_oom = oom;
         st.prev_stalls = stalls;
         st.stats.under_pressure = pressure;
+        st.stats.hungry = within(st.last_hungry_us, t.hungry_hold_us);
         let want = if pressure {
             let step = permille(vm.size, t.give_step_permille);
             let comfort =
@@ -1236,7 +1282,7 @@ impl Manager {
             held,
             refuses: within(st.last_oom_deflate_us, t.pressure_hold_us),
             hungry: within(st.last_hungry_us, t.hungry_hold_us),
-            demanding: st.fast_faults || vm.waiting,
+            demanding: (st.fast_faults && !st.churning) || vm.waiting,
             ahead: st.ahead,
             squeezed: within(st.squeezed_us, t.pressure_hold_us),
             backoff: within(st.withdrawn_us, t.withdraw_backoff_us),
@@ -1378,8 +1424,14 @@ impl Manager {
             return;
         }
         let backable = self.backable(work, pool_free);
+        // What each hungry VM may touch within the same two horizons, no
+        // more than it could touch at all: a VM writing a file over and
+        // over touches its working set, not all it never touched, and a
+        // hog starting beside a full pool is not throttled by its own
+        // balloon (fenced pages go back only as it presses for them).
+        let expected = |w: &Work| uncovered(w).min(w.ahead.saturating_mul(2));
         let mut need =
-            sat_sum(work.iter().filter(|w| w.hungry).map(uncovered)).saturating_sub(backable);
+            sat_sum(work.iter().filter(|w| w.hungry).map(expected)).saturating_sub(backable);
         let rooms: Vec<Pages> = work
             .iter()
             .map(

@@ -1237,7 +1237,7 @@ fn a_fault_with_the_pool_at_its_floor_waits_and_then_goes_through() {
     let mut raw = String::new();
     manage::write_mm_raw(&mut raw, &manage::PoolView::default(), &[("vm", row)]).unwrap();
     assert!(
-        raw.contains(" waits_slow=1 wait_longest_us=1500000"),
+        raw.contains(" waits_slow=1 wait_longest_us=1500000 hungry=0"),
         "{raw}"
     );
     assert!(raw.contains(" policy=manager"), "{raw}");

@@ -106,11 +106,17 @@ pub fn input(vm: &mut Vm) -> VmInput {
         return VmInput::default();
     };
     let faults = ram.stats.faults_backed;
-    let deflated = balloon.device().stats().pages_deflated_on_oom;
+    let counters = balloon.device().stats();
+    let deflated = counters.pages_deflated_on_oom;
+    let returned_total = counters
+        .pages_reported
+        .saturating_add(counters.pages_hinted);
     let fault_ins = faults.saturating_sub(vm.managed.faults_seen);
     let deflate_on_oom = deflated.saturating_sub(vm.managed.oom_deflated_seen);
+    let returned = returned_total.saturating_sub(vm.managed.returned_seen);
     vm.managed.faults_seen = faults;
     vm.managed.oom_deflated_seen = deflated;
+    vm.managed.returned_seen = returned_total;
     if !managed {
         return VmInput::default();
     }
@@ -123,6 +129,7 @@ pub fn input(vm: &mut Vm) -> VmInput {
         limits: vm.managed.limits,
         stats: device.stats_sample().map(guest_stats),
         fault_ins,
+        returned,
         deflate_on_oom,
         driver: balloon.status() & STATUS_DRIVER_OK != 0 && !balloon.needs_reset(),
         waiting: vm.managed.waiting(),
@@ -557,7 +564,7 @@ pub fn write_mm_raw(
     for (name, r) in rows {
         writeln!(
             out,
-            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={} squeezed={} given_back={} withdrawn={} fenced={} waits_slow={} wait_longest_us={}",
+            "mm-vm name={name} state={} size={} backed={} balloon={} target={} returned={} min={} low={} max={} weight={} congested={} pressure={} reclaimed={} given={} manual={} waits={} squeezed={} given_back={} withdrawn={} fenced={} waits_slow={} wait_longest_us={} hungry={}",
             r.state,
             r.size,
             r.backed,
@@ -579,7 +586,8 @@ pub fn write_mm_raw(
             r.stats.pages_withdrawn,
             r.stats.pages_fenced,
             r.waits_slow,
-            r.wait_longest_us
+            r.wait_longest_us,
+            u8::from(r.stats.hungry)
         )?;
     }
     writeln!(out, "mm-end")

@@ -100,8 +100,10 @@ pub struct Managed {
     /// `balloon <vm> <size>` from the shell: the manager leaves this VM's
     /// balloon alone until `balloon <vm> auto`.
     pub manual: bool,
-    /// Stage-2 fault-ins and deflate-on-OOM pages at the last tick.
+    /// Stage-2 fault-ins, deflate-on-OOM pages, and pages reported or
+    /// hinted, at the last tick.
     pub faults_seen: u64,
+    pub returned_seen: u64,
     pub oom_deflated_seen: u64,
     /// Per vCPU: the wait for a frame in progress.
     pub waits: [Option<FrameWait>; MAX_VCPUS],

@@ -197,6 +197,31 @@ struct SampleReport {
     pool_free_pages: u64,
     #[serde(serialize_with = "json::ordered_map")]
     backed_pages: Vec<(String, u64)>,
+    /// Per VM, its balloon's target and actual size.
+    #[serde(serialize_with = "json::ordered_map")]
+    target_pages: Vec<(String, u64)>,
+    #[serde(serialize_with = "json::ordered_map")]
+    balloon_pages: Vec<(String, u64)>,
+}
+
+impl SampleReport {
+    fn of(sample: &harness::linux::MmSample) -> Self {
+        let per_vm = |f: fn(&harness::console::MmVm) -> u64| {
+            sample
+                .report
+                .vms
+                .iter()
+                .map(|v| (v.name.clone(), f(v)))
+                .collect()
+        };
+        SampleReport {
+            t_s: sample.t_s,
+            pool_free_pages: sample.report.pool.free,
+            backed_pages: per_vm(|v| v.backed),
+            target_pages: per_vm(|v| v.target),
+            balloon_pages: per_vm(|v| v.balloon),
+        }
+    }
 }
 
 /// One boot of one configuration.
@@ -346,6 +371,73 @@ fn verdicts(summary: &[SummaryRow]) -> Vec<String> {
     lines
 }
 
+/// The victim of guests/tests/stuck-balloon.toml (a 700 MiB hog in `vma`
+/// that needs memory the pool does not have) beside a balloon that never
+/// answers, and beside the same guest with a working balloon
+/// (stuck-balloon-control.toml): JSON name and bundle.
+const STUCK_PAIR: [(&str, &str); 2] = [
+    ("stuck", "stuck-balloon"),
+    ("working", "stuck-balloon-control"),
+];
+/// The victim beside a stuck balloon may take this much of its time beside
+/// a working one (issue 37).
+const STUCK_GOAL: f64 = 1.1;
+
+/// One boot of a [`STUCK_PAIR`] bundle.
+#[derive(Serialize)]
+struct StuckRun {
+    /// `stuck` or `working`.
+    neighbour: &'static str,
+    round: usize,
+    completed: bool,
+    demand_met_s: Option<f64>,
+    /// Pages of raised targets the manager withdrew (the stuck balloon's).
+    pages_withdrawn: u64,
+    error: Option<String>,
+}
+
+/// The victim's time until its demand was met beside each neighbour, over
+/// the rounds, and the ratio of the medians.
+#[derive(Serialize, Debug, PartialEq)]
+struct StuckSummary {
+    stuck_s: Option<Spread>,
+    working_s: Option<Spread>,
+    /// Rounded to 3 decimals.
+    ratio: Option<f64>,
+}
+
+fn summarise_stuck(runs: &[StuckRun]) -> StuckSummary {
+    let times = |who: &str| -> Vec<f64> {
+        runs.iter()
+            .filter(|r| r.neighbour == who && r.completed)
+            .filter_map(|r| r.demand_met_s)
+            .collect()
+    };
+    let stuck_s = Spread::of(&times(STUCK_PAIR[0].0));
+    let working_s = Spread::of(&times(STUCK_PAIR[1].0));
+    let ratio = match (stuck_s, working_s) {
+        (Some(a), Some(b)) if b.median > 0.0 => Some(json::rounded(a.median / b.median, 3)),
+        _ => None,
+    };
+    StuckSummary {
+        stuck_s,
+        working_s,
+        ratio,
+    }
+}
+
+fn stuck_verdict(s: &StuckSummary, runs: &[StuckRun]) -> String {
+    let all = runs.iter().all(|r| r.completed) && !runs.is_empty();
+    let met = all && s.ratio.is_some_and(|r| r <= STUCK_GOAL);
+    format!(
+        "goal, stuck balloon: {}: the victim's demand met in {} s beside a balloon that never answers, {} s beside a working one ({}; at most {STUCK_GOAL}x)",
+        if met { "met" } else { "NOT met" },
+        s.stuck_s.map_or("-".into(), |s| format!("{:.2}", s.median)),
+        s.working_s.map_or("-".into(), |s| format!("{:.2}", s.median)),
+        s.ratio.map_or("no ratio".into(), |r| format!("{r:.2}x"))
+    )
+}
+
 /// target/bench/policy.json.
 #[derive(Serialize)]
 struct Report<'a> {
@@ -358,13 +450,17 @@ struct Report<'a> {
     rounds: usize,
     runs: &'a [RunReport],
     summary: Vec<SummaryRow>,
+    stuck_runs: &'a [StuckRun],
+    stuck: StuckSummary,
     goal: Vec<String>,
 }
 
 impl<'a> Report<'a> {
-    fn new(runs: &'a [RunReport], rounds: usize) -> Self {
+    fn new(runs: &'a [RunReport], stuck_runs: &'a [StuckRun], rounds: usize) -> Self {
         let summary = summarise(runs);
-        let goal = verdicts(&summary);
+        let stuck = summarise_stuck(stuck_runs);
+        let mut goal = verdicts(&summary);
+        goal.push(stuck_verdict(&stuck, stuck_runs));
         Report {
             benchmark: "memory-policy",
             board: "virt-gicv2",
@@ -375,6 +471,8 @@ impl<'a> Report<'a> {
             rounds,
             runs,
             summary,
+            stuck_runs,
+            stuck,
             goal,
         }
     }
@@ -418,8 +516,24 @@ pub fn run(root: &Path, artifacts: &Artifacts, rounds: usize) -> Result<(), Stri
             runs.push(run);
         }
     }
+    let mut stuck_runs = Vec::new();
+    for round in 1..=rounds {
+        for (neighbour, bundle) in STUCK_PAIR {
+            eprintln!("bench: policy, the victim beside a {neighbour} balloon, round {round}/{rounds} ({bundle}.img) ...");
+            let run = run_stuck(artifacts, neighbour, bundle, round);
+            eprintln!(
+                "bench: victim beside a {neighbour} balloon, round {round}: demand met {}{}",
+                run.demand_met_s
+                    .map_or("never".into(), |t| format!("after {t:.2} s")),
+                run.error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" ({e})"))
+            );
+            stuck_runs.push(run);
+        }
+    }
     print_table(&runs);
-    let report = Report::new(&runs, rounds);
+    let report = Report::new(&runs, &stuck_runs, rounds);
     print_summary(&report.summary);
     for line in &report.goal {
         println!("{line}");
@@ -436,6 +550,11 @@ pub fn run(root: &Path, artifacts: &Artifacts, rounds: usize) -> Result<(), Stri
                 .as_ref()
                 .map(|e| format!("{} round {}: {e}", r.config, r.round))
         })
+        .chain(stuck_runs.iter().filter_map(|r| {
+            r.error
+                .as_ref()
+                .map(|e| format!("beside a {} balloon, round {}: {e}", r.neighbour, r.round))
+        }))
         .collect();
     if errors.is_empty() {
         Ok(())
@@ -548,20 +667,59 @@ fn run_config(artifacts: &Artifacts, config: &Config, round: usize) -> RunReport
             longest_wait_ms: vm.map_or(0.0, |v| v.wait_longest_us as f64 / 1000.0),
         });
     }
-    report.samples = samples
-        .iter()
-        .map(|sample| SampleReport {
-            t_s: sample.t_s,
-            pool_free_pages: sample.report.pool.free,
-            backed_pages: sample
-                .report
-                .vms
-                .iter()
-                .map(|v| (v.name.clone(), v.backed))
-                .collect(),
-        })
-        .collect();
+    report.samples = samples.iter().map(SampleReport::of).collect();
     report
+}
+
+/// Boots a [`STUCK_PAIR`] bundle on virt GICv2 with 4 CPUs, waits for the
+/// victim's agent and both test guests, and times its hog.
+fn run_stuck(
+    artifacts: &Artifacts,
+    neighbour: &'static str,
+    bundle: &str,
+    round: usize,
+) -> StuckRun {
+    let mut run = StuckRun {
+        neighbour,
+        round,
+        completed: false,
+        demand_met_s: None,
+        pages_withdrawn: 0,
+        error: None,
+    };
+    let result = (|| -> Result<HogOutcome, String> {
+        let mut s = start_session(artifacts, &format!("bench-policy-{neighbour}"), bundle, 4)?;
+        wait_for_agents(&mut s, &["vma"], 0, BOOT).map_err(harness)?;
+        let ready = match neighbour {
+            "stuck" => r"\[stuck\] testguest: balloon stuck: ",
+            _ => r"\[stuck\] testguest: balloon at ",
+        };
+        for line in [ready, r"\[donor\] testguest: balloon at "] {
+            s.expect_since(&mut 0, line, BOOT).map_err(harness)?;
+        }
+        let phase = HogPhase {
+            vm: "vma",
+            churn_vms: &[],
+            hog_mib: HOG_MIB,
+            hold_s: HOLD_S,
+            churn_mib: CHURN_MIB,
+            id: 10,
+            sample_every: SAMPLE_EVERY,
+            timeout: PHASE,
+            settle: Duration::from_secs(2),
+            origin: Instant::now(),
+        };
+        hog_phase(&mut s, &phase).map_err(|e| e.message)
+    })();
+    match result {
+        Ok(outcome) => {
+            run.completed = outcome.completed();
+            run.demand_met_s = outcome.demand_met_s.map(|t| json::rounded(t, 3));
+            run.pages_withdrawn = outcome.growth(|v| v.withdrawn);
+        }
+        Err(e) => run.error = Some(e),
+    }
+    run
 }
 
 /// Page cache in every Linux guest, then the configuration's policy.
@@ -589,22 +747,12 @@ fn prepare(s: &mut Session, config: &Config) -> Result<(), String> {
 /// Boots `config` on virt GICv2 with 5 CPUs (the shell on CPU 0, the VMs
 /// on 1-4) and waits for the three agents and the test guest.
 fn boot(artifacts: &Artifacts, config: &Config) -> Result<Session, String> {
-    let board = Board::VirtGicv2;
-    let mut opts = QemuOptions::for_board(board, artifacts);
-    opts.initrd = Some(
-        target_dir()
-            .join("bundles")
-            .join(format!("{}.img", config.bundle)),
-    );
-    opts.smp = Some(5);
-    let mut s = Session::start(
-        &format!("bench-policy-{}", config.name),
-        board,
+    let mut s = start_session(
         artifacts,
-        &opts,
-    )
-    .map_err(harness)?;
-    s.set_deadline(SESSION);
+        &format!("bench-policy-{}", config.name),
+        config.bundle,
+        5,
+    )?;
     wait_for_agents(&mut s, &LINUX, 0, BOOT).map_err(harness)?;
     let mut from_start = 0;
     s.expect_since(
@@ -613,6 +761,23 @@ fn boot(artifacts: &Artifacts, config: &Config) -> Result<Session, String> {
         BOOT,
     )
     .map_err(harness)?;
+    Ok(s)
+}
+
+/// QEMU virt GICv2 with `smp` CPUs booting `target/bundles/<bundle>.img`,
+/// under the whole-session limit.
+fn start_session(
+    artifacts: &Artifacts,
+    name: &str,
+    bundle: &str,
+    smp: u32,
+) -> Result<Session, String> {
+    let board = Board::VirtGicv2;
+    let mut opts = QemuOptions::for_board(board, artifacts);
+    opts.initrd = Some(target_dir().join("bundles").join(format!("{bundle}.img")));
+    opts.smp = Some(smp);
+    let s = Session::start(name, board, artifacts, &opts).map_err(harness)?;
+    s.set_deadline(SESSION);
     Ok(s)
 }
 
@@ -954,19 +1119,7 @@ mod tests {
                 stopped: false,
                 longest_wait_ms: 12.5,
             }],
-            samples: samples
-                .iter()
-                .map(|s| SampleReport {
-                    t_s: s.t_s,
-                    pool_free_pages: s.report.pool.free,
-                    backed_pages: s
-                        .report
-                        .vms
-                        .iter()
-                        .map(|v| (v.name.clone(), v.backed))
-                        .collect(),
-                })
-                .collect(),
+            samples: samples.iter().map(SampleReport::of).collect(),
             error: Some("phase 2 (hog in vmb): timed out".into()),
         }
     }
@@ -974,7 +1127,7 @@ mod tests {
     #[test]
     fn report_keeps_its_fields() {
         let runs = [synthetic_run()];
-        let value = serde_json::to_value(Report::new(&runs, 1)).unwrap();
+        let value = serde_json::to_value(Report::new(&runs, &[], 1)).unwrap();
         assert_eq!(value["benchmark"], "memory-policy");
         assert_eq!(value["hog_mib"], 700);
         assert_eq!(value["sample_every_s"], 0.5);
@@ -1009,7 +1162,9 @@ mod tests {
         assert_eq!(
             run["samples"][1],
             json!({"t_s": 0.5, "pool_free_pages": 200_000,
-                   "backed_pages": {"vma": 130_000, "vmb": 31_000, "beta": 32_768}})
+                   "backed_pages": {"vma": 130_000, "vmb": 31_000, "beta": 32_768},
+                   "target_pages": {"vma": 0, "vmb": 0, "beta": 0},
+                   "balloon_pages": {"vma": 0, "vmb": 0, "beta": 0}})
         );
     }
 
@@ -1122,6 +1277,36 @@ mod tests {
         // A slow wait of the manager's misses the goal however fast it is.
         let slow = vec![run_of("manager", 1, [Some(1.0); 3], 1)];
         assert!(verdicts(&summarise(&slow))[0].contains("NOT met"));
+    }
+
+    #[test]
+    fn the_victim_beside_a_stuck_balloon_is_judged_by_the_ratio_of_medians() {
+        let run = |neighbour, round, t: Option<f64>| StuckRun {
+            neighbour,
+            round,
+            completed: t.is_some(),
+            demand_met_s: t,
+            pages_withdrawn: 0,
+            error: None,
+        };
+        let runs = [
+            run("stuck", 1, Some(4.3)),
+            run("working", 1, Some(4.0)),
+            run("stuck", 2, Some(4.2)),
+            run("working", 2, Some(4.1)),
+            run("stuck", 3, Some(9.0)),
+            run("working", 3, Some(3.9)),
+        ];
+        let s = summarise_stuck(&runs);
+        assert_eq!(s.ratio, Some(1.075));
+        assert!(stuck_verdict(&s, &runs).contains(": met:"));
+        // Slower than 1.1x, or a round that never met its demand: not met.
+        let slow = [run("stuck", 1, Some(4.5)), run("working", 1, Some(4.0))];
+        assert!(stuck_verdict(&summarise_stuck(&slow), &slow).contains("NOT met"));
+        let never = [run("stuck", 1, None), run("working", 1, Some(4.0))];
+        let s = summarise_stuck(&never);
+        assert_eq!(s.ratio, None);
+        assert!(stuck_verdict(&s, &never).contains("NOT met"));
     }
 
     #[test]

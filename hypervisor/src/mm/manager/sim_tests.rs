@@ -51,6 +51,8 @@ struct Guest {
     oom_kills: u64,
     alloc_stalls: u64,
     fault_ins: Pages,
+    /// Pages reported since the last input.
+    returned: Pages,
     oom_deflated: Pages,
     // Totals over the run.
     inflated: Pages,
@@ -94,6 +96,7 @@ impl Guest {
             oom_kills: 0,
             alloc_stalls: 0,
             fault_ins: 0,
+            returned: 0,
             oom_deflated: 0,
             inflated: 0,
             deflated_on_oom: 0,
@@ -261,6 +264,7 @@ impl Guest {
         if self.reporting && !parked {
             *pool += self.free_backed;
             self.reported += self.free_backed;
+            self.returned += self.free_backed;
             self.free_backed = 0;
         }
         match (blocked, self.waiting_since) {
@@ -302,11 +306,13 @@ impl Guest {
                 alloc_stalls: Some(self.alloc_stalls),
             }),
             fault_ins: self.fault_ins,
+            returned: self.returned,
             deflate_on_oom: self.oom_deflated,
             driver: true,
             waiting: self.waiting_since.is_some(),
         };
         self.fault_ins = 0;
+        self.returned = 0;
         self.oom_deflated = 0;
         input
     }

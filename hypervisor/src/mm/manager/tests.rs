@@ -24,6 +24,7 @@ fn vm(target: Pages, actual: Pages) -> VmInput {
         limits: Limits::unlimited(SIZE),
         stats: None,
         fault_ins: 0,
+        returned: 0,
         deflate_on_oom: 0,
         driver: true,
         waiting: false,
@@ -652,6 +653,69 @@ fn the_fence_takes_what_hungry_guests_could_touch_beyond_the_pool() {
     };
     m.tick(0, 1100, &[idle]);
     assert_eq!(m.tick(TICK, 1100, &[idle]).targets, [None]);
+}
+
+#[test]
+fn faulting_back_what_reporting_returned_is_not_hunger() {
+    // Two VMs with 3000 untouched pages each fault in 512 pages a tick; the
+    // second reported as many meanwhile (a file written and deleted over
+    // and over, its pages reported in between): only the first is hungry,
+    // and only it is fenced.
+    let mut m = manager();
+    let mut churner = hungry(3000);
+    churner.returned = 512;
+    // Nothing to spare beyond what it never touched.
+    churner.stats = guest(0, 0);
+    let vms = [hungry(3000), churner];
+    m.tick(0, 1100, &vms);
+    let d = m.tick(TICK, 1100, &vms);
+    let r = raised(&d, &vms);
+    assert!(r[0] > 0 && r[1] == 0, "{d:?}");
+    // Reporting less than it takes, it is hungry for the rest.
+    let mut m = manager();
+    let mut taker = hungry(3000);
+    taker.fault_ins = 4096;
+    taker.returned = 512;
+    m.tick(0, 1100, &[taker]);
+    let d = m.tick(TICK, 1100, &[taker]);
+    assert!(d.targets[0].is_some(), "{d:?} {:?}", m.vm_stats(0));
+}
+
+#[test]
+fn a_guest_taking_back_what_it_reports_is_not_hungry_once_its_window_shows_it() {
+    // 512 pages faulted in every 100 ms, reported in a batch a second,
+    // from 2 s on (a file written and deleted over and over; Linux reports
+    // in batches, 2 s after the pages were freed).
+    let mut m = manager();
+    let mut v = hungry(3000);
+    let mut hungry_at = Vec::new();
+    for tick in 0..150u64 {
+        v.returned = if tick >= 20 && tick % 10 == 0 {
+            5120
+        } else {
+            0
+        };
+        m.tick(tick * TICK, 100_000, &[v]);
+        if tick % 10 == 9 {
+            hungry_at.push(m.vm_stats(0).hungry);
+        }
+    }
+    // Its first window (6 s) counts it hungry; once its hunger hold after
+    // the second has passed, it is not.
+    let window = (CHURN_WINDOW_US / TICK / 10) as usize;
+    let hold = (Tunables::default().hungry_hold_us / TICK / 10) as usize;
+    assert!(hungry_at[..window].iter().all(|&h| h), "{hungry_at:?}");
+    assert!(
+        hungry_at[window + hold + 1..].iter().all(|&h| !h),
+        "{hungry_at:?}"
+    );
+    // Without reporting it stays hungry throughout.
+    let mut m = manager();
+    let v = hungry(3000);
+    for tick in 0..150u64 {
+        m.tick(tick * TICK, 100_000, &[v]);
+    }
+    assert!(m.vm_stats(0).hungry);
 }
 
 #[test]
