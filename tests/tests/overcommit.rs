@@ -50,17 +50,7 @@ fn hog_moves_between_guests(board: Board) {
         "overcommit-full.img",
     );
     println!("booted in {:.1} s", booting.elapsed().as_secs_f64());
-    // Page cache in each guest: what reporting cannot return.
-    for (i, vm) in LINUX.iter().enumerate() {
-        let reply = ok(agent_run(
-            &mut s,
-            vm,
-            50 + i as u32,
-            CACHE_SETUP,
-            COMMAND * 4,
-        ));
-        assert_eq!(reply.rc, 0, "{vm}: {:?}", reply.lines);
-    }
+    fill_page_caches(&mut s);
 
     let first = ok(mm_raw(&mut s, COMMAND));
     assert!(
@@ -212,18 +202,7 @@ fn everyone_hungry_at_once(board: Board, kind: Hungry) {
     };
     let mut s = boot(board, test, bundle);
     if kind == Hungry::EveryFeature {
-        // Page cache in each guest first: an 80 MiB file on ext2 on a loop
-        // device, read once (what reporting cannot return).
-        for (i, vm) in LINUX.iter().enumerate() {
-            let reply = ok(agent_run(
-                &mut s,
-                vm,
-                50 + i as u32,
-                CACHE_SETUP,
-                COMMAND * 4,
-            ));
-            assert_eq!(reply.rc, 0, "{vm}: {:?}", reply.lines);
-        }
+        fill_page_caches(&mut s);
     }
     let mut at = s.mark();
     let started = Instant::now();
@@ -383,6 +362,15 @@ fn a_stuck_balloon_is_passed_over(board: Board) {
         assert_eq!(v.state, "running", "{v:?}");
     }
     s.assert_check();
+}
+
+/// Page cache in each Linux guest ([`CACHE_SETUP`]): what free page
+/// reporting cannot return.
+fn fill_page_caches(s: &mut Session) {
+    for (i, vm) in LINUX.iter().enumerate() {
+        let reply = ok(agent_run(s, vm, 50 + i as u32, CACHE_SETUP, COMMAND * 4));
+        assert_eq!(reply.rc, 0, "{vm}: {:?}", reply.lines);
+    }
 }
 
 /// Every `mm raw` sample of a phase, one line each, in MiB: per VM

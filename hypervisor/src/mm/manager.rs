@@ -1515,40 +1515,40 @@ impl Manager {
 
     /// Cancels up to `excess` pages of the outstanding inflation of VMs
     /// that are not hungry, largest first, down to their balloons' actual
-    /// size; counted as trimmed.
-    fn settle(&mut self, work: &mut [Work], vms: &[VmInput], mut excess: Pages) {
-        let mut order: Vec<usize> = (0..work.len())
-            .filter(|&i| work[i].progressing && !work[i].hungry && work[i].target > vms[i].actual)
-            .collect();
-        order.sort_by_key(|&i| core::cmp::Reverse(work[i].target - vms[i].actual));
-        for i in order {
-            let lowest = vms[i].actual.max(work[i].floor);
-            let cut = excess.min(work[i].target.saturating_sub(lowest));
-            work[i].target -= cut;
-            excess -= cut;
-            let st = &mut self.vms[i].stats;
-            st.pages_trimmed = st.pages_trimmed.saturating_add(cut);
-            self.stats.pages_trimmed = self.stats.pages_trimmed.saturating_add(cut);
-        }
+    /// size.
+    fn settle(&mut self, work: &mut [Work], vms: &[VmInput], excess: Pages) {
+        let lowest = |_: &Work, vm: &VmInput| vm.actual;
+        self.cancel(work, vms, excess, |w| !w.hungry, lowest);
     }
 
     /// Cancels up to `excess` pages of outstanding inflation, largest
-    /// outstanding first.
-    fn trim(&mut self, work: &mut [Work], vms: &[VmInput], mut excess: Pages) {
+    /// outstanding first: only inflation that frees frames (the fence over
+    /// pages no frame backs stays).
+    fn trim(&mut self, work: &mut [Work], vms: &[VmInput], excess: Pages) {
+        let lowest = |w: &Work, vm: &VmInput| vm.actual.saturating_add(w.unbacked);
+        self.cancel(work, vms, excess, |_| true, lowest);
+    }
+
+    /// Lowers the targets of the VMs `may` allows that owe inflation,
+    /// largest outstanding first, each to `lowest` at most (never below its
+    /// floor), until `excess` pages are cancelled; counted as trimmed.
+    fn cancel(
+        &mut self,
+        work: &mut [Work],
+        vms: &[VmInput],
+        mut excess: Pages,
+        may: impl Fn(&Work) -> bool,
+        lowest: impl Fn(&Work, &VmInput) -> Pages,
+    ) {
         let mut order: Vec<usize> = (0..work.len())
-            .filter(|&i| work[i].progressing && work[i].target > vms[i].actual)
+            .filter(|&i| work[i].progressing && may(&work[i]) && work[i].target > vms[i].actual)
             .collect();
         order.sort_by_key(|&i| core::cmp::Reverse(work[i].target - vms[i].actual));
         for i in order {
             if excess == 0 {
                 break;
             }
-            // Only inflation that frees frames: the fence over pages no
-            // frame backs stays.
-            let lowest = vms[i]
-                .actual
-                .saturating_add(work[i].unbacked)
-                .max(work[i].floor);
+            let lowest = lowest(&work[i], &vms[i]).max(work[i].floor);
             let cut = excess.min(work[i].target.saturating_sub(lowest));
             work[i].target -= cut;
             excess -= cut;
