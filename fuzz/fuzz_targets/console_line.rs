@@ -1,4 +1,4 @@
-//! A guest's console output on the shared terminal (`vm/console.rs`
+//! A guest's console output on the shared terminal (`vm/console_line.rs`
 //! `ConsoleLine`, `console/terminal.rs` `Terminal`): two guests print any
 //! bytes, a byte at a time (the PL011) or a write at a time (the virtio
 //! console), line by line or live (the one with the keyboard), take and
@@ -18,7 +18,7 @@
 
 use arbitrary::Arbitrary;
 use hypervisor::console::terminal::{Terminal, ERASE_LINE};
-use hypervisor::vm::console::{ConsoleLine, LiveOutput, LINE_MAX};
+use hypervisor::vm::console_line::{ConsoleLine, LiveOutput, LINE_MAX};
 use libfuzzer_sys::fuzz_target;
 
 const NAMES: [&str; 2] = ["a", "b"];

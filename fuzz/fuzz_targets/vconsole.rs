@@ -1,4 +1,4 @@
-//! The virtio console (`vconsole.rs`) behind the virtio-mmio transport, as
+//! The virtio console (`virtio_console.rs`) behind the virtio-mmio transport, as
 //! `vm/bus.rs` wires it: a driver probes it as Linux's virtio_console does,
 //! queues transmit chains and receive buffers (well formed, or raw: any
 //! address, in RAM or wild, any length and direction), notifies, acks,
@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use arbitrary::Arbitrary;
 use hypervisor::addr::GuestAddr;
-use hypervisor::vconsole::{
+use hypervisor::virtio_console::{
     ConsoleIo, VirtioConsole, MAX_TX_CHAIN, QUEUE_SIZE, RECEIVEQ, TRANSMITQ,
 };
 use hypervisor::virtio::mmio::{self, MmioTransport};

@@ -22,7 +22,7 @@ use crate::domain::Service;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::{check_image_placement, find_hole, BadPlacement};
 use crate::mm::manager::Watermarks;
-use crate::run as vm;
+use crate::run;
 use crate::vm::manage;
 use crate::{print, println, report};
 
@@ -38,7 +38,7 @@ pub const BUILD: &str = match option_env!("TIDAL_BUILD_ID") {
 };
 
 static BOARD: Once<BoardInfo> = Once::new();
-static FRAMES: Once<vm::FrameLock> = Once::new();
+static FRAMES: Once<run::FrameLock> = Once::new();
 
 /// The shell's writer for reports: it prints whole lines, each under one
 /// console lock, so a guest line printed meanwhile lands between two lines
@@ -246,17 +246,17 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     // until a byte arrives, and a vCPU may share the CPU: its exits let the
     // shell look at the console.
     let input_interrupt = console_input_interrupt(board);
-    vm::set_fatal(fatal_on_board);
+    run::set_fatal(fatal_on_board);
     *SHELL.lock() = Some(LineEditor::new());
     if input_interrupt {
-        vm::share_shell_cpu(look_from_guest);
+        run::share_shell_cpu(look_from_guest);
     }
     if let Some(frames) = FRAMES.get() {
-        vm::init(bundle, frames);
+        run::init(bundle, frames);
         init_manager(&bundle, frames);
     }
     // Lines said under a VM's lock go through its outbox (printed after).
-    vm::for_each(|vm| match vm::start(vm) {
+    run::for_each(|vm| match run::start(vm) {
         Ok(()) => vm.out.line(format_args!(
             "tidal: [{}] VM started on CPU {} with {} of RAM",
             vm.name,
@@ -381,7 +381,7 @@ fn init_frames(board: &'static BoardInfo, load_addr: u64) {
     if let Err(e) = frames.check_invariants() {
         panic!("frame table broken right after boot: {e}");
     }
-    FRAMES.call_once(|| vm::FrameLock::new(frames));
+    FRAMES.call_once(|| run::FrameLock::new(frames));
 }
 
 fn check_bundle(board: &BoardInfo) -> guest_bundle::Bundle<'static> {
@@ -456,12 +456,12 @@ extern "C" fn rust_secondary_cpu_main(index: usize) -> ! {
         );
     }
     defmt::debug!("cpu{=usize} entered Rust at EL2", index);
-    vm::cpu_loop(index)
+    run::cpu_loop(index)
 }
 
 /// Start the memory manager with the bundle's pool watermarks (or the
 /// defaults for this RAM), and say what the board commits.
-fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &vm::FrameLock) {
+fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &run::FrameLock) {
     let (total, free) = {
         let f = frames.lock();
         (f.total_pages(), f.free_pages())
@@ -485,7 +485,7 @@ fn init_manager(bundle: &guest_bundle::Bundle<'static>, frames: &vm::FrameLock) 
         }
     };
     let stop_lowest = bundle.stop_lowest_when_exhausted();
-    vm::init_manager(watermarks, stop_lowest);
+    run::init_manager(watermarks, stop_lowest);
     let committed: u64 = bundle.vms().map(|v| v.ram_size()).sum();
     let size = |pages: u64| report::Size(pages * PAGE_SIZE);
     println!(
@@ -562,24 +562,24 @@ fn shell_loop(input_interrupt: bool) -> ! {
         }
         // A vCPU pinned to this CPU runs until it leaves; its exits call
         // `look_from_guest`.
-        if vm::run_assigned(vm::SHELL_CPU) {
+        if run::run_assigned(run::SHELL_CPU) {
             continue;
         }
         // Sleep rather than spin: an idle shell must not steal cycles
         // (or, under QEMU, instruction counts) from the CPUs running
         // guests.
         aarch64::idle_wait(idle_us);
-        vm::memory_tick();
+        run::memory_tick();
         shell_look(check_stats_wait);
     }
 }
 
 /// Run the shell's `look` in the shell's own failure domain
-/// ([`vm::run_service`]): a failure there abandons the command (one
+/// ([`run::run_service`]): a failure there abandons the command (one
 /// `tidal: shell command failed: ...` line) and the shell goes on with a
 /// fresh line; no VM is touched. `None` after a failure.
 fn shell_look<R>(look: impl FnOnce() -> R) -> Option<R> {
-    let result = vm::run_service(Service::Shell, look);
+    let result = run::run_service(Service::Shell, look);
     if result.is_none() {
         // The failed frames held these, and only this CPU takes them.
         if SHELL.is_locked() {
@@ -616,7 +616,7 @@ fn look_from_guest() -> u64 {
     if STATS_WAIT.lock().is_some() {
         STATS_LOOK_US
     } else {
-        vm::TICK_US
+        run::TICK_US
     }
 }
 
@@ -645,15 +645,15 @@ fn look_at_console() -> bool {
     };
     let mut rest = &typed[..n];
     while let Some((&byte, after)) = rest.split_first() {
-        if vm::input_to_focus_active() {
+        if run::input_to_focus_active() {
             // Up to a Ctrl-], which gives the keyboard back to the shell.
             let end = rest.iter().position(|&b| b == 0x1d).unwrap_or(rest.len());
-            if end > 0 && vm::input_to_focus(&rest[..end]) {
+            if end > 0 && run::input_to_focus(&rest[..end]) {
                 rest = &rest[end..];
                 continue;
             }
             if byte == 0x1d {
-                vm::unfocus();
+                run::unfocus();
                 println!("[back to the shell]");
                 draw_shell_line("");
                 rest = after;
@@ -690,7 +690,7 @@ fn shell_byte(editor: &mut LineEditor, byte: u8, board: &BoardInfo) {
             }
             // `console <vm>` gave the keyboard away: no prompt until
             // Ctrl-] brings it back.
-            if !vm::input_to_focus_active() {
+            if !run::input_to_focus_active() {
                 draw_shell_line("");
             }
         }
@@ -705,7 +705,7 @@ fn run(cmd: Command, board: &BoardInfo) {
         Command::Mem => {
             let _ = report::write_memory_map(&mut Console::new(), board);
             let (acc, check, (zeroed, zeroed_taken)) = {
-                let frames = vm::frames();
+                let frames = run::frames();
                 let zeroed = frames.zeroed_pages();
                 (frames.accounting(), frames.check_invariants(), zeroed)
             };
@@ -716,7 +716,7 @@ fn run(cmd: Command, board: &BoardInfo) {
                 report::Size(zeroed * PAGE_SIZE)
             );
             vm_shares();
-            let _ = manage::write_pool(&mut Console::new(), &vm::pool_view(ram));
+            let _ = manage::write_pool(&mut Console::new(), &run::pool_view(ram));
             match check {
                 Ok(()) => println!("frame table invariants: ok"),
                 Err(e) => println!("frame table invariants: VIOLATED: {e}"),
@@ -724,7 +724,7 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::Check => {
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            vm::check_system(ram, &mut Console::new());
+            run::check_system(ram, &mut Console::new());
         }
         Command::Cpus => {
             let rows = (0..MAX_CPUS).filter_map(|i| {
@@ -740,14 +740,14 @@ fn run(cmd: Command, board: &BoardInfo) {
             if aarch64::gic::present() {
                 println!("interrupts taken while a guest ran (kick, GIC maintenance, EL2 timer, guest timer, other):");
                 for cpu in (1..MAX_CPUS).filter(|&c| smp::cpu_mpidr(c).is_some()) {
-                    let [kick, maint, timer, vtimer, other] = vm::interrupts_taken(cpu);
+                    let [kick, maint, timer, vtimer, other] = run::interrupts_taken(cpu);
                     println!("  cpu{cpu}: {kick} {maint} {timer} {vtimer} {other}");
                 }
             }
         }
         Command::Vms => list_vms(),
         Command::OnBadAccess { vm: name, policy } => {
-            match vm::with_vm(name, |vm| vm.on_bad_access = policy) {
+            match run::with_vm(name, |vm| vm.on_bad_access = policy) {
                 None => no_such_vm(name),
                 Some(()) => println!(
                     "{name}: a bad access now gets {}",
@@ -760,8 +760,8 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::Balloon { vm: name, bytes } => {
             let pages = bytes / PAGE_SIZE;
-            let set = vm::with_vm(name, |vm| {
-                vm::set_balloon(vm, pages).map(|()| vm.managed.manual = true)
+            let set = run::with_vm(name, |vm| {
+                run::set_balloon(vm, pages).map(|()| vm.managed.manual = true)
             });
             match set {
                 None => no_such_vm(name),
@@ -773,7 +773,7 @@ fn run(cmd: Command, board: &BoardInfo) {
             }
         }
         Command::BalloonAuto { vm: name } => {
-            match vm::with_vm(name, |vm| core::mem::take(&mut vm.managed.manual)) {
+            match run::with_vm(name, |vm| core::mem::take(&mut vm.managed.manual)) {
                 None => no_such_vm(name),
                 Some(_) => println!(
                     "{name}: the memory manager moves this balloon again ('mm' shows its decisions)"
@@ -782,8 +782,8 @@ fn run(cmd: Command, board: &BoardInfo) {
         }
         Command::Mm { raw } => {
             let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            let pool = vm::pool_view(ram);
-            let rows = vm::mm_rows();
+            let pool = run::pool_view(ram);
+            let rows = run::mm_rows();
             let rows: heapless::Vec<(&str, _), { crate::limits::MAX_GUESTS }> =
                 rows.iter().map(|(n, r)| (n.as_str(), *r)).collect();
             // Formatted first and printed in one piece: a guest's line
@@ -793,14 +793,14 @@ fn run(cmd: Command, board: &BoardInfo) {
             let _ = if raw {
                 manage::write_mm_raw(&mut text, &pool, &rows)
             } else {
-                let stats = vm::with_manager(|mm| mm.manager.stats()).unwrap_or_default();
+                let stats = run::with_manager(|mm| mm.manager.stats()).unwrap_or_default();
                 manage::write_mm(&mut text, &pool, &stats, &rows)
             };
             print!("{text}");
         }
         Command::MmPolicy { policy } => {
             use crate::mm::manager::Policy;
-            if vm::with_manager(|mm| mm.manager.set_policy(policy)).is_none() {
+            if run::with_manager(|mm| mm.manager.set_policy(policy)).is_none() {
                 println!("mm policy: the memory manager is not running");
             } else {
                 println!(
@@ -817,7 +817,7 @@ fn run(cmd: Command, board: &BoardInfo) {
             vm: name,
             field,
             value,
-        } => match vm::with_vm(name, |vm| vm::set_limit(vm, field, value)) {
+        } => match run::with_vm(name, |vm| run::set_limit(vm, field, value)) {
             None => no_such_vm(name),
             Some(Err(e)) => println!(
                 "{name}: cannot set memory {}: {e}; type 'mm' to see its limits",
@@ -832,21 +832,21 @@ fn run(cmd: Command, board: &BoardInfo) {
             ),
         },
         Command::InfoBalloon { vm: Some(name) } => {
-            match vm::with_vm(name, vm::balloon_info) {
+            match run::with_vm(name, run::balloon_info) {
                 Some(text) => print!("{text}"),
                 None => no_such_vm(name),
             }
         }
         Command::InfoBalloon { vm: None } => {
-            for name in vm::names().split(", ").filter(|n| !n.is_empty()) {
-                if let Some(text) = vm::with_vm(name, vm::balloon_info) {
+            for name in run::names().split(", ").filter(|n| !n.is_empty()) {
+                if let Some(text) = run::with_vm(name, run::balloon_info) {
                     print!("{text}");
                 }
             }
         }
         Command::InfoExits { vm: name, reset } => info_exits(name, reset),
         Command::BalloonStats { vm: name, seconds } => {
-            let set = vm::with_vm(name, |vm| vm::set_stats_interval(vm, seconds));
+            let set = run::with_vm(name, |vm| run::set_stats_interval(vm, seconds));
             match set {
                 None => no_such_vm(name),
                 Some(None) => println!("{name}: it has no balloon device"),
@@ -857,7 +857,7 @@ fn run(cmd: Command, board: &BoardInfo) {
             }
         }
         Command::StatsNow { vm: name } => stats_now(name),
-        Command::Hint { vm: name } => match vm::with_vm(name, vm::start_hint) {
+        Command::Hint { vm: name } => match run::with_vm(name, run::start_hint) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot start free page hinting: {e}"),
             Some(Ok(id)) => println!(
@@ -866,15 +866,15 @@ fn run(cmd: Command, board: &BoardInfo) {
         },
         Command::Stop { vm: name } => stop_vm(name),
         Command::Console { vm: name } => {
-            if vm::with_vm(name, |_| ()).is_none() {
+            if run::with_vm(name, |_| ()).is_none() {
                 return no_such_vm(name);
             }
             println!("Connected to {name}'s console; Ctrl-] comes back to the shell.");
-            if !vm::focus(name) {
+            if !run::focus(name) {
                 no_such_vm(name);
             }
         }
-        Command::Start { vm: name } => match vm::with_vm(name, vm::start) {
+        Command::Start { vm: name } => match run::with_vm(name, run::start) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot start: {e}"),
             Some(Ok(())) => println!("{name}: started"),
@@ -892,25 +892,25 @@ fn run(cmd: Command, board: &BoardInfo) {
         Command::DebugFailBoard { service } => match service {
             BoardService::Shell => panic!("injected failure ('debug fail-board shell')"),
             BoardService::Manager => {
-                vm::inject_service_failure(vm::InjectInto::Manager);
+                run::inject_service_failure(run::InjectInto::Manager);
                 println!("debug: a hypervisor failure is injected into the memory manager's next tick");
             }
             BoardService::Zeroing => {
-                vm::inject_service_failure(vm::InjectInto::Zeroing);
+                run::inject_service_failure(run::InjectInto::Zeroing);
                 println!("debug: a hypervisor failure is injected into zeroing ahead's next decision");
             }
         },
-        Command::DebugFailInput { vm: name } => match vm::with_vm(name, |vm| vm.id) {
+        Command::DebugFailInput { vm: name } => match run::with_vm(name, |vm| vm.id) {
             None => no_such_vm(name),
             Some(id) => {
-                vm::inject_service_failure(vm::InjectInto::Input(id));
+                run::inject_service_failure(run::InjectInto::Input(id));
                 println!(
                     "{name}: a hypervisor failure is injected into the memory manager's next reading of its input"
                 );
             }
         },
-        Command::DebugFail { vm: name, kind } => match vm::with_vm(name, |vm| {
-            vm::inject_failure(vm, kind)
+        Command::DebugFail { vm: name, kind } => match run::with_vm(name, |vm| {
+            run::inject_failure(vm, kind)
         }) {
             None => no_such_vm(name),
             Some(Err(e)) => println!("{name}: cannot inject a failure: {e}"),
@@ -937,7 +937,7 @@ fn run(cmd: Command, board: &BoardInfo) {
 /// (`mm raw`: `mm-service name=... state=on|off`, every service).
 fn write_services(out: &mut impl Write, raw: bool) -> core::fmt::Result {
     for service in [Service::Manager, Service::Zeroing] {
-        let off = vm::service_off(service);
+        let off = run::service_off(service);
         if raw {
             let key = if service == Service::Manager {
                 "manager"
@@ -972,7 +972,7 @@ fn debug_fault() {
 fn no_such_vm(name: &str) {
     println!(
         "no VM called '{name}'; the VMs are: {} (type 'vms')",
-        vm::names()
+        run::names()
     );
 }
 
@@ -980,7 +980,7 @@ fn list_vms() {
     println!(
         "name         state     cpu  RAM         backed    ballooned  bad access  aborts  starts"
     );
-    vm::for_each(|vm| {
+    run::for_each(|vm| {
         let mapped = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
         let ballooned = vm
             .balloon
@@ -999,10 +999,10 @@ fn list_vms() {
             vm.starts
         ));
     });
-    for (name, row) in vm::mm_rows().iter() {
+    for (name, row) in run::mm_rows().iter() {
         let _ = manage::write_vm_memory(&mut Console::new(), name, row);
     }
-    vm::for_each(|vm| {
+    run::for_each(|vm| {
         if vm.bad_access.injected > 0 {
             vm.out.line(format_args!(
                 "  {}: exceptions injected: {}",
@@ -1015,7 +1015,7 @@ fn list_vms() {
 /// Each VM's share of RAM, after the accounting in `mem`.
 fn vm_shares() {
     println!("Guests (their frames are in \"guest RAM\" above):");
-    vm::for_each(|vm| {
+    run::for_each(|vm| {
         let (mapped, tables) = vm
             .ram
             .as_ref()
@@ -1032,19 +1032,19 @@ fn vm_shares() {
 
 /// Ask a VM to stop and wait up to a second for its CPU to do it.
 fn stop_vm(name: &str) {
-    match vm::with_vm(name, vm::request_stop) {
+    match run::with_vm(name, run::request_stop) {
         None => return no_such_vm(name),
         Some(Err(e)) => return println!("{name}: cannot stop: {e}"),
         Some(Ok(())) => {}
     }
-    if vm::shell_cpu_runs_guest() {
+    if run::shell_cpu_runs_guest() {
         // The VM may run on this CPU, which goes back to it only once the
         // shell returns: it stops then, and its own line says so.
         return;
     }
     let (start, freq) = aarch64::counter();
     while aarch64::counter().0 - start < freq {
-        if vm::with_vm(name, |vm| vm.state == vm::VmState::Stopped) == Some(true) {
+        if run::with_vm(name, |vm| vm.state == run::VmState::Stopped) == Some(true) {
             return;
         }
         core::hint::spin_loop();
@@ -1056,7 +1056,7 @@ fn stop_vm(name: &str) {
 /// and formatted after it; or started over.
 fn info_exits(name: &str, reset: bool) {
     let now = aarch64::uptime_us();
-    let copied = vm::with_vm(name, |vm| {
+    let copied = run::with_vm(name, |vm| {
         let profile = vm.profile;
         if reset {
             vm.profile.reset(now);
@@ -1117,8 +1117,8 @@ fn info_exits(name: &str, reset: bool) {
             // A guest publishing faster than one exit may take.
             println!(
                 "{name}: virtio console passes cut at their bound ({} chains, {} KiB): {}",
-                crate::vconsole::CHAINS_PER_PASS,
-                crate::vconsole::TX_BYTES_PER_PASS / 1024,
+                crate::virtio_console::CHAINS_PER_PASS,
+                crate::virtio_console::TX_BYTES_PER_PASS / 1024,
                 c.passes_cut
             );
         }
@@ -1132,7 +1132,7 @@ fn info_exits(name: &str, reset: bool) {
 /// prompt comes back at once.
 fn stats_now(name: &str) {
     let asked = aarch64::uptime_us();
-    match vm::with_vm(name, vm::request_stats) {
+    match run::with_vm(name, run::request_stats) {
         None => return no_such_vm(name),
         Some(Err(e)) => return println!("{name}: cannot ask for statistics: {e}"),
         Some(Ok(())) => {}
@@ -1140,7 +1140,7 @@ fn stats_now(name: &str) {
     let mut vm_name = heapless::String::new();
     let _ = vm_name.push_str(name);
     *STATS_WAIT.lock() = Some(StatsWait { vm: vm_name, asked });
-    if vm::shell_cpu_runs_guest() {
+    if run::shell_cpu_runs_guest() {
         return println!(
             "{name}: statistics asked for; shown when the guest answers (a vCPU shares the shell's CPU)"
         );
@@ -1167,10 +1167,10 @@ fn check_stats_wait() {
     let Some(StatsWait { vm: name, asked }) = wait.as_ref() else {
         return;
     };
-    let fresh = |vm: &mut vm::Vm| vm::stats_arrived_us(vm).is_some_and(|t| t >= *asked);
-    match vm::with_vm(name, fresh) {
+    let fresh = |vm: &mut run::Vm| run::stats_arrived_us(vm).is_some_and(|t| t >= *asked);
+    match run::with_vm(name, fresh) {
         Some(true) => {
-            if let Some(text) = vm::with_vm(name, vm::balloon_info) {
+            if let Some(text) = run::with_vm(name, run::balloon_info) {
                 print!("{text}");
             }
         }
@@ -1197,7 +1197,7 @@ fn init_gic(board: &BoardInfo) {
         (platform::GicVersion::V2, Some(gicc), Some(gich), Some(gicv)) => {
             aarch64::gic::init_distributor(gic.distributor.start, gicc.start, gich.start);
             aarch64::gic::init_cpu(0);
-            vm::set_gicv(PhysAddr::new(gicv.start));
+            run::set_gicv(PhysAddr::new(gicv.start));
             println!(
                 "virtual GIC: GICv2 with {} list registers",
                 aarch64::gic::list_registers()
@@ -1210,7 +1210,7 @@ fn init_gic(board: &BoardInfo) {
                 println!("virtual GIC: no GICv3 redistributor matches the boot CPU: guests run without interrupts");
                 return;
             }
-            vm::set_gic_v3();
+            run::set_gic_v3();
             println!(
                 "virtual GIC: GICv3 with {} list registers",
                 aarch64::gic::list_registers()

@@ -19,8 +19,8 @@ pub mod hw;
 pub mod limits;
 pub mod lock;
 pub mod mm;
-pub mod mmio;
 pub mod pl011;
+pub mod register_access;
 pub mod report;
 pub mod selftest;
 pub mod size;
@@ -44,9 +44,9 @@ mod ontarget;
 #[cfg(target_os = "none")]
 pub mod run;
 pub mod trace;
-pub mod vconsole;
 pub mod vgic;
 pub mod virtio;
+pub mod virtio_console;
 pub mod vm;
 
 #[cfg(target_os = "none")]

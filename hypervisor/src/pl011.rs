@@ -45,7 +45,7 @@
 //! register read as zero and ignore writes; they are counted in
 //! [`Pl011Counters`].
 
-use crate::mmio::{check_access, UP_TO_WORD};
+use crate::register_access::{check_access, UP_TO_WORD};
 
 /// Data register.
 pub const UARTDR: u64 = 0x000;

@@ -36,7 +36,7 @@ use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTI
 use crate::vgic::{LrState, PendingIrq};
 use crate::vm::balloon_ctl;
 pub use crate::vm::balloon_ctl::HintStartError;
-use crate::vm::console::Echo;
+use crate::vm::console_line::Echo;
 use crate::vm::cpu::{GuestContext, PhysCpu};
 use crate::vm::exit::{decode, VcpuExit};
 use crate::vm::handle::{self, Outcome, Shown, FAILURE};

@@ -11,7 +11,7 @@ mod uart_console {
     use core::fmt::{self, Write};
 
     use super::terminal::Terminal;
-    use crate::vm::console::LiveOutput;
+    use crate::vm::console_line::LiveOutput;
 
     use crate::arch::aarch64::SpinThenNap;
     use crate::held::{self, Tracked};

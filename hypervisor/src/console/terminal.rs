@@ -9,7 +9,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::vm::console::{LiveOutput, LINE_MAX};
+use crate::vm::console_line::{LiveOutput, LINE_MAX};
 
 /// A live guest line with its `[name] ` prefix, or the prompt and the
 /// longest command line.

@@ -90,7 +90,7 @@ extern crate alloc;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::mmio::{check_access, AccessFault, UP_TO_WORD};
+use crate::register_access::{check_access, AccessFault, UP_TO_WORD};
 
 mod regs;
 #[cfg(test)]

@@ -38,7 +38,7 @@ use super::{
     VDistributor, VgicEffect, VgicError, VgicVersion, CTLR_ENABLE_GRP0, CTLR_ENABLE_GRP1,
     GICD_CTLR, GICD_ID_VALUES, GICD_IIDR, GICD_TYPER, IIDR_VALUE, PRIORITY_MASK, SGI_END, SPI_BASE,
 };
-use crate::mmio::check_access;
+use crate::register_access::check_access;
 
 /// Size of the distributor's register frame.
 pub const GICV3_DIST_WINDOW: u64 = 0x1_0000;

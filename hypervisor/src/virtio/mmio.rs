@@ -36,7 +36,7 @@ extern crate alloc;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::mmio::{check_access, AccessFault, UP_TO_WORD};
+use crate::register_access::{check_access, AccessFault, UP_TO_WORD};
 
 use super::queue::{Area, Virtqueue};
 use super::{

@@ -3,7 +3,7 @@
 //! register accesses the vCPU trapped on, given to that device, and what a
 //! device does back (an interrupt line, console output, a balloon event).
 
-use super::console::Echo;
+use super::console_line::Echo;
 use super::cpu::PhysCpu;
 use super::device_memory::DeviceView;
 use super::fault::{BadAccessKind, Device};

@@ -32,7 +32,7 @@ use crate::pl011;
 use crate::virtio::mmio;
 use crate::virtio::testing::{DriverMemory, DriverQueue};
 
-mod vconsole_tests;
+mod virtio_console_tests;
 
 /// RAM of the fake board, in pages (16 MiB).
 const BOARD_PAGES: u64 = 4096;
@@ -1965,7 +1965,7 @@ fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
     });
     // A line longer than a console line is kept: an echo carries each
     // byte's character, and the full one ends the line.
-    let mut long = vec![b'x'; super::console::LINE_MAX + 8];
+    let mut long = vec![b'x'; super::console_line::LINE_MAX + 8];
     long.extend_from_slice(b"\r\n");
     step("a long live line", true, &mut send(&long, 2));
     // Through the mirror page: a store that found it read-only, placed at

@@ -124,7 +124,7 @@ impl<M: HostMemory> crate::balloon::BalloonBackend for DeviceView<'_, M> {
 /// the keyboard), and typed input is taken from the VM's input queue.
 pub struct ConsoleView<'a, M> {
     pub memory: DeviceView<'a, M>,
-    pub line: &'a mut super::console::ConsoleLine,
+    pub line: &'a mut super::console_line::ConsoleLine,
     pub out: &'a mut super::outbox::Outbox,
     pub name: &'a str,
     pub focused: bool,
@@ -140,7 +140,7 @@ impl<M: HostMemory> GuestMemory for ConsoleView<'_, M> {
     }
 }
 
-impl<M> crate::vconsole::ConsoleIo for ConsoleView<'_, M> {
+impl<M> crate::virtio_console::ConsoleIo for ConsoleView<'_, M> {
     fn output(&mut self, bytes: &[u8]) {
         if self.focused {
             let out = &mut *self.out;
@@ -172,7 +172,7 @@ impl<M> crate::vconsole::ConsoleIo for ConsoleView<'_, M> {
 /// A byte of a guest's console output into its line (`focused`: shown
 /// live), a finished line into the outbox.
 pub(super) fn show_byte(
-    line: &mut super::console::ConsoleLine,
+    line: &mut super::console_line::ConsoleLine,
     out: &mut super::outbox::Outbox,
     name: &str,
     focused: bool,

@@ -10,11 +10,11 @@ use super::fdt::layout;
 use super::ratelimit::LineKind;
 use super::state::{Power, Vm};
 use crate::limits::MAX_LRS;
-use crate::vconsole::VirtioConsole;
 use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 use crate::vgic::{LrStatus, VgicEffect};
 use crate::virtio::mmio::MmioTransport;
 use crate::virtio::TransportEvent;
+use crate::virtio_console::VirtioConsole;
 
 /// The guest's PL011 and first virtio-mmio device, as INTIDs.
 pub const UART_INTID: u32 = 32 + layout::UART_SPI;
@@ -107,7 +107,7 @@ pub fn vconsole_takes_input(vm: &Vm) -> bool {
         c.status() & crate::virtio::mmio::STATUS_DRIVER_OK != 0
             && !c.needs_reset()
             && c.queues()
-                .get(crate::vconsole::RECEIVEQ)
+                .get(crate::virtio_console::RECEIVEQ)
                 .is_some_and(|q| q.ready())
     })
 }

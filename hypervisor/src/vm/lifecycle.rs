@@ -14,10 +14,10 @@ use crate::balloon::Balloon;
 use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
 use crate::mm::frames::PAGE_SIZE;
 use crate::size::Size;
-use crate::vconsole::VirtioConsole;
 use crate::vgic::intid::VTIMER_PPI;
 use crate::vgic::VDistributor;
 use crate::virtio::mmio::MmioTransport;
+use crate::virtio_console::VirtioConsole;
 
 /// Where a guest kernel's 2 MiB-aligned base is, above the device tree.
 pub const KERNEL_OFFSET: u64 = 2 << 20;

@@ -33,7 +33,7 @@ pub mod balloon_ctl;
 pub mod balloon_info;
 pub mod bus;
 pub mod check;
-pub mod console;
+pub mod console_line;
 #[cfg(test)]
 mod core_tests;
 pub mod cpu;

@@ -8,7 +8,7 @@ use alloc::collections::VecDeque;
 use alloc::string::String;
 use core::fmt::{self, Write as _};
 
-use super::console::{LiveOutput, LINE_MAX};
+use super::console_line::{LiveOutput, LINE_MAX};
 
 /// Longest line kept (a guest line of up to [`LINE_MAX`] characters with
 /// its `[name] ` prefix, or a hypervisor message); longer ones are cut with

@@ -5,7 +5,7 @@
 
 use guest_bundle::VmEntry;
 
-use super::console::{ConsoleLine, Echo};
+use super::console_line::{ConsoleLine, Echo};
 use super::exit_profile::ExitProfile;
 use super::fault::{BadAccessStats, OnBadAccess};
 use super::fdt::GicVersion;
@@ -18,9 +18,9 @@ use crate::limits::{MAX_LRS, MAX_VCPUS};
 use crate::mm::frames::PAGE_SIZE;
 use crate::mm::manager::{Limits, DEFAULT_WEIGHT};
 use crate::pl011::Pl011;
-use crate::vconsole::VirtioConsole;
 use crate::vgic::VDistributor;
 use crate::virtio::mmio::MmioTransport;
+use crate::virtio_console::VirtioConsole;
 
 /// Console input kept for a VM beyond its UART's FIFO (Linux's tty line
 /// buffer is as long).

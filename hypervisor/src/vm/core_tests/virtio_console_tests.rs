@@ -6,7 +6,7 @@
 
 use super::super::bus;
 use super::*;
-use crate::vconsole;
+use crate::virtio_console;
 
 /// Slot 1's registers.
 const BASE: GuestAddr =
@@ -44,7 +44,7 @@ fn probe(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, rings: u64) -> 
         cpu,
         ctx,
         BASE,
-        vconsole::DEVICE_ID,
+        virtio_console::DEVICE_ID,
         &[&queues[0], &queues[1]],
     );
     queues
@@ -227,7 +227,7 @@ fn transmit_past_a_pass_bound_goes_out_at_the_tick() {
         }
     }
     reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
-    let per_pass = (vconsole::TX_BYTES_PER_PASS / u64::from(chain)) as u32;
+    let per_pass = (virtio_console::TX_BYTES_PER_PASS / u64::from(chain)) as u32;
     assert_eq!(used(&mut vm, &mut cpu, &mut tx).len(), per_pass as usize);
     assert!(vm.vconsole.as_ref().unwrap().device().has_more());
     irq::flush_vconsole(&mut vm, &mut cpu);
