@@ -56,6 +56,8 @@ struct Tick {
     advance: u32,
     pool_free: u64,
     vms: Vec<VmTick>,
+    /// The board's escalation stopped a VM before this tick.
+    escalated: bool,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -174,6 +176,9 @@ fuzz_target!(|input: Input| {
                 waiting: t.waiting,
             })
             .collect();
+        if tick.escalated {
+            m.escalated();
+        }
         let mut twin = m.clone();
         let d = m.tick(now, tick.pool_free, &vms);
         let again = twin.tick(now, tick.pool_free, &vms);

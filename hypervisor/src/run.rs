@@ -1586,6 +1586,7 @@ fn manager_tick(now: u64) {
     if mm.stop_lowest && due && stop_lowest_weight() {
         mm.exhausted_stops += 1;
         mm.last_exhausted_stop_us = Some(now);
+        mm.manager.escalated();
     }
 }
 

@@ -29,7 +29,11 @@
 //!    guest never has more than `max` pages (the target rises instead) and
 //!    never fewer than `min`. A raised target a congested balloon never
 //!    moved towards is *withdrawn* (its share goes to other donors) and the
-//!    VM is not asked again for [`Tunables::withdraw_backoff_us`].
+//!    VM is not asked again for [`Tunables::withdraw_backoff_us`], or
+//!    until the board's escalation stops a VM ([`Manager::escalated`]): a
+//!    balloon that did not move while its vCPU was parked at stage 2 had
+//!    no stuck driver, and what was asked during the shortage is cancelled
+//!    (done after it, it would take memory from guests that need it now).
 //! 3. **The fence.** When exhaustion is near (at the rates of the *hungry*
 //!    VMs, those faulting in [`Tunables::fault_ins_per_s`] or more, net of
 //!    what free page reporting and hinting gave back meanwhile, or with
@@ -787,6 +791,8 @@ pub struct Manager {
     /// Since when the pool has been at or above `high` (give-back waits
     /// [`Tunables::give_back_after_us`]).
     above_high_since: Option<u64>,
+    /// The board's escalation stopped a VM since the last tick.
+    escalated: bool,
     stats: ManagerStats,
 }
 
@@ -801,6 +807,7 @@ impl Manager {
             vms: Vec::new(),
             reclaiming: false,
             above_high_since: None,
+            escalated: false,
             stats: ManagerStats::default(),
         }
     }
@@ -841,6 +848,14 @@ impl Manager {
     /// spend the reserve on its own demand, so only the giver gets it.
     pub fn may_dip(&self, index: usize) -> bool {
         self.vms.get(index).is_some_and(|v| v.stats.may_dip)
+    }
+
+    /// The board's escalation stopped a VM: the shortage it was for is
+    /// over, and the next tick cancels all outstanding inflation. What was
+    /// asked during the shortage, of guests whose vCPUs were parked, would
+    /// be done after it, by guests that need their memory now.
+    pub fn escalated(&mut self) {
+        self.escalated = true;
     }
 
     /// Forgets VM `index` (it stopped; a new VM may take its slot).
@@ -910,6 +925,24 @@ impl Manager {
                 st.withdrawn_us = Some(now_us);
                 st.stats.pages_withdrawn = st.stats.pages_withdrawn.saturating_add(withdrawn);
                 self.stats.pages_withdrawn = self.stats.pages_withdrawn.saturating_add(withdrawn);
+            }
+        }
+
+        if core::mem::take(&mut self.escalated) {
+            for (i, (w, vm)) in work.iter_mut().zip(vms).enumerate() {
+                // Withdrawn while its vCPU was parked, its driver was not
+                // stuck: it may be asked again at once.
+                self.vms[i].withdrawn_us = None;
+                w.backoff = false;
+                let keep = vm.actual.max(w.floor);
+                if w.target > keep {
+                    let cut = w.target - keep;
+                    w.target = keep;
+                    w.start = keep;
+                    let st = &mut self.vms[i].stats;
+                    st.pages_trimmed = st.pages_trimmed.saturating_add(cut);
+                    self.stats.pages_trimmed = self.stats.pages_trimmed.saturating_add(cut);
+                }
             }
         }
 

@@ -326,6 +326,9 @@ trait Controller {
     fn may_dip(&self, _i: usize) -> bool {
         false
     }
+
+    /// The board's escalation stopped a VM.
+    fn escalated(&mut self) {}
 }
 
 impl Controller for Manager {
@@ -335,6 +338,10 @@ impl Controller for Manager {
 
     fn may_dip(&self, i: usize) -> bool {
         Manager::may_dip(self, i)
+    }
+
+    fn escalated(&mut self) {
+        Manager::escalated(self)
     }
 }
 
@@ -403,6 +410,7 @@ fn simulate_board(
                 g.stopped = true;
                 g.longest_wait_us = g.longest_wait(now);
                 g.waiting_since = None;
+                ctl.escalated();
             }
         }
         pool_low = pool_low.min(pool);

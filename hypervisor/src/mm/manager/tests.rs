@@ -869,3 +869,47 @@ fn the_naive_controller_gives_a_starving_guest_5_percent() {
     assert_eq!(d.targets, [Some(2_000 - SIZE / 20)]);
     assert_eq!(m.stats().pages_given, SIZE / 20);
 }
+
+#[test]
+fn an_escalation_cancels_inflation_and_ends_backoffs() {
+    let mut m = manager();
+    let mut vms = [vm(0, 0), vm(0, 0)];
+    let mut now = 0;
+    let d = m.tick(now, 0, &vms);
+    apply(&d, &mut vms);
+    assert!(vms[0].target > 0 && vms[1].target > 0);
+    // Both vCPUs wait for frames, so neither balloon moves: past the
+    // deadline both raised targets are withdrawn, and neither VM is asked
+    // again within the backoff.
+    for v in &mut vms {
+        v.waiting = true;
+    }
+    while now < Tunables::default().congestion_deadline_us + TICK {
+        now += TICK;
+        let d = m.tick(now, 0, &vms);
+        apply(&d, &mut vms);
+    }
+    assert!(m.vm_stats(0).pages_withdrawn > 0 && m.vm_stats(1).pages_withdrawn > 0);
+    now += TICK;
+    let d = m.tick(now, 0, &vms);
+    assert_eq!(d.targets, [None, None], "asked again within the backoff");
+    // A third VM is stopped by the board's escalation: the parked VMs'
+    // drivers were never stuck, and they may be asked at once. Inflation
+    // still outstanding from the shortage is cancelled first.
+    for v in &mut vms {
+        v.waiting = false;
+    }
+    vms[1].target = vms[1].actual + 50;
+    m.escalated();
+    now += TICK;
+    let d = m.tick(now, 0, &vms);
+    assert_eq!(
+        d.targets[1],
+        Some(vms[1].actual),
+        "outstanding inflation kept"
+    );
+    assert!(
+        d.targets[0].is_some_and(|t| t > vms[0].actual),
+        "not asked again after the escalation: {d:?}"
+    );
+}
