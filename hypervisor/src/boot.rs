@@ -16,11 +16,13 @@ use spin::{Mutex, Once};
 
 use crate::addr::PhysAddr;
 use crate::arch::aarch64::{self, mmu, psci, smp};
+use crate::console::commands::{self, ManagerFacts, Then};
 use crate::console::line::{self, Event, LineEditor};
-use crate::console::shell::{self, BoardService, Command};
-use crate::domain::Service;
+use crate::console::shell::{self, Command};
+use crate::domain::{InjectInto, Service, REASON_BYTES};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::{check_image_placement, find_hole, BadPlacement};
+use crate::mm::manager::Policy;
 use crate::mm::manager::Watermarks;
 use crate::run;
 use crate::vm::manage;
@@ -697,265 +699,119 @@ fn shell_byte(editor: &mut LineEditor, byte: u8, board: &BoardInfo) {
     }
 }
 
+/// Run a command ([`commands::run`]) over this board, print its answer,
+/// then do what it leaves to the hypervisor: wait, power off, fault.
 fn run(cmd: Command, board: &BoardInfo) {
-    match cmd {
-        Command::Help => {
-            let _ = shell::write_help(&mut Console::new());
-        }
-        Command::Mem => {
-            let _ = report::write_memory_map(&mut Console::new(), board);
-            let (acc, check, (zeroed, zeroed_taken)) = {
-                let frames = run::frames();
-                let zeroed = frames.zeroed_pages();
-                (frames.accounting(), frames.check_invariants(), zeroed)
-            };
-            let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            let _ = report::write_accounting(&mut Console::new(), &acc, ram);
-            println!(
-                "Free frames zeroed ahead of time by idle CPUs: {zeroed} ({}); {zeroed_taken} given to guests so far",
-                report::Size(zeroed * PAGE_SIZE)
-            );
-            vm_shares();
-            let _ = manage::write_pool(&mut Console::new(), &run::pool_view(ram));
-            match check {
-                Ok(()) => println!("frame table invariants: ok"),
-                Err(e) => println!("frame table invariants: VIOLATED: {e}"),
-            }
-        }
-        Command::Check => {
-            let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            run::check_system(ram, &mut Console::new());
-        }
-        Command::Cpus => {
-            let rows = (0..MAX_CPUS).filter_map(|i| {
-                let mpidr = smp::cpu_mpidr(i)?;
-                let method = board
-                    .cpus
-                    .iter()
-                    .find(|c| c.mpidr == mpidr)
-                    .map_or(platform::EnableMethod::None, |c| c.enable_method);
-                Some((i, mpidr, method, smp::state(i).label()))
-            });
-            let _ = report::write_cpus(&mut Console::new(), rows);
-            if aarch64::gic::present() {
-                println!("interrupts taken while a guest ran (kick, GIC maintenance, EL2 timer, guest timer, other):");
-                for cpu in (1..MAX_CPUS).filter(|&c| smp::cpu_mpidr(c).is_some()) {
-                    let [kick, maint, timer, vtimer, other] = run::interrupts_taken(cpu);
-                    println!("  cpu{cpu}: {kick} {maint} {timer} {vtimer} {other}");
-                }
-            }
-        }
-        Command::Vms => list_vms(),
-        Command::OnBadAccess { vm: name, policy } => {
-            match run::with_vm(name, |vm| vm.on_bad_access = policy) {
-                None => no_such_vm(name),
-                Some(()) => println!(
-                    "{name}: a bad access now gets {}",
-                    match policy {
-                        crate::vm::fault::OnBadAccess::Abort => "an exception injected into the guest",
-                        crate::vm::fault::OnBadAccess::Stop => "the VM stopped",
-                    }
-                ),
-            }
-        }
-        Command::Balloon { vm: name, bytes } => {
-            let pages = bytes / PAGE_SIZE;
-            let set = run::with_vm(name, |vm| {
-                run::set_balloon(vm, pages).map(|()| vm.managed.manual = true)
-            });
-            match set {
-                None => no_such_vm(name),
-                Some(Err(e)) => println!("{name}: cannot set the balloon: {e}"),
-                Some(Ok(())) => println!(
-                    "{name}: balloon target {pages} pages ({}); the guest moves towards it; the memory manager leaves this balloon alone until 'balloon {name} auto'",
-                    report::Size(pages * PAGE_SIZE)
-                ),
-            }
-        }
-        Command::BalloonAuto { vm: name } => {
-            match run::with_vm(name, |vm| core::mem::take(&mut vm.managed.manual)) {
-                None => no_such_vm(name),
-                Some(_) => println!(
-                    "{name}: the memory manager moves this balloon again ('mm' shows its decisions)"
-                ),
-            }
-        }
-        Command::Mm { raw } => {
-            let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
-            let pool = run::pool_view(ram);
-            let rows = run::mm_rows();
-            let rows: heapless::Vec<(&str, _), { crate::limits::MAX_GUESTS }> =
-                rows.iter().map(|(n, r)| (n.as_str(), *r)).collect();
-            // Formatted first and printed in one piece: a guest's line
-            // printed meanwhile cannot land inside one of ours.
-            let mut text = alloc::string::String::new();
-            let _ = write_services(&mut text, raw);
-            let _ = if raw {
-                manage::write_mm_raw(&mut text, &pool, &rows)
-            } else {
-                let stats = run::with_manager(|mm| mm.manager.stats()).unwrap_or_default();
-                manage::write_mm(&mut text, &pool, &stats, &rows)
-            };
-            print!("{text}");
-        }
-        Command::MmPolicy { policy } => {
-            use crate::mm::manager::Policy;
-            if run::with_manager(|mm| mm.manager.set_policy(policy)).is_none() {
-                println!("mm policy: the memory manager is not running");
-            } else {
-                println!(
-                    "mm policy: balloon targets are now set by {}",
-                    match policy {
-                        Policy::Manager => "the memory manager (the default)",
-                        Policy::Naive => "the naive baseline controller (proportional reclaim whenever the pool is below low)",
-                        Policy::NoController => "nobody: only free page reporting and hinting return memory; balloons stay where they are",
-                    }
-                );
-            }
-        }
-        Command::SetLimit {
-            vm: name,
-            field,
-            value,
-        } => match run::with_vm(name, |vm| run::set_limit(vm, field, value)) {
-            None => no_such_vm(name),
-            Some(Err(e)) => println!(
-                "{name}: cannot set memory {}: {e}; type 'mm' to see its limits",
-                field.name()
-            ),
-            Some(Ok(l)) => println!(
-                "{name}: memory min {}, low {}, max {}, weight {}; the memory manager applies them at its next tick",
-                report::Size(l.min * PAGE_SIZE),
-                report::Size(l.low * PAGE_SIZE),
-                report::Size(l.max * PAGE_SIZE),
-                l.weight
-            ),
-        },
-        Command::InfoBalloon { vm: Some(name) } => {
-            match run::with_vm(name, run::balloon_info) {
-                Some(text) => print!("{text}"),
-                None => no_such_vm(name),
-            }
-        }
-        Command::InfoBalloon { vm: None } => {
-            for name in run::names().split(", ").filter(|n| !n.is_empty()) {
-                if let Some(text) = run::with_vm(name, run::balloon_info) {
-                    print!("{text}");
-                }
-            }
-        }
-        Command::InfoExits { vm: name, reset } => info_exits(name, reset),
-        Command::BalloonStats { vm: name, seconds } => {
-            let set = run::with_vm(name, |vm| run::set_stats_interval(vm, seconds));
-            match set {
-                None => no_such_vm(name),
-                Some(None) => println!("{name}: it has no balloon device"),
-                Some(Some(())) if seconds == 0 => {
-                    println!("{name}: balloon statistics polling off")
-                }
-                Some(Some(())) => println!("{name}: balloon statistics every {seconds} s"),
-            }
-        }
-        Command::StatsNow { vm: name } => stats_now(name),
-        Command::Hint { vm: name } => match run::with_vm(name, run::start_hint) {
-            None => no_such_vm(name),
-            Some(Err(e)) => println!("{name}: cannot start free page hinting: {e}"),
-            Some(Ok(id)) => println!(
-                "{name}: free page hinting run {id} started; the driver hints its free blocks (info balloon {name} shows the run)"
-            ),
-        },
-        Command::Stop { vm: name } => stop_vm(name),
-        Command::Console { vm: name } => {
-            if run::with_vm(name, |_| ()).is_none() {
-                return no_such_vm(name);
-            }
-            println!("Connected to {name}'s console; Ctrl-] comes back to the shell.");
-            if !run::focus(name) {
-                no_such_vm(name);
-            }
-        }
-        Command::Start { vm: name } => match run::with_vm(name, run::start) {
-            None => no_such_vm(name),
-            Some(Err(e)) => println!("{name}: cannot start: {e}"),
-            Some(Ok(())) => println!("{name}: started"),
-        },
-        Command::PowerOff => {
-            println!("Powering off.");
-            power_off(Some(board))
-        }
+    let mut text = alloc::string::String::new();
+    let then = commands::run(cmd, &mut ShellBoard { info: board }, &mut text);
+    print!("{text}");
+    match then {
+        Then::Prompt => {}
+        Then::AwaitStop(name) => await_stop(&name, board),
+        Then::AwaitStats { vm, asked } => await_stats(vm, asked),
+        Then::PowerOff => power_off(Some(board)),
         // Outside any recovery point: they show the crash report of a
         // failure nothing contains (as at boot).
-        Command::DebugFault => aarch64::recovery::unarmed(debug_fault),
-        Command::DebugPanic => aarch64::recovery::unarmed(|| -> () {
+        Then::DebugFault => aarch64::recovery::unarmed(debug_fault),
+        Then::DebugPanic => aarch64::recovery::unarmed(|| -> () {
             panic!("deliberate panic from the shell's 'debug panic'")
         }),
-        Command::DebugFailBoard { service } => match service {
-            BoardService::Shell => panic!("injected failure ('debug fail-board shell')"),
-            BoardService::Manager => {
-                run::inject_service_failure(run::InjectInto::Manager);
-                println!("debug: a hypervisor failure is injected into the memory manager's next tick");
-            }
-            BoardService::Zeroing => {
-                run::inject_service_failure(run::InjectInto::Zeroing);
-                println!("debug: a hypervisor failure is injected into zeroing ahead's next decision");
-            }
-        },
-        Command::DebugFailInput { vm: name } => match run::with_vm(name, |vm| vm.id) {
-            None => no_such_vm(name),
-            Some(id) => {
-                run::inject_service_failure(run::InjectInto::Input(id));
-                println!(
-                    "{name}: a hypervisor failure is injected into the memory manager's next reading of its input"
-                );
-            }
-        },
-        Command::DebugFail { vm: name, kind } => match run::with_vm(name, |vm| {
-            run::inject_failure(vm, kind)
-        }) {
-            None => no_such_vm(name),
-            Some(Err(e)) => println!("{name}: cannot inject a failure: {e}"),
-            Some(Ok(())) => println!(
-                "{name}: a hypervisor failure is injected at its next exit, with its lock and the frame table held"
-            ),
-        },
-        Command::DebugHog { bytes } => {
-            let taken = crate::hog::hog(bytes.map(|b| b / PAGE_SIZE));
-            println!(
-                "debug hog: took {taken} pages ({} KiB) from the pool; {} pages held; 'debug unhog' gives them back",
-                taken * 4,
-                crate::hog::held()
-            );
-        }
-        Command::DebugUnhog => {
-            let freed = crate::hog::unhog();
-            println!("debug unhog: {freed} pages back in the pool");
-        }
     }
 }
 
-/// The board services a failure turned off, for `mm`: one line each
-/// (`mm raw`: `mm-service name=... state=on|off`, every service).
-fn write_services(out: &mut impl Write, raw: bool) -> core::fmt::Result {
-    for service in [Service::Manager, Service::Zeroing] {
-        let off = run::service_off(service);
-        if raw {
-            let key = if service == Service::Manager {
-                "manager"
-            } else {
-                "zeroing"
-            };
-            let on = if off.is_none() { "on" } else { "off" };
-            writeln!(out, "mm-service name={key} state={on}")?;
-        } else if let Some(why) = off {
-            writeln!(
-                out,
-                "{}: OFF since a hypervisor failure: {why}; {} (the figures below are from before)",
-                service.name(),
-                service.after_failure()
-            )?;
+/// The board the shell's commands act on: `run`'s VMs, frame table,
+/// memory manager and services, and this board's description.
+struct ShellBoard<'a> {
+    info: &'a BoardInfo,
+}
+
+impl commands::Board for ShellBoard<'_> {
+    type Cpu = run::TargetCpu;
+
+    fn with_vm<R>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut run::Vm, &mut run::TargetCpu) -> R,
+    ) -> Option<R> {
+        run::with_vm(name, |vm| f(vm, &mut run::TargetCpu::new()))
+    }
+
+    fn for_each_vm(&mut self, f: impl FnMut(&mut run::Vm)) {
+        run::for_each(f)
+    }
+
+    fn with_frames<R>(&mut self, f: impl FnOnce(&FrameTable<'_>) -> R) -> R {
+        f(&run::frames())
+    }
+
+    fn manager(&mut self) -> Option<ManagerFacts> {
+        run::manager_facts()
+    }
+
+    fn set_policy(&mut self, policy: Policy) -> bool {
+        run::with_manager(|mm| mm.manager.set_policy(policy)).is_some()
+    }
+
+    fn service_off(&self, service: Service) -> Option<heapless::String<{ REASON_BYTES }>> {
+        run::service_off(service)
+    }
+
+    fn ram_bytes(&self) -> u64 {
+        self.info.ram.iter().map(|r| r.size()).sum()
+    }
+
+    fn now_us(&self) -> u64 {
+        aarch64::uptime_us()
+    }
+
+    fn counts_instructions(&self) -> bool {
+        aarch64::pmu::counts_instructions()
+    }
+
+    fn check(&mut self, out: &mut alloc::string::String) {
+        run::check_system(self.ram_bytes(), out);
+    }
+
+    fn write_memory_map(&self, out: &mut alloc::string::String) {
+        let _ = report::write_memory_map(out, self.info);
+    }
+
+    fn write_cpus(&self, out: &mut alloc::string::String) {
+        let rows = (0..MAX_CPUS).filter_map(|i| {
+            let mpidr = smp::cpu_mpidr(i)?;
+            let method = self
+                .info
+                .cpus
+                .iter()
+                .find(|c| c.mpidr == mpidr)
+                .map_or(platform::EnableMethod::None, |c| c.enable_method);
+            Some((i, mpidr, method, smp::state(i).label()))
+        });
+        let _ = report::write_cpus(out, rows);
+        if aarch64::gic::present() {
+            let _ = writeln!(out, "interrupts taken while a guest ran (kick, GIC maintenance, EL2 timer, guest timer, other):");
+            for cpu in (1..MAX_CPUS).filter(|&c| smp::cpu_mpidr(c).is_some()) {
+                let [kick, maint, timer, vtimer, other] = run::interrupts_taken(cpu);
+                let _ = writeln!(out, "  cpu{cpu}: {kick} {maint} {timer} {vtimer} {other}");
+            }
         }
     }
-    Ok(())
+
+    fn focus(&mut self, name: &str) -> bool {
+        run::focus(name)
+    }
+
+    fn inject(&mut self, into: InjectInto) {
+        run::inject_service_failure(into);
+    }
+
+    fn hog(&mut self, pages: Option<u64>) -> (u64, u64) {
+        (crate::hog::hog(pages), crate::hog::held())
+    }
+
+    fn unhog(&mut self) -> u64 {
+        crate::hog::unhog()
+    }
 }
 
 /// Read from an address no map covers, to show the crash report.
@@ -969,74 +825,8 @@ fn debug_fault() {
     println!("unexpectedly read {v:#x}");
 }
 
-fn no_such_vm(name: &str) {
-    println!(
-        "no VM called '{name}'; the VMs are: {} (type 'vms')",
-        run::names()
-    );
-}
-
-fn list_vms() {
-    println!(
-        "name         state     cpu  RAM         backed    ballooned  bad access  aborts  starts"
-    );
-    run::for_each(|vm| {
-        let mapped = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
-        let ballooned = vm
-            .balloon
-            .as_ref()
-            .map_or(0, |b| b.device().ballooned_pages());
-        vm.out.line(format_args!(
-            "{:<12} {:<9} {:<4} {:<11} {:<9} {:<10} {:<11} {:<7} {}",
-            vm.name,
-            vm.state.label(),
-            vm.cpu,
-            report::Size(vm.ram_size),
-            mapped,
-            ballooned,
-            vm.on_bad_access.label(),
-            vm.bad_access.injected,
-            vm.starts
-        ));
-    });
-    for (name, row) in run::mm_rows().iter() {
-        let _ = manage::write_vm_memory(&mut Console::new(), name, row);
-    }
-    run::for_each(|vm| {
-        if vm.bad_access.injected > 0 {
-            vm.out.line(format_args!(
-                "  {}: exceptions injected: {}",
-                vm.name, vm.bad_access
-            ));
-        }
-    });
-}
-
-/// Each VM's share of RAM, after the accounting in `mem`.
-fn vm_shares() {
-    println!("Guests (their frames are in \"guest RAM\" above):");
-    run::for_each(|vm| {
-        let (mapped, tables) = vm
-            .ram
-            .as_ref()
-            .map_or((0, 0), |r| (r.mapped_pages(), r.table_pages()));
-        vm.out.line(format_args!(
-            "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables",
-            vm.name,
-            vm.state.label(),
-            mapped * PAGE_SIZE,
-            report::Size(tables * PAGE_SIZE)
-        ));
-    });
-}
-
-/// Ask a VM to stop and wait up to a second for its CPU to do it.
-fn stop_vm(name: &str) {
-    match run::with_vm(name, run::request_stop) {
-        None => return no_such_vm(name),
-        Some(Err(e)) => return println!("{name}: cannot stop: {e}"),
-        Some(Ok(())) => {}
-    }
+/// `stop`'s wait: up to a second for the VM's CPU to stop it.
+fn await_stop(name: &str, board: &BoardInfo) {
     if run::shell_cpu_runs_guest() {
         // The VM may run on this CPU, which goes back to it only once the
         // shell returns: it stops then, and its own line says so.
@@ -1044,106 +834,30 @@ fn stop_vm(name: &str) {
     }
     let (start, freq) = aarch64::counter();
     while aarch64::counter().0 - start < freq {
-        if run::with_vm(name, |vm| vm.state == run::VmState::Stopped) == Some(true) {
+        if commands::stopped(&mut ShellBoard { info: board }, name) {
             return;
         }
         core::hint::spin_loop();
     }
-    println!("{name}: stop requested; it stops at its next exit (it has not trapped for 1 s)");
-}
-
-/// `info exits <vm> [reset]`: the VM's exit profile, copied under its lock
-/// and formatted after it; or started over.
-fn info_exits(name: &str, reset: bool) {
-    let now = aarch64::uptime_us();
-    let copied = run::with_vm(name, |vm| {
-        let profile = vm.profile;
-        if reset {
-            vm.profile.reset(now);
-        }
-        let vconsole = vm.vconsole.as_ref().map(|c| {
-            (
-                *c.device().stats(),
-                crate::vm::irq::vconsole_takes_input(vm),
-                c.stats().notifications,
-                c.stats().interrupts,
-            )
-        });
-        (
-            profile,
-            vm.uart_mirror.stats,
-            vm.uart_mirror.is_mapped(),
-            vconsole,
-        )
-    });
-    let Some((profile, mirror, shown, vconsole)) = copied else {
-        return no_such_vm(name);
-    };
-    if reset {
-        return println!(
-            "{name}: exit profile started over (it had {} exits over {} ms)",
-            profile.total().count,
-            profile.elapsed_us(now) / 1000
-        );
-    }
     let mut text = alloc::string::String::new();
-    let counted = aarch64::pmu::counts_instructions();
-    let _ = profile.write_table(name, now, counted, &mut text);
+    commands::write_not_stopped(&mut text, name);
     print!("{text}");
-    // Since the VM was created, not reset with the profile.
-    println!(
-        "{name}: PL011 mirror page {} now (loads do not exit while shown); shown {} times, withdrawn {} (input, stops), {} register words rewritten",
-        if shown { "shown" } else { "not shown" },
-        mirror.shown,
-        mirror.withdrawn,
-        mirror.words_written
-    );
-    if let Some((c, takes_input, notifies, interrupts)) = vconsole {
-        println!(
-            "{name}: virtio console {}; {} bytes out in {} writes, {} bytes in in {} buffers, {} notifications, {} interrupts",
-            if takes_input {
-                "ready (typed input goes to it)"
-            } else {
-                "not ready (typed input goes to the PL011)"
-            },
-            c.bytes_out,
-            c.chains_out,
-            c.bytes_in,
-            c.buffers_in,
-            notifies,
-            interrupts
-        );
-        if c.passes_cut != 0 {
-            // A guest publishing faster than one exit may take.
-            println!(
-                "{name}: virtio console passes cut at their bound ({} chains, {} KiB): {}",
-                crate::virtio_console::CHAINS_PER_PASS,
-                crate::virtio_console::TX_BYTES_PER_PASS / 1024,
-                c.passes_cut
-            );
-        }
-    }
 }
 
-/// `balloon-stats <vm> now`: ask the guest for a fresh statistics sample,
-/// wait for it (up to 2 s), show it. While a vCPU shares the shell's CPU
-/// the shell does not wait (that guest could not answer meanwhile, nor
-/// run): the answer is shown when it comes ([`check_stats_wait`]), and the
-/// prompt comes back at once.
-fn stats_now(name: &str) {
-    let asked = aarch64::uptime_us();
-    match run::with_vm(name, run::request_stats) {
-        None => return no_such_vm(name),
-        Some(Err(e)) => return println!("{name}: cannot ask for statistics: {e}"),
-        Some(Ok(())) => {}
-    }
-    let mut vm_name = heapless::String::new();
-    let _ = vm_name.push_str(name);
-    *STATS_WAIT.lock() = Some(StatsWait { vm: vm_name, asked });
-    if run::shell_cpu_runs_guest() {
-        return println!(
-            "{name}: statistics asked for; shown when the guest answers (a vCPU shares the shell's CPU)"
+/// `balloon-stats <vm> now`'s wait for the guest's sample (up to 2 s).
+/// While a vCPU shares the shell's CPU the shell does not wait (that guest
+/// could not answer meanwhile, nor run): the answer is shown when it comes
+/// ([`check_stats_wait`]), and the prompt comes back at once.
+fn await_stats(vm: heapless::String<32>, asked: u64) {
+    let shared = run::shell_cpu_runs_guest();
+    if shared {
+        println!(
+            "{vm}: statistics asked for; shown when the guest answers (a vCPU shares the shell's CPU)"
         );
+    }
+    *STATS_WAIT.lock() = Some(StatsWait { vm, asked });
+    if shared {
+        return;
     }
     while STATS_WAIT.lock().is_some() {
         aarch64::idle_wait(10_000);
@@ -1163,23 +877,19 @@ static STATS_WAIT: Mutex<Option<StatsWait>> = Mutex::new(None);
 /// Show the sample a `balloon-stats <vm> now` waits for once it came, or
 /// say that it did not within 2 s.
 fn check_stats_wait() {
-    let mut wait = STATS_WAIT.lock();
-    let Some(StatsWait { vm: name, asked }) = wait.as_ref() else {
+    let Some(board) = BOARD.get() else {
         return;
     };
-    let fresh = |vm: &mut run::Vm| run::stats_arrived_us(vm).is_some_and(|t| t >= *asked);
-    match run::with_vm(name, fresh) {
-        Some(true) => {
-            if let Some(text) = run::with_vm(name, run::balloon_info) {
-                print!("{text}");
-            }
-        }
-        Some(false) if aarch64::uptime_us() - asked < 2_000_000 => return,
-        _ => println!(
-            "{name}: no statistics from the guest within 2 s (is its balloon driver running?)"
-        ),
+    let mut wait = STATS_WAIT.lock();
+    let Some(StatsWait { vm, asked }) = wait.as_ref() else {
+        return;
+    };
+    let mut text = alloc::string::String::new();
+    if commands::stats_arrived(&mut ShellBoard { info: board }, &mut text, vm, *asked) {
+        *wait = None;
     }
-    *wait = None;
+    drop(wait);
+    print!("{text}");
 }
 
 /// Drive the GIC's virtualization interface when the host has one we

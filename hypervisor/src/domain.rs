@@ -115,6 +115,16 @@ impl Point {
     }
 }
 
+/// Where `debug fail-board` and `debug fail-input` inject a failure: the
+/// memory manager's next tick, zeroing ahead's next decision, or the
+/// manager's reading of VM `id`'s input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InjectInto {
+    Manager,
+    Zeroing,
+    Input(usize),
+}
+
 /// Longest reason kept for a service that stopped.
 pub const REASON_BYTES: usize = 160;
 

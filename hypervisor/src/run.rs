@@ -29,7 +29,7 @@ use crate::lock::ServiceFirst;
 use crate::mm::frames::{
     self, FrameError, FrameTable, FrameUse, Shortfall, StaleIcache, PAGE_SIZE,
 };
-use crate::mm::manager::{Manager, Tunables, VmInput, VmStats, Watermarks};
+use crate::mm::manager::{Manager, Tunables, VmInput, Watermarks};
 use crate::mm::stage2::{TableMemory, ROOT_TABLES};
 use crate::println;
 use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
@@ -610,18 +610,6 @@ pub fn with_vm<R>(name: &str, f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
     None
 }
 
-/// The names of all VMs, for error messages.
-pub fn names() -> heapless::String<128> {
-    let mut s = heapless::String::new();
-    for_each(|vm| {
-        if !s.is_empty() {
-            let _ = s.push_str(", ");
-        }
-        let _ = s.push_str(&vm.name);
-    });
-    s
-}
-
 /// The `check` command, one VM at a time: each VM's stage-2 tables are
 /// walked under its lock alone; the frame table's own invariants are
 /// checked under its lock alone; then the figures added up across VMs are
@@ -679,44 +667,14 @@ pub fn start(vm: &mut Vm) -> Result<(), &'static str> {
     lifecycle::start(vm, &mut TargetCpu::new())
 }
 
-/// Ask a running VM to stop; its vCPUs stop at their next exit.
-pub fn request_stop(vm: &mut Vm) -> Result<(), &'static str> {
-    lifecycle::request_stop(vm, &mut TargetCpu::new())
-}
-
-/// `debug fail <vm> [abort]` (see [`lifecycle::inject_failure`]).
-pub fn inject_failure(vm: &mut Vm, kind: InjectedFailure) -> Result<(), &'static str> {
-    lifecycle::inject_failure(vm, &mut TargetCpu::new(), kind)
-}
-
 /// Set the balloon target of a VM, in 4 KiB pages, and tell the driver.
 pub fn set_balloon(vm: &mut Vm, pages: u64) -> Result<(), &'static str> {
     balloon_ctl::set_target(vm, &mut TargetCpu::new(), pages)
 }
 
-/// Ask VM `vm`'s guest for fresh statistics now (`balloon-stats <vm> now`).
-pub fn request_stats(vm: &mut Vm) -> Result<(), &'static str> {
-    balloon_ctl::request_stats(vm, &mut TargetCpu::new())
-}
-
-pub use crate::vm::balloon_ctl::stats_arrived_us;
-
-/// Poll VM `vm`'s statistics every `seconds` (shell `balloon-stats`);
-/// `None` when it has no balloon device.
-pub fn set_stats_interval(vm: &mut Vm, seconds: u32) -> Option<()> {
-    balloon_ctl::set_stats_interval(vm, &mut TargetCpu::new(), seconds)
-}
-
 /// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
 pub fn start_hint(vm: &mut Vm) -> Result<u32, HintStartError> {
     balloon_ctl::start_hint(vm, &mut TargetCpu::new())
-}
-
-/// The `info balloon` block of one VM, to print once its lock is released.
-pub fn balloon_info(vm: &mut Vm) -> alloc::string::String {
-    let mut text = alloc::string::String::new();
-    let _ = crate::vm::balloon_info::write_info(vm, aarch64::uptime_us(), &mut text);
-    text
 }
 
 extern crate alloc;
@@ -1473,22 +1431,13 @@ fn take_injected(what: usize) -> bool {
         .is_ok()
 }
 
-/// Which board service `debug fail-board` fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InjectInto {
-    Manager,
-    Zeroing,
-    /// The manager's handling of VM `id`'s input.
-    Input(usize),
-}
-
 /// Make the next tick fail in `into` (`debug fail-board`, `debug
 /// fail-input`).
-pub fn inject_service_failure(into: InjectInto) {
+pub fn inject_service_failure(into: domain::InjectInto) {
     let code = match into {
-        InjectInto::Manager => INJECT_MANAGER,
-        InjectInto::Zeroing => INJECT_ZEROING,
-        InjectInto::Input(id) => id,
+        domain::InjectInto::Manager => INJECT_MANAGER,
+        domain::InjectInto::Zeroing => INJECT_ZEROING,
+        domain::InjectInto::Input(id) => id,
     };
     INJECTED.store(code, Ordering::Release);
     // Tick at the next chance.
@@ -1649,64 +1598,14 @@ fn stop_lowest_weight() -> bool {
     true
 }
 
-/// The pool as `mm` and `mem` show it (`physical_bytes`: the board's RAM).
-pub fn pool_view(physical_bytes: u64) -> manage::PoolView {
-    let (watermarks, stop_lowest, exhausted_stops, policy) = with_manager(|mm| {
-        (
-            mm.manager.watermarks(),
-            mm.stop_lowest,
-            mm.exhausted_stops,
-            mm.manager.policy(),
-        )
+/// What the shell shows of the memory manager, if it runs.
+pub fn manager_facts() -> Option<crate::console::commands::ManagerFacts> {
+    with_manager(|mm| crate::console::commands::ManagerFacts {
+        watermarks: mm.manager.watermarks(),
+        policy: mm.manager.policy(),
+        stop_lowest: mm.stop_lowest,
+        exhausted_stops: mm.exhausted_stops,
+        stats: mm.manager.stats(),
+        vms: core::array::from_fn(|id| mm.manager.vm_stats(id)),
     })
-    .unwrap_or_default();
-    let (total, free, reserved, backed) = {
-        let f = frames();
-        (
-            f.total_pages(),
-            f.free_pages(),
-            f.reserved(),
-            f.pages(FrameUse::Guest),
-        )
-    };
-    let (mut committed, mut committed_running) = (0, 0);
-    for_each(|vm| {
-        committed += vm.ram_size / PAGE_SIZE;
-        if vm.ram.is_some() {
-            committed_running += vm.ram_size / PAGE_SIZE;
-        }
-    });
-    manage::PoolView {
-        physical_bytes,
-        total,
-        free,
-        reserved,
-        committed,
-        committed_running,
-        backed,
-        watermarks,
-        stop_lowest,
-        exhausted_stops,
-        policy,
-    }
-}
-
-/// Every VM's `mm` row, in table order.
-pub fn mm_rows() -> heapless::Vec<(heapless::String<32>, manage::VmRow), MAX_GUESTS> {
-    let stats: [VmStats; MAX_GUESTS] =
-        with_manager(|mm| core::array::from_fn(|id| mm.manager.vm_stats(id))).unwrap_or_default();
-    let mut rows = heapless::Vec::new();
-    for_each(|vm| {
-        let _ = rows.push((vm.name.clone(), manage::row(vm, stats[vm.id % MAX_GUESTS])));
-    });
-    rows
-}
-
-/// `set <vm> <field> <value>` (see [`manage::set_limit`]).
-pub fn set_limit(
-    vm: &mut Vm,
-    field: manage::LimitField,
-    value: u64,
-) -> Result<crate::mm::manager::Limits, manage::LimitError> {
-    manage::set_limit(vm, &mut TargetCpu::new(), field, value)
 }

@@ -2,6 +2,7 @@
 //! macros, and the operator shell ([`shell`]). Human-readable text only:
 //! the binary trace stream goes to its own UART (see `crate::trace`).
 
+pub mod commands;
 pub mod line;
 pub mod shell;
 pub mod terminal;
