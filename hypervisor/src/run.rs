@@ -14,6 +14,7 @@
 //! contained here: the locks that CPU held are released and only that VM
 //! ends ([`contain_failure`]).
 
+use core::cell::Cell;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use guest_bundle::Bundle;
@@ -39,7 +40,7 @@ pub use crate::vm::balloon_ctl::HintStartError;
 use crate::vm::console_line::Echo;
 use crate::vm::cpu::{GuestContext, PhysCpu};
 use crate::vm::exit::{decode, VcpuExit};
-use crate::vm::handle::{self, Outcome, Shown, FAILURE};
+use crate::vm::handle::FAILURE;
 use crate::vm::inject::GuestException;
 use crate::vm::irq;
 use crate::vm::lifecycle;
@@ -48,6 +49,7 @@ use crate::vm::memory::HostMemory;
 use crate::vm::outbox::Notice;
 use crate::vm::state::{GuestGic, InjectedFailure, Power};
 pub use crate::vm::state::{Vm, VmState};
+use crate::vm::vcpu_loop::{self, take_pending, Pending, VcpuHost};
 
 /// The VM and vCPU each physical CPU is inside (between entering its run
 /// loop and leaving it), or NO_VM: what a failure there must leave for it.
@@ -502,28 +504,6 @@ impl PhysCpu for TargetCpu {
     fn invalidate_icache(&mut self) {
         aarch64::invalidate_icache_all();
     }
-}
-
-/// Console text a VM's path left in its outbox, taken under its lock to be
-/// shown after.
-struct Pending {
-    id: usize,
-    name: heapless::String<32>,
-    notices: alloc::collections::VecDeque<Notice>,
-    dropped: u64,
-}
-
-fn take_pending(vm: &mut Vm) -> Option<Pending> {
-    if vm.out.is_empty() {
-        return None;
-    }
-    let (notices, dropped) = vm.out.take();
-    Some(Pending {
-        id: vm.id,
-        name: vm.name.clone(),
-        notices,
-        dropped,
-    })
 }
 
 /// Print what [`take_pending`] took (no VM lock held).
@@ -989,15 +969,34 @@ fn end_failed_vm(cpu: usize, id: usize, vcpu: usize) {
     show(pending);
 }
 
+/// Run vCPU `vcpu` of VM `id` on this CPU until it leaves
+/// ([`vcpu_loop::run_vcpu`] over the target's [`TargetHost`]).
 fn run_vcpu(id: usize, vcpu: usize) {
-    let mut cpu = TargetCpu::new();
-    let mut ctx = {
-        let mut guard = lock_vm(id);
-        let Some(vm) = guard.as_mut() else { return };
-        let Some((entry, x0)) = lifecycle::enter(vm, vcpu) else {
-            return;
-        };
-        ENTERED[aarch64::cpu_index()].store(encode(id, vcpu), Ordering::Relaxed);
+    let host = TargetHost {
+        on_shell_cpu: aarch64::cpu_index() == SHELL_CPU,
+        next_shell_look: Cell::new(0),
+    };
+    vcpu_loop::run_vcpu(&host, &mut TargetCpu::new(), id, vcpu);
+}
+
+/// What the vCPU loop reaches of the target board: the VM table's locks,
+/// the world switch, the tick, the console, the sleeps.
+struct TargetHost {
+    on_shell_cpu: bool,
+    /// When the shell (on its CPU) looks at the console next without input.
+    next_shell_look: Cell<u64>,
+}
+
+impl VcpuHost for TargetHost {
+    type Guard<'a> = Tracked<VmGuard>;
+
+    #[inline]
+    fn lock_vm(&self, id: usize) -> Tracked<VmGuard> {
+        lock_vm(id)
+    }
+
+    fn load_guest(&self, vm: &Vm, vcpu: usize) {
+        ENTERED[aarch64::cpu_index()].store(encode(vm.id, vcpu), Ordering::Relaxed);
         El1Regs::reset().load();
         if let Some(ram) = vm.ram.as_ref() {
             vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), vcpu as u64, vm.vgic.is_some());
@@ -1005,170 +1004,72 @@ fn run_vcpu(id: usize, vcpu: usize) {
         if vm.vgic.is_some() {
             gic::reset_virtual_interface();
         }
-        GuestContext::new(entry, x0)
-    };
-    // Whether the list registers were synced since the last wait: an exit
-    // handled with nothing to wait for syncs them under the lock it
-    // already holds, so the common exit takes the VM's lock once (its
-    // other vCPU takes it as often).
-    let mut synced = false;
-    // An exit's cost (the exit profile) runs from here: the list registers
-    // synced, the world switch in, the trap, the handling.
-    let mut before = pmu::instructions();
-    // Fast exits since the clock was last looked at for the memory tick.
-    let mut unticked: u32 = 0;
-    let on_shell_cpu = aarch64::cpu_index() == SHELL_CPU;
-    // When the shell (on its CPU) looks at the console next without input.
-    let mut next_shell_look = 0;
-    if on_shell_cpu {
-        schedule_shell_look(&mut next_shell_look, SHELL_LOOK_US);
     }
-    'entry: loop {
-        if !synced {
-            before = pmu::instructions();
-            let mut guard = lock_vm(id);
-            if let Some(vm) = guard.as_mut() {
-                if vm.state == VmState::StopRequested {
-                    // Asked while this CPU was away from the guest (the
-                    // shell's look, on its CPU, a stop's own kick skips).
-                    return leave_stopping(guard, &mut cpu, vcpu);
-                }
-                handle::before_entry(vm, &mut cpu, vcpu);
-            }
-        }
-        synced = false;
-        // Exits with nothing else to do go straight back to the guest
-        // (`handle::fast_exit` says which, what that skips and why it may);
-        // each is counted from the previous one's record, so the unlock,
-        // the world switch and the printing of a byte it sent are in its
-        // cost.
-        let (exit, mut guard) = loop {
-            let vector = vcpu::run(&mut ctx);
-            let exit = decode(vector, ctx.esr, ctx.far, ctx.hpfar);
-            let mut guard = lock_vm(id);
-            let Some(vm) = guard.as_mut() else { return };
-            let Some(fast) = handle::fast_exit(vm, &mut cpu, vcpu, &mut ctx, &exit, before) else {
-                break (exit, guard);
-            };
-            before = fast.recorded;
-            match fast.shown {
-                Shown::Nothing => drop(guard),
-                Shown::Outbox => {
-                    let pending = take_pending(vm);
-                    drop(guard);
-                    show(pending);
-                }
-                Shown::Live => {
-                    let echo = vm.echo.take();
-                    drop(guard);
-                    show_live(id, &echo);
-                }
-            }
-            // The tick is global, and CPU 0's idle shell looks at least
-            // every 20 ms: a fast exit reads the clock only every
-            // FAST_EXITS_PER_TICK_LOOK-th time (under QEMU a counter read
-            // takes the global lock, as every device access does).
-            unticked += 1;
-            if unticked >= FAST_EXITS_PER_TICK_LOOK {
-                unticked = 0;
-                if memory_tick() {
-                    // What it changed is listed before the guest runs.
-                    continue 'entry;
-                }
-            }
-        };
-        let Some(vm) = guard.as_mut() else { return };
-        if vm.state == VmState::StopRequested {
-            return leave_stopping(guard, &mut cpu, vcpu);
-        }
-        if let Some(kind) = vm.inject_failure.take() {
-            // `debug fail`: a failure with the VM lock and the frame table
-            // held, as a bug in a frame-table path would have them.
-            let mut frames = frames();
-            if kind == InjectedFailure::BrokenFrames {
-                // Half a transition: a counter moved, its frame did not.
-                frames.break_for_test();
-            }
-            if kind == InjectedFailure::Abort {
-                let bad = crate::mm::pagetable::VA_LIMIT as usize + 0x1234_5678;
-                // SAFETY: deliberately faults (no map covers `bad`): the
-                // exception handler contains it and never returns here.
-                let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
-                // Not printed here: the VM's lock is held.
-                vm.out.line(format_args!(
-                    "tidal: [{}] debug fail: unexpectedly read {v:#x}",
-                    vm.name
-                ));
-            }
-            panic!("injected failure ('debug fail {}')", vm.name);
-        }
-        if matches!(exit, VcpuExit::Interrupt) && pmu::counts_instructions() {
-            // An interrupt exit's cost starts at its vector (which read the
-            // counter): since its entry the guest may have slept in WFI,
-            // which QEMU's -icount PMU counts as EL2 instructions. The
-            // world switch in and the sync before it are left out then.
-            before = ctx.irq_instructions as u32;
-        }
-        let outcome = handle::after_exit(vm, &mut cpu, vcpu, &mut ctx, exit, before);
-        let left = match outcome {
-            Outcome::Continue | Outcome::Idle | Outcome::WaitMemory => false,
-            Outcome::Stop(why) => {
-                lifecycle::begin_stop(vm, &mut cpu, why, false);
-                true
-            }
-            Outcome::Reset => {
-                lifecycle::begin_stop(vm, &mut cpu, "reset by the guest (PSCI SYSTEM_RESET)", true);
-                true
-            }
-            Outcome::VcpuOff => true,
-        };
-        if left {
-            lifecycle::leave(vm, &mut cpu, vcpu, true);
-        }
-        if outcome == Outcome::Continue {
-            before = pmu::instructions();
-            handle::before_entry(vm, &mut cpu, vcpu);
-            synced = true;
-        }
-        let pending = take_pending(vm);
-        drop(guard);
-        show(pending);
-        if left {
-            return;
-        }
-        if outcome == Outcome::Idle {
-            zero_while_idle();
-            // Any pending physical interrupt (even masked at EL2) ends
-            // the wait; it is taken as soon as the guest runs again.
-            aarch64::wait_for_interrupt_or(10_000);
-        }
-        if memory_tick() {
-            synced = false;
-        }
-        if outcome == Outcome::WaitMemory {
-            // No frame for its fault: only this vCPU waits (no lock held),
-            // then retries the access.
-            aarch64::idle_wait(1_000);
-        }
-        let slept = matches!(outcome, Outcome::Idle | Outcome::WaitMemory);
-        if on_shell_cpu && shell_look_due(slept, next_shell_look) {
-            // No lock held. What the shell changed (input for this guest,
-            // a stop) is synced before the guest runs again, and its work
-            // is not counted in the next exit's cost.
-            let wait_us = poll_shell();
-            schedule_shell_look(&mut next_shell_look, wait_us);
-            synced = false;
-        }
-    }
-}
 
-/// A vCPU of a stopping VM leaves its loop (the last one out frees it).
-fn leave_stopping(mut guard: Tracked<VmGuard>, cpu: &mut TargetCpu, vcpu: usize) {
-    let Some(vm) = guard.as_mut() else { return };
-    lifecycle::leave(vm, cpu, vcpu, true);
-    let pending = take_pending(vm);
-    drop(guard);
-    show(pending);
+    #[inline]
+    fn run_guest(&self, ctx: &mut GuestContext) -> VcpuExit {
+        let vector = vcpu::run(ctx);
+        decode(vector, ctx.esr, ctx.far, ctx.hpfar)
+    }
+
+    #[inline]
+    fn memory_tick(&self) -> bool {
+        memory_tick()
+    }
+
+    fn show(&self, pending: Pending) {
+        show(Some(pending));
+    }
+
+    #[inline]
+    fn show_live(&self, id: usize, echo: &Option<Echo>) {
+        show_live(id, echo);
+    }
+
+    fn fail(&self, vm: &mut Vm, kind: InjectedFailure) -> ! {
+        let mut frames = frames();
+        if kind == InjectedFailure::BrokenFrames {
+            // Half a transition: a counter moved, its frame did not.
+            frames.break_for_test();
+        }
+        if kind == InjectedFailure::Abort {
+            let bad = crate::mm::pagetable::VA_LIMIT as usize + 0x1234_5678;
+            // SAFETY: deliberately faults (no map covers `bad`): the
+            // exception handler contains it and never returns here.
+            let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
+            // Not printed here: the VM's lock is held.
+            vm.out.line(format_args!(
+                "tidal: [{}] debug fail: unexpectedly read {v:#x}",
+                vm.name
+            ));
+        }
+        panic!("injected failure ('debug fail {}')", vm.name);
+    }
+
+    fn idle(&self) {
+        zero_while_idle();
+        // Any pending physical interrupt (even masked at EL2) ends the
+        // wait; it is taken as soon as the guest runs again.
+        aarch64::wait_for_interrupt_or(10_000);
+    }
+
+    fn wait_memory(&self) {
+        aarch64::idle_wait(1_000);
+    }
+
+    fn shell_look(&self, slept: bool, first: bool) -> bool {
+        if !self.on_shell_cpu {
+            return false;
+        }
+        let mut next = self.next_shell_look.get();
+        let looked = !first && shell_look_due(slept, next);
+        if first || looked {
+            let wait_us = if looked { poll_shell() } else { SHELL_LOOK_US };
+            schedule_shell_look(&mut next, wait_us);
+            self.next_shell_look.set(next);
+        }
+        looked
+    }
 }
 
 /// Whether a vCPU loop on the shell's CPU lets the shell look at the
@@ -1196,10 +1097,6 @@ fn schedule_shell_look(next: &mut u64, micros: u64) {
     *next = now + period;
     aarch64::arm_el2_timer(period);
 }
-
-/// Fast exits between two looks at the clock for the memory manager's tick
-/// (every [`TICK_US`]): a few microseconds of guest time each on a board.
-const FAST_EXITS_PER_TICK_LOOK: u32 = 16;
 
 /// Physical interrupts taken while a guest ran, per CPU: kicks, the
 /// maintenance interrupt, the EL2 timer, the guest's virtual timer, others.

@@ -52,6 +52,7 @@ pub mod psci;
 pub mod ratelimit;
 pub mod state;
 pub mod uart_mirror;
+pub mod vcpu_loop;
 
 pub use crate::hw::{controls, inject, syndrome};
 #[cfg(any(test, feature = "testing"))]
