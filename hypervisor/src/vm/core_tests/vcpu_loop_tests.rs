@@ -30,6 +30,10 @@ struct ScriptedHost {
     on_shell_cpu: bool,
     /// Run by `idle`, as another CPU would meanwhile (the shell's stop).
     while_idle: RefCell<Option<WhileIdle>>,
+    /// Run while the guest runs its `n`th trip (from 0), as another CPU
+    /// would meanwhile.
+    meanwhile: RefCell<Option<(usize, WhileIdle)>>,
+    runs: Cell<usize>,
 }
 
 impl ScriptedHost {
@@ -42,10 +46,19 @@ impl ScriptedHost {
             ticks: Cell::new(false),
             on_shell_cpu: false,
             while_idle: RefCell::new(None),
+            meanwhile: RefCell::new(None),
+            runs: Cell::new(0),
         }
     }
 
+    /// Log `what` the loop asked for, which it must ask with the VM's
+    /// lock released: the world switch, the tick, the printing, the sleeps
+    /// and the shell's look all run without it (the lock order's rule).
     fn note(&self, what: &str) {
+        assert!(
+            self.vm.try_borrow_mut().is_ok(),
+            "{what} with the VM's lock held"
+        );
         self.log.borrow_mut().push(what.into());
     }
 
@@ -65,9 +78,20 @@ impl VcpuHost for ScriptedHost {
         self.vm.borrow_mut()
     }
     fn load_guest(&self, _vm: &Vm, vcpu: usize) {
-        self.note(&format!("load vcpu{vcpu}"));
+        // Under the VM's lock: what it loads is the VM's.
+        assert!(
+            self.vm.try_borrow_mut().is_err(),
+            "loads with the VM's lock held"
+        );
+        self.log.borrow_mut().push(format!("load vcpu{vcpu}"));
     }
     fn run_guest(&self, ctx: &mut GuestContext) -> VcpuExit {
+        let runs = self.runs.get();
+        self.runs.set(runs + 1);
+        if let Some((at, f)) = self.meanwhile.borrow_mut().take_if(|(at, _)| *at == runs) {
+            let _ = at;
+            f(self.vm.borrow_mut().as_mut().expect("a VM"));
+        }
         let (regs, exit) = self
             .script
             .borrow_mut()
@@ -82,6 +106,7 @@ impl VcpuHost for ScriptedHost {
         self.ticks.get()
     }
     fn show(&self, pending: Pending) {
+        self.note("show");
         for notice in pending.notices {
             if let Notice::Line(line) = notice {
                 self.printed.borrow_mut().push(line.to_string());
@@ -92,6 +117,10 @@ impl VcpuHost for ScriptedHost {
         self.note("live");
     }
     fn fail(&self, vm: &mut Vm, _kind: InjectedFailure) -> ! {
+        assert!(
+            self.vm.try_borrow_mut().is_err(),
+            "fails with the VM's lock held"
+        );
         panic!("injected failure ('debug fail {}')", vm.name);
     }
     fn idle(&self) {
@@ -162,7 +191,9 @@ fn the_loop_runs_the_guest_until_it_powers_itself_off() {
             "run MmioWrite",
             "run MmioWrite",
             "run MmioWrite",
-            "run Hvc"
+            "show",
+            "run Hvc",
+            "show"
         ]
     );
     let printed = host.printed.borrow();
@@ -225,6 +256,7 @@ fn a_wfi_sleeps_then_ticks_then_lets_the_shell_look() {
             "tick",
             "shell look slept=true first=false",
             "run Hvc",
+            "show",
         ]
     );
 }
@@ -263,4 +295,31 @@ fn a_vm_that_is_gone_ends_the_loop_quietly() {
     host.vm.borrow_mut().take();
     vcpu_loop::run_vcpu(&host, &mut cpu, 0, 0);
     assert!(host.log().is_empty(), "{:?}", host.log());
+}
+
+#[test]
+fn a_stop_asked_while_the_guest_ran_ends_it_at_that_exit() {
+    let (vm, cpu) = started(1);
+    // Fast-path exits all, were the VM not stopping.
+    let host = ScriptedHost::new(vm, [send(b'a'), send(b'b'), send(b'c'), power_off()]);
+    *host.meanwhile.borrow_mut() = Some((
+        1,
+        Box::new(|vm: &mut Vm| {
+            // Its vCPU is inside: the stop is asked, and it is the vCPU's
+            // to end.
+            let mut other = FakeCpu::new(16);
+            lifecycle::request_stop(vm, &mut other).expect("it runs");
+            assert_eq!(vm.state, VmState::StopRequested);
+        }),
+    ));
+    let (host, cpu) = run_with(host, cpu);
+    assert_eq!(host.script.borrow().len(), 2, "it left at the second exit");
+    let vm = host.vm();
+    assert_eq!(vm.state, VmState::Stopped);
+    assert_eq!(cpu.host.frames.guest_pages(0), 0);
+    assert_eq!(
+        vm.profile.get(ExitKind::MmioUart).count,
+        1,
+        "the exit it left at was not handled"
+    );
 }
