@@ -141,7 +141,7 @@ impl VDistributor {
     fn decode_dist_v3(&self, offset: u64) -> V3Reg {
         match offset {
             GICD_CTLR => V3Reg::Ctlr,
-            GICD_TYPER => V3Reg::Read(u64::from(self.typer_v3())),
+            GICD_TYPER => V3Reg::Read(u64::from(self.typer())),
             GICD_IIDR => V3Reg::Read(u64::from(IIDR_VALUE)),
             GICD_TYPER2 | GICD_STATUSR => V3Reg::Reserved,
             o if (GICD_IROUTER..ID_BASE).contains(&o) => {
@@ -164,13 +164,6 @@ impl VDistributor {
             },
             _ => V3Reg::Reserved,
         }
-    }
-
-    fn typer_v3(&self) -> u32 {
-        // ITLinesNumber, CPUNumber (ignored with ARE), IDbits = 10 bits.
-        let it_lines = self.irq_end().div_ceil(32) - 1;
-        let cpu_number = (self.vcpus.min(8) as u32 - 1) << 5;
-        it_lines | cpu_number | (9 << 19)
     }
 
     /// A guest read of `width` bytes (1, 4 or 8) at `offset` into the GICv3
