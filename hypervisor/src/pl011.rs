@@ -46,6 +46,7 @@
 //! [`Pl011Counters`].
 
 use crate::register_access::{check_access, UP_TO_WORD};
+use platform::uart::pl011 as fields;
 
 /// Data register.
 pub const UARTDR: u64 = 0x000;
@@ -102,33 +103,35 @@ pub const PERIPH_ID: [u8; 4] = [0x11, 0x10, 0x34, 0x00];
 /// PCellID0..3: the PrimeCell signature.
 pub const PCELL_ID: [u8; 4] = [0x0d, 0xf0, 0x05, 0xb1];
 
+// The bits are the driver's definitions (`platform::uart::pl011`), so the
+// device a guest sees and the one the hypervisor drives agree.
 /// FR: receive FIFO empty.
-pub const FR_RXFE: u32 = 1 << 4;
+pub const FR_RXFE: u32 = fields::UARTFR::RXFE::SET.value;
 /// FR: transmit FIFO full (never set).
-pub const FR_TXFF: u32 = 1 << 5;
+pub const FR_TXFF: u32 = fields::UARTFR::TXFF::SET.value;
 /// FR: receive FIFO full.
-pub const FR_RXFF: u32 = 1 << 6;
+pub const FR_RXFF: u32 = fields::UARTFR::RXFF::SET.value;
 /// FR: transmit FIFO empty (always set).
-pub const FR_TXFE: u32 = 1 << 7;
+pub const FR_TXFE: u32 = fields::UARTFR::TXFE::SET.value;
 /// FR: UART busy transmitting (never set).
-pub const FR_BUSY: u32 = 1 << 3;
+pub const FR_BUSY: u32 = fields::UARTFR::BUSY::SET.value;
 
 /// CR: UART enable.
-pub const CR_UARTEN: u32 = 1 << 0;
+pub const CR_UARTEN: u32 = fields::UARTCR::UARTEN::SET.value;
 /// CR: transmit enable.
-pub const CR_TXE: u32 = 1 << 8;
+pub const CR_TXE: u32 = fields::UARTCR::TXE::SET.value;
 /// CR: receive enable.
-pub const CR_RXE: u32 = 1 << 9;
+pub const CR_RXE: u32 = fields::UARTCR::RXE::SET.value;
 
 /// LCR_H: FIFOs enabled.
-pub const LCR_H_FEN: u32 = 1 << 4;
+pub const LCR_H_FEN: u32 = fields::UARTLCR_H::FEN::SET.value;
 
 /// Interrupt bit (IMSC/RIS/MIS/ICR): receive.
-pub const INT_RX: u32 = 1 << 4;
+pub const INT_RX: u32 = fields::UARTIMSC::RXIM::SET.value;
 /// Interrupt bit: transmit.
-pub const INT_TX: u32 = 1 << 5;
+pub const INT_TX: u32 = fields::UARTIMSC::TXIM::SET.value;
 /// Interrupt bit: receive timeout.
-pub const INT_RT: u32 = 1 << 6;
+pub const INT_RT: u32 = fields::UARTIMSC::RTIM::SET.value;
 /// All eleven interrupt bits.
 pub const INT_ALL: u32 = 0x7ff;
 

@@ -14,44 +14,60 @@ use tock_registers::{register_bitfields, register_structs};
 
 use crate::{Uart, UartKind};
 
-register_bitfields! {u32,
-    UARTDR [
-        /// The received or transmitted byte (the upper bits are error flags).
-        DATA OFFSET(0) NUMBITS(8) []
-    ],
-    UARTFR [
-        TXFE OFFSET(7) NUMBITS(1) [],
-        TXFF OFFSET(5) NUMBITS(1) [],
-        RXFE OFFSET(4) NUMBITS(1) [],
-        BUSY OFFSET(3) NUMBITS(1) []
-    ],
-    UARTLCR_H [
-        /// Stick parity.
-        SPS OFFSET(7) NUMBITS(1) [],
-        WLEN OFFSET(5) NUMBITS(2) [
-            Bits8 = 0b11
+/// The PL011's register fields (PrimeCell UART PL011 TRM, section 3.3):
+/// this driver's, and the ones the hypervisor's emulated PL011 offers its
+/// guests (`hypervisor::pl011`). The interrupt bits are the same in
+/// UARTIMSC, UARTRIS, UARTMIS and UARTICR.
+pub mod pl011 {
+    use tock_registers::register_bitfields;
+
+    register_bitfields! {u32,
+        pub UARTDR [
+            /// The received or transmitted byte (the upper bits are error flags).
+            DATA OFFSET(0) NUMBITS(8) []
         ],
-        FEN OFFSET(4) NUMBITS(1) [],
-        /// Two stop bits.
-        STP2 OFFSET(3) NUMBITS(1) [],
-        /// Even parity.
-        EPS OFFSET(2) NUMBITS(1) [],
-        /// Parity enable.
-        PEN OFFSET(1) NUMBITS(1) [],
-        /// Send break.
-        BRK OFFSET(0) NUMBITS(1) []
-    ],
-    UARTCR [
-        RXE OFFSET(9) NUMBITS(1) [],
-        TXE OFFSET(8) NUMBITS(1) [],
-        UARTEN OFFSET(0) NUMBITS(1) []
-    ],
-    UARTIMSC [
-        /// Receive timeout: bytes in the FIFO and the line quiet.
-        RTIM OFFSET(6) NUMBITS(1) [],
-        /// Receive: the FIFO reached its trigger level.
-        RXIM OFFSET(4) NUMBITS(1) []
-    ],
+        pub UARTFR [
+            TXFE OFFSET(7) NUMBITS(1) [],
+            RXFF OFFSET(6) NUMBITS(1) [],
+            TXFF OFFSET(5) NUMBITS(1) [],
+            RXFE OFFSET(4) NUMBITS(1) [],
+            BUSY OFFSET(3) NUMBITS(1) []
+        ],
+        pub UARTLCR_H [
+            /// Stick parity.
+            SPS OFFSET(7) NUMBITS(1) [],
+            WLEN OFFSET(5) NUMBITS(2) [
+                Bits8 = 0b11
+            ],
+            FEN OFFSET(4) NUMBITS(1) [],
+            /// Two stop bits.
+            STP2 OFFSET(3) NUMBITS(1) [],
+            /// Even parity.
+            EPS OFFSET(2) NUMBITS(1) [],
+            /// Parity enable.
+            PEN OFFSET(1) NUMBITS(1) [],
+            /// Send break.
+            BRK OFFSET(0) NUMBITS(1) []
+        ],
+        pub UARTCR [
+            RXE OFFSET(9) NUMBITS(1) [],
+            TXE OFFSET(8) NUMBITS(1) [],
+            UARTEN OFFSET(0) NUMBITS(1) []
+        ],
+        pub UARTIMSC [
+            /// Receive timeout: bytes in the FIFO and the line quiet.
+            RTIM OFFSET(6) NUMBITS(1) [],
+            /// Transmit: the FIFO fell to its trigger level.
+            TXIM OFFSET(5) NUMBITS(1) [],
+            /// Receive: the FIFO reached its trigger level.
+            RXIM OFFSET(4) NUMBITS(1) []
+        ]
+    }
+}
+
+use pl011::{UARTCR, UARTDR, UARTFR, UARTIMSC, UARTLCR_H};
+
+register_bitfields! {u32,
     AUX_MU_IO [
         DATA OFFSET(0) NUMBITS(8) []
     ],

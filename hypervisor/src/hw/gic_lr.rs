@@ -41,6 +41,11 @@ pub const LR_PRIORITY_SHIFT: u32 = 23;
 pub const LR_EOI: u32 = 1 << 19;
 /// Lowest bit of the CPUID field (HW = 0): the source CPU of an SGI.
 pub const LR_CPUID_SHIFT: u32 = 10;
+/// Lowest bit of the PhysicalID field (HW = 1), where EOI and CPUID are
+/// otherwise.
+pub const LR_PHYSICAL_ID_SHIFT: u32 = 10;
+/// The PhysicalID field, shifted down.
+pub const LR_PHYSICAL_ID_MASK: u32 = 0x3ff;
 /// The VirtualID field.
 pub const LR_VIRTUAL_ID_MASK: u32 = 0x3ff;
 
@@ -80,16 +85,21 @@ impl LrState {
 }
 
 /// The GICH_LRn value that presents `irq` to the guest as pending: its
-/// INTID as VirtualID, priority bits 7:3, the group, HW clear; the EOI bit
-/// for level-sensitive interrupts (so the hypervisor learns through a
+/// INTID as VirtualID, priority bits 7:3, the group. With `hw` the
+/// interrupt is linked to that physical INTID (HW set, PhysicalID), whose
+/// deactivation the guest's own does. Without: the EOI bit for
+/// level-sensitive interrupts (so the hypervisor learns through a
 /// maintenance interrupt when the guest is done and can re-sample the line,
-/// see `VDistributor::on_eoi` in vgic); and the source CPU for an SGI.
-pub fn lr_value(irq: &PendingIrq) -> u32 {
+/// see `VDistributor::on_eoi` in vgic), and the source CPU for an SGI.
+pub fn lr_value(irq: &PendingIrq, hw: Option<u32>) -> u32 {
     let mut value = (irq.intid & LR_VIRTUAL_ID_MASK)
         | (u32::from(irq.priority >> 3) << LR_PRIORITY_SHIFT)
         | LR_PENDING;
     if irq.group1 {
         value |= LR_GRP1;
+    }
+    if let Some(physical) = hw {
+        return value | LR_HW | (physical & LR_PHYSICAL_ID_MASK) << LR_PHYSICAL_ID_SHIFT;
     }
     if irq.is_level {
         value |= LR_EOI;
@@ -118,7 +128,7 @@ pub fn parse_lr(value: u32) -> LrState {
         group1: value & LR_GRP1 != 0,
         priority: (((value >> LR_PRIORITY_SHIFT) & 0x1f) << 3) as u8,
         source_cpu: (!hw && intid < 16).then_some(((value >> LR_CPUID_SHIFT) & 7) as u8),
-        physical_id: hw.then_some((value >> 10) & 0x3ff),
+        physical_id: hw.then_some((value >> LR_PHYSICAL_ID_SHIFT) & LR_PHYSICAL_ID_MASK),
     }
 }
 

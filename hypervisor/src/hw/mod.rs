@@ -14,5 +14,6 @@ pub mod controls;
 pub mod gic_lr;
 pub mod inject;
 pub mod intid;
+pub mod sgi;
 pub mod syndrome;
 pub mod timer;

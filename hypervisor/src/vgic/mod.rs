@@ -686,11 +686,15 @@ impl VDistributor {
         Ok(VgicEffect { kick })
     }
 
-    fn typer(&self) -> u32 {
-        // ITLinesNumber: the INTIDs go up to 32 * (N + 1) - 1.
-        let it_lines = self.irq_end().div_ceil(32) - 1;
-        let cpu_number = (self.vcpus as u32 - 1) << 5;
-        it_lines | cpu_number
+    /// GICD_TYPER, for either version: the interrupt lines, the vCPUs
+    /// (at most 8, the field's reach) and, for a GICv3, 10 INTID bits.
+    pub(super) fn typer(&self) -> u32 {
+        let mut typer = regs::TYPER::ITLinesNumber.val(self.irq_end().div_ceil(32) - 1)
+            + regs::TYPER::CPUNumber.val(self.vcpus.clamp(1, 8) as u32 - 1);
+        if self.version == VgicVersion::V3 {
+            typer += regs::TYPER::IDbits.val(9);
+        }
+        typer.value
     }
 
     fn read_bits(&self, vcpu: usize, kind: BitReg, first: u32) -> u32 {

@@ -4,7 +4,7 @@
 
 /// Distributor Control Register.
 pub const GICD_CTLR: u64 = 0x000;
-/// Interrupt Controller Type Register (read-only).
+/// Interrupt Controller Type Register (read-only; fields in [`TYPER`]).
 pub const GICD_TYPER: u64 = 0x004;
 /// Distributor Implementer Identification Register (read-only).
 pub const GICD_IIDR: u64 = 0x008;
@@ -28,6 +28,19 @@ pub const GICD_IPRIORITYR: u64 = 0x400;
 pub const GICD_ITARGETSR: u64 = 0x800;
 /// Interrupt Configuration Registers, two bits per interrupt.
 pub const GICD_ICFGR: u64 = 0xc00;
+
+tock_registers::register_bitfields! [u32,
+    /// GICD_TYPER's fields, the same in both versions but for `IDbits`.
+    pub TYPER [
+        /// GICv3: the number of INTID bits minus one.
+        IDbits OFFSET(19) NUMBITS(5) [],
+        /// The number of CPUs minus one (GICv2; ignored by a GICv3 with
+        /// affinity routing, which still reports at most 8).
+        CPUNumber OFFSET(5) NUMBITS(3) [],
+        /// INTIDs go up to 32 * (ITLinesNumber + 1) - 1.
+        ITLinesNumber OFFSET(0) NUMBITS(5) []
+    ]
+];
 /// Non-secure Access Control Registers (RAZ/WI: no Security Extensions).
 pub const GICD_NSACR: u64 = 0xe00;
 /// Software Generated Interrupt Register (write-only).

@@ -112,7 +112,7 @@ fn linux_boot_sequence_and_a_level_spi() {
         }
     );
     assert_eq!(d.next_pending(1, |_| false), None);
-    let lr = lr_value(&irq);
+    let lr = lr_value(&irq, None);
     assert_eq!(lr, 33 | (0xa0 >> 3) << 23 | LR_PENDING | LR_EOI);
     d.on_listed(0, &irq);
     // Still pending (line high) but already in a list register.
@@ -156,7 +156,7 @@ fn edge_spis_latch() {
     assert_eq!(d.set_level(48, false).unwrap(), VgicEffect::NONE);
     let irq = d.next_pending(0, |_| false).unwrap();
     assert_eq!((irq.intid, irq.is_level), (48, false));
-    assert_eq!(lr_value(&irq) & LR_EOI, 0);
+    assert_eq!(lr_value(&irq, None) & LR_EOI, 0);
     d.on_listed(0, &irq);
     assert!(!d.is_pending(0, 48));
     assert_eq!(d.next_pending(0, |_| false), None);
@@ -214,7 +214,7 @@ fn sgis_with_every_target_filter() {
     assert_eq!(effect.kick, 0b0010);
     let irq = d.next_pending(1, |_| false).unwrap();
     assert_eq!((irq.intid, irq.source_cpu), (3, Some(0)));
-    assert_eq!(lr_value(&irq), 3 | (0xa0 >> 3) << 23 | LR_PENDING);
+    assert_eq!(lr_value(&irq, None), 3 | (0xa0 >> 3) << 23 | LR_PENDING);
     for cpu in [0, 2, 3] {
         assert_eq!(d.next_pending(cpu, |_| false), None);
     }
@@ -229,7 +229,7 @@ fn sgis_with_every_target_filter() {
     for cpu in [0, 1, 3] {
         let irq = d.next_pending(cpu, |_| false).unwrap();
         assert_eq!((irq.intid, irq.source_cpu), (5, Some(2)));
-        let lr = parse_lr(lr_value(&irq));
+        let lr = parse_lr(lr_value(&irq, None));
         assert_eq!(lr.source_cpu, Some(2));
         assert!(!lr.eoi);
     }
@@ -313,7 +313,7 @@ fn priority_ordering() {
     assert_eq!(wr(&mut d, 0, GICD_CTLR, 3).kick, 1);
     let irq = d.next_pending(0, |id| id == 70).unwrap();
     assert!(irq.group1);
-    assert!(parse_lr(lr_value(&irq)).group1);
+    assert!(parse_lr(lr_value(&irq, None)).group1);
 }
 
 #[test]
@@ -413,7 +413,7 @@ fn list_register_round_trip() {
         is_level: true,
         group1: true,
     };
-    let value = lr_value(&irq);
+    let value = lr_value(&irq, None);
     assert_eq!(value, 1019 | LR_GRP1 | LR_PENDING | 0x1f << 23 | LR_EOI);
     let lr = parse_lr(value);
     assert_eq!(
@@ -442,14 +442,36 @@ fn list_register_round_trip() {
         (hw.hw, hw.eoi, hw.physical_id, hw.source_cpu),
         (true, false, Some(30), None)
     );
-    let sgi = parse_lr(lr_value(&PendingIrq {
-        intid: 15,
-        priority: 0,
-        source_cpu: Some(7),
-        is_level: false,
-        group1: false,
-    }));
+    let sgi = parse_lr(lr_value(
+        &PendingIrq {
+            intid: 15,
+            priority: 0,
+            source_cpu: Some(7),
+            is_level: false,
+            group1: false,
+        },
+        None,
+    ));
     assert_eq!((sgi.intid, sgi.source_cpu, sgi.eoi), (15, Some(7), false));
+    // Linked to a physical INTID: HW and PhysicalID replace EOI and the
+    // source CPU, whatever the interrupt's kind.
+    let level = PendingIrq {
+        intid: 27,
+        priority: 0xa0,
+        source_cpu: Some(3),
+        is_level: true,
+        group1: true,
+    };
+    let linked = lr_value(&level, Some(30 | 1 << 10));
+    assert_eq!(
+        linked,
+        27 | (0xa0 >> 3) << 23 | LR_PENDING | LR_GRP1 | LR_HW | 30 << 10
+    );
+    let back = parse_lr(linked);
+    assert_eq!(
+        (back.hw, back.eoi, back.physical_id, back.source_cpu),
+        (true, false, Some(30), None)
+    );
 }
 
 #[derive(Clone, Debug)]

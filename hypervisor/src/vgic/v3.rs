@@ -38,7 +38,9 @@ use super::{
     VDistributor, VgicEffect, VgicError, VgicVersion, CTLR_ENABLE_GRP0, CTLR_ENABLE_GRP1,
     GICD_CTLR, GICD_ID_VALUES, GICD_IIDR, GICD_TYPER, IIDR_VALUE, PRIORITY_MASK, SGI_END, SPI_BASE,
 };
+use crate::hw::sgi::ICC_SGI1R_EL1;
 use crate::register_access::check_access;
+use tock_registers::LocalRegisterCopy;
 
 /// Size of the distributor's register frame.
 pub const GICV3_DIST_WINDOW: u64 = 0x1_0000;
@@ -139,7 +141,7 @@ impl VDistributor {
     fn decode_dist_v3(&self, offset: u64) -> V3Reg {
         match offset {
             GICD_CTLR => V3Reg::Ctlr,
-            GICD_TYPER => V3Reg::Read(u64::from(self.typer_v3())),
+            GICD_TYPER => V3Reg::Read(u64::from(self.typer())),
             GICD_IIDR => V3Reg::Read(u64::from(IIDR_VALUE)),
             GICD_TYPER2 | GICD_STATUSR => V3Reg::Reserved,
             o if (GICD_IROUTER..ID_BASE).contains(&o) => {
@@ -162,13 +164,6 @@ impl VDistributor {
             },
             _ => V3Reg::Reserved,
         }
-    }
-
-    fn typer_v3(&self) -> u32 {
-        // ITLinesNumber, CPUNumber (ignored with ARE), IDbits = 10 bits.
-        let it_lines = self.irq_end().div_ceil(32) - 1;
-        let cpu_number = (self.vcpus.min(8) as u32 - 1) << 5;
-        it_lines | cpu_number | (9 << 19)
     }
 
     /// A guest read of `width` bytes (1, 4 or 8) at `offset` into the GICv3
@@ -425,23 +420,25 @@ impl VDistributor {
     /// vCPU `vcpu`: the SGI becomes pending on every vCPU it names.
     pub fn send_sgi_v3(&mut self, vcpu: usize, value: u64) -> Result<VgicEffect, VgicError> {
         self.check_vcpu(vcpu)?;
-        let sgi = ((value >> 24) & 0xf) as u32;
-        let targets: u32 = if value & (1 << 40) != 0 {
+        let value = LocalRegisterCopy::<u64, ICC_SGI1R_EL1::Register>::new(value);
+        let sgi = value.read(ICC_SGI1R_EL1::INTID) as u32;
+        let targets: u32 = if value.is_set(ICC_SGI1R_EL1::IRM) {
             self.vcpu_mask() & !(1 << vcpu)
+        } else if value.read(ICC_SGI1R_EL1::Aff3) != 0
+            || value.read(ICC_SGI1R_EL1::Aff2) != 0
+            || value.read(ICC_SGI1R_EL1::Aff1) != 0
+        {
+            // Aff3.Aff2.Aff1 must name our cluster (all zero).
+            0
         } else {
-            // Aff3.Aff2.Aff1 must name our cluster (all zero); Aff0 is
-            // RS * 16 + the TargetList bit.
-            let cluster = value & (0xff << 48 | 0xff << 32 | 0xff << 16);
-            let range_selector = ((value >> 44) & 0xf) as usize;
-            if cluster != 0 {
-                0
-            } else {
-                (0..16)
-                    .filter(|bit| value & (1 << bit) != 0)
-                    .map(|bit| range_selector * 16 + bit)
-                    .filter(|&aff0| aff0 < self.vcpus)
-                    .fold(0, |mask, aff0| mask | 1 << aff0)
-            }
+            // Aff0 is RS * 16 + the TargetList bit.
+            let range_selector = value.read(ICC_SGI1R_EL1::RS) as usize;
+            let list = value.read(ICC_SGI1R_EL1::TargetList);
+            (0..16)
+                .filter(|bit| list & (1 << bit) != 0)
+                .map(|bit| range_selector * 16 + bit)
+                .filter(|&aff0| aff0 < self.vcpus)
+                .fold(0, |mask, aff0| mask | 1 << aff0)
         };
         let mut kick = 0;
         for target in (0..self.vcpus).filter(|t| targets & (1 << t) != 0) {

@@ -289,3 +289,15 @@ proptest! {
         prop_assert_eq!(lr.physical_id, hw.then_some(27));
     }
 }
+
+#[test]
+fn typer_names_the_lines_the_vcpus_and_ten_intid_bits() {
+    // 96 INTIDs: ITLinesNumber 2; 2 vCPUs: CPUNumber 1; IDbits 9.
+    let mut d = d3(2);
+    assert_eq!(
+        d.read_dist_v3(0, GICD_TYPER, 4).unwrap(),
+        2 | 1 << 5 | 9 << 19
+    );
+    let mut d = d3(8);
+    assert_eq!(d.read_dist_v3(0, GICD_TYPER, 4).unwrap() >> 5 & 7, 7);
+}

@@ -384,13 +384,7 @@ impl crate::vm::cpu::PhysCpu for FakeCpu {
         crate::vgic::parse_lr(self.lrs.get(i).copied().unwrap_or(0))
     }
     fn write_lr(&mut self, i: usize, irq: &crate::vgic::PendingIrq, hw: Option<u32>) {
-        let mut value = crate::vgic::lr_value(irq);
-        if let Some(physical) = hw {
-            value = (value & !(crate::vgic::LR_EOI | (0x3ff << 10)))
-                | crate::vgic::LR_HW
-                | ((physical & 0x3ff) << 10);
-        }
-        self.lrs[i] = value;
+        self.lrs[i] = crate::vgic::lr_value(irq, hw);
     }
     fn clear_lr(&mut self, i: usize) {
         self.lrs[i] = 0;

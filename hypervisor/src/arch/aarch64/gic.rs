@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use tock_registers::interfaces::{Readable, Writeable};
 use tock_registers::registers::{ReadOnly, ReadWrite, WriteOnly};
-use tock_registers::{register_bitfields, register_structs, LocalRegisterCopy};
+use tock_registers::{register_bitfields, register_structs};
 
 use super::gic_v3 as v3;
 use crate::hw::gic_lr::{lr_value, parse_lr, LrState, PendingIrq};
@@ -62,14 +62,6 @@ register_bitfields! {u32,
     GICH_VTR [
         /// Number of list registers minus one.
         ListRegs OFFSET(0) NUMBITS(6) []
-    ],
-    /// The fields of a list register this module sets itself (the rest of
-    /// the encoding is `crate::hw::gic_lr`'s).
-    GICH_LR [
-        HW OFFSET(31) NUMBITS(1) [],
-        /// With HW: the physical INTID (bits 19:10, which otherwise hold
-        /// EOI and the SGI source).
-        PhysicalID OFFSET(10) NUMBITS(10) []
     ]
 }
 
@@ -109,7 +101,7 @@ register_structs! {
         (0x00c => _reserved0),
         (0x0f0 => apr: ReadWrite<u32>),
         (0x0f4 => _reserved1),
-        (0x100 => lr: [ReadWrite<u32, GICH_LR::Register>; 64]),
+        (0x100 => lr: [ReadWrite<u32>; 64]),
         (0x200 => @END),
     }
 }
@@ -324,11 +316,7 @@ pub fn write_lr(i: usize, irq: &PendingIrq, hw: Option<u32>) {
     if is_v3() {
         return v3::write_lr(i, irq, hw);
     }
-    let mut value = LocalRegisterCopy::<u32, GICH_LR::Register>::new(lr_value(irq));
-    if let Some(physical) = hw {
-        value.modify(GICH_LR::HW::SET + GICH_LR::PhysicalID.val(physical & 0x3ff));
-    }
-    gich().lr[i].set(value.get());
+    gich().lr[i].set(lr_value(irq, hw));
 }
 
 /// Empty list register `i`.

@@ -8,13 +8,16 @@
 //! What is missing there: CTR_EL0, DCZID_EL0, CNTHP_TVAL_EL2 and CNTHP_CVAL_EL2, the PMU (PMCR, PMSELR,
 //! PMXEVTYPER, PMCNTENSET, PMCEID0, PMEVCNTR0), the GICv3 CPU interface
 //! beyond ICC_SRE_EL2 (ICC_PMR, BPR1, a writable CTLR, IGRPEN1, IAR1, EOIR1,
-//! DIR, SGI1R), and two fields of registers it has: CNTHCTL_EL2's event
+//! DIR, SGI1R, whose fields are in `hw::sgi`), and two fields of registers it has: CNTHCTL_EL2's event
 //! stream and SCTLR_EL1.SPAN.
 
 use core::arch::asm;
 
 use tock_registers::interfaces::{Readable, Writeable};
 use tock_registers::register_bitfields;
+
+// Its fields are portable: the vGIC decodes a guest's writes with them.
+pub use crate::hw::sgi::ICC_SGI1R_EL1;
 
 /// A unit struct giving access to one system register, with `$fields` as
 /// its field definitions. The GIC CPU interface registers are named by
@@ -176,17 +179,6 @@ register_bitfields! {u64,
     /// ICC_IAR1_EL1, ICC_EOIR1_EL1 and ICC_DIR_EL1 all carry an INTID.
     pub ICC_INTID [
         INTID OFFSET(0) NUMBITS(24) []
-    ],
-    pub ICC_SGI1R_EL1 [
-        Aff3 OFFSET(48) NUMBITS(8) [],
-        /// Range selector: TargetList covers Aff0 16*RS..16*RS+15.
-        RS OFFSET(44) NUMBITS(4) [],
-        /// Interrupt routing mode: 0 means to the listed targets.
-        IRM OFFSET(40) NUMBITS(1) [],
-        Aff2 OFFSET(32) NUMBITS(8) [],
-        INTID OFFSET(24) NUMBITS(4) [],
-        Aff1 OFFSET(16) NUMBITS(8) [],
-        TargetList OFFSET(0) NUMBITS(16) []
     ]
 }
 
