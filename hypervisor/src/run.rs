@@ -1453,7 +1453,7 @@ fn stop_for_failed_input(id: usize) {
 const INPUT_FAILURE: &str = "a hypervisor failure handling its input to the memory manager";
 
 /// The pool is exhausted and a vCPU has waited the bound: stop the running
-/// VM with the lowest weight (the most backed among equals), unless a VM
+/// VM with the lowest weight (the furthest above its `low` among equals), unless a VM
 /// is already stopping. True if one was stopped.
 fn stop_lowest_weight() -> bool {
     let mut running = [None; MAX_GUESTS];
@@ -1468,7 +1468,12 @@ fn stop_lowest_weight() -> bool {
             _ => continue,
         }
         let backed = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
-        *slot = Some((vm.managed.limits.weight, backed));
+        let limits = vm.managed.limits;
+        *slot = Some(manage::StopCandidate {
+            weight: limits.weight,
+            backed,
+            low: limits.low,
+        });
     }
     let victim = manage::lowest_weight(&running);
     let Some(id) = victim else {

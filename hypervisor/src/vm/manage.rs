@@ -46,16 +46,34 @@ pub fn escalation_due(now_us: u64, longest_wait_us: u64, last_stop_us: Option<u6
         && last_stop_us.is_none_or(|t| now_us.saturating_sub(t) >= WAIT_BOUND_US)
 }
 
-/// `stop-lowest`'s victim among the running VMs (`(weight, backed pages)`
-/// by VM slot, `None` for a slot not running): the lowest weight, the most
-/// backed among equals (it frees the most), the lowest slot among those.
-pub fn lowest_weight(running: &[Option<(u32, Pages)>]) -> Option<usize> {
+/// A running VM as `stop-lowest` weighs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopCandidate {
+    pub weight: u32,
+    /// Pages backed: what stopping it frees.
+    pub backed: Pages,
+    /// Its `low` limit in pages: what its configuration protects.
+    pub low: Pages,
+}
+
+/// `stop-lowest`'s victim among the running VMs (by VM slot, `None` for a
+/// slot not running), in the order of weight and `low` the fence and the
+/// squeeze follow: the lowest weight; among equals the one furthest above
+/// its `low` (the least of it protected, and it frees the most); the lowest
+/// slot among those.
+pub fn lowest_weight(running: &[Option<StopCandidate>]) -> Option<usize> {
     running
         .iter()
         .enumerate()
-        .filter_map(|(id, r)| r.map(|(weight, backed)| (id, weight, backed)))
-        .min_by_key(|&(id, weight, backed)| (weight, core::cmp::Reverse(backed), id))
-        .map(|(id, _, _)| id)
+        .filter_map(|(id, c)| c.map(|c| (id, c)))
+        .min_by_key(|&(id, c)| {
+            (
+                c.weight,
+                core::cmp::Reverse(c.backed.saturating_sub(c.low)),
+                id,
+            )
+        })
+        .map(|(id, _)| id)
 }
 
 /// The end of `mm`'s manager line: nothing for the manager itself, else
@@ -716,18 +734,24 @@ mod tests {
     }
 
     #[test]
-    fn stop_lowest_picks_the_lowest_weight_then_the_most_backed() {
+    fn stop_lowest_picks_the_lowest_weight_then_the_furthest_above_low() {
+        let c = |weight, backed, low| {
+            Some(StopCandidate {
+                weight,
+                backed,
+                low,
+            })
+        };
         assert_eq!(lowest_weight(&[]), None);
         assert_eq!(lowest_weight(&[None, None]), None);
-        let running = [
-            Some((100, 10)),
-            None,
-            Some((50, 1)),
-            Some((50, 7)),
-            Some((50, 7)),
-        ];
+        let running = [c(100, 10, 0), None, c(50, 1, 0), c(50, 7, 0), c(50, 7, 0)];
         assert_eq!(lowest_weight(&running), Some(3));
         assert_eq!(lowest_weight(&running[..3]), Some(2));
-        assert_eq!(lowest_weight(&[Some((100, 1)), Some((100, 2))]), Some(1));
+        assert_eq!(lowest_weight(&[c(100, 1, 0), c(100, 2, 0)]), Some(1));
+        // Equal weights: the most backed is spared when its `low` protects
+        // more of it than the other's does.
+        assert_eq!(lowest_weight(&[c(100, 900, 800), c(100, 500, 0)]), Some(1));
+        // A `low` above what it has backed counts as nothing above it.
+        assert_eq!(lowest_weight(&[c(100, 100, 800), c(100, 1, 0)]), Some(1));
     }
 }

@@ -790,9 +790,10 @@ fn mib(pages: u64) -> f64 {
     (pages * PAGE) as f64 / MIB as f64
 }
 
-/// The plot of `run`: each VM's backed memory and the free pool, in MiB,
-/// with a dashed line where each phase's hog started and where the last
-/// phase ended.
+/// The plot of `run`: each VM's backed memory (solid) and, where it ever
+/// held any, its balloon (dashed, the same colour), and the free pool, in
+/// MiB, with a dashed line where each phase's hog started and where the
+/// last phase ended: what the manager took and what it gave back.
 fn chart(run: &RunReport) -> Chart {
     let mut names: Vec<&str> = Vec::new();
     for sample in &run.samples {
@@ -802,27 +803,39 @@ fn chart(run: &RunReport) -> Chart {
             }
         }
     }
-    let mut series: Vec<Series> = names
-        .iter()
-        .map(|&name| Series {
-            name: format!("{name} backed"),
-            points: run
-                .samples
-                .iter()
-                .filter_map(|s| {
-                    let (_, pages) = s.backed_pages.iter().find(|(n, _)| n == name)?;
-                    Some((s.t_s, mib(*pages)))
-                })
-                .collect(),
-        })
-        .collect();
-    series.push(Series {
-        name: "pool free".into(),
-        points: run
-            .samples
+    let per_vm = |name: &str, of: fn(&SampleReport) -> &[(String, u64)]| -> Vec<(f64, f64)> {
+        run.samples
             .iter()
-            .map(|s| (s.t_s, mib(s.pool_free_pages)))
-            .collect(),
+            .filter_map(|s| {
+                let (_, pages) = of(s).iter().find(|(n, _)| n == name)?;
+                Some((s.t_s, mib(*pages)))
+            })
+            .collect()
+    };
+    let mut series = Vec::new();
+    for (i, &name) in names.iter().enumerate() {
+        series.push(Series {
+            color: Some(i),
+            ..Series::new(format!("{name} backed"), per_vm(name, |s| &s.backed_pages))
+        });
+        let balloon = per_vm(name, |s| &s.balloon_pages);
+        if balloon.iter().any(|&(_, m)| m > 0.0) {
+            series.push(Series {
+                dashed: true,
+                color: Some(i),
+                ..Series::new(format!("{name} balloon"), balloon)
+            });
+        }
+    }
+    series.push(Series {
+        color: Some(names.len()),
+        ..Series::new(
+            "pool free",
+            run.samples
+                .iter()
+                .map(|s| (s.t_s, mib(s.pool_free_pages)))
+                .collect(),
+        )
     });
     let mut markers: Vec<(f64, String)> = run
         .phases
@@ -1183,6 +1196,34 @@ mod tests {
         assert!(
             svg.contains("Tidal manager (round 1): 3200 MiB committed on 1836 MiB"),
             "{svg}"
+        );
+    }
+
+    #[test]
+    fn a_balloon_that_moved_gets_its_dashed_line() {
+        let mut run = synthetic_run();
+        // vmb's balloon inflates to 100 MiB, then goes back to 0.
+        for (s, pages) in run.samples.iter_mut().zip([0, 25_600, 0]) {
+            for (name, b) in &mut s.balloon_pages {
+                if name == "vmb" {
+                    *b = pages;
+                }
+            }
+        }
+        let svg = line_chart(&chart(&run));
+        assert_eq!(svg.matches("<polyline").count(), 5, "{svg}");
+        assert!(svg.contains(">vmb balloon</text>"), "{svg}");
+        assert!(
+            !svg.contains(">vma balloon</text>"),
+            "never ballooned: {svg}"
+        );
+        let line = svg
+            .lines()
+            .find(|l| l.starts_with("<polyline") && l.contains("dasharray"))
+            .unwrap();
+        assert!(
+            line.contains(",") && line.split_whitespace().count() > 3,
+            "{line}"
         );
     }
 

@@ -9,6 +9,23 @@ pub struct Series {
     pub name: String,
     /// (x, y) in data units; points that are not finite are left out.
     pub points: Vec<(f64, f64)>,
+    /// Drawn dashed (a second quantity of the same thing).
+    pub dashed: bool,
+    /// Index into the palette; by default the series' own index (two
+    /// series of one thing share a colour).
+    pub color: Option<usize>,
+}
+
+impl Series {
+    /// A solid line in the next colour.
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Self {
+            name: name.into(),
+            points,
+            dashed: false,
+            color: None,
+        }
+    }
 }
 
 /// What [`line_chart`] draws.
@@ -138,7 +155,12 @@ pub fn line_chart(chart: &Chart) -> String {
         ));
     }
     for (i, series) in chart.series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = COLORS[series.color.unwrap_or(i) % COLORS.len()];
+        let dash = if series.dashed {
+            r#" stroke-dasharray="6,3""#
+        } else {
+            ""
+        };
         let mut coords = String::new();
         for &(x, y) in series.points.iter().filter(|p| finite(p)) {
             let _ = write!(
@@ -150,12 +172,12 @@ pub fn line_chart(chart: &Chart) -> String {
             );
         }
         line(format!(
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>"#
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{coords}"/>"#
         ));
         let ly = TOP + 10.0 + 20.0 * i as f64;
         let lx = LEFT + plot_w + 16.0;
         line(format!(
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"/>"#,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"{dash}/>"#,
             lx + 24.0
         ));
         line(format!(
@@ -241,18 +263,9 @@ mod tests {
     #[test]
     fn a_well_formed_chart_with_one_polyline_per_series() {
         let series = vec![
-            Series {
-                name: "vma".into(),
-                points: vec![(0.0, 100.0), (0.5, 400.0), (1.0, 800.0)],
-            },
-            Series {
-                name: "pool".into(),
-                points: vec![(0.0, 1500.0), (0.5, f64::NAN), (1.0, 900.0)],
-            },
-            Series {
-                name: "empty".into(),
-                points: vec![],
-            },
+            Series::new("vma", vec![(0.0, 100.0), (0.5, 400.0), (1.0, 800.0)]),
+            Series::new("pool", vec![(0.0, 1500.0), (0.5, f64::NAN), (1.0, 900.0)]),
+            Series::new("empty", vec![]),
         ];
         let svg = line_chart(&chart(series));
         assert!(svg.starts_with("<svg "), "{svg}");
@@ -273,6 +286,29 @@ mod tests {
             .unwrap();
         let coords = pool.split("points=\"").nth(1).unwrap();
         assert_eq!(coords.split_whitespace().count(), 2, "{pool}");
+    }
+
+    #[test]
+    fn a_dashed_series_shares_its_colour_when_told() {
+        let series = vec![
+            Series::new("vma backed", vec![(0.0, 100.0), (1.0, 800.0)]),
+            Series {
+                dashed: true,
+                color: Some(0),
+                ..Series::new("vma balloon", vec![(0.0, 0.0), (1.0, 300.0)])
+            },
+        ];
+        let svg = line_chart(&Chart {
+            markers: vec![],
+            ..chart(series)
+        });
+        let lines: Vec<&str> = svg.lines().filter(|l| l.starts_with("<polyline")).collect();
+        assert_eq!(lines.len(), 2);
+        assert!(!lines[0].contains("dasharray") && lines[1].contains("dasharray"));
+        let stroke = |l: &str| l.split("stroke=\"").nth(1).unwrap()[..7].to_string();
+        assert_eq!(stroke(lines[0]), stroke(lines[1]));
+        assert_eq!(stroke(lines[0]), COLORS[0]);
+        assert!(balanced(&svg), "{svg}");
     }
 
     #[test]

@@ -374,8 +374,8 @@ struct Board {
     /// whose balloon owes inflation).
     floor: Pages,
     /// `when_exhausted = "stop-lowest"`: a vCPU that waited this long for
-    /// a frame stops the running VM with the lowest weight (the most
-    /// backed among equals).
+    /// a frame stops the running VM with the lowest weight (the furthest
+    /// above its `low` among equals, `vm::manage::lowest_weight`).
     stop_lowest_after_us: Option<u64>,
 }
 
@@ -402,7 +402,10 @@ fn simulate_board(
                 .iter()
                 .enumerate()
                 .filter(|(_, g)| !g.stopped)
-                .min_by_key(|(_, g)| (g.limits.weight, core::cmp::Reverse(g.backed())))
+                .min_by_key(|(_, g)| {
+                    let above_low = g.backed().saturating_sub(g.limits.low);
+                    (g.limits.weight, core::cmp::Reverse(above_low))
+                })
                 .map(|(i, _)| i);
             if let (true, Some(i)) = (waited, victim) {
                 let g = &mut guests[i];
