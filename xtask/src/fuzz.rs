@@ -16,7 +16,9 @@
 //! Each target runs over its committed seeds (fuzz/seeds/TARGET) and its
 //! working corpus (target/fuzz/corpus/TARGET, kept between runs). A crash
 //! input is saved as `target/fuzz/crashes/TARGET/crash-<sha1>` and the
-//! command fails naming the target and the file. Per target it prints
+//! command fails naming the target and the file. A slow unit (an input one
+//! execution of which took over 10 s: `slow-unit-<sha1>` there) is shown
+//! and reported, and is no failure: libFuzzer goes on. Per target it prints
 //! executions, exec/s, wall time and coverage (libFuzzer's `cov`: covered
 //! code edges; `ft`: features), and writes them all to
 //! target/fuzz/report.json, with the commit the targets were built from
@@ -83,6 +85,10 @@ pub struct Outcome {
     pub coverage: u64,
     pub features: u64,
     pub corpus: u64,
+    /// The test unit libFuzzer saved, if any: a crash (`crash-…`), or a
+    /// slow unit (`slow-unit-…`: one execution took longer than
+    /// libFuzzer's `-report_slow_units`, 10 s; the run goes on, and it is
+    /// no failure).
     pub crash: Option<PathBuf>,
 }
 
@@ -99,6 +105,18 @@ impl Outcome {
             corpus: 0,
             crash: None,
         }
+    }
+
+    /// Whether the saved test unit is a crash (not a slow unit).
+    pub fn crashed(&self) -> bool {
+        self.crash.is_some() && self.slow_unit().is_none()
+    }
+
+    /// The saved test unit, if it is a slow unit.
+    pub fn slow_unit(&self) -> Option<&Path> {
+        let unit = self.crash.as_deref()?;
+        let name = unit.file_name()?.to_str()?;
+        name.starts_with("slow-unit-").then_some(unit)
     }
 }
 
@@ -123,6 +141,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<(), String> {
     }
     let crashed: Vec<String> = outcomes
         .iter()
+        .filter(|o| o.crashed())
         .filter_map(|o| {
             o.crash
                 .as_ref()
@@ -302,9 +321,10 @@ fn summary(o: &Outcome) -> String {
         o.coverage,
         o.features,
         o.corpus,
-        match &o.crash {
-            Some(c) => format!("CRASH {}", c.display()),
-            None => "ok".into(),
+        match (&o.crash, o.slow_unit()) {
+            (_, Some(slow)) => format!("ok, slow unit {}", slow.display()),
+            (Some(c), None) => format!("CRASH {}", c.display()),
+            (None, None) => "ok".into(),
         }
     )
 }
@@ -450,7 +470,21 @@ pub fn render_table(report: &Report) -> String {
             wall,
             thousands(o.coverage),
             thousands(o.features),
-            u8::from(o.crash.is_some()),
+            u8::from(o.crashed()),
+        ));
+    }
+    let slow: Vec<String> = report
+        .targets
+        .iter()
+        .filter_map(|o| {
+            let name = o.slow_unit()?.file_name()?.to_string_lossy().into_owned();
+            Some(format!("{} (`{name}`)", o.target))
+        })
+        .collect();
+    if !slow.is_empty() {
+        out.push_str(&format!(
+            "\nSlow units (an execution over 10 s, saved by libFuzzer; not crashes): {}.\n",
+            slow.join(", ")
         ));
     }
     out
@@ -607,6 +641,42 @@ mod tests {
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1000), "1,000");
+    }
+
+    #[test]
+    fn a_slow_unit_is_no_crash() {
+        let mut o = Outcome::new("exit_dispatch");
+        parse_line(
+            "artifact_prefix='x/'; Test unit written to x/slow-unit-a82b82dd",
+            &mut o,
+        );
+        assert_eq!(o.slow_unit(), Some(Path::new("x/slow-unit-a82b82dd")));
+        assert!(!o.crashed());
+        assert!(summary(&o).ends_with("ok, slow unit x/slow-unit-a82b82dd"));
+        let mut c = Outcome::new("bundle");
+        parse_line("Test unit written to x/crash-d197baba", &mut c);
+        assert!(c.crashed() && c.slow_unit().is_none());
+        let report = Report {
+            source: Source {
+                commit: "0123456789abcdef0123456789abcdef01234567".into(),
+                dirty: false,
+            },
+            budget: Budget::Runs(10),
+            targets: vec![o, c],
+        };
+        let table = render_table(&report);
+        assert!(
+            table.contains("| exit_dispatch | 0 | 0 | 0.0 s | 0 | 0 | 0 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| bundle | 0 | 0 | 0.0 s | 0 | 0 | 1 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("not crashes): exit_dispatch (`slow-unit-a82b82dd`)."),
+            "{table}"
+        );
     }
 
     #[test]
