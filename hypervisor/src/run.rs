@@ -1057,6 +1057,7 @@ impl VcpuHost for TargetHost {
         aarch64::idle_wait(1_000);
     }
 
+    #[inline]
     fn shell_look(&self, slept: bool, first: bool) -> bool {
         if !self.on_shell_cpu {
             return false;

@@ -91,6 +91,7 @@ pub fn take_pending(vm: &mut Vm) -> Option<Pending> {
 }
 
 /// Print what `vm`'s outbox holds, once `guard` (its lock) is dropped.
+#[inline]
 fn release<H: VcpuHost>(host: &H, mut guard: H::Guard<'_>) {
     let pending = guard.as_mut().and_then(take_pending);
     drop(guard);
