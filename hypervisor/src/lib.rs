@@ -22,6 +22,7 @@ pub mod mm;
 pub mod pl011;
 pub mod register_access;
 pub mod report;
+pub mod savestate;
 pub mod selftest;
 pub mod size;
 #[cfg(test)]

@@ -46,6 +46,7 @@
 //! [`Pl011Counters`].
 
 use crate::register_access::{check_access, UP_TO_WORD};
+use crate::savestate::{SaveState, StateError, StateReader, StateWriter};
 use platform::uart::pl011 as fields;
 
 /// Data register.
@@ -495,9 +496,73 @@ impl Pl011 {
     }
 }
 
+/// The saved state's layout version ([`SaveState`]).
+const STATE_VERSION: u8 = 1;
+
+impl SaveState for Pl011 {
+    fn save(&self, w: &mut StateWriter) {
+        w.u8(STATE_VERSION);
+        w.bytes(&self.rx);
+        w.u64(self.rx_head as u64);
+        w.u64(self.rx_len as u64);
+        for reg in [
+            self.ilpr, self.ibrd, self.fbrd, self.lcr_h, self.cr, self.ifls, self.imsc, self.ris,
+            self.dmacr,
+        ] {
+            w.u32(reg);
+        }
+        let c = &self.counters;
+        for n in [
+            c.tx_bytes,
+            c.tx_while_disabled,
+            c.rx_bytes,
+            c.rx_refused,
+            c.unknown,
+            c.bad_width,
+            c.read_only_writes,
+        ] {
+            w.u64(n);
+        }
+    }
+
+    /// Registers as the guest can write them (their writable bits), the
+    /// receive FIFO's cursor and depth within it.
+    fn restore(r: &mut StateReader<'_>) -> Result<Self, StateError> {
+        r.version("pl011", STATE_VERSION)?;
+        let rx = r.array::<RX_FIFO_SIZE>()?;
+        let last = RX_FIFO_SIZE as u64 - 1;
+        let rx_head = r.at_most(last, "pl011 receive FIFO head")? as usize;
+        let rx_len = r.at_most(RX_FIFO_SIZE as u64, "pl011 receive FIFO depth")? as usize;
+        Ok(Pl011 {
+            rx,
+            rx_head,
+            rx_len,
+            ilpr: r.masked_u32(0xff, "pl011 ILPR")?,
+            ibrd: r.masked_u32(0xffff, "pl011 IBRD")?,
+            fbrd: r.masked_u32(0x3f, "pl011 FBRD")?,
+            lcr_h: r.masked_u32(0xff, "pl011 LCR_H")?,
+            cr: r.masked_u32(0xffff, "pl011 CR")?,
+            ifls: r.masked_u32(0x3f, "pl011 IFLS")?,
+            imsc: r.masked_u32(INT_ALL, "pl011 IMSC")?,
+            ris: r.masked_u32(INT_ALL, "pl011 RIS")?,
+            dmacr: r.masked_u32(0x7, "pl011 DMACR")?,
+            counters: Pl011Counters {
+                tx_bytes: r.u64()?,
+                tx_while_disabled: r.u64()?,
+                rx_bytes: r.u64()?,
+                rx_refused: r.u64()?,
+                unknown: r.u64()?,
+                bad_width: r.u64()?,
+                read_only_writes: r.u64()?,
+            },
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::savestate;
     use proptest::prelude::*;
 
     fn id(uart: &mut Pl011, base: u64) -> u32 {
@@ -735,6 +800,53 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn a_saved_state_outside_what_the_guest_can_reach_is_refused() {
+        let mut uart = Pl011::new();
+        uart.write(UARTCR, 4, 0x301);
+        for b in b"abc" {
+            uart.push_input(*b);
+        }
+        let saved = savestate::to_bytes(&uart);
+        let back: Pl011 = savestate::from_bytes(&saved).expect("restores");
+        assert_eq!(format!("{back:?}"), format!("{uart:?}"));
+        // Byte offsets: version 0, FIFO 1..33, head 33..41, depth 41..49,
+        // then ILPR, IBRD, FBRD, LCR_H, CR, IFLS, IMSC, RIS, DMACR.
+        let reg = |i: usize| 49 + 4 * i;
+        let refused = |at: usize, bytes: &[u8]| {
+            let mut bad = saved.clone();
+            bad[at..at + bytes.len()].copy_from_slice(bytes);
+            savestate::from_bytes::<Pl011>(&bad).unwrap_err()
+        };
+        assert_eq!(
+            refused(0, &[2]),
+            StateError::Version {
+                device: "pl011",
+                found: 2
+            }
+        );
+        assert_eq!(
+            refused(33, &[32]),
+            StateError::Invalid("pl011 receive FIFO head")
+        );
+        assert_eq!(
+            refused(41, &[33]),
+            StateError::Invalid("pl011 receive FIFO depth")
+        );
+        assert_eq!(refused(reg(2), &[0x40]), StateError::Invalid("pl011 FBRD"));
+        assert_eq!(refused(reg(6), &[0, 8]), StateError::Invalid("pl011 IMSC"));
+        assert_eq!(
+            savestate::from_bytes::<Pl011>(&saved[..saved.len() - 1]).unwrap_err(),
+            StateError::Truncated
+        );
+        let mut longer = saved.clone();
+        longer.push(0);
+        assert_eq!(
+            savestate::from_bytes::<Pl011>(&longer).unwrap_err(),
+            StateError::Trailing
+        );
+    }
+
     proptest! {
         /// Random guest traffic never panics, the FIFO never exceeds its
         /// depth, and the line is always MIS != 0.
@@ -779,6 +891,11 @@ mod tests {
                     }
                 }
                 prop_assert!(uart.rx_len() <= RX_FIFO_SIZE);
+                // Every state the guest can reach is saved and restored
+                // as it is.
+                let restored: Pl011 = savestate::from_bytes(&savestate::to_bytes(&uart))
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(format!("{restored:?}"), format!("{uart:?}"));
                 mirror_reads_as_the_model(&uart)?;
                 prop_assert_eq!(uart.irq_level(), uart.read(UARTMIS, 4) != 0);
                 let fr = uart.read(UARTFR, 4);
