@@ -30,6 +30,7 @@ use core::sync::atomic::{fence, Ordering};
 
 use super::{read_le16, GuestMemError, GuestMemory, Hex};
 use crate::addr::GuestAddr;
+use crate::savestate::{StateError, StateReader, StateWriter};
 
 /// Largest queue size the split ring format allows.
 pub const MAX_QUEUE_SIZE: u16 = 32768;
@@ -497,6 +498,60 @@ impl Virtqueue {
         Ok(())
     }
 
+    /// Write the queue's state (its QueueNumMax is the device's, not saved).
+    pub fn save(&self, w: &mut StateWriter) {
+        w.u32(self.num);
+        w.u16(self.size);
+        w.bool(self.ready);
+        for area in [self.desc, self.avail, self.used] {
+            w.u64(area.raw());
+        }
+        w.u16(self.last_avail_idx);
+        w.u16(self.used_idx);
+        w.u32(self.in_flight);
+        w.bool(self.used_signal);
+    }
+
+    /// A queue [`Virtqueue::save`] wrote, behind a device whose QueueNumMax
+    /// is `max_size`: a ready queue with the size and ring placement
+    /// [`Virtqueue::enable`] accepts (whether the rings are in RAM is for
+    /// each access to say, as it is for a live queue), a queue not ready
+    /// with nothing in flight, never more in flight than its size.
+    pub fn restore(r: &mut StateReader<'_>, max_size: u16) -> Result<Self, StateError> {
+        let mut q = Virtqueue::new(max_size);
+        q.num = r.u32()?;
+        q.size = r.u16()?;
+        q.ready = r.bool("virtqueue ready")?;
+        q.desc = GuestAddr::new(r.u64()?);
+        q.avail = GuestAddr::new(r.u64()?);
+        q.used = GuestAddr::new(r.u64()?);
+        q.last_avail_idx = r.u16()?;
+        q.used_idx = r.u16()?;
+        q.in_flight = r.u32()?;
+        q.used_signal = r.bool("virtqueue used signal")?;
+        if q.ready {
+            let size = q.size;
+            if u32::from(size) != q.num || size == 0 || size > q.max_size || !size.is_power_of_two()
+            {
+                return Err(StateError::Invalid("virtqueue size"));
+            }
+            for area in [Area::Descriptors, Area::Avail, Area::Used] {
+                let ipa = q.area(area);
+                if !ipa.raw().is_multiple_of(area.align())
+                    || ipa.checked_add(area.len(size) - 1).is_none()
+                {
+                    return Err(StateError::Invalid("virtqueue ring placement"));
+                }
+            }
+        } else if q.size != 0 {
+            return Err(StateError::Invalid("virtqueue size"));
+        }
+        if q.in_flight > u32::from(q.size) {
+            return Err(StateError::Invalid("virtqueue chains in flight"));
+        }
+        Ok(q)
+    }
+
     /// The driver wrote 0 to QueueReady. Chains in flight are forgotten.
     pub fn disable(&mut self) {
         self.ready = false;
@@ -928,6 +983,66 @@ mod tests {
         assert_eq!(q.used_idx(), (70_000u32 % 65536) as u16);
     }
 
+    #[test]
+    fn a_saved_queue_no_driver_could_set_up_is_refused() {
+        let mut mem = VecMemory::new(BASE, 0x4000);
+        let mut q = Virtqueue::new(16);
+        q.set_num(8);
+        q.set_area_half(Area::Descriptors, false, BASE as u32);
+        q.set_area_half(Area::Avail, false, (BASE + 0x1000) as u32);
+        q.set_area_half(Area::Used, false, (BASE + 0x2000) as u32);
+        q.enable(&mut mem).expect("a valid queue");
+        let mut w = StateWriter::default();
+        q.save(&mut w);
+        let saved = w.into_bytes();
+        let restore = |bytes: &[u8], max: u16| {
+            let mut r = StateReader::new(bytes);
+            Virtqueue::restore(&mut r, max)
+        };
+        assert!(restore(&saved, 16).is_ok());
+        // Offsets: num 0..4, size 4..6, ready 6, rings 7..31, indexes
+        // 31..35, in flight 35..39, used signal 39.
+        let with = |at: usize, bytes: &[u8]| {
+            let mut bad = saved.clone();
+            bad[at..at + bytes.len()].copy_from_slice(bytes);
+            bad
+        };
+        let size = StateError::Invalid("virtqueue size");
+        assert_eq!(restore(&saved, 4).unwrap_err(), size, "above QueueNumMax");
+        assert_eq!(
+            restore(&with(0, &[6]), 16).unwrap_err(),
+            size,
+            "num and size differ"
+        );
+        assert_eq!(
+            restore(&with(0, &[6, 0, 0, 0, 6]), 16).unwrap_err(),
+            size,
+            "not a power of two"
+        );
+        assert_eq!(
+            restore(&with(6, &[0]), 16).unwrap_err(),
+            size,
+            "a size while not ready"
+        );
+        assert_eq!(
+            restore(&with(6, &[2]), 16).unwrap_err(),
+            StateError::Invalid("virtqueue ready")
+        );
+        assert_eq!(
+            restore(&with(23, &[2]), 16).unwrap_err(),
+            StateError::Invalid("virtqueue ring placement"),
+            "a used ring not 4-byte aligned"
+        );
+        assert_eq!(
+            restore(&with(35, &[9]), 16).unwrap_err(),
+            StateError::Invalid("virtqueue chains in flight")
+        );
+        assert_eq!(
+            restore(&saved[..39], 16).unwrap_err(),
+            StateError::Truncated
+        );
+    }
+
     proptest! {
         /// Random descriptor tables and available rings over random queue
         /// placement: no panic, every access the device makes is either
@@ -965,6 +1080,16 @@ mod tests {
             let mut returned = 0u32;
             let mut popped = 0u32;
             for _ in 0..steps {
+                // Every state the rings bring the queue to is saved and
+                // restored as it is.
+                let mut w = StateWriter::default();
+                q.save(&mut w);
+                let bytes = w.into_bytes();
+                let mut r = StateReader::new(&bytes);
+                let back = Virtqueue::restore(&mut r, 16)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(r.finish(), Ok(()));
+                prop_assert_eq!(format!("{back:?}"), format!("{q:?}"));
                 match q.pop(&mut mem) {
                     Ok(None) => break,
                     Ok(Some(chain)) => {
