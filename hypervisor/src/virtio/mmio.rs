@@ -37,6 +37,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use crate::register_access::{check_access, AccessFault, UP_TO_WORD};
+use crate::savestate::{SaveState, StateError, StateReader, StateWriter};
 
 use super::queue::{Area, Virtqueue};
 use super::{
@@ -197,6 +198,9 @@ impl fmt::Display for TransportEvent {
     }
 }
 
+/// The layout version of a transport's saved state.
+const TRANSPORT_STATE_VERSION: u8 = 1;
+
 /// Transport counters, for the shell and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TransportStats {
@@ -270,6 +274,111 @@ impl<D: VirtioDevice> MmioTransport<D> {
 
     pub fn device(&self) -> &D {
         &self.device
+    }
+
+    /// Write the transport's state and its device's ([`SaveState`]).
+    pub fn save(&self, w: &mut StateWriter)
+    where
+        D: SaveState,
+    {
+        w.u8(TRANSPORT_STATE_VERSION);
+        self.device.save(w);
+        w.u64(self.offered);
+        w.u64(self.queues.len() as u64);
+        for (queue, pending) in self.queues.iter().zip(&self.pending) {
+            queue.save(w);
+            w.bool(*pending);
+        }
+        for reg in [
+            self.status,
+            self.device_features_sel,
+            self.driver_features_sel,
+        ] {
+            w.u32(reg);
+        }
+        w.u64(self.driver_features);
+        w.bool(self.driver_features_beyond_64);
+        for reg in [
+            self.queue_sel,
+            self.interrupt_status,
+            self.config_generation,
+        ] {
+            w.u32(reg);
+        }
+        let s = &self.stats;
+        for n in [
+            s.notifications,
+            s.notifications_ignored,
+            s.device_errors,
+            s.resets,
+            s.bad_accesses,
+            s.ignored_writes,
+            s.features_refused,
+            s.interrupts,
+        ] {
+            w.u64(n);
+        }
+        w.bool(self.last_error.is_some());
+        if let Some(e) = &self.last_error {
+            e.save(w);
+        }
+    }
+
+    /// A transport [`MmioTransport::save`] wrote: its device restored
+    /// first, then what the transport offered checked against what that
+    /// device offers, a queue per queue of the device, status bits a
+    /// driver and the device can set, features accepted only among those
+    /// offered.
+    pub fn restore(r: &mut StateReader<'_>) -> Result<Self, StateError>
+    where
+        D: SaveState,
+    {
+        r.version("virtio-mmio transport", TRANSPORT_STATE_VERSION)?;
+        let mut t = MmioTransport::new(D::restore(r)?);
+        if r.u64()? != t.offered {
+            return Err(StateError::Invalid("virtio features offered"));
+        }
+        if r.u64()? != t.queues.len() as u64 {
+            return Err(StateError::Invalid("virtqueue count"));
+        }
+        for q in 0..t.queues.len() {
+            t.queues[q] = Virtqueue::restore(r, t.device.queue_max_size(q))?;
+            t.pending[q] = r.bool("virtio notification pending")?;
+        }
+        t.status = r.masked_u32(
+            DRIVER_STATUS_BITS | STATUS_DEVICE_NEEDS_RESET,
+            "virtio status",
+        )?;
+        t.device_features_sel = r.u32()?;
+        t.driver_features_sel = r.u32()?;
+        t.driver_features = r.u64()?;
+        if t.status & STATUS_FEATURES_OK != 0 && t.driver_features & !t.offered != 0 {
+            return Err(StateError::Invalid("virtio features accepted"));
+        }
+        t.driver_features_beyond_64 = r.bool("virtio features beyond 64")?;
+        t.queue_sel = r.u32()?;
+        t.interrupt_status = r.masked_u32(
+            INT_USED_BUFFER | INT_CONFIG_CHANGE,
+            "virtio interrupt status",
+        )?;
+        t.config_generation = r.u32()?;
+        t.stats = TransportStats {
+            notifications: r.u64()?,
+            notifications_ignored: r.u64()?,
+            device_errors: r.u64()?,
+            resets: r.u64()?,
+            bad_accesses: r.u64()?,
+            ignored_writes: r.u64()?,
+            features_refused: r.u64()?,
+            interrupts: r.u64()?,
+        };
+        if r.bool("virtio device error")? {
+            let device = &t.device;
+            t.last_error = Some(DeviceError::restore(r, t.queues.len(), |q| {
+                device.queue_name(q)
+            })?);
+        }
+        Ok(t)
     }
 
     /// The device, for its owner (e.g. to change config, then call
@@ -908,6 +1017,7 @@ mod tests {
     use crate::virtio::QueueError;
     use alloc::format;
     use alloc::vec;
+    use proptest::test_runner::TestCaseError;
 
     const BASE: u64 = 0x4000_0000;
 
@@ -1113,8 +1223,74 @@ mod tests {
                 }
                 proptest::prop_assert_eq!(observed(&fast), observed(&full));
                 proptest::prop_assert_eq!(&fast_mem.bytes, &full_mem.bytes);
+                // Every state this traffic reaches (device errors
+                // included) is saved and restored as it is.
+                let saved = saved_bytes(&full);
+                let back = restored(&saved).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                proptest::prop_assert_eq!(observed(&back), observed(&full));
+                proptest::prop_assert_eq!(back.last_error(), full.last_error());
+                proptest::prop_assert_eq!(saved_bytes(&back), saved);
             }
         }
+    }
+
+    fn saved_bytes(t: &MmioTransport<Sink>) -> Vec<u8> {
+        let mut w = StateWriter::default();
+        t.save(&mut w);
+        w.into_bytes()
+    }
+
+    fn restored(bytes: &[u8]) -> Result<MmioTransport<Sink>, StateError> {
+        let mut r = StateReader::new(bytes);
+        let t = MmioTransport::<Sink>::restore(&mut r)?;
+        r.finish()?;
+        Ok(t)
+    }
+
+    #[test]
+    fn a_saved_transport_restores_as_it_was_and_refuses_what_no_driver_set() {
+        let (mut t, mut mem, qs) = quiet_rig(true);
+        // A device error: the available index jumps past the ring.
+        mem.poke(qs[0].avail + 2, &100u16.to_le_bytes());
+        let _ = t.write(QUEUE_NOTIFY, 4, 0, &mut mem);
+        assert!(t.last_error().is_some());
+        let saved = saved_bytes(&t);
+        let back = restored(&saved).expect("restores");
+        assert_eq!(back.last_error(), t.last_error());
+        assert_eq!(back.negotiated_features(), t.negotiated_features());
+        assert_eq!(observed(&back), observed(&t));
+        // Offsets: version 0, the Sink 1..15, offered 15..23, queue count
+        // 23..31, then each queue (40 bytes) and its pending flag.
+        let status = 31 + 2 * 41;
+        let with = |at: usize, bytes: &[u8]| {
+            let mut bad = saved.clone();
+            bad[at..at + bytes.len()].copy_from_slice(bytes);
+            bad
+        };
+        assert_eq!(
+            restored(&with(15, &[0])).err(),
+            Some(StateError::Invalid("virtio features offered"))
+        );
+        assert_eq!(
+            restored(&with(23, &[3])).err(),
+            Some(StateError::Invalid("virtqueue count"))
+        );
+        assert_eq!(
+            restored(&with(status, &[0x10])).err(),
+            Some(StateError::Invalid("virtio status"))
+        );
+        // Accepted (FEATURES_OK) a feature never offered.
+        assert_eq!(
+            restored(&with(status + 12, &[2])).err(),
+            Some(StateError::Invalid("virtio features accepted"))
+        );
+        assert_eq!(
+            restored(&with(0, &[9])).err(),
+            Some(StateError::Version {
+                device: "virtio-mmio transport",
+                found: 9
+            })
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@
 use core::fmt;
 
 use crate::addr::GuestAddr;
+use crate::savestate::{StateError, StateReader, StateWriter};
 
 pub mod mmio;
 pub mod queue;
@@ -243,6 +244,84 @@ impl DeviceError {
             head: None,
             kind,
         }
+    }
+}
+
+impl DeviceError {
+    /// Write the error (the transport keeps the last for the shell).
+    pub fn save(&self, w: &mut StateWriter) {
+        w.bool(self.queue.is_some());
+        w.u64(self.queue.map_or(0, |q| q.index as u64));
+        w.bool(self.head.is_some());
+        w.u16(self.head.unwrap_or(0));
+        let pair = |w: &mut StateWriter, tag: u8, a: u32, b: u32| {
+            w.u8(tag);
+            w.u32(a);
+            w.u32(b);
+        };
+        match self.kind {
+            DeviceErrorKind::Queue(ref e) => {
+                w.u8(0);
+                e.save(w);
+            }
+            DeviceErrorKind::UnexpectedWritable { desc } => pair(w, 1, desc.into(), 0),
+            DeviceErrorKind::UnexpectedReadable { desc } => pair(w, 2, desc.into(), 0),
+            DeviceErrorKind::BadLength { len, multiple_of } => pair(w, 3, len, multiple_of),
+            DeviceErrorKind::TooLong { len, max } => pair(w, 4, len, max),
+            DeviceErrorKind::WrongLength { len, expected } => pair(w, 5, len, expected),
+            DeviceErrorKind::DriverOkWithoutFeaturesOk { status } => pair(w, 6, status, 0),
+        }
+    }
+
+    /// An error [`DeviceError::save`] wrote, on a device with
+    /// `queue_count` queues, named by `queue_name`.
+    pub fn restore(
+        r: &mut StateReader<'_>,
+        queue_count: usize,
+        queue_name: impl Fn(usize) -> &'static str,
+    ) -> Result<Self, StateError> {
+        let on_queue = r.bool("device error queue")?;
+        let index = r.u64()?;
+        let queue = match on_queue {
+            false => None,
+            true => {
+                let index = usize::try_from(index)
+                    .ok()
+                    .filter(|&i| i < queue_count)
+                    .ok_or(StateError::Invalid("device error queue"))?;
+                Some(QueueId {
+                    index,
+                    name: queue_name(index),
+                })
+            }
+        };
+        let has_head = r.bool("device error head")?;
+        let head = r.u16()?;
+        let head = has_head.then_some(head);
+        let tag = r.u8()?;
+        let kind = if tag == 0 {
+            DeviceErrorKind::Queue(QueueError::restore(r)?)
+        } else {
+            let (a, b) = (r.u32()?, r.u32()?);
+            let desc =
+                || u16::try_from(a).map_err(|_| StateError::Invalid("device error descriptor"));
+            match tag {
+                1 => DeviceErrorKind::UnexpectedWritable { desc: desc()? },
+                2 => DeviceErrorKind::UnexpectedReadable { desc: desc()? },
+                3 => DeviceErrorKind::BadLength {
+                    len: a,
+                    multiple_of: b,
+                },
+                4 => DeviceErrorKind::TooLong { len: a, max: b },
+                5 => DeviceErrorKind::WrongLength {
+                    len: a,
+                    expected: b,
+                },
+                6 => DeviceErrorKind::DriverOkWithoutFeaturesOk { status: a },
+                _ => return Err(StateError::Invalid("device error kind")),
+            }
+        };
+        Ok(DeviceError { queue, head, kind })
     }
 }
 

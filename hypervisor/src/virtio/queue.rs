@@ -145,7 +145,208 @@ pub enum QueueError {
     NothingInFlight,
 }
 
+impl Area {
+    fn code(self) -> u8 {
+        match self {
+            Area::Descriptors => 0,
+            Area::Avail => 1,
+            Area::Used => 2,
+        }
+    }
+
+    fn restore(r: &mut StateReader<'_>) -> Result<Self, StateError> {
+        match r.u8()? {
+            0 => Ok(Area::Descriptors),
+            1 => Ok(Area::Avail),
+            2 => Ok(Area::Used),
+            _ => Err(StateError::Invalid("virtqueue area")),
+        }
+    }
+}
+
 impl QueueError {
+    /// Write the error (a device's last, kept for the shell): a tag per
+    /// kind, then its fields.
+    pub fn save(&self, w: &mut StateWriter) {
+        match *self {
+            QueueError::NotReady => w.u8(0),
+            QueueError::BadSize { num, max } => {
+                w.u8(1);
+                w.u32(num);
+                w.u16(max);
+            }
+            QueueError::Misaligned { area, ipa } | QueueError::AreaOverflow { area, ipa } => {
+                w.u8(if matches!(self, QueueError::Misaligned { .. }) {
+                    2
+                } else {
+                    3
+                });
+                w.u8(area.code());
+                w.u64(ipa.raw());
+            }
+            QueueError::RingNotRam { area, err } => {
+                w.u8(4);
+                w.u8(area.code());
+                w.u64(err.ipa.raw());
+                w.u64(err.len as u64);
+            }
+            QueueError::AvailTooFarAhead {
+                avail_idx,
+                last_avail_idx,
+                size,
+            } => {
+                w.u8(5);
+                for v in [avail_idx, last_avail_idx, size] {
+                    w.u16(v);
+                }
+            }
+            QueueError::HeadOutOfRange { head, size } => {
+                w.u8(6);
+                w.u16(head);
+                w.u16(size);
+            }
+            QueueError::NextOutOfRange {
+                head,
+                index,
+                next,
+                size,
+            } => {
+                w.u8(7);
+                for v in [head, index, next, size] {
+                    w.u16(v);
+                }
+            }
+            QueueError::ChainTooLong { head, size } => {
+                w.u8(8);
+                w.u16(head);
+                w.u16(size);
+            }
+            QueueError::Indirect { head, index } => {
+                w.u8(9);
+                w.u16(head);
+                w.u16(index);
+            }
+            QueueError::DescriptorOverflow {
+                head,
+                index,
+                ipa,
+                len,
+            }
+            | QueueError::DescriptorNotRam {
+                head,
+                index,
+                ipa,
+                len,
+            } => {
+                w.u8(if matches!(self, QueueError::DescriptorOverflow { .. }) {
+                    10
+                } else {
+                    13
+                });
+                w.u16(head);
+                w.u16(index);
+                w.u64(ipa.raw());
+                w.u32(len);
+            }
+            QueueError::ChainLengthOverflow { head } => {
+                w.u8(11);
+                w.u16(head);
+            }
+            QueueError::ReadableAfterWritable { head, index } => {
+                w.u8(12);
+                w.u16(head);
+                w.u16(index);
+            }
+            QueueError::UsedHeadOutOfRange { head, size } => {
+                w.u8(14);
+                w.u16(head);
+                w.u16(size);
+            }
+            QueueError::NothingInFlight => w.u8(15),
+        }
+    }
+
+    /// An error [`QueueError::save`] wrote.
+    pub fn restore(r: &mut StateReader<'_>) -> Result<Self, StateError> {
+        Ok(match r.u8()? {
+            0 => QueueError::NotReady,
+            1 => QueueError::BadSize {
+                num: r.u32()?,
+                max: r.u16()?,
+            },
+            tag @ (2 | 3) => {
+                let area = Area::restore(r)?;
+                let ipa = GuestAddr::new(r.u64()?);
+                if tag == 2 {
+                    QueueError::Misaligned { area, ipa }
+                } else {
+                    QueueError::AreaOverflow { area, ipa }
+                }
+            }
+            4 => QueueError::RingNotRam {
+                area: Area::restore(r)?,
+                err: GuestMemError {
+                    ipa: GuestAddr::new(r.u64()?),
+                    len: usize::try_from(r.u64()?)
+                        .map_err(|_| StateError::Invalid("virtqueue error length"))?,
+                },
+            },
+            5 => QueueError::AvailTooFarAhead {
+                avail_idx: r.u16()?,
+                last_avail_idx: r.u16()?,
+                size: r.u16()?,
+            },
+            6 => QueueError::HeadOutOfRange {
+                head: r.u16()?,
+                size: r.u16()?,
+            },
+            7 => QueueError::NextOutOfRange {
+                head: r.u16()?,
+                index: r.u16()?,
+                next: r.u16()?,
+                size: r.u16()?,
+            },
+            8 => QueueError::ChainTooLong {
+                head: r.u16()?,
+                size: r.u16()?,
+            },
+            9 => QueueError::Indirect {
+                head: r.u16()?,
+                index: r.u16()?,
+            },
+            tag @ (10 | 13) => {
+                let (head, index, ipa, len) =
+                    (r.u16()?, r.u16()?, GuestAddr::new(r.u64()?), r.u32()?);
+                if tag == 10 {
+                    QueueError::DescriptorOverflow {
+                        head,
+                        index,
+                        ipa,
+                        len,
+                    }
+                } else {
+                    QueueError::DescriptorNotRam {
+                        head,
+                        index,
+                        ipa,
+                        len,
+                    }
+                }
+            }
+            11 => QueueError::ChainLengthOverflow { head: r.u16()? },
+            12 => QueueError::ReadableAfterWritable {
+                head: r.u16()?,
+                index: r.u16()?,
+            },
+            14 => QueueError::UsedHeadOutOfRange {
+                head: r.u16()?,
+                size: r.u16()?,
+            },
+            15 => QueueError::NothingInFlight,
+            _ => return Err(StateError::Invalid("virtqueue error kind")),
+        })
+    }
+
     /// The head of the chain being processed, if the error was found after it
     /// was consumed and validated.
     pub fn head(&self) -> Option<u16> {

@@ -352,6 +352,27 @@ impl VirtioDevice for Sink {
     }
 }
 
+impl crate::savestate::SaveState for Sink {
+    fn save(&self, w: &mut crate::savestate::StateWriter) {
+        w.u32(self.resets);
+        w.bool(self.activated.is_some());
+        w.u64(self.activated.unwrap_or(0));
+        w.bool(self.quiet);
+    }
+    fn restore(
+        r: &mut crate::savestate::StateReader<'_>,
+    ) -> Result<Self, crate::savestate::StateError> {
+        let resets = r.u32()?;
+        let active = r.bool("sink activated")?;
+        let features = r.u64()?;
+        Ok(Sink {
+            resets,
+            activated: active.then_some(features),
+            quiet: r.bool("sink quiet")?,
+        })
+    }
+}
+
 impl<E: GuestMemory + ?Sized> VirtioDeviceIo<E> for Sink {
     fn reset(&mut self, _env: &mut E) {
         self.resets += 1;
