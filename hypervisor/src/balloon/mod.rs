@@ -117,6 +117,7 @@ use crate::virtio::{
 };
 
 pub mod hint;
+mod state;
 pub mod stats;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

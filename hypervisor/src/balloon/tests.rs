@@ -15,6 +15,7 @@ use proptest::prelude::*;
 
 use super::testing::FakeBackend;
 use super::*;
+use crate::savestate::{StateReader, StateWriter};
 use crate::virtio::mmio::{self, TransportEvent};
 use crate::virtio::testing::{driver_ok, handshake, read_reg, write_reg, DriverQueue, VecMemory};
 use crate::virtio::{GuestMemError, QueueError};
@@ -683,6 +684,18 @@ proptest! {
                 4 => { let _ = r.t.request_balloon_stats(&mut r.env, now); }
                 _ => {}
             }
+            // Every state the traffic reaches is saved and restored as it
+            // is (the restored transport saves the same bytes).
+            let mut w = StateWriter::default();
+            r.t.save(&mut w);
+            let saved = w.into_bytes();
+            let mut rd = StateReader::new(&saved);
+            let back = MmioTransport::<Balloon>::restore(&mut rd)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(rd.finish(), Ok(()));
+            let mut w = StateWriter::default();
+            back.save(&mut w);
+            prop_assert!(w.into_bytes() == saved, "the restored balloon saves other bytes");
             // The config always shows STOP, DONE or the latest run's id.
             let id = r.t.device().free_page_hint_cmd_id();
             prop_assert!(id <= 1 || Some(id) == r.t.device().hint_run().map(|run| run.id));

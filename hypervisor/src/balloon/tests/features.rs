@@ -865,3 +865,71 @@ fn all_features_together_keep_their_queues_apart() {
         assert_eq!(q.in_flight(), u32::from(i == 2), "queue {i}");
     }
 }
+
+/// The balloon's saved state, as restored: every byte it saves.
+fn resaved(b: &Balloon) -> Result<Vec<u8>, crate::savestate::StateError> {
+    let back: Balloon = crate::savestate::from_bytes(&crate::savestate::to_bytes(b))?;
+    Ok(crate::savestate::to_bytes(&back))
+}
+
+#[test]
+fn a_saved_balloon_comes_back_with_its_pages_hints_and_run() {
+    let mut r = hint_rig();
+    let q = r.qi(QueueKind::FreePageHint);
+    r.env.backend.now = 100 * SECOND;
+    let id = r.t.start_free_page_hint(100 * SECOND).unwrap();
+    r.send_cmd_id(id);
+    for i in 0..3 {
+        r.send_raw(q, &[(FREE + i * 0x10000, 0x10000, true)]);
+    }
+    r.send(0, &pfns(RAM_START + 16..RAM_START + 80));
+    let b = r.balloon();
+    assert_eq!((b.ballooned_pages(), b.hinted_count), (64, 48));
+    let saved = crate::savestate::to_bytes(b);
+    let back: Balloon = crate::savestate::from_bytes(&saved).expect("restores");
+    assert_eq!(back.ballooned_pages(), 64);
+    assert_eq!(back.hinted_count, 48);
+    assert_eq!(back.hint_run(), b.hint_run());
+    assert_eq!(back.hint_state(), HintState::Started);
+    assert_eq!(back.stats(), b.stats());
+    assert_eq!(resaved(b).expect("restores"), saved);
+    // A hinted page touched again is counted on the restored device too.
+    let mut back = back;
+    assert!(back.page_refaulted(GuestPfn::new(FREE >> 12)));
+
+    // Offsets: version 0, offered 1..9, RAM 9..25, negotiated 25..33,
+    // live 33, then the ballooned bitmap (a word per 64 pages), the
+    // hinted bitmap, and the two counts.
+    let words = (RAM_END - RAM_START).div_ceil(64) as usize;
+    let ballooned = 34;
+    let hinted = ballooned + 8 * words;
+    let counts = hinted + 8 * words;
+    let with = |at: usize, bytes: &[u8]| {
+        let mut bad = saved.clone();
+        bad[at..at + bytes.len()].copy_from_slice(bytes);
+        crate::savestate::from_bytes::<Balloon>(&bad)
+            .err()
+            .expect("refused")
+    };
+    use crate::savestate::StateError::Invalid;
+    assert_eq!(with(25, &[0xff; 8]), Invalid("balloon features negotiated"));
+    assert_eq!(with(1, &[0xff; 8]), Invalid("balloon features offered"));
+    assert_eq!(with(counts, &[65]), Invalid("balloon page counts"));
+    // Page 16 (bit 0 of the word's third byte) is ballooned: hinting it
+    // too is a state no driver reaches.
+    assert_eq!(
+        with(hinted + 2, &[1]),
+        Invalid("a page both ballooned and hinted")
+    );
+    // A page past the RAM's end.
+    if !(RAM_END - RAM_START).is_multiple_of(64) {
+        assert_eq!(with(hinted - 1, &[0x80]), Invalid("balloon bitmap"));
+    }
+    assert_eq!(
+        with(0, &[7]),
+        crate::savestate::StateError::Version {
+            device: "balloon",
+            found: 7
+        }
+    );
+}
