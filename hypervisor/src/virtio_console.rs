@@ -349,5 +349,45 @@ impl<E: GuestMemory + ConsoleIo + ?Sized> VirtioDeviceIo<E> for VirtioConsole {
     }
 }
 
+/// The layout version of the console's saved state.
+const STATE_VERSION: u8 = 1;
+
+/// Its counters and whether a pass was cut short (what the memory tick's
+/// resume picks up after a restore as before it).
+impl crate::savestate::SaveState for VirtioConsole {
+    fn save(&self, w: &mut crate::savestate::StateWriter) {
+        w.u8(STATE_VERSION);
+        let s = &self.stats;
+        for n in [
+            s.bytes_out,
+            s.chains_out,
+            s.bytes_in,
+            s.buffers_in,
+            s.passes_cut,
+        ] {
+            w.u64(n);
+        }
+        w.bool(self.tx_more);
+        w.bool(self.rx_more);
+    }
+
+    fn restore(
+        r: &mut crate::savestate::StateReader<'_>,
+    ) -> Result<Self, crate::savestate::StateError> {
+        r.version("virtio console", STATE_VERSION)?;
+        Ok(VirtioConsole {
+            stats: ConsoleStats {
+                bytes_out: r.u64()?,
+                chains_out: r.u64()?,
+                bytes_in: r.u64()?,
+                buffers_in: r.u64()?,
+                passes_cut: r.u64()?,
+            },
+            tx_more: r.bool("virtio console transmit pass cut")?,
+            rx_more: r.bool("virtio console receive pass cut")?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -571,6 +571,15 @@ fn a_transmit_storm_is_handled_a_bounded_pass_at_a_time() {
     assert_eq!(first, CHAINS_PER_PASS as u64);
     assert!(r.t.device().has_more());
     assert_eq!(r.stats().passes_cut, 1);
+    // Saved and restored mid-storm (as a snapshot would take it), the
+    // device goes on where it was: the cut pass is resumed.
+    let mut w = crate::savestate::StateWriter::default();
+    r.t.save(&mut w);
+    let saved = w.into_bytes();
+    let mut rd = crate::savestate::StateReader::new(&saved);
+    r.t = MmioTransport::restore(&mut rd).expect("restores");
+    assert_eq!(rd.finish(), Ok(()));
+    assert!(r.t.device().has_more());
     // The rest, a bounded pass at a time: the guest's next notifies and
     // the memory tick's resume (the guest need not notify again).
     let mut passes = 1;
