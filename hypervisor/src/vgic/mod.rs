@@ -93,6 +93,7 @@ use core::fmt;
 use crate::register_access::{check_access, AccessFault, UP_TO_WORD};
 
 mod regs;
+mod state;
 #[cfg(test)]
 mod tests;
 mod v3;

@@ -589,6 +589,13 @@ proptest! {
             wr(&mut d, 0, GICD_ISENABLER + 4, !0);
         }
         for op in ops {
+            // Every state is saved and restored as it is, its pending
+            // bitmaps recomputed to the same.
+            let saved = crate::savestate::to_bytes(&d);
+            let back: VDistributor = crate::savestate::from_bytes(&saved)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(format!("{back:?}"), format!("{d:?}"));
+            prop_assert_eq!(crate::savestate::to_bytes(&back), saved);
             let before = d.pending_vcpus();
             let kick = match op {
                 Op::Read { vcpu, offset, width } => {

@@ -79,7 +79,7 @@ const TYPER_LAST: u64 = 1 << 4;
 /// IROUTER.Interrupt_Routing_Mode: any participating vCPU.
 const IROUTER_IRM: u64 = 1 << 31;
 /// The IROUTER fields that exist: Aff3, IRM, Aff2, Aff1, Aff0.
-const IROUTER_MASK: u64 = 0xff_8000_0000 | 0xff_ffff;
+pub(super) const IROUTER_MASK: u64 = 0xff_8000_0000 | 0xff_ffff;
 
 /// The trapped SGI generation registers (op0, op1, CRn, CRm, op2).
 pub const ICC_SGI1R_EL1: (u8, u8, u8, u8, u8) = (3, 0, 12, 11, 5);
@@ -245,7 +245,7 @@ impl VDistributor {
     }
 
     /// The vCPU mask an IROUTER value routes to (see the module docs).
-    fn route_targets(&self, irouter: u64) -> u8 {
+    pub(super) fn route_targets(&self, irouter: u64) -> u8 {
         if irouter & IROUTER_IRM != 0 {
             return self.vcpu_mask() as u8;
         }

@@ -264,6 +264,13 @@ proptest! {
                     }
                 }
             }
+            // Every state is saved and restored as it is, its pending
+            // bitmaps recomputed to the same.
+            let saved = crate::savestate::to_bytes(&d);
+            let back: VDistributor = crate::savestate::from_bytes(&saved)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(format!("{back:?}"), format!("{d:?}"));
+            prop_assert_eq!(crate::savestate::to_bytes(&back), saved);
             for v in 0..2 {
                 let fast = d.next_pending(v, |_| false);
                 prop_assert_eq!(fast, scan(&d, v), "the pending bitmap agrees with a full scan");
@@ -300,4 +307,32 @@ fn typer_names_the_lines_the_vcpus_and_ten_intid_bits() {
     );
     let mut d = d3(8);
     assert_eq!(d.read_dist_v3(0, GICD_TYPER, 4).unwrap() >> 5 & 7, 7);
+}
+
+#[test]
+fn a_saved_distributor_no_guest_could_write_is_refused() {
+    let mut d = d3(2);
+    d.write_dist_v3(0, GICD_CTLR, 4, 0x13).unwrap();
+    let saved = crate::savestate::to_bytes(&d);
+    let back: VDistributor = crate::savestate::from_bytes(&saved).expect("restores");
+    assert_eq!(format!("{back:?}"), format!("{d:?}"));
+    // Offsets: version 0, GIC version 1, vCPUs 2..10, SPIs 10..14, CTLR
+    // 14..18, then per vCPU 32 interrupts (flags, priority, targets) and
+    // 16 SGI source bytes.
+    let with = |at: usize, bytes: &[u8]| {
+        let mut bad = saved.clone();
+        bad[at..at + bytes.len()].copy_from_slice(bytes);
+        crate::savestate::from_bytes::<VDistributor>(&bad).expect_err("refused")
+    };
+    use crate::savestate::StateError::Invalid;
+    assert_eq!(with(1, &[4]), Invalid("vGIC version"));
+    assert_eq!(with(2, &[9]), Invalid("vGIC vCPU count"));
+    assert_eq!(with(2, &[0]), Invalid("vGIC size"));
+    assert_eq!(with(14, &[4]), Invalid("vGIC CTLR"));
+    assert_eq!(with(18, &[0x40]), Invalid("vGIC interrupt flags"));
+    assert_eq!(with(19, &[0x01]), Invalid("vGIC interrupt priority"));
+    // SGI 0 made level-triggered: flags without the edge bit.
+    assert_eq!(with(18, &[0x01]), Invalid("a vGIC SGI not edge-triggered"));
+    // An SGI pending from vCPU 2 of a VM with two.
+    assert_eq!(with(18 + 96, &[0b100]), Invalid("vGIC SGI source"));
 }
