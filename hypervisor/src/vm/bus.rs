@@ -1,46 +1,155 @@
-//! A VM's MMIO bus: which emulated device an intermediate-physical address
-//! falls in ([`route`], the one place the address windows are decoded), the
-//! register accesses the vCPU trapped on, given to that device, and what a
-//! device does back (an interrupt line, console output, a balloon event).
+//! A VM's MMIO bus: the emulated devices registered on it ([`MmioDevice`],
+//! one module of `vm::devices` each), which one an intermediate-physical
+//! address falls in ([`route`], the one place the address windows are
+//! decoded), the register accesses the vCPU trapped on given to it, and
+//! every device's state saved and restored in one pass.
 
 use super::console_line::Echo;
 use super::cpu::PhysCpu;
-use super::device_memory::DeviceView;
+use super::devices;
+use super::exit_profile::ExitKind;
 use super::fault::{BadAccessKind, Device};
 use super::fdt::{self, layout};
-use super::irq;
-use super::ratelimit::Lines;
 use super::state::Vm;
 use crate::addr::GuestAddr;
-use crate::vgic::{VgicEffect, VgicVersion, GICR_STRIDE, GICV3_DIST_WINDOW};
+use crate::savestate::{StateError, StateReader, StateWriter};
+use crate::vgic::{GICR_STRIDE, GICV3_DIST_WINDOW};
 use crate::virtio::mmio::MmioError;
 
-/// An emulated device's register window, and the offset into it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Window {
-    /// The GIC distributor (4 KiB on a GICv2, 64 KiB on a GICv3).
-    GicDistributor(u64),
-    /// GICv3 redistributor `index` (one per vCPU).
-    GicRedistributor {
-        index: usize,
+/// An emulated device on a VM's MMIO bus. A device is a module of
+/// `vm::devices` implementing this, and a line of the registration below:
+/// the bus decodes its window ([`route`]), gives it the accesses there, and
+/// saves and restores its state with every other device's; its fault
+/// messages and its exits in the profile are named by [`MmioDevice::DEVICE`].
+/// A device with a fast path of its own has it in `vm::handle`'s
+/// `fast_exit`, which calls the same functions as its [`MmioDevice::write`].
+pub trait MmioDevice {
+    /// What fault messages call it, and its kind of exit in the profile.
+    const DEVICE: Device;
+    /// Its register window in `vm` (base, size), if `vm` has the device.
+    fn window(vm: &Vm) -> Option<(GuestAddr, u64)>;
+    /// A guest load of `width` bytes at `offset` into its window.
+    fn read(
+        vm: &mut Vm,
+        cpu: &mut impl PhysCpu,
+        vcpu: usize,
         offset: u64,
-    },
-    Uart(u64),
-    /// Virtio-mmio slot 0: the balloon.
-    Virtio(u64),
-    /// Virtio-mmio slot 1: the virtio console.
-    VirtioConsole(u64),
+        width: u8,
+    ) -> Result<u64, Refused>;
+    /// A guest store of `value` (`width` bytes) at `offset`.
+    fn write(
+        vm: &mut Vm,
+        cpu: &mut impl PhysCpu,
+        vcpu: usize,
+        offset: u64,
+        width: u8,
+        value: u64,
+    ) -> Result<(), Refused>;
+    /// The profile's kind of a store at `offset` (a virtio notify is its
+    /// own kind).
+    fn store_kind(_offset: u64) -> ExitKind {
+        ExitKind::mmio(Some(Self::DEVICE))
+    }
+    /// Its state, for a snapshot or a migration.
+    fn save(vm: &Vm, w: &mut StateWriter);
+    /// Its state as [`MmioDevice::save`] wrote it, into `vm` (built from
+    /// the same configuration, its vCPUs not running): refused unless the
+    /// device could have reached it in this VM.
+    fn restore(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError>;
 }
 
-impl Window {
-    pub fn device(self) -> Device {
-        match self {
-            Window::GicDistributor(_) => Device::GicDistributor,
-            Window::GicRedistributor { .. } => Device::GicRedistributor,
-            Window::Uart(_) => Device::Uart,
-            Window::Virtio(_) | Window::VirtioConsole(_) => Device::Virtio,
+/// The registration: each device's [`Window`] variant and its type, in the
+/// order [`route`] tries their windows, its state is saved in.
+macro_rules! register_devices {
+    ($($(#[$doc:meta])* $window:ident => $device:ty,)*) => {
+        /// A registered device's register window, and the offset into it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Window {
+            $($(#[$doc])* $window(u64),)*
         }
-    }
+
+        impl Window {
+            pub fn device(self) -> Device {
+                match self {
+                    $(Window::$window(_) => <$device>::DEVICE,)*
+                }
+            }
+
+            /// The profile's kind of a store in this window.
+            pub fn store_kind(self) -> ExitKind {
+                match self {
+                    $(Window::$window(offset) => <$device>::store_kind(offset),)*
+                }
+            }
+        }
+
+        /// The device window `ipa` is in, among the devices this VM has.
+        #[inline]
+        pub fn route(vm: &Vm, ipa: GuestAddr) -> Option<Window> {
+            $(
+                if let Some((base, size)) = <$device>::window(vm) {
+                    if let Some(offset) = offset_in(ipa, base, size) {
+                        return Some(Window::$window(offset));
+                    }
+                }
+            )*
+            None
+        }
+
+        fn read_window(
+            vm: &mut Vm,
+            cpu: &mut impl PhysCpu,
+            vcpu: usize,
+            window: Window,
+            width: u8,
+        ) -> Result<u64, Refused> {
+            match window {
+                $(Window::$window(offset) => <$device>::read(vm, cpu, vcpu, offset, width),)*
+            }
+        }
+
+        fn write_window(
+            vm: &mut Vm,
+            cpu: &mut impl PhysCpu,
+            vcpu: usize,
+            window: Window,
+            width: u8,
+            value: u64,
+        ) -> Result<(), Refused> {
+            match window {
+                $(Window::$window(offset) => <$device>::write(vm, cpu, vcpu, offset, width, value),)*
+            }
+        }
+
+        /// Every device's state, in registration order.
+        pub fn save_devices(vm: &Vm, w: &mut StateWriter) {
+            w.u8(DEVICES_STATE_VERSION);
+            $(<$device>::save(vm, w);)*
+        }
+
+        /// Every device's state as [`save_devices`] wrote it, into `vm`.
+        pub fn restore_devices(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError> {
+            r.version("devices", DEVICES_STATE_VERSION)?;
+            $(<$device>::restore(vm, r)?;)*
+            Ok(())
+        }
+    };
+}
+
+/// The layout version of [`save_devices`]: the registration's order.
+const DEVICES_STATE_VERSION: u8 = 1;
+
+register_devices! {
+    /// The GIC distributor (4 KiB on a GICv2, 64 KiB on a GICv3).
+    GicDistributor => devices::gic::GicdWindow,
+    /// The GICv3 redistributors, a frame per vCPU.
+    GicRedistributors => devices::gic::GicrWindow,
+    /// The PL011.
+    Uart => devices::uart::UartWindow,
+    /// Virtio-mmio slot 0: the balloon.
+    Balloon => devices::balloon::BalloonWindow,
+    /// Virtio-mmio slot 1: the virtio console.
+    VirtioConsole => devices::console::ConsoleWindow,
 }
 
 /// `ipa - base` if `ipa` is in `base..base + size`.
@@ -49,48 +158,18 @@ pub fn offset_in(ipa: GuestAddr, base: GuestAddr, size: u64) -> Option<u64> {
     ipa.offset_from(base).filter(|&off| off < size)
 }
 
-/// The device window `ipa` is in, among the devices this VM has.
-#[inline]
-pub fn route(vm: &Vm, ipa: GuestAddr) -> Option<Window> {
-    if let Some(vgic) = vm.vgic.as_ref() {
-        let v3 = vgic.version() == VgicVersion::V3;
-        let dist_size = if v3 {
-            GICV3_DIST_WINDOW
-        } else {
-            fdt::GICV2_DIST_SIZE
-        };
-        if let Some(off) = offset_in(ipa, layout::GICD_BASE, dist_size) {
-            return Some(Window::GicDistributor(off));
-        }
-        let redists = GICR_STRIDE * vgic.vcpus() as u64;
-        if let Some(off) = offset_in(ipa, layout::GICR_BASE, redists).filter(|_| v3) {
-            return Some(Window::GicRedistributor {
-                index: (off / GICR_STRIDE) as usize,
-                offset: off % GICR_STRIDE,
-            });
-        }
+/// A store to a virtio-mmio device: a QueueNotify is a `virtio-notify`.
+pub fn virtio_store_kind(offset: u64) -> ExitKind {
+    match offset {
+        crate::virtio::mmio::QUEUE_NOTIFY => ExitKind::VirtioNotify,
+        _ => ExitKind::mmio(Some(Device::Virtio)),
     }
-    if let Some(off) = offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE) {
-        return Some(Window::Uart(off));
-    }
-    if vm.balloon.is_some() {
-        if let Some(off) = offset_in(ipa, layout::VIRTIO_BASE, layout::VIRTIO_STRIDE) {
-            return Some(Window::Virtio(off));
-        }
-    }
-    if vm.vconsole.is_some() {
-        let base = layout::VIRTIO_BASE + layout::VIRTIO_STRIDE * layout::CONSOLE_SLOT as u64;
-        if let Some(off) = offset_in(ipa, base, layout::VIRTIO_STRIDE) {
-            return Some(Window::VirtioConsole(off));
-        }
-    }
-    None
 }
 
 /// The balloon's QueueNotify register lies in no window [`route`] looks at
 /// before the virtio slots, whatever the vGIC and its vCPU count: so for a
-/// VM with a balloon, [`route`] decodes it as `Window::Virtio(QUEUE_NOTIFY)`
-/// ([`is_balloon_notify`] relies on it).
+/// VM with a balloon, [`route`] decodes it as `Window::Balloon(QUEUE_NOTIFY)`
+/// (`devices::balloon::is_notify` relies on it).
 const _: () = {
     let notify = layout::VIRTIO_BASE.raw() + crate::virtio::mmio::QUEUE_NOTIFY;
     let dist_end = layout::GICD_BASE.raw() + max(GICV3_DIST_WINDOW, fdt::GICV2_DIST_SIZE);
@@ -106,22 +185,6 @@ const fn max(a: u64, b: u64) -> u64 {
     } else {
         b
     }
-}
-
-/// Whether `ipa` is this VM's balloon QueueNotify register: [`route`]'s
-/// answer `Window::Virtio(QUEUE_NOTIFY)`, without its walk over the other
-/// windows (the assertion above shows none contains it). For the notify
-/// fast path.
-#[inline]
-pub fn is_balloon_notify(vm: &Vm, ipa: GuestAddr) -> bool {
-    vm.balloon.is_some() && ipa == layout::VIRTIO_BASE + crate::virtio::mmio::QUEUE_NOTIFY
-}
-
-/// Whether `ipa` is in the PL011's window: a first cheap test for the
-/// UART fast path, which then asks [`route`] (the one decode).
-#[inline]
-pub fn is_uart(ipa: GuestAddr) -> bool {
-    offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE).is_some()
 }
 
 /// What was refused, and the device's own reason if it gave one.
@@ -148,8 +211,17 @@ impl Refused {
         }
     }
 
-    fn device(window: Window) -> Self {
-        Self::new(BadAccessKind::DeviceRegister(window.device()))
+    /// A register access `device` refused, for no reason it gives.
+    pub fn device(device: Device) -> Self {
+        Self::new(BadAccessKind::DeviceRegister(device))
+    }
+
+    /// A refused access to a virtio-mmio device, with its reason.
+    pub fn virtio(e: MmioError) -> Self {
+        Refused {
+            kind: BadAccessKind::DeviceRegister(Device::Virtio),
+            detail: Detail::Virtio(e),
+        }
     }
 }
 
@@ -172,14 +244,6 @@ impl core::fmt::Display for Refused {
     }
 }
 
-/// A refused access to the virtio-mmio device, with its reason.
-fn bad_virtio(e: MmioError) -> Refused {
-    Refused {
-        kind: BadAccessKind::DeviceRegister(Device::Virtio),
-        detail: Detail::Virtio(e),
-    }
-}
-
 /// A guest register read of `width` bytes in `window` (the caller routed
 /// the address once: [`route`]; `None`, no device, is refused).
 pub fn read(
@@ -189,42 +253,8 @@ pub fn read(
     window: Option<Window>,
     width: u8,
 ) -> Result<u64, Refused> {
-    let Some(window) = window else {
-        return Err(Refused::new(BadAccessKind::Unmapped));
-    };
-    let refused = |_| Refused::device(window);
-    match window {
-        Window::GicDistributor(off) | Window::GicRedistributor { offset: off, .. } => {
-            let vgic = vm.vgic.as_mut().ok_or(Refused::device(window))?;
-            match window {
-                Window::GicRedistributor { index, .. } => {
-                    vgic.read_redist(vcpu, index, off, width).map_err(refused)
-                }
-                _ if vgic.version() == VgicVersion::V3 => {
-                    vgic.read_dist_v3(vcpu, off, width).map_err(refused)
-                }
-                _ => vgic.read(vcpu, off, width).map(u64::from).map_err(refused),
-            }
-        }
-        Window::Uart(off) => {
-            let value = vm.uart.read(off, width);
-            if vm.input.is_empty() {
-                irq::update_uart(vm, cpu);
-                irq::sync_uart_mirror(vm, cpu);
-            } else {
-                irq::feed_console(vm, cpu);
-            }
-            Ok(u64::from(value))
-        }
-        Window::Virtio(off) => {
-            let balloon = vm.balloon.as_mut().ok_or(Refused::device(window))?;
-            balloon.read(off, width).map(u64::from).map_err(bad_virtio)
-        }
-        Window::VirtioConsole(off) => {
-            let console = vm.vconsole.as_mut().ok_or(Refused::device(window))?;
-            console.read(off, width).map(u64::from).map_err(bad_virtio)
-        }
-    }
+    let window = window.ok_or(Refused::new(BadAccessKind::Unmapped))?;
+    read_window(vm, cpu, vcpu, window, width)
 }
 
 /// A guest register write of `value` (`width` bytes) in `window` (routed
@@ -237,43 +267,8 @@ pub fn write(
     width: u8,
     value: u64,
 ) -> Result<(), Refused> {
-    let Some(window) = window else {
-        return Err(Refused::new(BadAccessKind::Unmapped));
-    };
-    let refused = |_| Refused::device(window);
-    match window {
-        Window::GicDistributor(off) | Window::GicRedistributor { offset: off, .. } => {
-            let vgic = vm.vgic.as_mut().ok_or(Refused::device(window))?;
-            let effect: VgicEffect = match window {
-                Window::GicRedistributor { index, .. } => vgic
-                    .write_redist(vcpu, index, off, width, value)
-                    .map_err(refused)?,
-                _ if vgic.version() == VgicVersion::V3 => vgic
-                    .write_dist_v3(vcpu, off, width, value)
-                    .map_err(refused)?,
-                _ => vgic
-                    .write(vcpu, off, width, value as u32)
-                    .map_err(refused)?,
-            };
-            // An SGI to another vCPU, an enable: make its CPU sync.
-            irq::apply_effect(vm, cpu, effect);
-            Ok(())
-        }
-        Window::Uart(off) => {
-            let effect = vm.uart.write(off, width, value as u32);
-            if let Some(byte) = effect.output {
-                console_output(vm, byte, false);
-            }
-            // The page first: a vCPU the interrupt reaches reads it.
-            irq::sync_uart_mirror(vm, cpu);
-            if effect.irq_changed {
-                irq::update_uart(vm, cpu);
-            }
-            Ok(())
-        }
-        Window::Virtio(off) => virtio_write(vm, cpu, off, width, value),
-        Window::VirtioConsole(off) => vconsole_write(vm, cpu, off, width, value),
-    }
+    let window = window.ok_or(Refused::new(BadAccessKind::Unmapped))?;
+    write_window(vm, cpu, vcpu, window, width, value)
 }
 
 /// A byte the guest wrote to its console: part of a line, or shown live
@@ -297,79 +292,4 @@ pub(super) fn console_output(vm: &mut Vm, byte: u8, echo: bool) -> Option<Echo> 
     }
     super::device_memory::show_byte(&mut vm.console, &mut vm.out, &vm.name, false, byte);
     None
-}
-
-/// A guest register write to its virtio console: the transport's, then
-/// waiting input into receive buffers the write may have made available,
-/// then the device's interrupt line.
-fn vconsole_write(
-    vm: &mut Vm,
-    cpu: &mut impl PhysCpu,
-    off: u64,
-    width: u8,
-    value: u64,
-) -> Result<(), Refused> {
-    irq::with_vconsole(vm, cpu, |transport, view| {
-        transport
-            .write(off, width, value as u32, view)
-            .map_err(bad_virtio)
-    })
-    .ok_or(Refused::new(BadAccessKind::Unmapped))??;
-    if !vm.input.is_empty() {
-        irq::feed_console(vm, cpu);
-    }
-    match off {
-        crate::virtio::mmio::INTERRUPT_ACK => irq::update_vconsole_after_ack(vm, cpu),
-        _ => irq::update_vconsole(vm, cpu),
-    }
-    Ok(())
-}
-
-fn virtio_write(
-    vm: &mut Vm,
-    cpu: &mut impl PhysCpu,
-    off: u64,
-    width: u8,
-    value: u64,
-) -> Result<(), Refused> {
-    let now = cpu.uptime_us();
-    let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
-        return Err(Refused::new(BadAccessKind::Unmapped));
-    };
-    // Pages a deflate backs get what a fault would give them.
-    ram.set_page_fill(balloon.device().page_fill());
-    let mut view = DeviceView {
-        ram,
-        mem: cpu.memory(),
-        now_us: now,
-    };
-    let before = *balloon.device().stats();
-    let hint_before = balloon.device().hint_run().copied();
-    let event = balloon
-        .write(off, width, value as u32, &mut view)
-        .map_err(bad_virtio)?;
-    let mut lines = Lines {
-        lines: &mut vm.lines,
-        out: &mut vm.out,
-        name: &vm.name,
-        now_us: now,
-    };
-    if let Some(msg) = event.message() {
-        lines.say(
-            super::balloon_ctl::event_kind(msg),
-            format_args!("balloon: {msg}"),
-        );
-    }
-    super::balloon_ctl::report_rejections(&mut lines, &before, balloon.device().stats());
-    super::balloon_ctl::report_hint_end(
-        lines.out,
-        lines.name,
-        hint_before,
-        balloon.device().hint_run(),
-    );
-    match off {
-        crate::virtio::mmio::INTERRUPT_ACK => irq::update_virtio_after_ack(vm, cpu),
-        _ => irq::update_virtio(vm, cpu),
-    }
-    Ok(())
 }

@@ -2260,3 +2260,67 @@ fn a_vm_without_balloon_or_prealloc_is_named_at_start() {
         assert_eq!(said.contains(note), named, "{devices} {prealloc}: {said}");
     }
 }
+
+/// Every device's state, as [`bus::save_devices`] writes it.
+fn devices_state(vm: &Vm) -> Vec<u8> {
+    let mut w = crate::savestate::StateWriter::default();
+    super::bus::save_devices(vm, &mut w);
+    w.into_bytes()
+}
+
+#[test]
+fn every_device_is_saved_and_restored_into_a_vm_of_the_same_configuration() {
+    let (mut vm, mut cpu) = started(1);
+    let mut ctx = enter(&mut vm, &mut cpu, 0);
+    // State in every device: the driver live, a target set, bytes typed
+    // and printed, an interrupt enabled.
+    let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
+    driver_live(&mut vm, &mut cpu, &mut ctx, rings);
+    balloon_ctl::set_target(&mut vm, &mut cpu, 16).expect("target set");
+    irq::console_input_bytes(
+        &mut vm,
+        &mut cpu,
+        b"typed ahead of the guest's reads, more than a FIFO holds",
+    );
+    for &b in b"hi" {
+        ctx.x[1] = u64::from(b);
+        exit(&mut vm, &mut cpu, &mut ctx, store(UART_DR, 4));
+    }
+    let saved = devices_state(&vm);
+
+    // A second VM of the same bundle, started fresh: its devices take the
+    // first's state, and save the same bytes.
+    let mut twin = Vm::new(0, vm.spec, GuestGic::V3);
+    lifecycle::start(&mut twin, &mut FakeCpu::new(BOARD_PAGES)).expect("starts");
+    assert_ne!(devices_state(&twin), saved);
+    let mut r = crate::savestate::StateReader::new(&saved);
+    super::bus::restore_devices(&mut twin, &mut r).expect("restores");
+    assert_eq!(r.finish(), Ok(()));
+    assert_eq!(devices_state(&twin), saved);
+    assert_eq!(twin.balloon.as_ref().unwrap().device().target(), 16);
+    assert_eq!(twin.input.len(), vm.input.len());
+    assert!(twin.balloon.as_ref().unwrap().interrupt_pending());
+
+    // A VM without a balloon takes no state that has one.
+    let no_balloon = spec_devices(1, 0, VmMemory::default(), VM_RAM, 0);
+    let mut other = Vm::new(0, no_balloon, GuestGic::V3);
+    lifecycle::start(&mut other, &mut FakeCpu::new(BOARD_PAGES)).expect("starts");
+    let mut r = crate::savestate::StateReader::new(&saved);
+    assert_eq!(
+        super::bus::restore_devices(&mut other, &mut r),
+        Err(crate::savestate::StateError::Invalid("balloon"))
+    );
+    // Nor does a VM with another GIC.
+    let v2 = GuestGic::V2 {
+        gicv: crate::addr::PhysAddr::new(0x0801_0000),
+    };
+    let mut other = Vm::new(0, vm.spec, v2);
+    lifecycle::start(&mut other, &mut FakeCpu::new(BOARD_PAGES)).expect("starts");
+    let mut r = crate::savestate::StateReader::new(&saved);
+    assert_eq!(
+        super::bus::restore_devices(&mut other, &mut r),
+        Err(crate::savestate::StateError::Invalid(
+            "vGIC of another version or size"
+        ))
+    );
+}

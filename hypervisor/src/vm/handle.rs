@@ -16,9 +16,11 @@
 use core::fmt::Write as _;
 
 use super::balloon_ctl;
+use super::bus::MmioDevice as _;
 use super::bus::{self, Detail, Refused};
 use super::cpu::{GuestContext, PhysCpu};
 use super::device_memory::MappedView;
+use super::devices;
 use super::exit::{il32, load_result, FaultKind, VcpuExit};
 use super::exit_profile::ExitKind;
 use super::fault::{BadAccessKind, OnBadAccess};
@@ -36,7 +38,6 @@ use crate::trace::trace_event;
 use crate::vgic::{
     VDistributor, VgicVersion, GICD_SGIR, ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1,
 };
-use crate::virtio::mmio::QUEUE_NOTIFY;
 
 /// Why a VM stopped after a hypervisor failure in its path.
 pub const FAILURE: &str = "a hypervisor failure in this VM's path";
@@ -172,10 +173,12 @@ pub fn fast_exit(
 ) -> Option<FastExit> {
     // What every other exit pays: a compare or two, no call.
     match *exit {
-        VcpuExit::MmioWrite { ipa, width: 4, .. } if bus::is_balloon_notify(vm, ipa) => {
+        VcpuExit::MmioWrite { ipa, width: 4, .. } if devices::balloon::is_notify(vm, ipa) => {
             empty_notify(vm, cpu, vcpu, ctx, exit, before)
         }
-        VcpuExit::MmioRead { ipa, .. } | VcpuExit::MmioWrite { ipa, .. } if bus::is_uart(ipa) => {
+        VcpuExit::MmioRead { ipa, .. } | VcpuExit::MmioWrite { ipa, .. }
+            if devices::uart::contains(ipa) =>
+        {
             uart_exit(vm, cpu, vcpu, ctx, exit, before)
         }
         VcpuExit::MmioWrite { ipa, width: 4, .. } if ipa == SGIR_IPA => {
@@ -232,13 +235,9 @@ fn sgi_send(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
     if targets & (1 << fast.vcpu) != 0 {
         return None;
     }
-    let effect = fast
-        .vm
-        .vgic
-        .as_mut()?
-        .write(fast.vcpu, GICD_SGIR, store.width, value as u32)
+    // The distributor's write, as the full path makes it.
+    devices::gic::GicdWindow::write(fast.vm, fast.cpu, fast.vcpu, GICD_SGIR, store.width, value)
         .ok()?;
-    irq::apply_effect(fast.vm, fast.cpu, effect);
     let traced = Traced {
         what: "write",
         ipa: store.ipa,
@@ -400,7 +399,7 @@ struct Traced {
 
 /// [`fast_exit`] for a 4-byte store to the balloon's QueueNotify: taken
 /// when the address is the QueueNotify as [`bus::route`] decodes it
-/// ([`bus::is_balloon_notify`]; not RAM) and the transport's
+/// (`devices::balloon::is_notify`; not RAM) and the transport's
 /// [`empty_notify`](crate::virtio::mmio::MmioTransport::empty_notify) finds
 /// the queue live with nothing new in its avail ring, read through the VM's
 /// stage 2 without backing a page ([`MappedView`]: a ring page without a
@@ -544,21 +543,21 @@ fn uart_transmit(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
         return None;
     }
     let value = fast.ctx.reg(reg);
+    // The full path's write, but the mirror synced only when the byte
+    // changes what the guest reads there (TXRIS), and a live byte kept as
+    // an echo to print once the lock is released. Its interrupt line
+    // stays where it is (checked above).
     let changes = vm.uart.transmit_changes_registers();
-    let effect = vm.uart.write(crate::pl011::UARTDR, width, value as u32);
-    if changes {
-        // TXRIS as the guest reads it from now on.
-        irq::sync_uart_mirror(vm, fast.cpu);
-    }
-    if effect.irq_changed {
-        // Not reached (the level was checked above); should the model
-        // ever disagree, the vGIC still gets the level.
-        irq::update_uart(vm, fast.cpu);
-    }
-    let shown = match effect
-        .output
-        .and_then(|byte| bus::console_output(vm, byte, true))
-    {
+    let echo = devices::uart::write_register(
+        vm,
+        fast.cpu,
+        crate::pl011::UARTDR,
+        width,
+        value,
+        true,
+        changes,
+    );
+    let shown = match echo {
         Some(echo) => {
             vm.echo = Some(echo);
             Shown::Live
@@ -614,7 +613,7 @@ fn balloon_work(vm: &Vm, exit: &VcpuExit) -> bool {
         VcpuExit::MmioRead { ipa, .. }
         | VcpuExit::MmioWrite { ipa, .. }
         | VcpuExit::Abort { ipa, .. } => {
-            matches!(bus::route(vm, ipa), Some(bus::Window::Virtio(_)))
+            matches!(bus::route(vm, ipa), Some(bus::Window::Balloon(_)))
                 || vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
         }
         _ => false,
@@ -680,11 +679,7 @@ pub fn handle(
             insn_len,
         } => {
             let window = bus::route(vm, ipa);
-            let kind = match window {
-                Some(bus::Window::Virtio(QUEUE_NOTIFY))
-                | Some(bus::Window::VirtioConsole(QUEUE_NOTIFY)) => ExitKind::VirtioNotify,
-                _ => ExitKind::mmio(window.map(bus::Window::device)),
-            };
+            let kind = window.map_or(ExitKind::mmio(None), bus::Window::store_kind);
             let value = ctx.reg(reg);
             if let Err(refused) = bus::write(vm, cpu, vcpu, window, width, value) {
                 let access = Access::data(ipa, true, width, insn_len, ctx.far);

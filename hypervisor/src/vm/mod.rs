@@ -38,6 +38,7 @@ pub mod console_line;
 mod core_tests;
 pub mod cpu;
 pub mod device_memory;
+pub mod devices;
 pub mod exit;
 pub mod exit_profile;
 pub mod fault;

@@ -1,0 +1,128 @@
+//! Virtio-mmio slot 0, the balloon: a register access given to its
+//! transport over the VM's RAM (`device_memory::DeviceView`), what it did
+//! said on the console (rate-limited), and its interrupt line driven (an
+//! InterruptACK that leaves bits set signals a new edge). Its state is the
+//! transport's and the balloon's.
+
+use super::super::bus::{self, MmioDevice, Refused};
+use super::super::cpu::PhysCpu;
+use super::super::device_memory::DeviceView;
+use super::super::exit_profile::ExitKind;
+use super::super::fault::{BadAccessKind, Device};
+use super::super::fdt::layout;
+use super::super::irq;
+use super::super::ratelimit::Lines;
+use super::super::state::Vm;
+use crate::addr::GuestAddr;
+use crate::balloon::Balloon;
+use crate::savestate::{StateError, StateReader, StateWriter};
+use crate::virtio::mmio::{MmioTransport, INTERRUPT_ACK, QUEUE_NOTIFY};
+
+/// The balloon's window.
+pub struct BalloonWindow;
+
+/// Whether `ipa` is this VM's balloon QueueNotify register: [`bus::route`]'s
+/// answer `Window::Balloon(QUEUE_NOTIFY)`, without its walk over the other
+/// windows (`bus.rs` asserts none contains it). For the notify fast path.
+#[inline]
+pub fn is_notify(vm: &Vm, ipa: GuestAddr) -> bool {
+    vm.balloon.is_some() && ipa == layout::VIRTIO_BASE + QUEUE_NOTIFY
+}
+
+impl MmioDevice for BalloonWindow {
+    const DEVICE: Device = Device::Virtio;
+
+    #[inline]
+    fn window(vm: &Vm) -> Option<(GuestAddr, u64)> {
+        vm.balloon.as_ref()?;
+        Some((layout::VIRTIO_BASE, layout::VIRTIO_STRIDE))
+    }
+
+    fn read(
+        vm: &mut Vm,
+        _cpu: &mut impl PhysCpu,
+        _vcpu: usize,
+        offset: u64,
+        width: u8,
+    ) -> Result<u64, Refused> {
+        let balloon = vm.balloon.as_mut().ok_or(Refused::device(Self::DEVICE))?;
+        balloon
+            .read(offset, width)
+            .map(u64::from)
+            .map_err(Refused::virtio)
+    }
+
+    fn write(
+        vm: &mut Vm,
+        cpu: &mut impl PhysCpu,
+        _vcpu: usize,
+        offset: u64,
+        width: u8,
+        value: u64,
+    ) -> Result<(), Refused> {
+        let now = cpu.uptime_us();
+        let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
+            return Err(Refused::new(BadAccessKind::Unmapped));
+        };
+        // Pages a deflate backs get what a fault would give them.
+        ram.set_page_fill(balloon.device().page_fill());
+        let mut view = DeviceView {
+            ram,
+            mem: cpu.memory(),
+            now_us: now,
+        };
+        let before = *balloon.device().stats();
+        let hint_before = balloon.device().hint_run().copied();
+        let event = balloon
+            .write(offset, width, value as u32, &mut view)
+            .map_err(Refused::virtio)?;
+        let mut lines = Lines {
+            lines: &mut vm.lines,
+            out: &mut vm.out,
+            name: &vm.name,
+            now_us: now,
+        };
+        if let Some(msg) = event.message() {
+            lines.say(
+                super::super::balloon_ctl::event_kind(msg),
+                format_args!("balloon: {msg}"),
+            );
+        }
+        super::super::balloon_ctl::report_rejections(&mut lines, &before, balloon.device().stats());
+        super::super::balloon_ctl::report_hint_end(
+            lines.out,
+            lines.name,
+            hint_before,
+            balloon.device().hint_run(),
+        );
+        match offset {
+            INTERRUPT_ACK => irq::update_virtio_after_ack(vm, cpu),
+            _ => irq::update_virtio(vm, cpu),
+        }
+        Ok(())
+    }
+
+    fn store_kind(offset: u64) -> ExitKind {
+        bus::virtio_store_kind(offset)
+    }
+
+    fn save(vm: &Vm, w: &mut StateWriter) {
+        super::save_optional(w, vm.balloon.as_ref(), MmioTransport::save);
+    }
+
+    /// A balloon offering what the VM's configuration offers, over its RAM.
+    fn restore(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError> {
+        let config = vm
+            .balloon
+            .as_ref()
+            .map(|b| (b.device().offered_features(), b.device().ram_pfns()));
+        super::restore_optional(r, &mut vm.balloon, "balloon", |r| {
+            let t = MmioTransport::<Balloon>::restore(r)?;
+            let restored = (t.device().offered_features(), t.device().ram_pfns());
+            if Some(restored) != config {
+                return Err(StateError::Invalid("a balloon of another configuration"));
+            }
+            Ok(t)
+        })
+    }
+}
