@@ -547,13 +547,13 @@ impl SaveState for Pl011 {
             ris: r.masked_u32(INT_ALL, "pl011 RIS")?,
             dmacr: r.masked_u32(0x7, "pl011 DMACR")?,
             counters: Pl011Counters {
-                tx_bytes: r.u64()?,
-                tx_while_disabled: r.u64()?,
-                rx_bytes: r.u64()?,
-                rx_refused: r.u64()?,
-                unknown: r.u64()?,
-                bad_width: r.u64()?,
-                read_only_writes: r.u64()?,
+                tx_bytes: r.count("pl011 counter")?,
+                tx_while_disabled: r.count("pl011 counter")?,
+                rx_bytes: r.count("pl011 counter")?,
+                rx_refused: r.count("pl011 counter")?,
+                unknown: r.count("pl011 counter")?,
+                bad_width: r.count("pl011 counter")?,
+                read_only_writes: r.count("pl011 counter")?,
             },
         })
     }

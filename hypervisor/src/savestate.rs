@@ -16,6 +16,10 @@ extern crate alloc;
 use alloc::vec::Vec;
 use core::fmt;
 
+/// The largest counter or time a saved state may hold
+/// ([`StateReader::count`]).
+pub const MAX_COUNT: u64 = 1 << 62;
+
 /// Why a device's saved state was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateError {
@@ -153,6 +157,14 @@ impl<'a> StateReader<'a> {
         }
         Ok(v)
     }
+    /// A counter or a time in microseconds: at most [`MAX_COUNT`], which
+    /// no device reaches (2^62 events at a billion a second take 146
+    /// years), so that the device's own arithmetic on it, an increment or
+    /// an interval added, cannot overflow after a restore.
+    pub fn count(&mut self, what: &'static str) -> Result<u64, StateError> {
+        self.at_most(MAX_COUNT, what)
+    }
+
     /// A state's version byte: `expected`, or the state is refused.
     pub fn version(&mut self, device: &'static str, expected: u8) -> Result<(), StateError> {
         match self.u8()? {
@@ -160,6 +172,11 @@ impl<'a> StateReader<'a> {
             found => Err(StateError::Version { device, found }),
         }
     }
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.rest.len()
+    }
+
     /// Every byte was read.
     pub fn finish(self) -> Result<(), StateError> {
         if self.rest.is_empty() {

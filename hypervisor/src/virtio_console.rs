@@ -377,11 +377,11 @@ impl crate::savestate::SaveState for VirtioConsole {
         r.version("virtio console", STATE_VERSION)?;
         Ok(VirtioConsole {
             stats: ConsoleStats {
-                bytes_out: r.u64()?,
-                chains_out: r.u64()?,
-                bytes_in: r.u64()?,
-                buffers_in: r.u64()?,
-                passes_cut: r.u64()?,
+                bytes_out: r.count("virtio console counter")?,
+                chains_out: r.count("virtio console counter")?,
+                bytes_in: r.count("virtio console counter")?,
+                buffers_in: r.count("virtio console counter")?,
+                passes_cut: r.count("virtio console counter")?,
             },
             tx_more: r.bool("virtio console transmit pass cut")?,
             rx_more: r.bool("virtio console receive pass cut")?,

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::json;
 
 /// Every target, in the order they run (fast ones first).
-pub const TARGETS: [&str; 16] = [
+pub const TARGETS: [&str; 17] = [
     "exit_decode",
     "shell",
     "psci",
@@ -49,6 +49,7 @@ pub const TARGETS: [&str; 16] = [
     "vgic_v2",
     "vgic_v3",
     "vm_config",
+    "device_state",
     "exit_dispatch",
     "balloon",
 ];

@@ -32,9 +32,14 @@ fn save_opt_u64(w: &mut StateWriter, v: Option<u64>) {
     w.u64(v.unwrap_or(0));
 }
 
+/// An optional time: at most [`crate::savestate::MAX_COUNT`].
 fn restore_opt_u64(r: &mut StateReader<'_>, what: &'static str) -> Result<Option<u64>, StateError> {
     let some = r.bool(what)?;
-    let v = r.u64()?;
+    let v = r.count(what)?;
+    // An absent value is written as 0: one state, one encoding.
+    if !some && v != 0 {
+        return Err(invalid(what));
+    }
     Ok(some.then_some(v))
 }
 
@@ -97,7 +102,7 @@ fn counters(s: &BalloonStats) -> [u64; 31] {
 fn restore_counters(r: &mut StateReader<'_>) -> Result<BalloonStats, StateError> {
     let mut v = [0u64; 31];
     for slot in v.iter_mut() {
-        *slot = r.u64()?;
+        *slot = r.count("balloon counter")?;
     }
     let [inflate_requests, deflate_requests, pages_inflated, pages_deflated, pages_deflated_on_reset, rejected_out_of_range, rejected_duplicate, rejected_already_ballooned, rejected_not_ballooned, pages_deflated_on_oom, stats_buffers_held, stats_buffers_extra, stats_refreshes, stats_unknown_tags, stats_values_clamped, actual_writes_clamped, poison_writes_ignored, reports, report_blocks, pages_reported, hint_runs, hint_blocks, pages_hinted, hint_pages_reused, hint_ids_stale, hint_buffers_stale, blocks_rejected_outside_ram, blocks_rejected_unaligned, blocks_rejected_ballooned, blocks_rejected_overlapping, device_errors] =
         v;
@@ -221,7 +226,10 @@ impl SaveState for Balloon {
         r.version("balloon", VERSION)?;
         let offered = r.u64()?;
         let ram: Range<GuestPfn> = GuestPfn::new(r.u64()?)..GuestPfn::new(r.u64()?);
-        if ram.start > ram.end || ram.end > GuestPfn::new(1 << 32) {
+        // Within the guest-physical space (and so a bitmap of at most
+        // 512 KiB): a state's RAM is never larger than a VM's can be.
+        let ipa_pages = crate::mm::stage2::IPA_LIMIT.pfn();
+        if ram.start > ram.end || ram.end > ipa_pages {
             return Err(invalid("balloon RAM"));
         }
         let mut b = Balloon::new(offered & !super::F_VERSION_1, ram)
@@ -253,9 +261,12 @@ impl SaveState for Balloon {
         b.poison_val = r.u32()?;
         let held = r.bool("balloon statistics buffer held")?;
         let head = r.u16()?;
+        if !held && head != 0 {
+            return Err(invalid("balloon statistics buffer held"));
+        }
         b.held_stats = held.then_some(head);
-        b.held_since_us = r.u64()?;
-        b.stats_interval_us = r.u64()?;
+        b.held_since_us = r.count("balloon statistics buffer held since")?;
+        b.stats_interval_us = r.count("balloon statistics interval")?;
         b.stats_requested = r.bool("balloon statistics requested")?;
         if r.bool("balloon statistics sample")? {
             let memory_bound = b.ram_bytes().min(MAX_MEMORY_BYTES);
@@ -272,7 +283,7 @@ impl SaveState for Balloon {
                 *slot = v;
             }
             debug_assert_eq!(sample.values.len(), STAT_TAGS);
-            sample.arrived_us = r.u64()?;
+            sample.arrived_us = r.count("balloon statistics arrival")?;
             sample.unknown_tags = r.u32()?;
             sample.clamped = r.u32()?;
             b.sample = Some(sample);
@@ -288,7 +299,7 @@ impl SaveState for Balloon {
         b.hint_id = r.u32()?;
         if r.bool("balloon hinting run")? {
             let id = r.u32()?;
-            let started_us = r.u64()?;
+            let started_us = r.count("hinting run start")?;
             let mut run = HintRun::new(id, started_us);
             run.answered_us = restore_opt_u64(r, "hinting run answered")?;
             run.ended_us = restore_opt_u64(r, "hinting run ended")?;
@@ -299,13 +310,13 @@ impl SaveState for Balloon {
                 3 => HintOutcome::Reset,
                 _ => return Err(invalid("hinting run outcome")),
             };
-            run.blocks = r.u64()?;
-            run.pages_hinted = r.u64()?;
-            run.pages_reused = r.u64()?;
+            run.blocks = r.count("hinting run counter")?;
+            run.pages_hinted = r.count("hinting run counter")?;
+            run.pages_reused = r.count("hinting run counter")?;
             b.hint_run = Some(run);
         }
         b.config_change = r.bool("balloon config change")?;
-        b.clock_us = r.u64()?;
+        b.clock_us = r.count("balloon clock")?;
         b.stats = restore_counters(r)?;
         Ok(b)
     }

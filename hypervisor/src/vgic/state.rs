@@ -153,13 +153,13 @@ impl SaveState for VDistributor {
             d.asleep[b] = r.bool("vGIC redistributor asleep")?;
         }
         d.counters = VgicCounters {
-            reserved_reads: r.u64()?,
-            reserved_writes: r.u64()?,
-            read_only_writes: r.u64()?,
-            write_only_reads: r.u64()?,
-            sgir_reserved: r.u64()?,
-            rejected: r.u64()?,
-            sgis: r.u64()?,
+            reserved_reads: r.count("vGIC counter")?,
+            reserved_writes: r.count("vGIC counter")?,
+            read_only_writes: r.count("vGIC counter")?,
+            write_only_reads: r.count("vGIC counter")?,
+            sgir_reserved: r.count("vGIC counter")?,
+            rejected: r.count("vGIC counter")?,
+            sgis: r.count("vGIC counter")?,
         };
         for bank in 0..vcpus {
             for intid in 0..SPI_BASE {

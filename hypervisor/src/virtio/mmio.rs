@@ -363,14 +363,14 @@ impl<D: VirtioDevice> MmioTransport<D> {
         )?;
         t.config_generation = r.u32()?;
         t.stats = TransportStats {
-            notifications: r.u64()?,
-            notifications_ignored: r.u64()?,
-            device_errors: r.u64()?,
-            resets: r.u64()?,
-            bad_accesses: r.u64()?,
-            ignored_writes: r.u64()?,
-            features_refused: r.u64()?,
-            interrupts: r.u64()?,
+            notifications: r.count("virtio transport counter")?,
+            notifications_ignored: r.count("virtio transport counter")?,
+            device_errors: r.count("virtio transport counter")?,
+            resets: r.count("virtio transport counter")?,
+            bad_accesses: r.count("virtio transport counter")?,
+            ignored_writes: r.count("virtio transport counter")?,
+            features_refused: r.count("virtio transport counter")?,
+            interrupts: r.count("virtio transport counter")?,
         };
         if r.bool("virtio device error")? {
             let device = &t.device;

@@ -282,6 +282,10 @@ impl DeviceError {
     ) -> Result<Self, StateError> {
         let on_queue = r.bool("device error queue")?;
         let index = r.u64()?;
+        // What is absent is written as 0: one error, one encoding.
+        if !on_queue && index != 0 {
+            return Err(StateError::Invalid("device error queue"));
+        }
         let queue = match on_queue {
             false => None,
             true => {
@@ -297,6 +301,9 @@ impl DeviceError {
         };
         let has_head = r.bool("device error head")?;
         let head = r.u16()?;
+        if !has_head && head != 0 {
+            return Err(StateError::Invalid("device error head"));
+        }
         let head = has_head.then_some(head);
         let tag = r.u8()?;
         let kind = if tag == 0 {
@@ -305,6 +312,9 @@ impl DeviceError {
             let (a, b) = (r.u32()?, r.u32()?);
             let desc =
                 || u16::try_from(a).map_err(|_| StateError::Invalid("device error descriptor"));
+            if matches!(tag, 1 | 2 | 6) && b != 0 {
+                return Err(StateError::Invalid("device error kind"));
+            }
             match tag {
                 1 => DeviceErrorKind::UnexpectedWritable { desc: desc()? },
                 2 => DeviceErrorKind::UnexpectedReadable { desc: desc()? },
