@@ -45,11 +45,7 @@ impl MmioDevice for BalloonWindow {
         offset: u64,
         width: u8,
     ) -> Result<u64, Refused> {
-        let balloon = vm.balloon.as_mut().ok_or(Refused::device(Self::DEVICE))?;
-        balloon
-            .read(offset, width)
-            .map(u64::from)
-            .map_err(Refused::virtio)
+        super::read_transport(vm.balloon.as_mut(), offset, width)
     }
 
     fn write(

@@ -35,11 +35,7 @@ impl MmioDevice for ConsoleWindow {
         offset: u64,
         width: u8,
     ) -> Result<u64, Refused> {
-        let console = vm.vconsole.as_mut().ok_or(Refused::device(Self::DEVICE))?;
-        console
-            .read(offset, width)
-            .map(u64::from)
-            .map_err(Refused::virtio)
+        super::read_transport(vm.vconsole.as_mut(), offset, width)
     }
 
     fn write(

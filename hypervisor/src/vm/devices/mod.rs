@@ -9,7 +9,24 @@ pub mod console;
 pub mod gic;
 pub mod uart;
 
+use super::bus::Refused;
+use super::fault::Device;
 use crate::savestate::{StateError, StateReader, StateWriter};
+use crate::virtio::{MmioTransport, VirtioDevice};
+
+/// A guest load from a virtio-mmio slot's registers (`None`: the VM has no
+/// device there).
+pub(super) fn read_transport<D: VirtioDevice>(
+    transport: Option<&mut MmioTransport<D>>,
+    offset: u64,
+    width: u8,
+) -> Result<u64, Refused> {
+    transport
+        .ok_or(Refused::device(Device::Virtio))?
+        .read(offset, width)
+        .map(u64::from)
+        .map_err(Refused::virtio)
+}
 
 /// Write whether a VM has a device, then (if it has) its state.
 pub(super) fn save_optional<T>(
