@@ -59,6 +59,11 @@ fn paths_after<'a>(code: &'a str, prefix: &'a str) -> impl Iterator<Item = Vec<&
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             return None;
         }
+        // The inner links of a `super::super::` chain: the chain is read
+        // once, from its start.
+        if code[..i].ends_with(prefix) {
+            return None;
+        }
         let rest = &code[i + prefix.len()..];
         let end = rest
             .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
@@ -97,9 +102,12 @@ fn graph(depth: usize) -> Graph {
             module[..keep].iter().map(String::as_str).collect()
         };
         let crate_paths = paths_after(&text, "crate::").map(|p| p.to_vec());
+        // `super::super::x` from a/b/c.rs is a::x: each leading `super`
+        // one level up (the chain's inner `super::` is not a path of its own).
         let super_paths = paths_after(&text, "super::").map(|p| {
-            let mut full = parent.clone();
-            full.extend(p);
+            let ups = p.iter().take_while(|s| **s == "super").count();
+            let mut full = parent[..parent.len().saturating_sub(ups)].to_vec();
+            full.extend(&p[ups..]);
             full
         });
         for path in crate_paths.chain(super_paths) {
@@ -193,4 +201,10 @@ fn the_scan_sees_a_cycle_when_there_is_one() {
     let text = "use crate::vm::bus::route;\nuse super::state::Vm;\nlet mycrate::x = 1;\n";
     let paths: Vec<_> = paths_after(text, "crate::").collect();
     assert_eq!(paths, vec![vec!["vm", "bus", "route"]]);
+    let text = "use super::super::bus::route;\nuse super::state::Vm;\n";
+    let paths: Vec<_> = paths_after(text, "super::").collect();
+    assert_eq!(
+        paths,
+        vec![vec!["super", "bus", "route"], vec!["state", "Vm"]]
+    );
 }

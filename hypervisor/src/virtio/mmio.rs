@@ -682,7 +682,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
     /// signalled, or anything new (or unreadable) in the avail ring, read
     /// through `mem` with the checks [`Virtqueue::pop`] makes.
     ///
-    /// The notify fast path's decision (`vm::handle::empty_notify`); `mem`
+    /// The notify fast path's decision (`vm::devices::balloon::empty_notify`); `mem`
     /// may be a view that only reads what is mapped, so that an answer of
     /// true never backed a page or wrote anything.
     #[inline]

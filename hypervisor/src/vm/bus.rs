@@ -1,10 +1,11 @@
-//! A VM's MMIO bus: the emulated devices registered on it ([`MmioDevice`],
-//! one module of `vm::devices` each), which one an intermediate-physical
-//! address falls in ([`route`], the one place the address windows are
-//! decoded), the register accesses the vCPU trapped on given to it, and
-//! every device's state saved and restored in one pass.
+//! A VM's MMIO bus: the registration of its emulated devices (each a
+//! module of `vm::devices` implementing [`MmioDevice`]), which one an
+//! intermediate-physical address falls in ([`route`], the one place the
+//! address windows are decoded), the register accesses the vCPU trapped on
+//! given to it, and every device's state saved and restored in one pass.
 
-use super::console_line::Echo;
+pub use super::devices::{offset_in, Detail, MmioDevice, Refused};
+
 use super::cpu::PhysCpu;
 use super::devices;
 use super::exit_profile::ExitKind;
@@ -14,49 +15,6 @@ use super::state::Vm;
 use crate::addr::GuestAddr;
 use crate::savestate::{StateError, StateReader, StateWriter};
 use crate::vgic::{GICR_STRIDE, GICV3_DIST_WINDOW};
-use crate::virtio::mmio::MmioError;
-
-/// An emulated device on a VM's MMIO bus. A device is a module of
-/// `vm::devices` implementing this, and a line of the registration below:
-/// the bus decodes its window ([`route`]), gives it the accesses there, and
-/// saves and restores its state with every other device's; its fault
-/// messages and its exits in the profile are named by [`MmioDevice::DEVICE`].
-/// A device with a fast path of its own has it in `vm::handle`'s
-/// `fast_exit`, which calls the same functions as its [`MmioDevice::write`].
-pub trait MmioDevice {
-    /// What fault messages call it, and its kind of exit in the profile.
-    const DEVICE: Device;
-    /// Its register window in `vm` (base, size), if `vm` has the device.
-    fn window(vm: &Vm) -> Option<(GuestAddr, u64)>;
-    /// A guest load of `width` bytes at `offset` into its window.
-    fn read(
-        vm: &mut Vm,
-        cpu: &mut impl PhysCpu,
-        vcpu: usize,
-        offset: u64,
-        width: u8,
-    ) -> Result<u64, Refused>;
-    /// A guest store of `value` (`width` bytes) at `offset`.
-    fn write(
-        vm: &mut Vm,
-        cpu: &mut impl PhysCpu,
-        vcpu: usize,
-        offset: u64,
-        width: u8,
-        value: u64,
-    ) -> Result<(), Refused>;
-    /// The profile's kind of a store at `offset` (a virtio notify is its
-    /// own kind).
-    fn store_kind(_offset: u64) -> ExitKind {
-        ExitKind::mmio(Some(Self::DEVICE))
-    }
-    /// Its state, for a snapshot or a migration.
-    fn save(vm: &Vm, w: &mut StateWriter);
-    /// Its state as [`MmioDevice::save`] wrote it, into `vm` (built from
-    /// the same configuration, its vCPUs not running): refused unless the
-    /// device could have reached it in this VM.
-    fn restore(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError>;
-}
 
 /// The registration: each device's [`Window`] variant and its type, in the
 /// order [`route`] tries their windows, its state is saved in.
@@ -152,20 +110,6 @@ register_devices! {
     VirtioConsole => devices::console::ConsoleWindow,
 }
 
-/// `ipa - base` if `ipa` is in `base..base + size`.
-#[inline]
-pub fn offset_in(ipa: GuestAddr, base: GuestAddr, size: u64) -> Option<u64> {
-    ipa.offset_from(base).filter(|&off| off < size)
-}
-
-/// A store to a virtio-mmio device: a QueueNotify is a `virtio-notify`.
-pub fn virtio_store_kind(offset: u64) -> ExitKind {
-    match offset {
-        crate::virtio::mmio::QUEUE_NOTIFY => ExitKind::VirtioNotify,
-        _ => ExitKind::mmio(Some(Device::Virtio)),
-    }
-}
-
 /// The balloon's QueueNotify register lies in no window [`route`] looks at
 /// before the virtio slots, whatever the vGIC and its vCPU count: so for a
 /// VM with a balloon, [`route`] decodes it as `Window::Balloon(QUEUE_NOTIFY)`
@@ -184,63 +128,6 @@ const fn max(a: u64, b: u64) -> u64 {
         a
     } else {
         b
-    }
-}
-
-/// What was refused, and the device's own reason if it gave one.
-pub struct Refused {
-    pub kind: BadAccessKind,
-    pub detail: Detail,
-}
-
-pub enum Detail {
-    None,
-    Virtio(MmioError),
-    SysReg {
-        encoding: (u8, u8, u8, u8, u8),
-        read: bool,
-    },
-    Esr(u64),
-}
-
-impl Refused {
-    pub fn new(kind: BadAccessKind) -> Self {
-        Self {
-            kind,
-            detail: Detail::None,
-        }
-    }
-
-    /// A register access `device` refused, for no reason it gives.
-    pub fn device(device: Device) -> Self {
-        Self::new(BadAccessKind::DeviceRegister(device))
-    }
-
-    /// A refused access to a virtio-mmio device, with its reason.
-    pub fn virtio(e: MmioError) -> Self {
-        Refused {
-            kind: BadAccessKind::DeviceRegister(Device::Virtio),
-            detail: Detail::Virtio(e),
-        }
-    }
-}
-
-impl core::fmt::Display for Refused {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "{}", self.kind)?;
-        match self.detail {
-            Detail::None => Ok(()),
-            Detail::Virtio(e) => write!(f, " ({e})"),
-            Detail::SysReg {
-                encoding: (op0, op1, crn, crm, op2),
-                read,
-            } => write!(
-                f,
-                " ({} of S{op0}_{op1}_C{crn}_C{crm}_{op2})",
-                if read { "read" } else { "write" }
-            ),
-            Detail::Esr(esr) => write!(f, " (ESR_EL2 {esr:#x})"),
-        }
     }
 }
 
@@ -269,27 +156,4 @@ pub fn write(
 ) -> Result<(), Refused> {
     let window = window.ok_or(Refused::new(BadAccessKind::Unmapped))?;
     write_window(vm, cpu, vcpu, window, width, value)
-}
-
-/// A byte the guest wrote to its console: part of a line, or shown live
-/// when its console has the keyboard (prompts, echo). Live output whose
-/// line fits an [`Echo`] is returned for the caller to print once the VM's
-/// lock is released; whatever else it makes goes to the outbox.
-pub(super) fn console_output(vm: &mut Vm, byte: u8, echo: bool) -> Option<Echo> {
-    if vm.focused {
-        if !echo {
-            let output = vm.console.push_live(byte);
-            vm.out.live(output);
-            return None;
-        }
-        return match vm.console.push_live_echo(byte) {
-            Ok(echo) => Some(echo),
-            Err(output) => {
-                vm.out.live(output);
-                None
-            }
-        };
-    }
-    super::device_memory::show_byte(&mut vm.console, &mut vm.out, &vm.name, false, byte);
-    None
 }

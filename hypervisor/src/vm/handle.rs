@@ -16,28 +16,25 @@
 use core::fmt::Write as _;
 
 use super::balloon_ctl;
-use super::bus::MmioDevice as _;
 use super::bus::{self, Detail, Refused};
 use super::cpu::{GuestContext, PhysCpu};
-use super::device_memory::MappedView;
 use super::devices;
 use super::exit::{il32, load_result, FaultKind, VcpuExit};
 use super::exit_profile::ExitKind;
+use super::fast::{trace_exit, trace_mmio, Fast};
+pub use super::fast::{FastExit, Shown};
 use super::fault::{BadAccessKind, OnBadAccess};
-use super::fdt::layout;
 use super::inject::GuestException;
 use super::irq;
 use super::manage;
 use super::memory::{HostMemory as _, RamError};
 use super::psci::{self, PsciOutcome};
 use super::ratelimit::LineKind;
-use super::state::{Vm, VmState};
+use super::state::Vm;
 use super::uart_mirror;
 use crate::addr::{GuestAddr, GuestPfn};
 use crate::trace::trace_event;
-use crate::vgic::{
-    VDistributor, VgicVersion, GICD_SGIR, ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1,
-};
+use crate::vgic::{ICC_ASGI1R_EL1, ICC_SGI0R_EL1, ICC_SGI1R_EL1};
 
 /// Why a VM stopped after a hypervisor failure in its path.
 pub const FAILURE: &str = "a hypervisor failure in this VM's path";
@@ -129,17 +126,17 @@ pub fn traps_wfi(vm: &Vm, vcpu: usize) -> bool {
 
 /// The fast paths: an exit that certainly has nothing to do but its own
 /// access is finished here, right after the decode, instead of by
-/// [`after_exit`], with the effects the full path would have. These
-/// qualify:
+/// [`after_exit`], with the effects the full path would have. Each is its
+/// device's (`vm::devices`), picked here by address; these qualify:
 /// - a trapped 32-bit store to the balloon's QueueNotify with nothing new
-///   in the queue (`empty_notify`);
+///   in the queue (`devices::balloon::empty_notify`);
 /// - a load from the PL011 that leaves its interrupt line where it is (the
 ///   flag register polled before each byte sent, above all, and a byte
 ///   read that leaves the receive interrupt as it was), while no console
-///   input waits behind its FIFO (`quiet_uart_read`);
-/// - a store to the PL011's DR, a byte the guest sends (`uart_transmit`);
+///   input waits behind its FIFO, and a store to its DR, a byte the guest
+///   sends (`devices::uart::fast_exit`);
 /// - a store to a GICv2's GICD_SGIR that sends an SGI to other vCPUs only
-///   (`sgi_send`).
+///   (`devices::gic::sgi_send`).
 ///
 /// Returns what it did ([`FastExit`]); `None`, with nothing changed, for
 /// anything the full path must see.
@@ -174,78 +171,20 @@ pub fn fast_exit(
     // What every other exit pays: a compare or two, no call.
     match *exit {
         VcpuExit::MmioWrite { ipa, width: 4, .. } if devices::balloon::is_notify(vm, ipa) => {
-            empty_notify(vm, cpu, vcpu, ctx, exit, before)
+            devices::balloon::empty_notify(vm, cpu, vcpu, ctx, exit, before)
         }
         VcpuExit::MmioRead { ipa, .. } | VcpuExit::MmioWrite { ipa, .. }
             if devices::uart::contains(ipa) =>
         {
-            uart_exit(vm, cpu, vcpu, ctx, exit, before)
+            devices::uart::fast_exit(vm, cpu, vcpu, ctx, exit, before)
         }
-        VcpuExit::MmioWrite { ipa, width: 4, .. } if ipa == SGIR_IPA => {
-            sgi_send(Fast::new(vm, cpu, vcpu, ctx, exit, before))
+        VcpuExit::MmioWrite { ipa, width: 4, .. } if ipa == devices::gic::SGIR_IPA => {
+            devices::gic::sgi_send(Fast::new(vm, cpu, vcpu, ctx, exit, before))
         }
         // Not an arm of its own: that made the match a jump table, five
         // more instructions on the notify.
         _ => read_only_store(vm, cpu, vcpu, ctx, exit, before),
     }
-}
-
-/// [`fast_exit`] for the PL011: `quiet_uart_read` or `uart_transmit`.
-/// Like [`empty_notify`] it takes its arguments in registers and builds the
-/// [`Fast`] here, where it costs nothing: passed by value to a call, it is
-/// spilled to the stack (25 more instructions per UART exit under -icount).
-#[inline(never)]
-fn uart_exit(
-    vm: &mut Vm,
-    cpu: &mut impl PhysCpu,
-    vcpu: usize,
-    ctx: &mut GuestContext,
-    exit: &VcpuExit,
-    before: u32,
-) -> Option<FastExit> {
-    let fast = Fast::new(vm, cpu, vcpu, ctx, exit, before);
-    match *exit {
-        VcpuExit::MmioRead { .. } => quiet_uart_read(fast).map(FastExit::quiet),
-        _ => uart_transmit(fast),
-    }
-}
-
-/// Where a GICv2 distributor's GICD_SGIR is in every VM.
-const SGIR_IPA: GuestAddr = GuestAddr::new(layout::GICD_BASE.raw() + GICD_SGIR);
-
-/// [`fast_exit`] for a 4-byte store to a GICv2 distributor's GICD_SGIR: an
-/// SGI the guest sends (Linux's IPIs, about two per process it starts).
-/// Taken when the vGIC is a GICv2 (a GICv3's distributor has no SGIR), the
-/// VM runs plainly (`runs_plainly`) and the SGI goes to other vCPUs only,
-/// so that nothing of the sender's own interrupts changes and the sync of
-/// its list registers the full path does before the entry would change
-/// nothing (an SGI to itself, or the reserved TargetListFilter, goes the
-/// full way). The SGI is made pending as the full path's `bus::write`
-/// makes it, the CPUs of the vCPUs it became deliverable to are kicked,
-/// and the exit is recorded as an `mmio-gicd`.
-#[inline(never)]
-fn sgi_send(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
-    let store = fast.stored()?;
-    let vgic = fast.vm.vgic.as_ref()?;
-    if vgic.version() != VgicVersion::V2 || !fast.plain_access(store.ipa) {
-        return None;
-    }
-    let value = fast.ctx.reg(store.reg);
-    let targets = vgic.sgir_targets(fast.vcpu, value as u32)?;
-    if targets & (1 << fast.vcpu) != 0 {
-        return None;
-    }
-    // The distributor's write, as the full path makes it.
-    devices::gic::GicdWindow::write(fast.vm, fast.cpu, fast.vcpu, GICD_SGIR, store.width, value)
-        .ok()?;
-    let traced = Traced {
-        what: "write",
-        ipa: store.ipa,
-        width: store.width,
-        value,
-    };
-    let kind = ExitKind::mmio(Some(super::fault::Device::GicDistributor));
-    Some(FastExit::quiet(fast.finish(kind, traced, store.insn_len)))
 }
 
 /// [`fast_exit`] for a store to the PL011's mirror page (`uart_mirror`),
@@ -260,349 +199,7 @@ fn read_only_store(
     before: u32,
 ) -> Option<FastExit> {
     let exit = exit.read_only_store_at(uart_mirror::PAGE)?;
-    uart_exit(vm, cpu, vcpu, ctx, &exit, before)
-}
-
-/// What a fast exit did (small: every fast exit returns it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FastExit {
-    /// The instruction count it recorded up to (the next exit's `before`:
-    /// the vCPU loop counts every instruction of a fast exit, unlock, world
-    /// switch and printing included, in one exit or the next).
-    pub recorded: u32,
-    /// What the caller prints once the VM's lock is released.
-    pub shown: Shown,
-}
-
-/// Console output a fast exit made (a byte sent).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shown {
-    Nothing,
-    /// Text in the VM's outbox, printed as after a full exit.
-    Outbox,
-    /// A byte shown live, in [`Vm::echo`].
-    Live,
-}
-
-impl FastExit {
-    #[inline]
-    fn quiet(recorded: u32) -> Self {
-        Self {
-            recorded,
-            shown: Shown::Nothing,
-        }
-    }
-}
-
-/// The conditions every fast path shares (see [`fast_exit`]).
-#[inline]
-fn runs_plainly(vm: &Vm, cpu: &impl PhysCpu, vcpu: usize) -> bool {
-    vm.state == VmState::Running
-        && vm.inject_failure.is_none()
-        && vm.change.is_none()
-        && vm.out.is_empty()
-        && vm.ram.as_ref().is_some_and(|r| r.frame_error.is_none())
-        && !(vcpu == 0
-            && vm.balloon.as_ref().is_some_and(|b| {
-                b.device()
-                    .next_stats_poll_us()
-                    .is_some_and(|t| t <= cpu.uptime_us())
-            }))
-}
-
-/// A fast exit being handled: what each fast path works on.
-struct Fast<'a, C> {
-    vm: &'a mut Vm,
-    cpu: &'a mut C,
-    vcpu: usize,
-    ctx: &'a mut GuestContext,
-    exit: &'a VcpuExit,
-    /// The instruction count the exit's cost runs from.
-    before: u32,
-}
-
-impl<'a, C: PhysCpu> Fast<'a, C> {
-    #[inline]
-    fn new(
-        vm: &'a mut Vm,
-        cpu: &'a mut C,
-        vcpu: usize,
-        ctx: &'a mut GuestContext,
-        exit: &'a VcpuExit,
-        before: u32,
-    ) -> Self {
-        Fast {
-            vm,
-            cpu,
-            vcpu,
-            ctx,
-            exit,
-            before,
-        }
-    }
-
-    /// The exit's store, if it is one.
-    #[inline]
-    fn stored(&self) -> Option<Stored> {
-        match *self.exit {
-            VcpuExit::MmioWrite {
-                ipa,
-                width,
-                reg,
-                insn_len,
-            } => Some(Stored {
-                ipa,
-                width,
-                reg,
-                insn_len,
-            }),
-            _ => None,
-        }
-    }
-
-    /// Whether a device access at `ipa` may go the fast way: `ipa` is not
-    /// the VM's RAM (a load or store there is a fault to back) and the VM
-    /// runs plainly (`runs_plainly`).
-    #[inline]
-    fn plain_access(&self, ipa: GuestAddr) -> bool {
-        !self.vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
-            && runs_plainly(self.vm, self.cpu, self.vcpu)
-    }
-
-    /// The access is done: traced, the guest's PC stepped past its
-    /// `insn_len`-byte instruction, and the exit recorded as `kind`; the
-    /// instruction count recorded up to.
-    #[inline]
-    fn finish(self, kind: ExitKind, access: Traced, insn_len: u8) -> u32 {
-        trace_exit(self.vm, self.vcpu, self.exit, self.ctx.elr);
-        trace_mmio(self.vm, access.what, access.ipa, access.width, access.value);
-        self.ctx.elr = self.ctx.elr.wrapping_add(u64::from(insn_len));
-        record_fast(self.vm, self.cpu, kind, self.before)
-    }
-}
-
-/// A trapped store's operands ([`Fast::stored`]).
-struct Stored {
-    ipa: GuestAddr,
-    width: u8,
-    reg: u8,
-    insn_len: u8,
-}
-
-/// What [`Fast::finish`] traces of an MMIO access.
-struct Traced {
-    what: &'static str,
-    ipa: GuestAddr,
-    width: u8,
-    value: u64,
-}
-
-/// [`fast_exit`] for a 4-byte store to the balloon's QueueNotify: taken
-/// when the address is the QueueNotify as [`bus::route`] decodes it
-/// (`devices::balloon::is_notify`; not RAM) and the transport's
-/// [`empty_notify`](crate::virtio::mmio::MmioTransport::empty_notify) finds
-/// the queue live with nothing new in its avail ring, read through the VM's
-/// stage 2 without backing a page ([`MappedView`]: a ring page without a
-/// frame goes the full way, which backs it). The notification is counted
-/// and the exit recorded as a `virtio-notify`.
-///
-/// It takes its arguments one by one, in registers: a [`Fast`] passed by
-/// value is spilled to the stack, 11 more instructions on the notify
-/// (bounded at 500, `cargo xtask bench bare-metal`); built here, it costs
-/// nothing.
-#[inline(never)]
-fn empty_notify(
-    vm: &mut Vm,
-    cpu: &mut impl PhysCpu,
-    vcpu: usize,
-    ctx: &mut GuestContext,
-    exit: &VcpuExit,
-    before: u32,
-) -> Option<FastExit> {
-    let fast = Fast::new(vm, cpu, vcpu, ctx, exit, before);
-    let VcpuExit::MmioWrite {
-        ipa,
-        width,
-        reg,
-        insn_len,
-    } = *fast.exit
-    else {
-        return None;
-    };
-    if !fast.plain_access(ipa) {
-        return None;
-    }
-    let (Some(balloon), Some(ram)) = (fast.vm.balloon.as_mut(), fast.vm.ram.as_mut()) else {
-        return None;
-    };
-    if !line_at(
-        fast.vm.vgic.as_ref(),
-        irq::VIRTIO_INTID,
-        balloon.interrupt_pending(),
-    ) {
-        return None;
-    }
-    let value = fast.ctx.reg(reg);
-    let mut view = MappedView {
-        ram,
-        mem: fast.cpu.memory(),
-    };
-    if !balloon.empty_notify(width, value as u32, &mut view) {
-        return None;
-    }
-    let traced = Traced {
-        what: "write",
-        ipa,
-        width,
-        value,
-    };
-    Some(FastExit::quiet(fast.finish(
-        ExitKind::VirtioNotify,
-        traced,
-        insn_len,
-    )))
-}
-
-/// [`fast_exit`] for a load from the PL011: taken when [`bus::route`]
-/// decodes the address as the UART (not RAM), no console input waits
-/// behind the receive FIFO (the full path would feed it after a byte is
-/// taken), the UART's line in the vGIC has the level the UART asks for,
-/// and the read leaves that level as it is ([`Pl011::read_keeping_level`]:
-/// a DR read that lowers the line, taking the last byte or the FIFO below
-/// its trigger level with no other interrupt up, goes the full way). Such
-/// a read changes nothing but the model (as the full path's read changes
-/// it), the guest's register and PC; the exit is recorded as an
-/// `mmio-uart`.
-///
-/// [`Pl011::read_keeping_level`]: crate::pl011::Pl011::read_keeping_level
-#[inline(always)]
-fn quiet_uart_read(fast: Fast<'_, impl PhysCpu>) -> Option<u32> {
-    let VcpuExit::MmioRead {
-        ipa,
-        width,
-        reg,
-        sign_extend,
-        sixty_four,
-        insn_len,
-    } = *fast.exit
-    else {
-        return None;
-    };
-    let Some(bus::Window::Uart(offset)) = bus::route(fast.vm, ipa) else {
-        return None;
-    };
-    if !fast.vm.input.is_empty() || !fast.plain_access(ipa) {
-        return None;
-    }
-    let uart = &mut fast.vm.uart;
-    if !line_at(fast.vm.vgic.as_ref(), irq::UART_INTID, uart.irq_level()) {
-        return None;
-    }
-    let value = u64::from(uart.read_keeping_level(offset, width)?);
-    // A DR read that emptied the FIFO with the line unchanged (its
-    // interrupts masked): the page can be shown again.
-    irq::sync_uart_mirror(fast.vm, fast.cpu);
-    fast.ctx
-        .set_reg(reg, load_result(value, width, sign_extend, sixty_four));
-    let traced = Traced {
-        what: "read",
-        ipa,
-        width,
-        value,
-    };
-    let kind = ExitKind::mmio(Some(super::fault::Device::Uart));
-    Some(fast.finish(kind, traced, insn_len))
-}
-
-/// [`fast_exit`] for a store to the PL011's DR: taken when [`bus::route`]
-/// decodes the address as the UART's DR (not RAM), and the UART's line in
-/// the vGIC has the level the UART asks for both before the byte and after
-/// it (the write raises TXRIS; with TXIM masked, or TXRIS already raised,
-/// the line stays). The byte goes where the full path sends it (the VM's
-/// console line; what it shows: [`FastExit::shown`]); the exit is recorded
-/// as an `mmio-uart`.
-#[inline(always)]
-fn uart_transmit(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
-    let Stored {
-        ipa,
-        width,
-        reg,
-        insn_len,
-    } = fast.stored()?;
-    let Some(bus::Window::Uart(crate::pl011::UARTDR)) = bus::route(fast.vm, ipa) else {
-        return None;
-    };
-    if !fast.plain_access(ipa) {
-        return None;
-    }
-    let vm = &mut *fast.vm;
-    let level = vm.uart.irq_level();
-    if vm.uart.irq_level_after_transmit() != level
-        || !line_at(vm.vgic.as_ref(), irq::UART_INTID, level)
-    {
-        return None;
-    }
-    let value = fast.ctx.reg(reg);
-    // The full path's write, but the mirror synced only when the byte
-    // changes what the guest reads there (TXRIS), and a live byte kept as
-    // an echo to print once the lock is released. Its interrupt line
-    // stays where it is (checked above).
-    let changes = vm.uart.transmit_changes_registers();
-    let echo = devices::uart::write_register(
-        vm,
-        fast.cpu,
-        crate::pl011::UARTDR,
-        width,
-        value,
-        true,
-        changes,
-    );
-    let shown = match echo {
-        Some(echo) => {
-            vm.echo = Some(echo);
-            Shown::Live
-        }
-        None if vm.out.is_empty() => Shown::Nothing,
-        None => Shown::Outbox,
-    };
-    let traced = Traced {
-        what: "write",
-        ipa,
-        width,
-        value,
-    };
-    let kind = ExitKind::mmio(Some(super::fault::Device::Uart));
-    Some(FastExit {
-        recorded: fast.finish(kind, traced, insn_len),
-        shown,
-    })
-}
-
-/// The trace's record of an exit (nothing without the `trace` feature).
-#[inline]
-fn trace_exit(vm: &Vm, vcpu: usize, exit: &VcpuExit, pc: u64) {
-    trace_event!(
-        "exit vm{=usize} vcpu{=usize} {} pc={=u64:#x}",
-        vm.id,
-        vcpu,
-        exit.kind(),
-        pc
-    );
-}
-
-/// Whether SPI `intid`'s line in the vGIC (if the VM has one) is at `level`.
-#[inline]
-fn line_at(vgic: Option<&VDistributor>, intid: u32, level: bool) -> bool {
-    vgic.is_none_or(|g| g.spi_line(intid) == Some(level))
-}
-
-/// A fast exit recorded as `kind`, with the instructions since `before`;
-/// the count it recorded up to.
-#[inline]
-fn record_fast(vm: &mut Vm, cpu: &mut impl PhysCpu, kind: ExitKind, before: u32) -> u32 {
-    let now = cpu.instructions();
-    vm.profile.record(kind, u64::from(now.wrapping_sub(before)));
-    now
+    devices::uart::fast_exit(vm, cpu, vcpu, ctx, &exit, before)
 }
 
 /// Whether an exit is part of moving the balloon: a balloon register access
@@ -661,7 +258,14 @@ pub fn handle(
             let kind = ExitKind::mmio(window.map(bus::Window::device));
             match bus::read(vm, cpu, vcpu, window, width) {
                 Ok(value) => {
-                    trace_mmio(vm, "read", ipa, width, value);
+                    trace_mmio(
+                        vm,
+                        "read",
+                        ipa,
+                        width,
+                        window.map(bus::Window::device),
+                        value,
+                    );
                     ctx.set_reg(reg, load_result(value, width, sign_extend, sixty_four));
                 }
                 Err(refused) => {
@@ -685,7 +289,14 @@ pub fn handle(
                 let access = Access::data(ipa, true, width, insn_len, ctx.far);
                 return (bad_access(vm, cpu, ctx, refused, access), kind);
             }
-            trace_mmio(vm, "write", ipa, width, value);
+            trace_mmio(
+                vm,
+                "write",
+                ipa,
+                width,
+                window.map(bus::Window::device),
+                value,
+            );
             ctx.elr = ctx.elr.wrapping_add(u64::from(insn_len));
             (Outcome::Continue, kind)
         }
@@ -859,18 +470,6 @@ fn sysreg(
 }
 
 /// The `mmio` trace event of an access the device accepted.
-fn trace_mmio(vm: &Vm, op: &str, ipa: GuestAddr, width: u8, value: u64) {
-    trace_event!(
-        "mmio vm{=usize} {=str} {=u64:#x} {=u8}B {} = {=u64:#x}",
-        vm.id,
-        op,
-        ipa.raw(),
-        width,
-        bus::route(vm, ipa).map(bus::Window::device),
-        value
-    );
-}
-
 fn psci_outcome(outcome: PsciOutcome) -> Outcome {
     match outcome {
         PsciOutcome::Answered => Outcome::Continue,

@@ -41,6 +41,7 @@ pub mod device_memory;
 pub mod devices;
 pub mod exit;
 pub mod exit_profile;
+pub mod fast;
 pub mod fault;
 pub mod fdt;
 pub mod handle;

@@ -4,13 +4,13 @@
 //! access made available, and its interrupt line driven. Its state is the
 //! transport's and the console's.
 
-use super::super::bus::{self, MmioDevice, Refused};
 use super::super::cpu::PhysCpu;
 use super::super::exit_profile::ExitKind;
 use super::super::fault::{BadAccessKind, Device};
 use super::super::fdt::layout;
 use super::super::irq;
 use super::super::state::Vm;
+use super::{MmioDevice, Refused};
 use crate::addr::GuestAddr;
 use crate::savestate::{StateError, StateReader, StateWriter};
 use crate::virtio::mmio::{MmioTransport, INTERRUPT_ACK};
@@ -63,7 +63,7 @@ impl MmioDevice for ConsoleWindow {
     }
 
     fn store_kind(offset: u64) -> ExitKind {
-        bus::virtio_store_kind(offset)
+        super::virtio_store_kind(offset)
     }
 
     fn save(vm: &Vm, w: &mut StateWriter) {
