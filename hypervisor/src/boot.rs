@@ -716,6 +716,8 @@ fn run(cmd: Command, board: &BoardInfo) {
         Then::DebugPanic => aarch64::recovery::unarmed(|| -> () {
             panic!("deliberate panic from the shell's 'debug panic'")
         }),
+        // In the shell's own failure domain: the command is abandoned.
+        Then::FailShell => panic!("injected failure ('debug fail-board shell')"),
     }
 }
 

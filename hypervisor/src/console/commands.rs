@@ -101,6 +101,9 @@ pub enum Then {
     DebugFault,
     /// `debug panic`: panic outside any recovery point.
     DebugPanic,
+    /// `debug fail-board shell`: fail in the shell's own failure domain
+    /// (the command is abandoned, the shell goes on).
+    FailShell,
 }
 
 /// Run `cmd`: its answer into `out`, and what the caller does next.
@@ -133,6 +136,9 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
         }
         Command::DebugFault => return Then::DebugFault,
         Command::DebugPanic => return Then::DebugPanic,
+        Command::DebugFailBoard {
+            service: BoardService::Shell,
+        } => return Then::FailShell,
         Command::DebugFailBoard { service } => debug_fail_board(board, out, service),
         Command::DebugFailInput { vm } => debug_fail_input(board, out, vm),
         Command::DebugFail { vm, kind } => debug_fail(board, out, vm, kind),
@@ -578,8 +584,8 @@ fn start(board: &mut impl Board, out: &mut String, name: &str) {
 
 fn debug_fail_board(board: &mut impl Board, out: &mut String, service: BoardService) {
     let _ = match service {
-        // In the shell's own failure domain: the command is abandoned.
-        BoardService::Shell => panic!("injected failure ('debug fail-board shell')"),
+        // Not here: the shell's failure is the caller's ([`Then::FailShell`]).
+        BoardService::Shell => return,
         BoardService::Manager => {
             board.inject(InjectInto::Manager);
             writeln!(
@@ -1077,9 +1083,13 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "injected failure ('debug fail-board shell')")]
-    fn a_failure_injected_into_the_shell_fails_the_command() {
-        FakeBoard::new().answer("debug fail-board shell");
+    fn a_failure_injected_into_the_shell_is_the_shells_own() {
+        let mut board = FakeBoard::new();
+        assert_eq!(
+            board.type_line("debug fail-board shell"),
+            (String::new(), Then::FailShell)
+        );
+        assert!(board.injected.is_empty());
     }
 
     #[test]
