@@ -22,6 +22,8 @@ use hypervisor::vm::console_line::{ConsoleLine, LiveOutput, LINE_MAX};
 use libfuzzer_sys::fuzz_target;
 
 const NAMES: [&str; 2] = ["a", "b"];
+/// What starts each guest's lines on the screen.
+const PREFIXES: [&str; 2] = ["[a] ", "[b] "];
 const PROMPT: &str = "tidal> ";
 /// Longest line-mode line: a line is cut once it reaches `LINE_MAX`, and
 /// the byte that reaches it may add up to four (a held `^M`, then a caret
@@ -62,9 +64,18 @@ fn check_text(text: &str, max: usize) {
     }
 }
 
+/// A live line's bytes are checked as they are handed out: a partial
+/// line's first `shown` bytes passed here before, so only the rest is
+/// read (a line typed a byte at a time is then checked in linear time,
+/// not quadratic); a complete line is checked whole, once.
 fn check_live(output: &LiveOutput<'_>) {
     match *output {
-        LiveOutput::Partial { text, shown } | LiveOutput::Line { text, shown } => {
+        LiveOutput::Partial { text, shown } => {
+            assert!(text.len() <= LINE_MAX, "line of {} chars", text.len());
+            assert!(shown <= text.len(), "shown {shown} of {}", text.len());
+            check_text(&text[shown..], LINE_MAX);
+        }
+        LiveOutput::Line { text, shown } => {
             check_text(text, LINE_MAX);
             assert!(shown <= text.len(), "shown {shown} of {}", text.len());
         }
@@ -81,8 +92,17 @@ struct Screen {
 impl Screen {
     fn feed(&mut self, out: &str) {
         let mut rest = out.as_bytes();
+        let erase_line = ERASE_LINE.as_bytes();
         while let Some(&c) = rest.first() {
-            if let Some(after) = rest.strip_prefix(ERASE_LINE.as_bytes()) {
+            // Only a carriage return (erase-line) or a backspace starts a
+            // sequence: the prefix compares, which the fuzzer traces as
+            // memcmp, run for those bytes alone.
+            if c != erase_line[0] && c != 0x08 {
+                rest = &rest[1..];
+                self.put(c);
+                continue;
+            }
+            if let Some(after) = rest.strip_prefix(erase_line) {
                 self.lines.last_mut().unwrap().clear();
                 self.col = 0;
                 rest = after;
@@ -99,22 +119,7 @@ impl Screen {
                 continue;
             }
             rest = &rest[1..];
-            match c {
-                b'\n' => {
-                    self.lines.push(Vec::new());
-                    self.col = 0;
-                }
-                b'\t' | 0x20..=0x7e => {
-                    let line = self.lines.last_mut().unwrap();
-                    if self.col < line.len() {
-                        line[self.col] = c;
-                    } else {
-                        line.push(c);
-                    }
-                    self.col += 1;
-                }
-                _ => panic!("raw control byte {c:#x} written to the terminal"),
-            }
+            self.put(c);
         }
         // Whole lines scrolled off are checked once.
         while self.lines.len() > 1 {
@@ -122,6 +127,28 @@ impl Screen {
             check_screen_line(&line, None);
         }
         check_screen_line(&self.lines[0], Some(self.col));
+    }
+}
+
+impl Screen {
+    /// One byte that starts no sequence.
+    fn put(&mut self, c: u8) {
+        match c {
+            b'\n' => {
+                self.lines.push(Vec::new());
+                self.col = 0;
+            }
+            b'\t' | 0x20..=0x7e => {
+                let line = self.lines.last_mut().unwrap();
+                if self.col < line.len() {
+                    line[self.col] = c;
+                } else {
+                    line.push(c);
+                }
+                self.col += 1;
+            }
+            _ => panic!("raw control byte {c:#x} written to the terminal"),
+        }
     }
 }
 
@@ -134,10 +161,7 @@ fn check_screen_line(line: &[u8], cursor: Option<usize>) {
         !line.starts_with(b"tidal:"),
         "a guest line passes for the hypervisor's"
     );
-    let prefix = NAMES
-        .iter()
-        .map(|n| format!("[{n}] "))
-        .find(|p| line.starts_with(p.as_bytes()));
+    let prefix = PREFIXES.iter().find(|p| line.starts_with(p.as_bytes()));
     match prefix {
         Some(p) => {
             if let Some(col) = cursor {

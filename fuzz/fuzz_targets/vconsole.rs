@@ -20,12 +20,12 @@ use std::ops::Range;
 
 use arbitrary::Arbitrary;
 use hypervisor::addr::GuestAddr;
-use hypervisor::virtio_console::{
-    ConsoleIo, VirtioConsole, MAX_TX_CHAIN, QUEUE_SIZE, RECEIVEQ, TRANSMITQ,
-};
 use hypervisor::virtio::mmio::{self, MmioTransport};
 use hypervisor::virtio::testing::{driver_ok, handshake, DriverQueue, VecMemory};
 use hypervisor::virtio::{GuestMemError, GuestMemory, VIRTIO_F_VERSION_1};
+use hypervisor::virtio_console::{
+    ConsoleIo, VirtioConsole, MAX_TX_CHAIN, QUEUE_SIZE, RECEIVEQ, TRANSMITQ,
+};
 use libfuzzer_sys::fuzz_target;
 
 const BASE: u64 = 0x4000_0000;
