@@ -793,6 +793,39 @@ fn everyone_hungry_beyond_ram_the_lowest_weight_gives_way() {
 }
 
 #[test]
+fn everyone_hungry_beyond_ram_on_a_slow_board_one_gives_way() {
+    // The scenario above with equal weights, on a board whose guests get
+    // little CPU: each runs its hog and its balloon driver `slow` times
+    // slower, while the manager's clocks (its progress window, congestion
+    // deadline and backoffs) run in real time. A driver that moves slowly
+    // is not a stuck one: one VM gives way, once, and the two others
+    // complete through their balloons, whose targets the manager keeps
+    // asking for.
+    for slow in [1, 4, 8] {
+        for deflate_on_oom in [false, true] {
+            let (mut guests, pool, wm) = everyone_hungry(160, deflate_on_oom, [100; 3]);
+            for g in &mut guests {
+                g.driver_rate /= slow;
+                if let Demand::Hog { rate, .. } = &mut g.demand {
+                    *rate /= slow;
+                }
+                g.release_after_us = None;
+            }
+            let seconds = 40 * slow;
+            let end = seconds * 1_000_000;
+            let m = simulate_board(&mut manager(wm), guests, pool, seconds, tidal_board(wm));
+            println!("slow board x{slow}, deflate-on-OOM {deflate_on_oom}:");
+            report("manager", &m, end);
+            let gave_way = m.guests.iter().filter(|g| g.stopped || g.killed).count();
+            assert_eq!(gave_way, 1, "slow x{slow}, deflate-on-OOM {deflate_on_oom}");
+            for g in m.guests.iter().filter(|g| !g.stopped && !g.killed) {
+                assert!(g.done_us.is_some(), "slow x{slow}: {g:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn memory_is_given_back_once_the_pressure_is_gone() {
     // Everyone hungry within what caches cover, with free page reporting:
     // the hogs' memory comes back by reporting once they free it, and what
