@@ -338,7 +338,7 @@ fuzz_target!(|input: Input| {
     } else {
         OnBadAccess::Abort
     };
-    cpu.index = vm.cpus[0];
+    cpu.index = vm.vcpus.cpu(0);
     let (pc, x0) = lifecycle::enter(&mut vm, 0).expect("may enter");
     let mut ctx = GuestContext::new(pc, x0);
     for (n, step) in input.steps.iter().take(64).enumerate() {
@@ -442,7 +442,7 @@ fuzz_target!(|input: Input| {
     lifecycle::leave(&mut vm, &mut cpu, 0, true);
     if vm.state != VmState::Stopped {
         lifecycle::request_stop(&mut vm, &mut cpu).ok();
-        if vm.inside > 0 {
+        if vm.vcpus.inside() > 0 {
             lifecycle::leave(&mut vm, &mut cpu, 1, true);
         }
     }

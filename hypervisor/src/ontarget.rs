@@ -30,7 +30,7 @@ pub fn run(board: &BoardInfo, bundle: &Bundle<'static>) {
     let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
     let mut on_shell_cpu = None;
     vm::for_each(|vm| {
-        if vm.cpus[..vm.vcpus].contains(&vm::SHELL_CPU) {
+        if vm.vcpus.cpus().contains(&vm::SHELL_CPU) {
             on_shell_cpu.get_or_insert(vm.name.clone());
         }
     });

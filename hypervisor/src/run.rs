@@ -47,7 +47,7 @@ use crate::vm::lifecycle;
 use crate::vm::manage;
 use crate::vm::memory::HostMemory;
 use crate::vm::outbox::Notice;
-use crate::vm::state::{GuestGic, InjectedFailure, Power};
+use crate::vm::state::{GuestGic, InjectedFailure};
 pub use crate::vm::state::{Vm, VmState};
 use crate::vm::vcpu_loop::{self, take_pending, Pending, VcpuHost};
 
@@ -948,21 +948,8 @@ fn end_failed_vm(cpu: usize, id: usize, vcpu: usize) {
     let Some(vm) = guard.as_mut() else { return };
     let owned = frames().guest_pages(id);
     if ended.is_err() || (vm.state == VmState::Stopped && owned > 0) {
-        // Its RAM may be half freed: what is left stays accounted to it in
-        // the frame table (dropping the GuestRam frees nothing).
-        vm.ram = None;
-        vm.balloon = None;
-        vm.vconsole = None;
-        vm.vgic = None;
-        vm.inside = 0;
         let _ = frames().guarantee(id, 0);
-        vm.power = [Power::Off; MAX_VCPUS];
-        vm.state = VmState::Failed;
-        vm.last_stop = "a hypervisor failure, and its pages could not be freed";
-        vm.out.line(format_args!(
-            "tidal: [{}] the VM is failed: {owned} frames stay accounted to it; 'check' reports them",
-            vm.name
-        ));
+        lifecycle::mark_failed(vm, owned);
     }
     let pending = take_pending(vm);
     drop(guard);

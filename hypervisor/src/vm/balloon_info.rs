@@ -27,8 +27,8 @@ fn write_transport_line(
         (g.spi_line(intid), g.is_pending(0, intid))
     });
     let listed = vm
-        .listed
-        .first()
+        .vcpus
+        .listed(0)
         .is_some_and(|lrs| lrs.contains(&Some(intid)));
     writeln!(
         out,

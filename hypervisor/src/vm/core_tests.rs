@@ -130,7 +130,7 @@ fn started_with(vcpus: u32, on_bad_access: u32, gic: GuestGic) -> (Vm, FakeCpu) 
 
 /// vCPU `vcpu` enters its run loop on `cpu`'s CPU; its first context.
 fn enter(vm: &mut Vm, cpu: &mut FakeCpu, vcpu: usize) -> GuestContext {
-    cpu.index = vm.cpus[vcpu];
+    cpu.index = vm.vcpus.cpu(vcpu);
     let (pc, x0) = lifecycle::enter(vm, vcpu).expect("may enter");
     GuestContext::new(pc, x0)
 }
@@ -437,7 +437,7 @@ fn psci_brings_up_a_second_vcpu_and_powers_off() {
     );
     assert_eq!(cpu.handed.last(), Some(&(2, 0, 1)), "vCPU 1 went to CPU 2");
     assert_eq!(
-        vm.power[1],
+        vm.vcpus.power(1),
         Power::Starting {
             entry: 0x4008_0000,
             context: 42
@@ -512,7 +512,7 @@ fn wfi_sleeps_only_when_nothing_is_pending() {
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfe), Outcome::Continue);
     // An interrupt listed but not taken yet: no sleep.
     cpu.lrs[0] = crate::vgic::LR_PENDING | 33;
-    vm.listed[0][0] = Some(33);
+    vm.vcpus.listed_mut(0).unwrap()[0] = Some(33);
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfi), Outcome::Continue);
 }
 
@@ -534,7 +534,7 @@ fn wfi_traps_only_where_a_sleep_must_be_bounded() {
         balloon_ctl::set_stats_interval(&mut vm, &mut cpu, 5),
         Some(())
     );
-    assert_eq!(cpu.kicks, vec![vm.cpus[0]]);
+    assert_eq!(cpu.kicks, vec![vm.vcpus.cpu(0)]);
     // No statistics queue was negotiated: nothing is scheduled, no trap.
     assert!(!handle::traps_wfi(&vm, 0));
 
@@ -829,7 +829,7 @@ fn list_registers_carry_pending_interrupts_and_retire_them() {
     irq::sync_list_registers(&mut vm, &mut cpu, 0);
     let lr = cpu.read_lr(0);
     assert_eq!(lr.intid, 33, "the UART's SPI is listed");
-    assert_eq!(vm.listed[0][0], Some(33));
+    assert_eq!(vm.vcpus.listed(0).unwrap()[0], Some(33));
     // The guest takes and completes it (the LR goes invalid, with its EOI
     // bit left: a level interrupt asks for a maintenance interrupt on its
     // EOI): it is retired, and the LR cleared.
@@ -837,7 +837,7 @@ fn list_registers_carry_pending_interrupts_and_retire_them() {
     exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 4));
     let clears = cpu.lr_clears;
     irq::sync_list_registers(&mut vm, &mut cpu, 0);
-    assert_eq!(vm.listed[0][0], None);
+    assert_eq!(vm.vcpus.listed(0).unwrap()[0], None);
     assert_eq!(cpu.lrs[0], 0, "no stale EOI bit");
     assert_eq!(cpu.lr_clears, clears + 1);
     // Retired and refilled in the same sync: the new value replaces the
@@ -1106,7 +1106,7 @@ proptest! {
         if vm.state != VmState::Stopped {
             lifecycle::request_stop(&mut vm, &mut cpu).ok();
             // A vCPU 1 the guest started must leave too.
-            if vm.inside > 0 {
+            if vm.vcpus.inside() > 0 {
                 lifecycle::leave(&mut vm, &mut cpu, 1, true);
             }
         }
@@ -2143,9 +2143,9 @@ fn a_bit_raised_before_the_guests_ack_is_delivered_edge_or_level() {
         l.cpu.lrs[0] = 0;
         irq::sync_list_registers(&mut l.vm, &mut l.cpu, 0);
         let vgic = l.vm.vgic.as_ref().expect("vGIC");
-        assert!(vgic.is_pending(0, intid) || l.vm.listed[0].contains(&Some(intid)));
+        assert!(vgic.is_pending(0, intid) || l.vm.vcpus.listed(0).unwrap().contains(&Some(intid)));
         assert_eq!(
-            l.vm.listed[0][0],
+            l.vm.vcpus.listed(0).unwrap()[0],
             Some(intid),
             "edge={edge}: the config change is delivered"
         );

@@ -8,7 +8,7 @@ use super::device_memory::{ConsoleView, DeviceView};
 use super::exit_profile::ExitKind;
 use super::fdt::layout;
 use super::ratelimit::LineKind;
-use super::state::{Power, Vm};
+use super::state::Vm;
 use crate::limits::MAX_LRS;
 use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 use crate::vgic::{LrStatus, VgicEffect};
@@ -26,9 +26,9 @@ pub const VCONSOLE_INTID: u32 = 32 + layout::VIRTIO_SPI_BASE + layout::CONSOLE_S
 /// (not the caller's own CPU: it syncs before entering anyway).
 pub fn apply_effect(vm: &Vm, cpu: &mut impl PhysCpu, effect: VgicEffect) {
     let me = cpu.index();
-    for v in 0..vm.vcpus {
-        if effect.kicks(v) && vm.power[v] != Power::Off && vm.cpus[v] != me {
-            cpu.kick(vm.cpus[v]);
+    for (v, other) in vm.vcpus.awake_elsewhere(me) {
+        if effect.kicks(v) {
+            cpu.kick(other);
         }
     }
 }
@@ -285,7 +285,7 @@ pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) -> ExitKi
 /// the guest: retire what the guest finished, then list what is pending.
 pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
     let Some(vgic) = vm.vgic.as_mut() else { return };
-    let Some(listed) = vm.listed.get_mut(vcpu) else {
+    let Some(listed) = vm.vcpus.listed_mut(vcpu) else {
         return;
     };
     let count = cpu.list_registers().min(MAX_LRS);
@@ -345,7 +345,7 @@ pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
 /// Whether a list register holds an interrupt the guest has not taken yet
 /// (it may have executed WFI with interrupts masked: it must not sleep).
 pub fn lr_pending(vm: &Vm, cpu: &impl PhysCpu, vcpu: usize) -> bool {
-    let Some(listed) = vm.listed.get(vcpu) else {
+    let Some(listed) = vm.vcpus.listed(vcpu) else {
         return false;
     };
     let count = cpu.list_registers().min(MAX_LRS);

@@ -11,7 +11,7 @@ use super::memory::{GuestRam, HostMemory as _};
 use super::state::{GuestGic, InjectedFailure, Power, Vm, VmState};
 use crate::addr::GuestAddr;
 use crate::balloon::Balloon;
-use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
+use crate::limits::{GUEST_SPIS, MAX_CPUS};
 use crate::mm::frames::PAGE_SIZE;
 use crate::size::Size;
 use crate::vgic::intid::VTIMER_PPI;
@@ -67,17 +67,19 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     if vm.state != VmState::Stopped {
         return Err("it is already running");
     }
-    let cpus_ok = vm.cpus[..vm.vcpus]
+    let cpus_ok = vm
+        .vcpus
+        .cpus()
         .iter()
         .all(|&c| c < MAX_CPUS && cpu.cpu_online(c));
     if !cpus_ok {
         return Err("a CPU it is pinned to is not online (CPU 0, the shell's, runs a vCPU only where the console's input interrupt can wake the shell)");
     }
-    if vm.inside > 0 {
+    if vm.vcpus.inside() > 0 {
         return Err("its vCPUs are still leaving; try again");
     }
     let spec = vm.spec;
-    if spec.vcpus() as usize != vm.vcpus || vm.vcpus > MAX_VCPUS {
+    if spec.vcpus() as usize != vm.vcpus.count() {
         return Err("its vCPU count and CPU list disagree, or it asks for more than 4 vCPUs");
     }
     let ram_end = layout::RAM_BASE.raw().checked_add(spec.ram_size());
@@ -123,9 +125,7 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     vm.managed.faults_seen = 0;
     vm.managed.oom_deflated_seen = 0;
     vm.vgic = None;
-    vm.listed = [[None; MAX_LRS]; MAX_VCPUS];
-    vm.power = [Power::Off; MAX_VCPUS];
-    vm.power[0] = Power::On;
+    vm.vcpus.boot();
     vm.restart = false;
     vm.uart.reset();
     vm.input.clear();
@@ -143,9 +143,9 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
                 give_back(vm, cpu, ram);
                 return Err("its GIC CPU interface cannot be mapped");
             }
-            vm.vgic = VDistributor::new(vm.vcpus, GUEST_SPIS).ok();
+            vm.vgic = VDistributor::new(vm.vcpus.count(), GUEST_SPIS).ok();
         }
-        GuestGic::V3 => vm.vgic = VDistributor::new_v3(vm.vcpus, GUEST_SPIS).ok(),
+        GuestGic::V3 => vm.vgic = VDistributor::new_v3(vm.vcpus.count(), GUEST_SPIS).ok(),
         GuestGic::None => {}
     }
     if let Err(why) = load_images(&mut ram, vm.gic, &spec, cpu) {
@@ -172,7 +172,7 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     vm.starts += 1;
     // Each run's exits are profiled from its start (`info exits`).
     vm.profile.reset(cpu.uptime_us());
-    cpu.hand_vcpu(vm.cpus[0], vm.id, 0);
+    cpu.hand_vcpu(vm.vcpus.cpu(0), vm.id, 0);
     Ok(())
 }
 
@@ -235,12 +235,10 @@ pub fn begin_stop(vm: &mut Vm, cpu: &mut impl PhysCpu, why: &'static str, restar
     // count a stopped VM's last wait.
     vm.managed.waits = Default::default();
     let me = cpu.index();
-    for v in 0..vm.vcpus {
-        if vm.power[v] != Power::Off && vm.cpus[v] != me {
-            cpu.kick(vm.cpus[v]);
-        }
+    for (_, other) in vm.vcpus.awake_elsewhere(me) {
+        cpu.kick(other);
     }
-    if vm.inside == 0 {
+    if vm.vcpus.inside() == 0 {
         finish_stop(vm, cpu);
     }
 }
@@ -286,7 +284,7 @@ pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     vm.last_balloon_stats = vm.balloon.take().map(|b| *b.device().stats());
     vm.vconsole = None;
     vm.vgic = None;
-    vm.power = [Power::Off; MAX_VCPUS];
+    vm.vcpus.power_off_all();
     vm.state = VmState::Stopped;
     vm.profile.stopped(cpu.uptime_us());
     if core::mem::take(&mut vm.restart) {
@@ -295,6 +293,24 @@ pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
                 .line(format_args!("tidal: [{}] cannot restart: {e}", vm.name));
         }
     }
+}
+
+/// A failure in the hypervisor's path left the VM's RAM perhaps half
+/// freed: what is left of its `owned` frames stays accounted to it in the
+/// frame table (dropping its `GuestRam` frees nothing), and the VM is
+/// failed, never started again.
+pub fn mark_failed(vm: &mut Vm, owned: u64) {
+    vm.ram = None;
+    vm.balloon = None;
+    vm.vconsole = None;
+    vm.vgic = None;
+    vm.vcpus.forget();
+    vm.state = VmState::Failed;
+    vm.last_stop = "a hypervisor failure, and its pages could not be freed";
+    vm.out.line(format_args!(
+        "tidal: [{}] the VM is failed: {owned} frames stay accounted to it; 'check' reports them",
+        vm.name
+    ));
 }
 
 /// Ask a running VM to stop; its vCPUs stop at their next exit.
@@ -322,7 +338,7 @@ pub fn inject_failure(
     }
     vm.inject_failure = Some(kind);
     // An exit soon, even from a guest asleep in WFI.
-    cpu.kick(vm.cpus[0]);
+    cpu.kick(vm.vcpus.cpu(0));
     Ok(())
 }
 
@@ -330,7 +346,7 @@ pub fn inject_failure(
 /// device tree's address, the others where PSCI CPU_ON said. None if the
 /// vCPU is off.
 pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
-    let entry = match *vm.power.get(vcpu)? {
+    let entry = match vm.vcpus.power(vcpu) {
         Power::Starting { entry, context } => (entry, context),
         Power::On if vcpu == 0 => (
             KernelImage::parse(vm.spec.kernel()).entry().raw(),
@@ -338,18 +354,18 @@ pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
         ),
         _ => return None,
     };
-    vm.power[vcpu] = Power::On;
+    vm.vcpus.set_power(vcpu, Power::On);
     Some(entry)
 }
 
 /// A vCPU enters its run loop: None if it may not (the VM is not running,
 /// or the vCPU is off), else where it starts.
 pub fn enter(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
-    if vm.state != VmState::Running || vcpu >= vm.vcpus || vm.ram.is_none() {
+    if vm.state != VmState::Running || vcpu >= vm.vcpus.count() || vm.ram.is_none() {
         return None;
     }
     let entry = vcpu_entry(vm, vcpu)?;
-    vm.inside += 1;
+    vm.vcpus.enter();
     Some(entry)
 }
 
@@ -361,22 +377,14 @@ pub fn leave(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize, power_off: bool) 
         // The virtual timer may be active, handed to the guest: end it.
         cpu.deactivate(VTIMER_PPI);
     }
-    if let Some(listed) = vm.listed.get_mut(vcpu) {
-        *listed = [None; MAX_LRS];
-    }
+    vm.vcpus.leave(vcpu);
     if power_off {
-        if let Some(power) = vm.power.get_mut(vcpu) {
-            *power = Power::Off;
-        }
+        vm.vcpus.set_power(vcpu, Power::Off);
     }
-    vm.inside = vm.inside.saturating_sub(1);
     cpu.vcpu_left();
-    if vm.state == VmState::StopRequested && vm.inside == 0 {
+    if vm.state == VmState::StopRequested && vm.vcpus.inside() == 0 {
         finish_stop(vm, cpu);
-    } else if vm.state == VmState::Running
-        && vm.inside == 0
-        && vm.power.iter().all(|p| *p == Power::Off)
-    {
+    } else if vm.state == VmState::Running && vm.vcpus.inside() == 0 && vm.vcpus.all_off() {
         begin_stop(
             vm,
             cpu,

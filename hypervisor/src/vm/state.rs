@@ -12,9 +12,10 @@ use super::fdt::GicVersion;
 use super::memory::GuestRam;
 use super::outbox::Outbox;
 use super::ratelimit::{GuestLines, Lines};
+use super::vcpus::Vcpus;
 use crate::addr::PhysAddr;
 use crate::balloon::Balloon;
-use crate::limits::{MAX_LRS, MAX_VCPUS};
+use crate::limits::MAX_VCPUS;
 use crate::mm::frames::PAGE_SIZE;
 use crate::mm::manager::{Limits, DEFAULT_WEIGHT};
 use crate::pl011::Pl011;
@@ -201,14 +202,9 @@ pub struct Vm {
     pub gic: GuestGic,
     /// The virtual GIC distributor (and GICv3 redistributors).
     pub vgic: Option<VDistributor>,
-    /// Which INTID each list register of each vCPU holds.
-    pub listed: [[Option<u32>; MAX_LRS]; MAX_VCPUS],
-    /// vCPUs, the physical CPU each is pinned to, and whether each is on.
-    pub vcpus: usize,
-    pub cpus: [usize; MAX_VCPUS],
-    pub power: [Power; MAX_VCPUS],
-    /// vCPUs inside their run loop: RAM is freed only when none is.
-    pub inside: usize,
+    /// Its vCPUs: where each runs, whether it is on, whether it is inside
+    /// its run loop (RAM is freed only when none is), its list registers.
+    pub vcpus: Vcpus,
     /// Start again once every vCPU has left (PSCI SYSTEM_RESET).
     pub restart: bool,
     pub id: usize,
@@ -267,23 +263,11 @@ impl Vm {
     pub fn new(id: usize, spec: VmEntry<'static>, gic: GuestGic) -> Self {
         let mut name = heapless::String::new();
         let _ = name.push_str(spec.name());
-        let mut cpus = [usize::MAX; MAX_VCPUS];
-        let mut vcpus = 0;
-        for bit in 0..64 {
-            if spec.cpu_affinity() & (1 << bit) != 0 && vcpus < MAX_VCPUS {
-                cpus[vcpus] = bit;
-                vcpus += 1;
-            }
-        }
         Self {
             spec,
             gic,
             vgic: None,
-            listed: [[None; MAX_LRS]; MAX_VCPUS],
-            vcpus: vcpus.max(1),
-            cpus,
-            power: [Power::Off; MAX_VCPUS],
-            inside: 0,
+            vcpus: Vcpus::pinned(spec.cpu_affinity()),
             restart: false,
             id,
             name,

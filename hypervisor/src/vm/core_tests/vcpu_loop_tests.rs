@@ -173,7 +173,7 @@ fn run_script(script: Vec<Step>) -> (ScriptedHost, FakeCpu) {
 }
 
 fn run_with(host: ScriptedHost, mut cpu: FakeCpu) -> (ScriptedHost, FakeCpu) {
-    cpu.index = host.vm().cpus[0];
+    cpu.index = host.vm().vcpus.cpu(0);
     vcpu_loop::run_vcpu(&host, &mut cpu, 0, 0);
     (host, cpu)
 }
