@@ -152,7 +152,7 @@ fuzz_target!(|input: Input| {
         }
         let before_x = ctx.x;
         let before_pc = (ctx.elr, ctx.spsr);
-        let power: Vec<Power> = (0..vcpus).map(|v| vm.vcpus.power(v)).collect();
+        let power: Vec<Power> = (0..vcpus).map(|v| vm.vcpus().power(v)).collect();
         let handed = cpu.handed.len();
         let outcome = psci::call(&mut vm, &mut cpu, vcpu, &mut ctx);
 
@@ -170,7 +170,8 @@ fuzz_target!(|input: Input| {
         assert_eq!(outcome, expect_outcome, "function {function:#x}");
         if outcome != PsciOutcome::Answered {
             assert_eq!(ctx.x[0], function, "x0 left for the caller");
-            assert_eq!(vm.power, power);
+            let now: Vec<Power> = (0..vcpus).map(|v| vm.vcpus().power(v)).collect();
+            assert_eq!(now, power);
             assert_eq!(cpu.handed.len(), handed);
             continue;
         }
@@ -213,7 +214,7 @@ fuzz_target!(|input: Input| {
         };
         assert_eq!(x0, expected, "function {function:#x} x1 {x1:#x}");
         for (v, was) in power.iter().enumerate() {
-            let now = &vm.vcpus.power(v);
+            let now = &vm.vcpus().power(v);
             if Some(v) == started {
                 let starting = Power::Starting {
                     entry: x2,

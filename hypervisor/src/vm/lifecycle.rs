@@ -295,6 +295,16 @@ pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     }
 }
 
+/// Stop a VM for a failure in its path (`why`), whatever stop was asked
+/// before: it says why it stopped, and it does not start again.
+pub fn stop_for_failure(vm: &mut Vm, cpu: &mut impl PhysCpu, why: &'static str) {
+    vm.restart = false;
+    if !matches!(vm.state, VmState::Stopped | VmState::Failed) {
+        vm.last_stop = why;
+        begin_stop(vm, cpu, why, false);
+    }
+}
+
 /// A failure in the hypervisor's path left the VM's RAM perhaps half
 /// freed: what is left of its `owned` frames stays accounted to it in the
 /// frame table (dropping its `GuestRam` frees nothing), and the VM is

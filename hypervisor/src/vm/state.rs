@@ -97,27 +97,27 @@ pub struct FrameWait {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Managed {
     /// Limits in pages (from the configuration; `set` changes them).
-    pub limits: Limits,
+    pub(in crate::vm) limits: Limits,
     /// `balloon <vm> <size>` from the shell: the manager leaves this VM's
     /// balloon alone until `balloon <vm> auto`.
-    pub manual: bool,
+    pub(in crate::vm) manual: bool,
     /// Stage-2 fault-ins, deflate-on-OOM pages, and pages reported or
     /// hinted, at the last tick.
-    pub faults_seen: u64,
-    pub returned_seen: u64,
-    pub oom_deflated_seen: u64,
+    pub(in crate::vm) faults_seen: u64,
+    pub(in crate::vm) returned_seen: u64,
+    pub(in crate::vm) oom_deflated_seen: u64,
     /// Per vCPU: the wait for a frame in progress.
-    pub waits: [Option<FrameWait>; MAX_VCPUS],
+    pub(in crate::vm) waits: [Option<FrameWait>; MAX_VCPUS],
     /// Waits that began, and those that lasted past a second (`vm::manage`).
-    pub waits_begun: u64,
-    pub waits_long: u64,
+    pub(in crate::vm) waits_begun: u64,
+    pub(in crate::vm) waits_long: u64,
     /// Waits that lasted longer than `vm::manage::SLOW_WAIT_US`, and the
     /// longest that ended, in microseconds.
-    pub waits_slow: u64,
-    pub wait_longest_us: u64,
+    pub(in crate::vm) waits_slow: u64,
+    pub(in crate::vm) wait_longest_us: u64,
     /// Values of the memory manager's input out of bounds for the VM's
     /// size, bounded before the manager saw them (`vm::manage::input`).
-    pub inputs_clamped: u64,
+    pub(in crate::vm) inputs_clamped: u64,
 }
 
 impl Managed {
@@ -135,6 +135,17 @@ impl Managed {
             },
             ..Self::default()
         }
+    }
+
+    /// Whether the shell set its balloon (`balloon <vm> <size>`): the
+    /// manager leaves it alone.
+    pub fn manual(&self) -> bool {
+        self.manual
+    }
+
+    /// Its limits in pages.
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// Whether a vCPU waits for a frame from the pool now (not at the
@@ -197,65 +208,65 @@ pub enum InjectedFailure {
 
 pub struct Vm {
     /// What the bundle says about it (kernel, RAM size, devices...).
-    pub spec: VmEntry<'static>,
+    pub(in crate::vm) spec: VmEntry<'static>,
     /// The GIC its guest gets.
-    pub gic: GuestGic,
+    pub(in crate::vm) gic: GuestGic,
     /// The virtual GIC distributor (and GICv3 redistributors).
-    pub vgic: Option<VDistributor>,
+    pub(in crate::vm) vgic: Option<VDistributor>,
     /// Its vCPUs: where each runs, whether it is on, whether it is inside
     /// its run loop (RAM is freed only when none is), its list registers.
-    pub vcpus: Vcpus,
+    pub(in crate::vm) vcpus: Vcpus,
     /// Start again once every vCPU has left (PSCI SYSTEM_RESET).
-    pub restart: bool,
-    pub id: usize,
-    pub name: heapless::String<32>,
-    pub state: VmState,
+    pub(in crate::vm) restart: bool,
+    pub(in crate::vm) id: usize,
+    pub(in crate::vm) name: heapless::String<32>,
+    pub(in crate::vm) state: VmState,
     /// The physical CPU vCPU 0 is pinned to.
-    pub cpu: usize,
-    pub ram_size: u64,
-    pub ram: Option<GuestRam>,
-    pub balloon: Option<MmioTransport<Balloon>>,
+    pub(in crate::vm) cpu: usize,
+    pub(in crate::vm) ram_size: u64,
+    pub(in crate::vm) ram: Option<GuestRam>,
+    pub(in crate::vm) balloon: Option<MmioTransport<Balloon>>,
     /// The virtio console (`console = "virtio"`), beside the PL011.
-    pub vconsole: Option<MmioTransport<VirtioConsole>>,
-    pub console: ConsoleLine,
+    pub(in crate::vm) vconsole: Option<MmioTransport<VirtioConsole>>,
+    pub(in crate::vm) console: ConsoleLine,
     /// The emulated PL011 the guest's console driver talks to.
-    pub uart: Pl011,
+    pub(in crate::vm) uart: Pl011,
     /// Its registers shown read-only while reading them changes nothing.
-    pub uart_mirror: super::uart_mirror::UartMirror,
+    pub(in crate::vm) uart_mirror: super::uart_mirror::UartMirror,
     /// Typed bytes its receive FIFO had no room for yet: they move into it
     /// as the guest reads, so a long line typed or pasted at once arrives
     /// whole although the FIFO holds 32 bytes, and the shell never waits.
-    pub input: heapless::Deque<u8, CONSOLE_INPUT_MAX>,
+    pub(in crate::vm) input: heapless::Deque<u8, CONSOLE_INPUT_MAX>,
     /// Its exits and their EL2 instructions, per kind, since it started
     /// or `info exits <vm> reset`.
-    pub profile: ExitProfile,
+    pub(in crate::vm) profile: ExitProfile,
     /// Why the VM last stopped.
-    pub last_stop: &'static str,
+    pub(in crate::vm) last_stop: &'static str,
     /// The balloon change in progress (from `set_balloon` until the driver
     /// reports the target reached), and the last one completed.
-    pub change: Option<BalloonChange>,
-    pub last_change: Option<BalloonChange>,
+    pub(in crate::vm) change: Option<BalloonChange>,
+    pub(in crate::vm) last_change: Option<BalloonChange>,
     /// The balloon's counters when the VM last stopped.
-    pub last_balloon_stats: Option<crate::balloon::BalloonStats>,
-    pub starts: u64,
+    pub(in crate::vm) last_balloon_stats: Option<crate::balloon::BalloonStats>,
+    pub(in crate::vm) starts: u64,
     /// `debug fail <vm> [abort|frames]`: fail in this VM's path at its
     /// next exit.
-    pub inject_failure: Option<InjectedFailure>,
+    pub(in crate::vm) inject_failure: Option<InjectedFailure>,
     /// What the guest gets for a bad access (its configuration's `on_bad_access`).
-    pub on_bad_access: OnBadAccess,
+    pub(in crate::vm) on_bad_access: OnBadAccess,
     /// Exceptions injected for bad accesses, per kind.
-    pub bad_access: BadAccessStats,
+    pub(in crate::vm) bad_access: BadAccessStats,
     /// The rate limits of the console lines the guest can trigger.
-    pub lines: GuestLines,
+    pub(in crate::vm) lines: GuestLines,
     /// Whether this VM's console has the keyboard: its output is shown live.
-    pub focused: bool,
+    pub(in crate::vm) focused: bool,
     /// Console text produced under the VM's lock, printed once it is released.
-    pub out: Outbox,
+    pub(in crate::vm) out: Outbox,
     /// A byte's live output from the vCPU fast path
     /// ([`super::handle::Shown::Live`]), printed like the outbox.
-    pub echo: Option<Echo>,
+    pub(in crate::vm) echo: Option<Echo>,
     /// Its limits and what the memory manager keeps on it (`vm::manage`).
-    pub managed: Managed,
+    pub(in crate::vm) managed: Managed,
 }
 
 impl Vm {
@@ -307,6 +318,151 @@ impl Vm {
     /// VMID of its stage-2 tables (0 is the hypervisor's own).
     pub fn vmid(&self) -> u16 {
         self.id as u16 + 1
+    }
+}
+
+/// What the rest of the hypervisor reads of a VM. Its fields are the `vm`
+/// module's own: outside it, a VM changes only through the functions of
+/// `vm::lifecycle`, `vm::balloon_ctl`, `vm::irq`, `vm::manage` and the
+/// methods below, which keep its parts consistent.
+impl Vm {
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    pub fn name(&self) -> &heapless::String<32> {
+        &self.name
+    }
+
+    /// What the bundle says about it.
+    pub fn spec(&self) -> VmEntry<'static> {
+        self.spec
+    }
+
+    pub fn state(&self) -> VmState {
+        self.state
+    }
+
+    /// The physical CPU its vCPU 0 is pinned to.
+    pub fn cpu(&self) -> usize {
+        self.cpu
+    }
+
+    /// Its RAM size in bytes, as configured.
+    pub fn ram_size(&self) -> u64 {
+        self.ram_size
+    }
+
+    /// Its RAM while it runs.
+    pub fn ram(&self) -> Option<&GuestRam> {
+        self.ram.as_ref()
+    }
+
+    pub fn vcpus(&self) -> &Vcpus {
+        &self.vcpus
+    }
+
+    /// The virtual GIC while it runs with one.
+    pub fn vgic(&self) -> Option<&VDistributor> {
+        self.vgic.as_ref()
+    }
+
+    pub fn balloon(&self) -> Option<&MmioTransport<Balloon>> {
+        self.balloon.as_ref()
+    }
+
+    pub fn vconsole(&self) -> Option<&MmioTransport<VirtioConsole>> {
+        self.vconsole.as_ref()
+    }
+
+    pub fn uart_mirror(&self) -> &super::uart_mirror::UartMirror {
+        &self.uart_mirror
+    }
+
+    /// Its exits since it started or the last reset.
+    pub fn profile(&self) -> &ExitProfile {
+        &self.profile
+    }
+
+    /// `info exits <vm> reset`: count from `now_us` on.
+    pub fn reset_profile(&mut self, now_us: u64) {
+        self.profile.reset(now_us);
+    }
+
+    /// Why it last stopped.
+    pub fn last_stop(&self) -> &'static str {
+        self.last_stop
+    }
+
+    /// How many times it started.
+    pub fn starts(&self) -> u64 {
+        self.starts
+    }
+
+    /// The failure `debug fail` made it wait for at its next exit.
+    pub fn inject_failure(&self) -> Option<InjectedFailure> {
+        self.inject_failure
+    }
+
+    pub fn on_bad_access(&self) -> OnBadAccess {
+        self.on_bad_access
+    }
+
+    /// `set <vm> on_bad_access <policy>`.
+    pub fn set_on_bad_access(&mut self, policy: OnBadAccess) {
+        self.on_bad_access = policy;
+    }
+
+    pub fn bad_access(&self) -> &BadAccessStats {
+        &self.bad_access
+    }
+
+    /// Its limits and what the memory manager keeps on it.
+    pub fn managed(&self) -> &Managed {
+        &self.managed
+    }
+
+    /// `balloon <vm> <size>` (true) or `balloon <vm> auto` (false): whether
+    /// the memory manager leaves its balloon alone; the setting before.
+    pub fn set_manual(&mut self, manual: bool) -> bool {
+        core::mem::replace(&mut self.managed.manual, manual)
+    }
+
+    /// Console text produced under its lock, to print once it is released.
+    pub fn out(&mut self) -> &mut Outbox {
+        &mut self.out
+    }
+
+    /// A byte's live output from the vCPU fast path, to print like the
+    /// outbox.
+    pub fn take_echo(&mut self) -> Option<Echo> {
+        self.echo.take()
+    }
+
+    /// Typed bytes waiting for room in its UART's receive FIFO.
+    pub fn input_waiting(&self) -> usize {
+        self.input.len()
+    }
+
+    pub fn focused(&self) -> bool {
+        self.focused
+    }
+
+    /// The keyboard goes to this VM (`focused`) or to another: a VM that
+    /// gets it shows the line it has so far, live.
+    pub fn set_focused(&mut self, focused: bool) {
+        if focused && !self.focused {
+            let output = self.console.begin_live();
+            self.out.live(output);
+        }
+        self.focused = focused;
+    }
+
+    /// The keyboard goes back to the shell: its output is shown line by
+    /// line again.
+    pub fn unfocus(&mut self) {
+        self.focused = false;
+        self.console.end_live();
     }
 }
 
