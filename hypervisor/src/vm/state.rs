@@ -12,6 +12,7 @@ use super::fdt::GicVersion;
 use super::memory::GuestRam;
 use super::outbox::Outbox;
 use super::ratelimit::{GuestLines, Lines};
+pub use super::vcpus::Power;
 use super::vcpus::Vcpus;
 use crate::addr::PhysAddr;
 use crate::balloon::Balloon;
@@ -46,18 +47,6 @@ impl GuestGic {
             _ => GicVersion::V2,
         }
     }
-}
-
-/// A vCPU's power state, as PSCI sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Power {
-    Off,
-    /// CPU_ON accepted: enter at `entry` with x0 = `context`.
-    Starting {
-        entry: u64,
-        context: u64,
-    },
-    On,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

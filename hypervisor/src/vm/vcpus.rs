@@ -7,8 +7,19 @@
 //! leaves its loop holds no list register; a vCPU out of range is off and
 //! lists nothing.
 
-use super::state::Power;
 use crate::limits::{MAX_LRS, MAX_VCPUS};
+
+/// A vCPU's power state, as PSCI sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Power {
+    Off,
+    /// CPU_ON accepted: enter at `entry` with x0 = `context`.
+    Starting {
+        entry: u64,
+        context: u64,
+    },
+    On,
+}
 
 /// Which INTID each list register of a vCPU holds.
 pub type Listed = [Option<u32>; MAX_LRS];
