@@ -1,7 +1,11 @@
-//! A VM: what the hypervisor keeps for one guest (its RAM, devices,
-//! vCPU power states, counters and the console text waiting to be shown),
-//! and its lifecycle states. The table of VMs and its locks are the
-//! target's (`crate::run`); everything here is plain data.
+//! A VM: what the hypervisor keeps for one guest, in parts (its vCPUs,
+//! memory, devices, console and counters, and what the memory manager
+//! keeps on it), and its lifecycle states. `Vm`'s fields are the `vm`
+//! module's: the rest of the hypervisor reads them through getters and
+//! changes a VM only through `vm`'s functions, so a stop, a start or a
+//! failure changes every part that must change with it. The table of VMs
+//! and its locks are the target's (`crate::run`); everything here is
+//! plain data.
 
 use guest_bundle::VmEntry;
 
@@ -195,65 +199,94 @@ pub enum InjectedFailure {
     BrokenFrames,
 }
 
-pub struct Vm {
-    /// What the bundle says about it (kernel, RAM size, devices...).
-    pub(in crate::vm) spec: VmEntry<'static>,
+/// Its emulated devices. The PL011 is always there; the others exist
+/// while the VM runs, as its configuration asks.
+pub struct Devices {
     /// The GIC its guest gets.
     pub(in crate::vm) gic: GuestGic,
     /// The virtual GIC distributor (and GICv3 redistributors).
     pub(in crate::vm) vgic: Option<VDistributor>,
-    /// Its vCPUs: where each runs, whether it is on, whether it is inside
-    /// its run loop (RAM is freed only when none is), its list registers.
-    pub(in crate::vm) vcpus: Vcpus,
-    /// Start again once every vCPU has left (PSCI SYSTEM_RESET).
-    pub(in crate::vm) restart: bool,
-    pub(in crate::vm) id: usize,
-    pub(in crate::vm) name: heapless::String<32>,
-    pub(in crate::vm) state: VmState,
-    /// The physical CPU vCPU 0 is pinned to.
-    pub(in crate::vm) cpu: usize,
-    pub(in crate::vm) ram_size: u64,
-    pub(in crate::vm) ram: Option<GuestRam>,
     pub(in crate::vm) balloon: Option<MmioTransport<Balloon>>,
     /// The virtio console (`console = "virtio"`), beside the PL011.
     pub(in crate::vm) vconsole: Option<MmioTransport<VirtioConsole>>,
-    pub(in crate::vm) console: ConsoleLine,
     /// The emulated PL011 the guest's console driver talks to.
     pub(in crate::vm) uart: Pl011,
     /// Its registers shown read-only while reading them changes nothing.
     pub(in crate::vm) uart_mirror: super::uart_mirror::UartMirror,
+}
+
+/// Its side of the shared console: what it printed, what was typed to it,
+/// and what waits to be shown.
+pub struct VmConsole {
+    /// The line it is printing.
+    pub(in crate::vm) line: ConsoleLine,
     /// Typed bytes its receive FIFO had no room for yet: they move into it
     /// as the guest reads, so a long line typed or pasted at once arrives
     /// whole although the FIFO holds 32 bytes, and the shell never waits.
     pub(in crate::vm) input: heapless::Deque<u8, CONSOLE_INPUT_MAX>,
-    /// Its exits and their EL2 instructions, per kind, since it started
-    /// or `info exits <vm> reset`.
-    pub(in crate::vm) profile: ExitProfile,
-    /// Why the VM last stopped.
-    pub(in crate::vm) last_stop: &'static str,
-    /// The balloon change in progress (from `set_balloon` until the driver
-    /// reports the target reached), and the last one completed.
-    pub(in crate::vm) change: Option<BalloonChange>,
-    pub(in crate::vm) last_change: Option<BalloonChange>,
-    /// The balloon's counters when the VM last stopped.
-    pub(in crate::vm) last_balloon_stats: Option<crate::balloon::BalloonStats>,
-    pub(in crate::vm) starts: u64,
-    /// `debug fail <vm> [abort|frames]`: fail in this VM's path at its
-    /// next exit.
-    pub(in crate::vm) inject_failure: Option<InjectedFailure>,
-    /// What the guest gets for a bad access (its configuration's `on_bad_access`).
-    pub(in crate::vm) on_bad_access: OnBadAccess,
-    /// Exceptions injected for bad accesses, per kind.
-    pub(in crate::vm) bad_access: BadAccessStats,
     /// The rate limits of the console lines the guest can trigger.
     pub(in crate::vm) lines: GuestLines,
-    /// Whether this VM's console has the keyboard: its output is shown live.
+    /// Whether it has the keyboard: its output is shown live.
     pub(in crate::vm) focused: bool,
     /// Console text produced under the VM's lock, printed once it is released.
     pub(in crate::vm) out: Outbox,
     /// A byte's live output from the vCPU fast path
     /// ([`super::handle::Shown::Live`]), printed like the outbox.
     pub(in crate::vm) echo: Option<Echo>,
+}
+
+/// What it did, counted for `info`, `mm` and the benchmarks.
+pub struct Counters {
+    /// Its exits and their EL2 instructions, per kind, since it started
+    /// or `info exits <vm> reset`.
+    pub(in crate::vm) profile: ExitProfile,
+    /// Exceptions injected for bad accesses, per kind.
+    pub(in crate::vm) bad_access: BadAccessStats,
+    /// How many times it started.
+    pub(in crate::vm) starts: u64,
+    /// The balloon change in progress (from `set_balloon` until the driver
+    /// reports the target reached), and the last one completed.
+    pub(in crate::vm) change: Option<BalloonChange>,
+    pub(in crate::vm) last_change: Option<BalloonChange>,
+    /// The balloon's counters when the VM last stopped.
+    pub(in crate::vm) last_balloon_stats: Option<crate::balloon::BalloonStats>,
+}
+
+/// Its memory.
+pub struct Memory {
+    /// Its RAM size in bytes, as configured.
+    pub(in crate::vm) size: u64,
+    /// Its RAM (stage-2 tables and frames) while it runs.
+    pub(in crate::vm) ram: Option<GuestRam>,
+}
+
+/// A VM: its identity and lifecycle, and its parts. Every field is the
+/// `vm` module's own; the parts that have invariants of their own keep
+/// them behind their methods (`Vcpus`).
+pub struct Vm {
+    /// What the bundle says about it (kernel, RAM size, devices...).
+    pub(in crate::vm) spec: VmEntry<'static>,
+    pub(in crate::vm) id: usize,
+    pub(in crate::vm) name: heapless::String<32>,
+    pub(in crate::vm) state: VmState,
+    /// Start again once every vCPU has left (PSCI SYSTEM_RESET).
+    pub(in crate::vm) restart: bool,
+    /// Why the VM last stopped.
+    pub(in crate::vm) last_stop: &'static str,
+    /// `debug fail <vm> [abort|frames]`: fail in this VM's path at its
+    /// next exit.
+    pub(in crate::vm) inject_failure: Option<InjectedFailure>,
+    /// What the guest gets for a bad access (its configuration's `on_bad_access`).
+    pub(in crate::vm) on_bad_access: OnBadAccess,
+    /// The physical CPU vCPU 0 is pinned to.
+    pub(in crate::vm) cpu: usize,
+    /// Its vCPUs: where each runs, whether it is on, whether it is inside
+    /// its run loop (RAM is freed only when none is), its list registers.
+    pub(in crate::vm) vcpus: Vcpus,
+    pub(in crate::vm) memory: Memory,
+    pub(in crate::vm) devices: Devices,
+    pub(in crate::vm) console: VmConsole,
+    pub(in crate::vm) counters: Counters,
     /// Its limits and what the memory manager keeps on it (`vm::manage`).
     pub(in crate::vm) managed: Managed,
 }
@@ -265,35 +298,43 @@ impl Vm {
         let _ = name.push_str(spec.name());
         Self {
             spec,
-            gic,
-            vgic: None,
-            vcpus: Vcpus::pinned(spec.cpu_affinity()),
-            restart: false,
             id,
             name,
             state: VmState::Stopped,
-            cpu: spec.cpu_affinity().trailing_zeros() as usize,
-            ram_size: spec.ram_size(),
-            ram: None,
-            balloon: None,
-            vconsole: None,
-            console: ConsoleLine::new(),
-            uart: Pl011::new(),
-            uart_mirror: super::uart_mirror::UartMirror::new(),
-            input: heapless::Deque::new(),
-            profile: ExitProfile::default(),
+            restart: false,
             last_stop: "not started yet",
-            last_balloon_stats: None,
-            change: None,
-            last_change: None,
-            starts: 0,
             inject_failure: None,
             on_bad_access: OnBadAccess::from_code(spec.on_bad_access()).unwrap_or_default(),
-            bad_access: BadAccessStats::default(),
-            lines: GuestLines::new(),
-            focused: false,
-            out: Outbox::new(),
-            echo: None,
+            cpu: spec.cpu_affinity().trailing_zeros() as usize,
+            vcpus: Vcpus::pinned(spec.cpu_affinity()),
+            memory: Memory {
+                size: spec.ram_size(),
+                ram: None,
+            },
+            devices: Devices {
+                gic,
+                vgic: None,
+                balloon: None,
+                vconsole: None,
+                uart: Pl011::new(),
+                uart_mirror: super::uart_mirror::UartMirror::new(),
+            },
+            console: VmConsole {
+                line: ConsoleLine::new(),
+                input: heapless::Deque::new(),
+                lines: GuestLines::new(),
+                focused: false,
+                out: Outbox::new(),
+                echo: None,
+            },
+            counters: Counters {
+                profile: ExitProfile::default(),
+                bad_access: BadAccessStats::default(),
+                starts: 0,
+                change: None,
+                last_change: None,
+                last_balloon_stats: None,
+            },
             managed: Managed::from_config(
                 spec.ram_size(),
                 spec.mem_min(),
@@ -339,12 +380,12 @@ impl Vm {
 
     /// Its RAM size in bytes, as configured.
     pub fn ram_size(&self) -> u64 {
-        self.ram_size
+        self.memory.size
     }
 
     /// Its RAM while it runs.
     pub fn ram(&self) -> Option<&GuestRam> {
-        self.ram.as_ref()
+        self.memory.ram.as_ref()
     }
 
     pub fn vcpus(&self) -> &Vcpus {
@@ -353,29 +394,29 @@ impl Vm {
 
     /// The virtual GIC while it runs with one.
     pub fn vgic(&self) -> Option<&VDistributor> {
-        self.vgic.as_ref()
+        self.devices.vgic.as_ref()
     }
 
     pub fn balloon(&self) -> Option<&MmioTransport<Balloon>> {
-        self.balloon.as_ref()
+        self.devices.balloon.as_ref()
     }
 
     pub fn vconsole(&self) -> Option<&MmioTransport<VirtioConsole>> {
-        self.vconsole.as_ref()
+        self.devices.vconsole.as_ref()
     }
 
     pub fn uart_mirror(&self) -> &super::uart_mirror::UartMirror {
-        &self.uart_mirror
+        &self.devices.uart_mirror
     }
 
     /// Its exits since it started or the last reset.
     pub fn profile(&self) -> &ExitProfile {
-        &self.profile
+        &self.counters.profile
     }
 
     /// `info exits <vm> reset`: count from `now_us` on.
     pub fn reset_profile(&mut self, now_us: u64) {
-        self.profile.reset(now_us);
+        self.counters.profile.reset(now_us);
     }
 
     /// Why it last stopped.
@@ -385,7 +426,7 @@ impl Vm {
 
     /// How many times it started.
     pub fn starts(&self) -> u64 {
-        self.starts
+        self.counters.starts
     }
 
     /// The failure `debug fail` made it wait for at its next exit.
@@ -403,7 +444,7 @@ impl Vm {
     }
 
     pub fn bad_access(&self) -> &BadAccessStats {
-        &self.bad_access
+        &self.counters.bad_access
     }
 
     /// Its limits and what the memory manager keeps on it.
@@ -419,39 +460,39 @@ impl Vm {
 
     /// Console text produced under its lock, to print once it is released.
     pub fn out(&mut self) -> &mut Outbox {
-        &mut self.out
+        &mut self.console.out
     }
 
     /// A byte's live output from the vCPU fast path, to print like the
     /// outbox.
     pub fn take_echo(&mut self) -> Option<Echo> {
-        self.echo.take()
+        self.console.echo.take()
     }
 
     /// Typed bytes waiting for room in its UART's receive FIFO.
     pub fn input_waiting(&self) -> usize {
-        self.input.len()
+        self.console.input.len()
     }
 
     pub fn focused(&self) -> bool {
-        self.focused
+        self.console.focused
     }
 
     /// The keyboard goes to this VM (`focused`) or to another: a VM that
     /// gets it shows the line it has so far, live.
     pub fn set_focused(&mut self, focused: bool) {
-        if focused && !self.focused {
-            let output = self.console.begin_live();
-            self.out.live(output);
+        if focused && !self.console.focused {
+            let output = self.console.line.begin_live();
+            self.console.out.live(output);
         }
-        self.focused = focused;
+        self.console.focused = focused;
     }
 
     /// The keyboard goes back to the shell: its output is shown line by
     /// line again.
     pub fn unfocus(&mut self) {
-        self.focused = false;
-        self.console.end_live();
+        self.console.focused = false;
+        self.console.line.end_live();
     }
 }
 
@@ -459,8 +500,8 @@ impl Vm {
     /// This VM's rate-limited lines, at `now_us`.
     pub fn lines_at(&mut self, now_us: u64) -> Lines<'_> {
         Lines {
-            lines: &mut self.lines,
-            out: &mut self.out,
+            lines: &mut self.console.lines,
+            out: &mut self.console.out,
             name: &self.name,
             now_us,
         }
