@@ -30,7 +30,7 @@ pub enum Shown {
     Nothing,
     /// Text in the VM's outbox, printed as after a full exit.
     Outbox,
-    /// A byte shown live, in [`Vm::echo`].
+    /// A byte shown live, kept in the VM's console part until printed ([`Vm::take_echo`](super::state::Vm::take_echo)).
     Live,
 }
 
