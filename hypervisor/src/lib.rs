@@ -25,6 +25,7 @@ pub mod report;
 pub mod savestate;
 pub mod selftest;
 pub mod size;
+pub mod snapshot;
 #[cfg(test)]
 mod test_rng;
 
