@@ -272,12 +272,11 @@ fn spec(prealloc: bool) -> guest_bundle::VmEntry<'static> {
 fn check(vm: &Vm, cpu: &mut FakeCpu, ram: u64) {
     let facts = FrameFacts::of(&cpu.host.frames, BOARD_PAGES * PAGE_SIZE);
     let vms = [VmFacts {
-        id: vm.id,
-        name: &vm.name,
-        stopped: vm.state == VmState::Stopped,
+        id: vm.id(),
+        name: vm.name(),
+        stopped: vm.state() == VmState::Stopped,
         ram: vm
-            .ram
-            .as_ref()
+            .ram()
             .map(|r| check::RamFacts::of(r, &mut cpu.host)),
     }];
     if let Err(e) = check::check(&facts, &vms) {
@@ -333,12 +332,12 @@ fuzz_target!(|input: Input| {
     let mut vm = Vm::new(0, specs[usize::from(input.prealloc)], gic);
     let mut cpu = FakeCpu::with_host(host);
     lifecycle::start(&mut vm, &mut cpu).expect("starts");
-    vm.on_bad_access = if input.stop_on_bad_access {
+    vm.set_on_bad_access(if input.stop_on_bad_access {
         OnBadAccess::Stop
     } else {
         OnBadAccess::Abort
-    };
-    cpu.index = vm.cpus[0];
+    });
+    cpu.index = vm.vcpus().cpu(0);
     let (pc, x0) = lifecycle::enter(&mut vm, 0).expect("may enter");
     let mut ctx = GuestContext::new(pc, x0);
     for (n, step) in input.steps.iter().take(64).enumerate() {
@@ -362,13 +361,13 @@ fuzz_target!(|input: Input| {
             Some(_) => Outcome::Continue,
             None => handle::after_exit(&mut vm, &mut cpu, 0, &mut ctx, exit, 0),
         };
-        let _ = vm.out.take();
-        let _ = vm.echo.take();
+        let _ = vm.out().take();
+        let _ = vm.take_echo();
         // Aborts: only under `abort`, one per exit at most, well formed.
         let new = &cpu.injected[injected..];
         assert!(new.len() <= 1, "{} exceptions for one exit", new.len());
         if let Some(&(exception, far, il32)) = new.first() {
-            assert_eq!(vm.on_bad_access, OnBadAccess::Abort, "injected under stop");
+            assert_eq!(vm.on_bad_access(), OnBadAccess::Abort, "injected under stop");
             assert_eq!(
                 Some(exception),
                 expected(&exit),
@@ -440,13 +439,13 @@ fuzz_target!(|input: Input| {
     check(&vm, &mut cpu, ram);
     // However it ended, the vCPU leaves and a stop frees everything.
     lifecycle::leave(&mut vm, &mut cpu, 0, true);
-    if vm.state != VmState::Stopped {
+    if vm.state() != VmState::Stopped {
         lifecycle::request_stop(&mut vm, &mut cpu).ok();
-        if vm.inside > 0 {
+        if vm.vcpus().inside() > 0 {
             lifecycle::leave(&mut vm, &mut cpu, 1, true);
         }
     }
-    assert_eq!(vm.state, VmState::Stopped);
+    assert_eq!(vm.state(), VmState::Stopped);
     assert_eq!(
         cpu.host.frames.guest_pages(0),
         0,
@@ -456,7 +455,7 @@ fuzz_target!(|input: Input| {
     check(&vm, &mut cpu, ram);
     // The VM is dropped: its hypervisor page (the UART mirror, kept while
     // the VM exists) goes back, and the host is as it was.
-    if let Some(frame) = vm.uart_mirror.frame() {
+    if let Some(frame) = vm.uart_mirror().frame() {
         cpu.host
             .frames
             .free(frame, 1, FrameUse::Allocated)

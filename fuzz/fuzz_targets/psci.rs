@@ -21,7 +21,7 @@ use hypervisor::limits::MAX_VCPUS;
 use hypervisor::vm::cpu::GuestContext;
 use hypervisor::vm::psci::{self, PsciOutcome, ALREADY_ON, INVALID_PARAMETERS, NOT_SUPPORTED};
 use hypervisor::vm::state::{GuestGic, Power, Vm};
-use hypervisor::vm::testing::{FakeCpu, FakeHost};
+use hypervisor::vm::testing::{self, FakeCpu, FakeHost};
 use libfuzzer_sys::fuzz_target;
 
 const VERSION: u32 = 0x8400_0000;
@@ -126,15 +126,16 @@ fuzz_target!(|input: Input| {
     let mut cpu = FakeCpu::with_host(host);
     let mut vm = Vm::new(0, spec, GuestGic::V3);
     let vcpus = usize::from(input.vcpus) % MAX_VCPUS + 1;
-    vm.vcpus = vcpus;
-    for v in 0..vcpus {
-        vm.cpus[v] = v + 1;
-        vm.power[v] = match input.power[v] {
+    // vCPU v on CPU v + 1.
+    let power: Vec<Power> = input.power[..vcpus]
+        .iter()
+        .map(|p| match *p {
             State::Off => Power::Off,
             State::Starting(entry, context) => Power::Starting { entry, context },
             State::On => Power::On,
-        };
-    }
+        })
+        .collect();
+    testing::set_vcpus(&mut vm, ((1 << vcpus) - 1) << 1, &power);
     for call in input.calls.iter().take(64) {
         let vcpu = usize::from(call.vcpu) % vcpus;
         let function = match IDS.get(usize::from(call.function)) {
@@ -151,7 +152,7 @@ fuzz_target!(|input: Input| {
         }
         let before_x = ctx.x;
         let before_pc = (ctx.elr, ctx.spsr);
-        let power = vm.power;
+        let power: Vec<Power> = (0..vcpus).map(|v| vm.vcpus().power(v)).collect();
         let handed = cpu.handed.len();
         let outcome = psci::call(&mut vm, &mut cpu, vcpu, &mut ctx);
 
@@ -169,7 +170,8 @@ fuzz_target!(|input: Input| {
         assert_eq!(outcome, expect_outcome, "function {function:#x}");
         if outcome != PsciOutcome::Answered {
             assert_eq!(ctx.x[0], function, "x0 left for the caller");
-            assert_eq!(vm.power, power);
+            let now: Vec<Power> = (0..vcpus).map(|v| vm.vcpus().power(v)).collect();
+            assert_eq!(now, power);
             assert_eq!(cpu.handed.len(), handed);
             continue;
         }
@@ -211,7 +213,8 @@ fuzz_target!(|input: Input| {
             _ => NOT_SUPPORTED,
         };
         assert_eq!(x0, expected, "function {function:#x} x1 {x1:#x}");
-        for (v, (now, was)) in vm.power.iter().zip(&power).enumerate() {
+        for (v, was) in power.iter().enumerate() {
+            let now = &vm.vcpus().power(v);
             if Some(v) == started {
                 let starting = Power::Starting {
                     entry: x2,

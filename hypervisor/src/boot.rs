@@ -258,16 +258,16 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
         init_manager(&bundle, frames);
     }
     // Lines said under a VM's lock go through its outbox (printed after).
-    run::for_each(|vm| match run::start(vm) {
-        Ok(()) => vm.out.line(format_args!(
-            "tidal: [{}] VM started on CPU {} with {} of RAM",
-            vm.name,
-            vm.cpu,
-            report::Size(vm.ram_size)
-        )),
-        Err(e) => vm
-            .out
-            .line(format_args!("tidal: [{}] VM not started: {e}", vm.name)),
+    run::for_each(|vm| {
+        let (name, cpu, ram) = (vm.name().clone(), vm.cpu(), report::Size(vm.ram_size()));
+        match run::start(vm) {
+            Ok(()) => vm.out().line(format_args!(
+                "tidal: [{name}] VM started on CPU {cpu} with {ram} of RAM"
+            )),
+            Err(e) => vm
+                .out()
+                .line(format_args!("tidal: [{name}] VM not started: {e}")),
+        }
     });
     // A test bundle: the on-target checks, then the shell as usual.
     if bundle.on_target_tests() {

@@ -30,8 +30,8 @@ pub fn run(board: &BoardInfo, bundle: &Bundle<'static>) {
     let ram: u64 = board.ram.iter().map(|r| r.size()).sum();
     let mut on_shell_cpu = None;
     vm::for_each(|vm| {
-        if vm.cpus[..vm.vcpus].contains(&vm::SHELL_CPU) {
-            on_shell_cpu.get_or_insert(vm.name.clone());
+        if vm.vcpus().cpus().contains(&vm::SHELL_CPU) {
+            on_shell_cpu.get_or_insert(vm.name().clone());
         }
     });
     if let Some(name) = on_shell_cpu {
@@ -78,7 +78,7 @@ pub fn run(board: &BoardInfo, bundle: &Bundle<'static>) {
     let start = match &linux {
         None => LinuxStart::Skip("no Linux VM with a balloon in the bundle".into()),
         Some(name) => {
-            let started = vm::with_vm(name, |vm| vm.starts > 0).unwrap_or(false);
+            let started = vm::with_vm(name, |vm| vm.starts() > 0).unwrap_or(false);
             selftest::linux_start(started, ram, guaranteed)
         }
     };
@@ -117,7 +117,7 @@ fn linux_checks(name: &str, say: &mut impl FnMut(&str, Verdict)) {
     // registers, which may be before this check looks, and again as
     // memory is freed (the round trip's deflate frees 64 MiB).
     let reported = |vm: &mut Vm| {
-        vm.balloon
+        vm.balloon()
             .as_ref()
             .map_or(0, |b| b.device().stats().pages_reported)
     };
@@ -176,12 +176,12 @@ fn find(role: Role) -> Option<heapless::String<32>> {
     let mut found = None;
     vm::for_each(|vm| {
         let r = selftest::role(
-            vm.spec.cmdline(),
-            vm.spec.has_balloon(),
-            vm.on_bad_access == OnBadAccess::Abort,
+            vm.spec().cmdline(),
+            vm.spec().has_balloon(),
+            vm.on_bad_access() == OnBadAccess::Abort,
         );
         if found.is_none() && r == role {
-            found = Some(vm.name.clone());
+            found = Some(vm.name().clone());
         }
     });
     found
@@ -189,7 +189,7 @@ fn find(role: Role) -> Option<heapless::String<32>> {
 
 /// Whether VM `name`'s balloon offers every bit of `feature`.
 fn offers(name: &str, feature: u64) -> bool {
-    vm::with_vm(name, |vm| vm.spec.balloon_features() & feature == feature).unwrap_or(false)
+    vm::with_vm(name, |vm| vm.spec().balloon_features() & feature == feature).unwrap_or(false)
 }
 
 fn cpus(board: &BoardInfo) -> Result<String, String> {
@@ -226,12 +226,12 @@ fn isolation(ram: u64) -> Verdict {
     let observe = |vm: &mut Vm| {
         (
             selftest::WildObs {
-                running: vm.state == VmState::Running,
-                injected: vm.bad_access.injected,
-                mapped: vm.ram.as_ref().map_or(0, |r| r.mapped_pages()),
-                ram_pages: vm.ram_size / PAGE_SIZE,
+                running: vm.state() == VmState::Running,
+                injected: vm.bad_access().injected,
+                mapped: vm.ram().map_or(0, |r| r.mapped_pages()),
+                ram_pages: vm.ram_size() / PAGE_SIZE,
             },
-            vm.spec.has_balloon(),
+            vm.spec().has_balloon(),
         )
     };
     let until = aarch64::uptime_us() + deadline::ISOLATION_US;
@@ -247,13 +247,13 @@ fn isolation(ram: u64) -> Verdict {
     // Every other VM that was started must still run.
     let mut down = String::new();
     vm::for_each(|vm| {
-        if vm.name != name && vm.starts > 0 && vm.state != VmState::Running {
+        if vm.name().as_str() != name && vm.starts() > 0 && vm.state() != VmState::Running {
             let _ = write!(
                 down,
                 "{}{} ({})",
                 if down.is_empty() { "" } else { ", " },
-                vm.name,
-                vm.state.label()
+                vm.name(),
+                vm.state().label()
             );
         }
     });
@@ -271,14 +271,13 @@ fn isolation(ram: u64) -> Verdict {
 /// `balloon`; it gets it back after.
 fn round_trip(name: &str, pages: u32, driver_us: u64, balloon_us: u64) -> Result<String, String> {
     let observe = |vm: &mut Vm| BalloonObs {
-        running: vm.state == VmState::Running,
+        running: vm.state() == VmState::Running,
         driver: vm
-            .balloon
-            .as_ref()
+            .balloon()
             .is_some_and(|b| b.status() & STATUS_DRIVER_OK != 0 && !b.needs_reset()),
-        actual: vm.balloon.as_ref().map_or(0, |b| b.device().actual()),
+        actual: vm.balloon().map_or(0, |b| b.device().actual()),
     };
-    let was_manual = vm::with_vm(name, |vm| core::mem::replace(&mut vm.managed.manual, true))
+    let was_manual = vm::with_vm(name, |vm| vm.set_manual(true))
         .ok_or_else(|| alloc::format!("{name} is gone"))?;
     let mut rt = RoundTrip::new(pages, aarch64::uptime_us(), driver_us, balloon_us);
     let result = loop {
@@ -297,7 +296,9 @@ fn round_trip(name: &str, pages: u32, driver_us: u64, balloon_us: u64) -> Result
             Step::Done(r) => break r,
         }
     };
-    vm::with_vm(name, |vm| vm.managed.manual = was_manual);
+    vm::with_vm(name, |vm| {
+        vm.set_manual(was_manual);
+    });
     result.map(|s| alloc::format!("{name}: {s}"))
 }
 
@@ -311,12 +312,9 @@ fn hint(name: &str) -> Result<String, String> {
     let until = aarch64::uptime_us() + deadline::HINT_US;
     loop {
         let seen = vm::with_vm(name, |vm| {
-            let run = vm
-                .balloon
-                .as_ref()
-                .and_then(|b| b.device().hint_run().copied());
+            let run = vm.balloon().and_then(|b| b.device().hint_run().copied());
             (
-                vm.state == VmState::Running,
+                vm.state() == VmState::Running,
                 selftest::hint(id, run.as_ref()),
             )
         });

@@ -47,7 +47,7 @@ use crate::vm::lifecycle;
 use crate::vm::manage;
 use crate::vm::memory::HostMemory;
 use crate::vm::outbox::Notice;
-use crate::vm::state::{GuestGic, InjectedFailure, Power};
+use crate::vm::state::{GuestGic, InjectedFailure};
 pub use crate::vm::state::{Vm, VmState};
 use crate::vm::vcpu_loop::{self, take_pending, Pending, VcpuHost};
 
@@ -176,7 +176,7 @@ fn exits_since_tick() -> u64 {
     for id in 0..MAX_GUESTS {
         let guard = lock_vm_for_service(id);
         if let Some(vm) = guard.as_ref() {
-            total = total.saturating_add(vm.profile.total().count);
+            total = total.saturating_add(vm.profile().total().count);
         }
     }
     total.saturating_sub(EXITS_AT_TICK.swap(total, Ordering::Relaxed))
@@ -553,7 +553,7 @@ pub fn init(bundle: Bundle<'static>, frame_table: &'static FrameLock) {
     let gic = guest_gic();
     for (id, spec) in bundle.vms().enumerate().take(MAX_GUESTS) {
         let vm = Vm::new(id, spec, gic);
-        NAMES[id].call_once(|| vm.name.clone());
+        NAMES[id].call_once(|| vm.name().clone());
         *lock_vm(id) = Some(vm);
     }
     if bundle.vm_count() > MAX_GUESTS {
@@ -579,7 +579,7 @@ pub fn for_each(mut f: impl FnMut(&mut Vm)) {
 pub fn with_vm<R>(name: &str, f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
     for id in 0..MAX_GUESTS {
         let mut guard = lock_vm_for_service(id);
-        if let Some(vm) = guard.as_mut().filter(|vm| vm.name == name) {
+        if let Some(vm) = guard.as_mut().filter(|vm| vm.name() == name) {
             let result = f(vm);
             let pending = take_pending(vm);
             drop(guard);
@@ -602,7 +602,7 @@ pub fn check_system(ram_bytes: u64, out: &mut impl core::fmt::Write) {
         let guard = lock_vm_for_service(id);
         *walk = guard
             .as_ref()
-            .and_then(|vm| Some((vm.starts, RamFacts::of(vm.ram.as_ref()?, &mut HostMem))));
+            .and_then(|vm| Some((vm.starts(), RamFacts::of(vm.ram()?, &mut HostMem))));
     }
     let invariants = frames().check_invariants();
     let mut names: heapless::Vec<
@@ -612,17 +612,22 @@ pub fn check_system(ram_bytes: u64, out: &mut impl core::fmt::Write) {
     let facts = {
         let guards: [_; MAX_GUESTS] = core::array::from_fn(lock_vm_for_service);
         for vm in guards.iter().filter_map(|g| g.as_ref()) {
-            let ram = vm.ram.as_ref().map(|ram| {
+            let ram = vm.ram().map(|ram| {
                 // The walk's verdict, if this is the VM that was walked.
-                let ownership = walked[vm.id % MAX_GUESTS]
-                    .filter(|(starts, _)| *starts == vm.starts)
+                let ownership = walked[vm.id() % MAX_GUESTS]
+                    .filter(|(starts, _)| *starts == vm.starts())
                     .map_or(Ok(()), |(_, w)| w.ownership);
                 RamFacts {
                     ownership,
                     ..RamFacts::counts(ram)
                 }
             });
-            let _ = names.push((vm.id, vm.name.clone(), vm.state == VmState::Stopped, ram));
+            let _ = names.push((
+                vm.id(),
+                vm.name().clone(),
+                vm.state() == VmState::Stopped,
+                ram,
+            ));
         }
         FrameFacts::counts(&frames(), ram_bytes)
     }
@@ -802,7 +807,7 @@ fn name_of(id: usize, held: u32) -> heapless::String<32> {
     let name = VMS
         .get(id)
         .filter(|_| held & held::vm(id) == 0)
-        .and_then(|lock| lock.lock_service().as_ref().map(|vm| vm.name.clone()));
+        .and_then(|lock| lock.lock_service().as_ref().map(|vm| vm.name().clone()));
     name.unwrap_or_else(|| {
         let mut s = heapless::String::new();
         let _ = core::fmt::write(&mut s, format_args!("VM {id}"));
@@ -926,11 +931,7 @@ fn end_failed_vm(cpu: usize, id: usize, vcpu: usize) {
         let mut target = TargetCpu::new();
         let mut guard = lock_vm(id);
         let Some(vm) = guard.as_mut() else { return };
-        vm.restart = false;
-        if !matches!(vm.state, VmState::Stopped | VmState::Failed) {
-            vm.last_stop = FAILURE;
-            lifecycle::begin_stop(vm, &mut target, FAILURE, false);
-        }
+        lifecycle::stop_for_failure(vm, &mut target, FAILURE);
         if ENTERED[cpu].load(Ordering::Relaxed) == encode(id, vcpu) {
             lifecycle::leave(vm, &mut target, vcpu, true);
         }
@@ -947,22 +948,9 @@ fn end_failed_vm(cpu: usize, id: usize, vcpu: usize) {
     let mut guard = lock_vm(id);
     let Some(vm) = guard.as_mut() else { return };
     let owned = frames().guest_pages(id);
-    if ended.is_err() || (vm.state == VmState::Stopped && owned > 0) {
-        // Its RAM may be half freed: what is left stays accounted to it in
-        // the frame table (dropping the GuestRam frees nothing).
-        vm.ram = None;
-        vm.balloon = None;
-        vm.vconsole = None;
-        vm.vgic = None;
-        vm.inside = 0;
+    if ended.is_err() || (vm.state() == VmState::Stopped && owned > 0) {
         let _ = frames().guarantee(id, 0);
-        vm.power = [Power::Off; MAX_VCPUS];
-        vm.state = VmState::Failed;
-        vm.last_stop = "a hypervisor failure, and its pages could not be freed";
-        vm.out.line(format_args!(
-            "tidal: [{}] the VM is failed: {owned} frames stay accounted to it; 'check' reports them",
-            vm.name
-        ));
+        lifecycle::mark_failed(vm, owned);
     }
     let pending = take_pending(vm);
     drop(guard);
@@ -996,12 +984,17 @@ impl VcpuHost for TargetHost {
     }
 
     fn load_guest(&self, vm: &Vm, vcpu: usize) {
-        ENTERED[aarch64::cpu_index()].store(encode(vm.id, vcpu), Ordering::Relaxed);
+        ENTERED[aarch64::cpu_index()].store(encode(vm.id(), vcpu), Ordering::Relaxed);
         El1Regs::reset().load();
-        if let Some(ram) = vm.ram.as_ref() {
-            vcpu::load_vm_controls(ram.vmid, ram.stage2_root(), vcpu as u64, vm.vgic.is_some());
+        if let Some(ram) = vm.ram() {
+            vcpu::load_vm_controls(
+                ram.vmid,
+                ram.stage2_root(),
+                vcpu as u64,
+                vm.vgic().is_some(),
+            );
         }
-        if vm.vgic.is_some() {
+        if vm.vgic().is_some() {
             gic::reset_virtual_interface();
         }
     }
@@ -1038,12 +1031,12 @@ impl VcpuHost for TargetHost {
             // exception handler contains it and never returns here.
             let v = unsafe { core::ptr::read_volatile(bad as *const u64) };
             // Not printed here: the VM's lock is held.
-            vm.out.line(format_args!(
-                "tidal: [{}] debug fail: unexpectedly read {v:#x}",
-                vm.name
+            let name = vm.name().clone();
+            vm.out().line(format_args!(
+                "tidal: [{name}] debug fail: unexpectedly read {v:#x}"
             ));
         }
-        panic!("injected failure ('debug fail {}')", vm.name);
+        panic!("injected failure ('debug fail {}')", vm.name());
     }
 
     fn idle(&self) {
@@ -1133,15 +1126,10 @@ static FOCUS: AtomicUsize = AtomicUsize::new(NO_VM);
 
 /// Give the keyboard to VM `name`; false if there is no such VM.
 pub fn focus(name: &str) -> bool {
-    let found = with_vm(name, |vm| FOCUS.store(vm.id, Ordering::Relaxed)).is_some();
+    let found = with_vm(name, |vm| FOCUS.store(vm.id(), Ordering::Relaxed)).is_some();
     let focus = FOCUS.load(Ordering::Relaxed);
     for_each(|vm| {
-        let focused = vm.id == focus;
-        if focused && !vm.focused {
-            let output = vm.console.begin_live();
-            vm.out.live(output);
-        }
-        vm.focused = focused;
+        vm.set_focused(vm.id() == focus);
     });
     found
 }
@@ -1154,8 +1142,7 @@ pub fn input_to_focus_active() -> bool {
 pub fn unfocus() {
     FOCUS.store(NO_VM, Ordering::Relaxed);
     for_each(|vm| {
-        vm.focused = false;
-        vm.console.end_live();
+        vm.unfocus();
     });
     crate::console::end_live_output();
 }
@@ -1176,14 +1163,13 @@ pub fn input_to_focus(bytes: &[u8]) -> bool {
     // spinning waiter can hold up a preempted holder for a host time slice.
     let mut guard = lock_vm_for_service(id);
     let pending = guard.as_mut().and_then(|vm| {
-        if vm.state == VmState::Running {
+        if vm.state() == VmState::Running {
             let kept = irq::console_input_bytes(vm, &mut TargetCpu::new(), bytes) == bytes.len();
             let was_losing = INPUT_LOST.swap(!kept, Ordering::Relaxed);
             if !kept && !was_losing {
-                vm.out.line(format_args!(
-                    "tidal: [{}] console input lost: the guest read none of the last {} bytes typed",
-                    vm.name,
-                    vm.input.len()
+                let (name, waiting) = (vm.name().clone(), vm.input_waiting());
+                vm.out().line(format_args!(
+                    "tidal: [{name}] console input lost: the guest read none of the last {waiting} bytes typed"
                 ));
             }
         }
@@ -1366,7 +1352,7 @@ fn manager_tick(now: u64) {
             let mut vm_guard = lock_vm_for_service(id);
             let vm = vm_guard.as_mut()?;
             if take_injected(id) {
-                panic!("injected failure ('debug fail-input {}')", vm.name);
+                panic!("injected failure ('debug fail-input {}')", vm.name());
             }
             irq::flush_vconsole(vm, &mut TargetCpu::new());
             if short {
@@ -1374,7 +1360,7 @@ fn manager_tick(now: u64) {
             }
             Some((
                 manage::is_managed(vm),
-                vm.starts,
+                vm.starts(),
                 manage::input(vm),
                 manage::longest_wait_us(vm, now).unwrap_or(0),
             ))
@@ -1441,9 +1427,8 @@ fn manager_tick(now: u64) {
 fn stop_for_failed_input(id: usize) {
     let mut guard = lock_vm_for_service(id);
     let Some(vm) = guard.as_mut() else { return };
-    if vm.state == VmState::Running {
-        vm.last_stop = INPUT_FAILURE;
-        lifecycle::begin_stop(vm, &mut TargetCpu::new(), INPUT_FAILURE, false);
+    if vm.state() == VmState::Running {
+        lifecycle::stop_for_failure(vm, &mut TargetCpu::new(), INPUT_FAILURE);
     }
     let pending = take_pending(vm);
     drop(guard);
@@ -1463,13 +1448,13 @@ fn stop_lowest_weight() -> bool {
         let Some(vm) = vm_guard.as_ref() else {
             continue;
         };
-        match vm.state {
+        match vm.state() {
             VmState::StopRequested => return false,
             VmState::Running => {}
             _ => continue,
         }
-        let backed = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
-        let limits = vm.managed.limits;
+        let backed = vm.ram().map_or(0, |r| r.mapped_pages());
+        let limits = vm.managed().limits();
         *slot = Some(manage::StopCandidate {
             weight: limits.weight,
             backed,
@@ -1484,9 +1469,9 @@ fn stop_lowest_weight() -> bool {
     let Some(vm) = vm_guard.as_mut() else {
         return false;
     };
-    vm.out.line(format_args!(
-        "tidal: [{}] stopping the VM: the pool is exhausted, a vCPU has waited {} s for memory, and it has the lowest weight (when_exhausted = \"stop-lowest\", the default)",
-        vm.name,
+    let name = vm.name().clone();
+    vm.out().line(format_args!(
+        "tidal: [{name}] stopping the VM: the pool is exhausted, a vCPU has waited {} s for memory, and it has the lowest weight (when_exhausted = \"stop-lowest\", the default)",
         manage::WAIT_BOUND_US / 1_000_000
     ));
     lifecycle::begin_stop(

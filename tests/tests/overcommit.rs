@@ -303,6 +303,16 @@ fn everyone_hungry_at_once(board: Board, kind: Hungry) {
         .matches("stopping the VM: the pool is exhausted")
         .count();
     println!("{stops} VMs stopped by the escalation");
+    if stops > 1 {
+        // What the manager did, for the log: its counters per VM, and the
+        // board's lines about waits and stops.
+        if let Ok(mm) = s.run("mm", COMMAND) {
+            println!("--- mm ---\n{mm}");
+        }
+        for line in out.lines().filter(|l| l.contains("tidal: [")) {
+            println!("{line}");
+        }
+    }
     assert!(stops <= 1, "more than one stop for one shortage: {stops}");
     for line in out.lines() {
         assert!(

@@ -340,11 +340,17 @@ fn download_and_unpack(
         fs::remove_file(&deb).map_err(|e| format!("{}: {e}", deb.display()))?;
     }
     // Not quiet: apt shows the download's progress (its size, and bytes and
-    // rate as it goes when the output is a terminal); a package of a few
-    // hundred MiB takes minutes.
-    run(apt(apt_dir, "apt-get")
-        .current_dir(into)
-        .args(["download", package]))
+    // rate as it goes when the output is a terminal; `progress` prints them
+    // when it is not); a package of a few hundred MiB takes minutes.
+    let watched = [into.to_path_buf(), apt_dir.join("cache/archives/partial")];
+    crate::progress::run_watching(
+        apt(apt_dir, "apt-get")
+            .current_dir(into)
+            .args(["download", package]),
+        &format!("fixtures: downloading {package}"),
+        &watched,
+        package_size(apt_dir, package),
+    )
     .map_err(|e| {
         format!(
             "downloading Debian's arm64 package {package} failed ({e}); check the network and \
@@ -384,6 +390,18 @@ pub fn debian_package_deb(workspace_root: &Path, package: &str) -> Option<String
         .join("done");
     let text = fs::read_to_string(done).ok()?;
     Some(text.trim().to_string())
+}
+
+/// The size in bytes of `package`'s candidate .deb, as the apt lists in
+/// `dir` give it (`None` if they do not).
+fn package_size(dir: &Path, package: &str) -> Option<u64> {
+    let out = apt(dir, "apt-cache")
+        .args(["show", "--no-all-versions", package])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("Size: ")?.trim().parse().ok())
 }
 
 /// An apt command that sees only arm64 and keeps all its state under `dir`.

@@ -12,6 +12,7 @@ mod fixtures;
 mod fuzz;
 mod json;
 mod linux;
+mod progress;
 mod sdcard;
 mod setup;
 pub mod userconfig;

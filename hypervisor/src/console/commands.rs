@@ -165,7 +165,7 @@ pub fn names(board: &mut impl Board) -> heapless::String<128> {
         if !s.is_empty() {
             let _ = s.push_str(", ");
         }
-        let _ = s.push_str(&vm.name);
+        let _ = s.push_str(vm.name());
     });
     s
 }
@@ -194,14 +194,13 @@ fn mem(board: &mut impl Board, out: &mut String) {
     let _ = writeln!(out, "Guests (their frames are in \"guest RAM\" above):");
     board.for_each_vm(|vm| {
         let (mapped, tables) = vm
-            .ram
-            .as_ref()
+            .ram()
             .map_or((0, 0), |r| (r.mapped_pages(), r.table_pages()));
         let _ = writeln!(
             out,
             "  {:<12} {:<9} {:>12} bytes of RAM backed, {} of stage-2 tables",
-            vm.name,
-            vm.state.label(),
+            vm.name(),
+            vm.state().label(),
             mapped.saturating_mul(PAGE_SIZE),
             Size(tables.saturating_mul(PAGE_SIZE))
         );
@@ -224,37 +223,39 @@ fn vms(board: &mut impl Board, out: &mut String) {
         "name         state     cpu  RAM         backed    ballooned  bad access  aborts  starts"
     );
     board.for_each_vm(|vm| {
-        let mapped = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
-        let ballooned = vm
-            .balloon
-            .as_ref()
-            .map_or(0, |b| b.device().ballooned_pages());
+        let mapped = vm.ram().map_or(0, |r| r.mapped_pages());
+        let ballooned = vm.balloon().map_or(0, |b| b.device().ballooned_pages());
         let _ = writeln!(
             out,
             "{:<12} {:<9} {:<4} {:<11} {:<9} {:<10} {:<11} {:<7} {}",
-            vm.name,
-            vm.state.label(),
-            vm.cpu,
-            Size(vm.ram_size),
+            vm.name(),
+            vm.state().label(),
+            vm.cpu(),
+            Size(vm.ram_size()),
             mapped,
             ballooned,
-            vm.on_bad_access.label(),
-            vm.bad_access.injected,
-            vm.starts
+            vm.on_bad_access().label(),
+            vm.bad_access().injected,
+            vm.starts()
         );
     });
     for (name, row) in mm_rows(board).iter() {
         let _ = manage::write_vm_memory(out, name, row);
     }
     board.for_each_vm(|vm| {
-        if vm.bad_access.injected > 0 {
-            let _ = writeln!(out, "  {}: exceptions injected: {}", vm.name, vm.bad_access);
+        if vm.bad_access().injected > 0 {
+            let _ = writeln!(
+                out,
+                "  {}: exceptions injected: {}",
+                vm.name(),
+                vm.bad_access()
+            );
         }
     });
 }
 
 fn on_bad_access(board: &mut impl Board, out: &mut String, name: &str, policy: OnBadAccess) {
-    match board.with_vm(name, |vm, _| vm.on_bad_access = policy) {
+    match board.with_vm(name, |vm, _| vm.set_on_bad_access(policy)) {
         None => no_such_vm(board, out, name),
         Some(()) => {
             let _ = writeln!(
@@ -273,7 +274,9 @@ fn on_bad_access(board: &mut impl Board, out: &mut String, name: &str, policy: O
 fn balloon(board: &mut impl Board, out: &mut String, name: &str, bytes: u64) {
     let pages = bytes / PAGE_SIZE;
     let set = board.with_vm(name, |vm, cpu| {
-        balloon_ctl::set_target(vm, cpu, pages).map(|()| vm.managed.manual = true)
+        balloon_ctl::set_target(vm, cpu, pages).map(|()| {
+            vm.set_manual(true);
+        })
     });
     let _ = match set {
         None => return no_such_vm(board, out, name),
@@ -287,7 +290,7 @@ fn balloon(board: &mut impl Board, out: &mut String, name: &str, bytes: u64) {
 }
 
 fn balloon_auto(board: &mut impl Board, out: &mut String, name: &str) {
-    match board.with_vm(name, |vm, _| core::mem::take(&mut vm.managed.manual)) {
+    match board.with_vm(name, |vm, _| vm.set_manual(false)) {
         None => no_such_vm(board, out, name),
         Some(_) => {
             let _ = writeln!(
@@ -396,11 +399,11 @@ fn info_balloon(board: &mut impl Board, out: &mut String, name: Option<&str>) {
 fn info_exits(board: &mut impl Board, out: &mut String, name: &str, reset: bool) {
     let now = board.now_us();
     let copied = board.with_vm(name, |vm, _| {
-        let profile = vm.profile;
+        let profile = *vm.profile();
         if reset {
-            vm.profile.reset(now);
+            vm.reset_profile(now);
         }
-        let vconsole = vm.vconsole.as_ref().map(|c| {
+        let vconsole = vm.vconsole().map(|c| {
             (
                 *c.device().stats(),
                 irq::vconsole_takes_input(vm),
@@ -410,8 +413,8 @@ fn info_exits(board: &mut impl Board, out: &mut String, name: &str, reset: bool)
         });
         (
             profile,
-            vm.uart_mirror.stats,
-            vm.uart_mirror.is_mapped(),
+            vm.uart_mirror().stats,
+            vm.uart_mirror().is_mapped(),
             vconsole,
         )
     });
@@ -549,7 +552,7 @@ fn stop(board: &mut impl Board, out: &mut String, name: &str) -> Then {
 /// waits for.
 pub fn stopped(board: &mut impl Board, name: &str) -> bool {
     board
-        .with_vm(name, |vm, _| vm.state == VmState::Stopped)
+        .with_vm(name, |vm, _| vm.state() == VmState::Stopped)
         .unwrap_or(true)
 }
 
@@ -604,7 +607,7 @@ fn debug_fail_board(board: &mut impl Board, out: &mut String, service: BoardServ
 }
 
 fn debug_fail_input(board: &mut impl Board, out: &mut String, name: &str) {
-    match board.with_vm(name, |vm, _| vm.id) {
+    match board.with_vm(name, |vm, _| vm.id()) {
         None => no_such_vm(board, out, name),
         Some(id) => {
             board.inject(InjectInto::Input(id));
@@ -640,9 +643,9 @@ pub fn pool_view(board: &mut impl Board) -> PoolView {
     });
     let (mut committed, mut committed_running) = (0u64, 0u64);
     board.for_each_vm(|vm| {
-        committed = committed.saturating_add(vm.ram_size / PAGE_SIZE);
-        if vm.ram.is_some() {
-            committed_running = committed_running.saturating_add(vm.ram_size / PAGE_SIZE);
+        committed = committed.saturating_add(vm.ram_size() / PAGE_SIZE);
+        if vm.ram().is_some() {
+            committed_running = committed_running.saturating_add(vm.ram_size() / PAGE_SIZE);
         }
     });
     PoolView {
@@ -665,7 +668,10 @@ pub fn mm_rows(board: &mut impl Board) -> heapless::Vec<(heapless::String<32>, V
     let stats = board.manager().map(|m| m.vms).unwrap_or_default();
     let mut rows = heapless::Vec::new();
     board.for_each_vm(|vm| {
-        let _ = rows.push((vm.name.clone(), manage::row(vm, stats[vm.id % MAX_GUESTS])));
+        let _ = rows.push((
+            vm.name().clone(),
+            manage::row(vm, stats[vm.id() % MAX_GUESTS]),
+        ));
     });
     rows
 }
@@ -773,11 +779,14 @@ mod tests {
         }
 
         fn vm(&self, name: &str) -> &Vm {
-            self.vms.iter().find(|v| v.name == name).expect("a VM")
+            self.vms
+                .iter()
+                .find(|v| v.name().as_str() == name)
+                .expect("a VM")
         }
 
         fn drain(printed: &mut Vec<alloc::string::String>, vm: &mut Vm) {
-            let (notices, _) = vm.out.take();
+            let (notices, _) = vm.out().take();
             for notice in notices {
                 if let Notice::Line(line) = notice {
                     printed.push(line);
@@ -794,7 +803,7 @@ mod tests {
             name: &str,
             f: impl FnOnce(&mut Vm, &mut FakeCpu) -> R,
         ) -> Option<R> {
-            let vm = self.vms.iter_mut().find(|v| v.name == name)?;
+            let vm = self.vms.iter_mut().find(|v| v.name().as_str() == name)?;
             let result = f(vm, &mut self.cpu);
             Self::drain(&mut self.printed, vm);
             Some(result)
@@ -842,10 +851,10 @@ mod tests {
                 .vms
                 .iter()
                 .map(|vm| VmFacts {
-                    id: vm.id,
-                    name: &vm.name,
-                    stopped: vm.state == VmState::Stopped,
-                    ram: vm.ram.as_ref().map(|r| RamFacts::of(r, host)),
+                    id: vm.id(),
+                    name: vm.name(),
+                    stopped: vm.state() == VmState::Stopped,
+                    ram: vm.ram().map(|r| RamFacts::of(r, host)),
                 })
                 .collect();
             let _ = check::write_result(out, &check::check(&facts, &vms));
@@ -860,7 +869,7 @@ mod tests {
         }
 
         fn focus(&mut self, name: &str) -> bool {
-            let found = self.vms.iter().any(|v| v.name == name);
+            let found = self.vms.iter().any(|v| v.name().as_str() == name);
             if found {
                 self.focused = Some(name.into());
             }
@@ -919,18 +928,18 @@ mod tests {
             "{out}"
         );
         let vm = board.vm("alpha");
-        assert!(vm.managed.manual);
-        assert_eq!(vm.balloon.as_ref().unwrap().device().target(), 512);
+        assert!(vm.managed().manual());
+        assert_eq!(vm.balloon().unwrap().device().target(), 512);
         assert!(board
             .answer("balloon alpha auto")
             .contains("moves this balloon again"));
-        assert!(!board.vm("alpha").managed.manual);
+        assert!(!board.vm("alpha").managed().manual());
         // Refused: stays manual-free, says why.
         assert_eq!(
             board.answer("balloon beta 1M"),
             "beta: cannot set the balloon: it is not running (type 'start <vm>' first)\n"
         );
-        assert!(!board.vm("beta").managed.manual);
+        assert!(!board.vm("beta").managed().manual());
         assert_eq!(
             board.answer("balloon alpha 9M"),
             "alpha: cannot set the balloon: that is more than its RAM\n"
@@ -941,7 +950,7 @@ mod tests {
     fn start_and_stop_go_through_the_lifecycle() {
         let mut board = FakeBoard::new();
         assert_eq!(board.answer("start beta"), "beta: started\n");
-        assert_eq!(board.vm("beta").state, VmState::Running);
+        assert_eq!(board.vm("beta").state(), VmState::Running);
         assert_eq!(
             board.answer("start beta"),
             "beta: cannot start: it is already running\n"
@@ -951,7 +960,7 @@ mod tests {
         assert_eq!(then, Then::AwaitStop("beta".try_into().unwrap()));
         // No vCPU of it is inside its run loop: it stops at once.
         assert!(stopped(&mut board, "beta"));
-        assert_eq!(board.vm("beta").state, VmState::Stopped);
+        assert_eq!(board.vm("beta").state(), VmState::Stopped);
         assert_eq!(
             board.answer("stop beta"),
             "beta: cannot stop: it is not running\n"
@@ -1063,7 +1072,7 @@ mod tests {
             .answer("debug fail alpha")
             .starts_with("alpha: a hypervisor failure is injected"));
         assert_eq!(
-            board.vm("alpha").inject_failure,
+            board.vm("alpha").inject_failure(),
             Some(InjectedFailure::Panic)
         );
         assert!(board
@@ -1103,7 +1112,7 @@ mod tests {
             board.answer("on-bad-access alpha stop"),
             "alpha: a bad access now gets the VM stopped\n"
         );
-        assert_eq!(board.vm("alpha").on_bad_access, OnBadAccess::Stop);
+        assert_eq!(board.vm("alpha").on_bad_access(), OnBadAccess::Stop);
         let all = board.answer("info balloon");
         let one = board.answer("info balloon alpha");
         assert!(all.contains(&one) && all.len() > one.len(), "{all}");

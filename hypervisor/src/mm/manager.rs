@@ -21,7 +21,8 @@
 //!    the clock): its outstanding pages stop counting as in flight and it
 //!    gets no new reclaim. After
 //!    [`Tunables::congestion_deadline_us`] (at once without a driver) it is
-//!    marked *congested* (counted, shown). Both clear when actual moves
+//!    marked *congested* (counted, shown); time a vCPU of the VM waited for
+//!    a frame does not count (parked at stage 2, its driver cannot run). Both clear when actual moves
 //!    again, or when nothing is outstanding. Rates (major faults, stage-2
 //!    fault-ins) are per second, measured over windows of at least
 //!    [`RATE_WINDOW_US`] however often the manager ticks.
@@ -38,7 +39,11 @@
 //!    VMs, those faulting in [`Tunables::fault_ins_per_s`] or more, net of
 //!    what free page reporting and hinting gave back meanwhile, or with
 //!    a vCPU waiting, within [`Tunables::hungry_hold_us`], the pool above
-//!    `min` lasts less than twice [`Tunables::fault_in_horizon_us`]), the
+//!    `min` lasts less than twice [`Tunables::fault_in_horizon_us`] plus
+//!    the *latency* of the slowest hungry VM's driver: how long it takes
+//!    to begin moving towards a raise, measured on its earlier answers, and
+//!    at least as long as a raise has gone unanswered; seconds on a board
+//!    whose guests get little CPU), the
 //!    pages hungry VMs believe free but no frame backs, beyond what the
 //!    board can back (the pool above `min`, inflation in flight, and what
 //!    VMs that are not hungry can spare), are taken into their balloons,
@@ -566,6 +571,23 @@ struct VmState {
     /// since the target became outstanding or actual last moved. Raising
     /// an outstanding target again does not restart it.
     waiting_since: Option<u64>,
+    /// How much of that time a vCPU of the VM waited for a frame: a guest
+    /// parked at stage 2 cannot run its balloon driver, so that time does
+    /// not count towards congestion.
+    parked_us: u64,
+    /// When the VM was last observed.
+    last_seen_us: u64,
+    /// Since when its balloon owes a raise it has not begun to move
+    /// towards, and how long of that a vCPU waited for a frame.
+    asked_us: Option<u64>,
+    asked_parked_us: u64,
+    /// How long its driver takes to begin a raise (not counting time
+    /// parked at stage 2), averaged over its answers: on a board whose
+    /// guests get little CPU, seconds. The fence looks that much further
+    /// ahead.
+    latency_us: u64,
+    /// Raises it has begun to move towards.
+    answers: u32,
     prev_major: u64,
     prev_oom: u64,
     prev_stalls: u64,
@@ -634,6 +656,8 @@ struct Work {
     demanding: bool,
     /// Fault-ins expected within the horizon at its last window's rate.
     ahead: Pages,
+    /// How long its driver takes to begin a raise.
+    latency_us: u64,
     /// Squeezed within the hold: gets no relief.
     squeezed: bool,
     /// A raised target was withdrawn within the backoff: not asked.
@@ -1172,24 +1196,70 @@ impl Manager {
                 prev_stalls: stalls,
                 window_start_us: now_us,
                 churn_start_us: now_us,
+                last_seen_us: now_us,
                 window_major: major,
                 stats: st.stats,
                 ..VmState::default()
             };
         }
         let outstanding = vm.target != vm.actual;
+        let since_last = now_us.saturating_sub(st.last_seen_us);
+        st.last_seen_us = now_us;
         if !outstanding {
             st.waiting_since = None;
+            st.parked_us = 0;
         } else if vm.actual != st.last_actual || st.waiting_since.is_none() {
             st.waiting_since = Some(now_us);
+            st.parked_us = 0;
+        } else if vm.waiting {
+            // Waiting now: counted as waiting since the last tick.
+            st.parked_us = st.parked_us.saturating_add(since_last);
+        }
+        // The driver's latency: from a raise to the balloon's first move
+        // up, less time parked; a raise cancelled first gives no sample.
+        let raised = vm.target > vm.actual;
+        match st.asked_us {
+            Some(at) if vm.actual > st.last_actual => {
+                let sample = now_us
+                    .saturating_sub(at)
+                    .saturating_sub(st.asked_parked_us)
+                    .min(t.congestion_deadline_us);
+                st.latency_us = match st.answers {
+                    0 => sample,
+                    _ => st.latency_us.saturating_add(sample) / 2,
+                };
+                st.answers = st.answers.saturating_add(1);
+                st.asked_us = raised.then_some(now_us);
+                st.asked_parked_us = 0;
+            }
+            // Cancelled unanswered: the driver takes at least as long as
+            // it has been asked.
+            Some(at) if !raised => {
+                let unanswered = now_us
+                    .saturating_sub(at)
+                    .saturating_sub(st.asked_parked_us)
+                    .min(t.congestion_deadline_us);
+                st.latency_us = st.latency_us.max(unanswered);
+                st.asked_us = None;
+            }
+            Some(_) if vm.waiting => {
+                st.asked_parked_us = st.asked_parked_us.saturating_add(since_last)
+            }
+            Some(_) => {}
+            None if raised => {
+                st.asked_us = Some(now_us);
+                st.asked_parked_us = 0;
+            }
+            None => {}
         }
         if !outstanding || vm.actual != st.last_actual {
             st.stats.congested = false;
         }
         let idle_for = st.waiting_since.map_or(0, |w| now_us.saturating_sub(w));
+        let unanswered_for = idle_for.saturating_sub(st.parked_us);
         if outstanding
             && !st.stats.congested
-            && (!vm.driver || idle_for >= t.congestion_deadline_us)
+            && (!vm.driver || unanswered_for >= t.congestion_deadline_us)
         {
             st.stats.congested = true;
             st.stats.congested_marks = st.stats.congested_marks.saturating_add(1);
@@ -1317,6 +1387,13 @@ impl Manager {
             hungry: within(st.last_hungry_us, t.hungry_hold_us),
             demanding: (st.fast_faults && !st.churning) || vm.waiting,
             ahead: st.ahead,
+            // Asked and not answered yet: at least that long.
+            latency_us: st.latency_us.max(st.asked_us.map_or(0, |at| {
+                now_us
+                    .saturating_sub(at)
+                    .saturating_sub(st.asked_parked_us)
+                    .min(t.congestion_deadline_us)
+            })),
             squeezed: within(st.squeezed_us, t.pressure_hold_us),
             backoff: within(st.withdrawn_us, t.withdraw_backoff_us),
             available_permille: stats
@@ -1452,8 +1529,19 @@ impl Manager {
         // above `min` lasts less than twice the horizon. Far from it,
         // reclaim keeps up and fencing would only churn balloons (a
         // fenced page is touched once as the guest inflates it).
+        // Looking further ahead by the time the slowest hungry driver takes
+        // to begin: what it is asked must be asked that much earlier.
+        let horizon = self.tunables.fault_in_horizon_us.max(1);
+        let lead = work
+            .iter()
+            .filter(|w| w.hungry)
+            .map(|w| w.latency_us)
+            .max()
+            .unwrap_or(0);
+        let span = horizon.saturating_mul(2).saturating_add(lead);
+        let within_span = |ahead: Pages| mul_div(ahead, span, horizon);
         let ahead = sat_sum(work.iter().filter(|w| w.hungry).map(|w| w.ahead));
-        if pool_free.saturating_sub(self.watermarks.min) >= ahead.saturating_mul(2) {
+        if pool_free.saturating_sub(self.watermarks.min) >= within_span(ahead) {
             return;
         }
         let backable = self.backable(work, pool_free);
@@ -1462,7 +1550,7 @@ impl Manager {
         // over touches its working set, not all it never touched, and a
         // hog starting beside a full pool is not throttled by its own
         // balloon (fenced pages go back only as it presses for them).
-        let expected = |w: &Work| uncovered(w).min(w.ahead.saturating_mul(2));
+        let expected = |w: &Work| uncovered(w).min(within_span(w.ahead));
         let mut need =
             sat_sum(work.iter().filter(|w| w.hungry).map(expected)).saturating_sub(backable);
         let rooms: Vec<Pages> = work

@@ -40,7 +40,7 @@ impl fmt::Display for HintStartError {
 /// while polling is scheduled, vCPU 0's WFI traps and its sleep is bounded
 /// (10 ms), so it exits at least that often (`handle::traps_wfi`).
 pub fn poll(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
+    let (Some(balloon), Some(ram)) = (vm.devices.balloon.as_mut(), vm.memory.ram.as_mut()) else {
         return;
     };
     // The clock only when a poll is scheduled: under QEMU a counter read
@@ -69,7 +69,8 @@ pub fn poll(vm: &mut Vm, cpu: &mut impl PhysCpu) {
 /// VM has no balloon device. vCPU 0 is kicked: asleep in WFI with polling
 /// off, it would not see the change before its next exit.
 pub fn set_stats_interval(vm: &mut Vm, cpu: &mut impl PhysCpu, seconds: u32) -> Option<()> {
-    vm.balloon
+    vm.devices
+        .balloon
         .as_mut()?
         .device_mut()
         .set_stats_interval(seconds);
@@ -83,7 +84,7 @@ pub fn request_stats(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static
     if vm.state != VmState::Running {
         return Err("it is not running (type 'start <vm>' first)");
     }
-    let Some(balloon) = vm.balloon.as_mut() else {
+    let Some(balloon) = vm.devices.balloon.as_mut() else {
         return Err("it has no balloon device");
     };
     if balloon.negotiated_features() & F_STATS_VQ == 0 {
@@ -98,7 +99,14 @@ pub fn request_stats(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static
 
 /// When the guest's latest statistics sample arrived (uptime, us).
 pub fn stats_arrived_us(vm: &mut Vm) -> Option<u64> {
-    Some(vm.balloon.as_ref()?.device().stats_sample()?.arrived_us)
+    Some(
+        vm.devices
+            .balloon
+            .as_ref()?
+            .device()
+            .stats_sample()?
+            .arrived_us,
+    )
 }
 
 /// Start a free page hinting run in VM `vm` (shell `hint`): its command id.
@@ -106,7 +114,7 @@ pub fn start_hint(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<u32, HintStartE
     if vm.state != VmState::Running {
         return Err(HintStartError::NotRunning);
     }
-    let Some(balloon) = vm.balloon.as_mut() else {
+    let Some(balloon) = vm.devices.balloon.as_mut() else {
         return Err(HintStartError::NoBalloon);
     };
     let id = balloon
@@ -131,8 +139,8 @@ pub fn set_target_by(
     if vm.state != VmState::Running {
         return Err("it is not running (type 'start <vm>' first)");
     }
-    let ram_pages = vm.ram_size / PAGE_SIZE;
-    let Some(balloon) = vm.balloon.as_mut() else {
+    let ram_pages = vm.memory.size / PAGE_SIZE;
+    let Some(balloon) = vm.devices.balloon.as_mut() else {
         return Err("it has no balloon device");
     };
     if pages > ram_pages {
@@ -142,7 +150,7 @@ pub fn set_target_by(
     balloon.device_mut().set_target(pages as u32);
     balloon.config_changed();
     irq::update_virtio(vm, cpu);
-    vm.change = Some(BalloonChange {
+    vm.counters.change = Some(BalloonChange {
         from,
         to: pages as u32,
         started: cpu.counter().0,
@@ -158,7 +166,8 @@ pub fn set_target_by(
 /// When the driver reports the target reached, close the change and say
 /// what it cost.
 pub fn finish_change(vm: &mut Vm, cpu: &impl PhysCpu) {
-    let (Some(change), Some(balloon)) = (vm.change.as_mut(), vm.balloon.as_ref()) else {
+    let (Some(change), Some(balloon)) = (vm.counters.change.as_mut(), vm.devices.balloon.as_ref())
+    else {
         return;
     };
     if balloon.device().actual() != change.to || balloon.device().target() != change.to {
@@ -167,8 +176,8 @@ pub fn finish_change(vm: &mut Vm, cpu: &impl PhysCpu) {
     let (now, freq) = cpu.counter();
     change.ended = now;
     let change = *change;
-    vm.change = None;
-    vm.last_change = Some(change);
+    vm.counters.change = None;
+    vm.counters.last_change = Some(change);
     if change.by == SetBy::Manager {
         return;
     }
@@ -192,7 +201,7 @@ pub fn finish_change(vm: &mut Vm, cpu: &impl PhysCpu) {
         let _ = cost.push_str("hypervisor instructions: not counted (no PMU instruction event)");
     }
     let icache = icache_invalidations(vm).saturating_sub(change.icache_at_start);
-    vm.out.line(format_args!(
+    vm.console.out.line(format_args!(
         "tidal: [{}] balloon: reached {} pages: {pages} pages {verb} in {micros} us ({rate} pages/s), {cost}, {icache} I-cache invalidations",
         vm.name, change.to
     ));
@@ -201,7 +210,10 @@ pub fn finish_change(vm: &mut Vm, cpu: &impl PhysCpu) {
 /// Invalidations of every CPU's instruction cache this VM's memory asked
 /// for so far.
 fn icache_invalidations(vm: &Vm) -> u64 {
-    vm.ram.as_ref().map_or(0, |r| r.stats.icache_invalidations)
+    vm.memory
+        .ram
+        .as_ref()
+        .map_or(0, |r| r.stats.icache_invalidations)
 }
 
 /// Which rate limit a virtio transport event's line goes through.

@@ -23,12 +23,12 @@ fn write_transport_line(
     balloon: &crate::virtio::mmio::MmioTransport<Balloon>,
 ) -> fmt::Result {
     let intid = super::irq::VIRTIO_INTID;
-    let (line, pending) = vm.vgic.as_ref().map_or((None, false), |g| {
+    let (line, pending) = vm.devices.vgic.as_ref().map_or((None, false), |g| {
         (g.spi_line(intid), g.is_pending(0, intid))
     });
     let listed = vm
-        .listed
-        .first()
+        .vcpus
+        .listed(0)
         .is_some_and(|lrs| lrs.contains(&Some(intid)));
     writeln!(
         out,
@@ -62,8 +62,8 @@ fn write_transport_line(
 
 /// The `info balloon` block of one VM.
 pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Result {
-    let Some(balloon) = vm.balloon.as_ref() else {
-        return match &vm.last_balloon_stats {
+    let Some(balloon) = vm.devices.balloon.as_ref() else {
+        return match &vm.counters.last_balloon_stats {
             Some(stats) => writeln!(
                 out,
                 "{}: {}; {}; its balloon's last counters: {stats}",
@@ -105,7 +105,7 @@ pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Resul
     }
     // Since the VM started or `info exits <vm> reset` (`info exits` has
     // them by kind).
-    let p = &vm.profile;
+    let p = &vm.counters.profile;
     let total = p.total();
     writeln!(
         out,
@@ -117,7 +117,7 @@ pub fn write_info(vm: &Vm, now_us: u64, out: &mut impl fmt::Write) -> fmt::Resul
         p.count_where(|k| matches!(k, ExitKind::Stage2Fault | ExitKind::BadAccess)),
         total.instructions / total.count.max(1)
     )?;
-    if let Some(ram) = vm.ram.as_ref() {
+    if let Some(ram) = vm.memory.ram.as_ref() {
         writeln!(
             out,
             "  memory: {} pages mapped, {} backed again on fault, {} released, {} TLB flushes, {} I-cache invalidations",

@@ -107,7 +107,7 @@ register_devices! {
     /// Virtio-mmio slot 0: the balloon.
     Balloon => devices::balloon::BalloonWindow,
     /// Virtio-mmio slot 1: the virtio console.
-    VirtioConsole => devices::console::ConsoleWindow,
+    VirtioConsole => devices::virtio_console::ConsoleWindow,
 }
 
 /// The balloon's QueueNotify register lies in no window [`route`] looks at

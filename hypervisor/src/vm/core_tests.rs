@@ -130,7 +130,7 @@ fn started_with(vcpus: u32, on_bad_access: u32, gic: GuestGic) -> (Vm, FakeCpu) 
 
 /// vCPU `vcpu` enters its run loop on `cpu`'s CPU; its first context.
 fn enter(vm: &mut Vm, cpu: &mut FakeCpu, vcpu: usize) -> GuestContext {
-    cpu.index = vm.cpus[vcpu];
+    cpu.index = vm.vcpus.cpu(vcpu);
     let (pc, x0) = lifecycle::enter(vm, vcpu).expect("may enter");
     GuestContext::new(pc, x0)
 }
@@ -172,7 +172,7 @@ fn load(ipa: GuestAddr, width: u8) -> VcpuExit {
 
 /// The lines waiting in the VM's outbox (taken).
 fn lines(vm: &mut Vm) -> Vec<String> {
-    let (notices, dropped) = vm.out.take();
+    let (notices, dropped) = vm.console.out.take();
     assert_eq!(dropped, 0);
     notices
         .iter()
@@ -191,6 +191,7 @@ fn assert_check(vm: &Vm, cpu: &mut FakeCpu) {
         name: &vm.name,
         stopped: vm.state == VmState::Stopped,
         ram: vm
+            .memory
             .ram
             .as_ref()
             .map(|r| check::RamFacts::of(r, &mut cpu.host)),
@@ -208,7 +209,7 @@ fn start_loads_the_kernel_initrd_and_tree_and_hands_vcpu_0_to_its_cpu() {
     assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE);
     let image = KernelImage::parse(&kernel());
     assert_eq!(image.entry(), layout::RAM_BASE + KERNEL_OFFSET + 0x1000);
-    let ram = vm.ram.as_mut().expect("RAM");
+    let ram = vm.memory.ram.as_mut().expect("RAM");
     let mut code = [0u8; 4];
     ram.read(&mut cpu.host, image.entry() + 4096, &mut code)
         .expect("kernel in RAM");
@@ -298,19 +299,19 @@ fn console_bytes_become_one_line_and_registers_read_back() {
     ctx.x[2] = 0xdead;
     exit(&mut vm, &mut cpu, &mut ctx, load(UART_FR, 4));
     assert_ne!(ctx.x[2], 0xdead, "FR was read into x2");
-    assert_eq!(vm.profile.get(ExitKind::MmioUart).count, 7);
+    assert_eq!(vm.counters.profile.get(ExitKind::MmioUart).count, 7);
 }
 
 #[test]
 fn a_focused_console_is_shown_live() {
     let (mut vm, mut cpu) = started(1);
-    vm.focused = true;
+    vm.console.focused = true;
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     for &b in b"/ # " {
         ctx.x[1] = u64::from(b);
         exit(&mut vm, &mut cpu, &mut ctx, store(UART_DR, 4));
     }
-    let (notices, _) = vm.out.take();
+    let (notices, _) = vm.console.out.take();
     assert!(notices.iter().all(|n| matches!(
         n,
         Notice::Live {
@@ -353,8 +354,11 @@ fn bad_accesses_get_aborts_counted_and_rate_limited_lines() {
         &mut ctx,
         load(layout::VIRTIO_BASE + mmio::CONFIG + 1, 2),
     );
-    assert_eq!(vm.bad_access.injected, 2);
-    assert_eq!(vm.bad_access.by_kind[BadAccessKind::Unmapped.index()], 1);
+    assert_eq!(vm.counters.bad_access.injected, 2);
+    assert_eq!(
+        vm.counters.bad_access.by_kind[BadAccessKind::Unmapped.index()],
+        1
+    );
     let said = lines(&mut vm);
     assert_eq!(said.len(), 2);
     assert!(
@@ -409,7 +413,7 @@ fn unemulated_system_registers_are_undefined() {
     exit(&mut vm, &mut cpu, &mut ctx, sysreg);
     assert_eq!(cpu.injected[0].0, GuestException::Undefined);
     assert_eq!(
-        vm.bad_access.by_kind[BadAccessKind::SystemRegister.index()],
+        vm.counters.bad_access.by_kind[BadAccessKind::SystemRegister.index()],
         1
     );
 }
@@ -437,7 +441,7 @@ fn psci_brings_up_a_second_vcpu_and_powers_off() {
     );
     assert_eq!(cpu.handed.last(), Some(&(2, 0, 1)), "vCPU 1 went to CPU 2");
     assert_eq!(
-        vm.power[1],
+        vm.vcpus.power(1),
         Power::Starting {
             entry: 0x4008_0000,
             context: 42
@@ -490,7 +494,7 @@ fn a_guest_reset_starts_the_vm_again() {
     lifecycle::begin_stop(&mut vm, &mut cpu, "reset", true);
     lifecycle::leave(&mut vm, &mut cpu, 0, true);
     assert_eq!(vm.state, VmState::Running);
-    assert_eq!(vm.starts, 2);
+    assert_eq!(vm.counters.starts, 2);
     assert_eq!(cpu.handed.len(), 2);
     assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE);
     assert_check(&vm, &mut cpu);
@@ -512,7 +516,7 @@ fn wfi_sleeps_only_when_nothing_is_pending() {
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfe), Outcome::Continue);
     // An interrupt listed but not taken yet: no sleep.
     cpu.lrs[0] = crate::vgic::LR_PENDING | 33;
-    vm.listed[0][0] = Some(33);
+    vm.vcpus.listed_mut(0).unwrap()[0] = Some(33);
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, wfi), Outcome::Continue);
 }
 
@@ -534,7 +538,7 @@ fn wfi_traps_only_where_a_sleep_must_be_bounded() {
         balloon_ctl::set_stats_interval(&mut vm, &mut cpu, 5),
         Some(())
     );
-    assert_eq!(cpu.kicks, vec![vm.cpus[0]]);
+    assert_eq!(cpu.kicks, vec![vm.vcpus.cpu(0)]);
     // No statistics queue was negotiated: nothing is scheduled, no trap.
     assert!(!handle::traps_wfi(&vm, 0));
 
@@ -601,7 +605,7 @@ struct GuestStores<'a> {
 
 impl DriverMemory for GuestStores<'_> {
     fn poke(&mut self, ipa: u64, data: &[u8]) {
-        let ram = self.vm.ram.as_mut().expect("RAM");
+        let ram = self.vm.memory.ram.as_mut().expect("RAM");
         let ipa = GuestAddr::new(ipa);
         ram.translate_or_back(&mut self.cpu.host, ipa)
             .expect("backed");
@@ -699,7 +703,11 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     let free_before = cpu.host.frames.free_pages();
     balloon_ctl::set_target(&mut vm, &mut cpu, 16).expect("target set");
     assert_eq!(virtio_read(&mut vm, &mut cpu, &mut ctx, mmio::CONFIG), 16);
-    assert!(vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending()));
+    assert!(vm
+        .devices
+        .balloon
+        .as_ref()
+        .is_some_and(|b| b.interrupt_pending()));
     // The guest inflates 16 pages in the middle of its RAM.
     let first_pfn = (layout::RAM_BASE + (2 << 20) + (512 << 10)).pfn().raw();
     let pfns: Vec<u8> = (0..16u32)
@@ -723,7 +731,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE - 16);
     assert!(cpu.host.flushes >= 1, "the TLB was invalidated");
     virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::CONFIG + 4, 16);
-    assert!(vm.change.is_none(), "the change is complete");
+    assert!(vm.counters.change.is_none(), "the change is complete");
     assert!(lines(&mut vm)
         .iter()
         .any(|l| l.contains("balloon: reached 16 pages: 16 pages inflated")));
@@ -736,7 +744,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, fault), Outcome::Continue);
     assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE - 15);
     let mut word = [0xffu8; 8];
-    let ram = vm.ram.as_mut().expect("RAM");
+    let ram = vm.memory.ram.as_mut().expect("RAM");
     ram.read(&mut cpu.host, ipa, &mut word).expect("backed");
     assert_eq!(word, [0; 8], "a fresh page reads as zeros");
     assert_check(&vm, &mut cpu);
@@ -751,7 +759,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
         };
         deflate.add(&mut stores, &[(array, 64, false)]);
     }
-    let faults = vm.ram.as_ref().expect("RAM").stats.faults_backed;
+    let faults = vm.memory.ram.as_ref().expect("RAM").stats.faults_backed;
     virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
     assert_eq!(cpu.host.frames.guest_pages(0), VM_RAM / PAGE_SIZE - 15);
     let touched = first_pfn + 9;
@@ -767,7 +775,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
         cpu.host.frames.guest_pages(0),
         VM_RAM / PAGE_SIZE - 15 + expected
     );
-    let ram = vm.ram.as_mut().expect("RAM");
+    let ram = vm.memory.ram.as_mut().expect("RAM");
     assert_eq!(ram.stats.faults_backed, faults + expected);
     for p in block
         .clone()
@@ -829,7 +837,7 @@ fn list_registers_carry_pending_interrupts_and_retire_them() {
     irq::sync_list_registers(&mut vm, &mut cpu, 0);
     let lr = cpu.read_lr(0);
     assert_eq!(lr.intid, 33, "the UART's SPI is listed");
-    assert_eq!(vm.listed[0][0], Some(33));
+    assert_eq!(vm.vcpus.listed(0).unwrap()[0], Some(33));
     // The guest takes and completes it (the LR goes invalid, with its EOI
     // bit left: a level interrupt asks for a maintenance interrupt on its
     // EOI): it is retired, and the LR cleared.
@@ -837,7 +845,7 @@ fn list_registers_carry_pending_interrupts_and_retire_them() {
     exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 4));
     let clears = cpu.lr_clears;
     irq::sync_list_registers(&mut vm, &mut cpu, 0);
-    assert_eq!(vm.listed[0][0], None);
+    assert_eq!(vm.vcpus.listed(0).unwrap()[0], None);
     assert_eq!(cpu.lrs[0], 0, "no stale EOI bit");
     assert_eq!(cpu.lr_clears, clears + 1);
     // Retired and refilled in the same sync: the new value replaces the
@@ -870,7 +878,10 @@ fn typed_input_longer_than_the_fifo_reaches_the_guest_whole() {
             chunk.len()
         );
     }
-    assert_eq!(vm.uart.rx_len() + vm.input.len(), line.len());
+    assert_eq!(
+        vm.devices.uart.rx_len() + vm.console.input.len(),
+        line.len()
+    );
     // The guest reads DR until the flag register says the FIFO is empty.
     let mut read = Vec::new();
     loop {
@@ -887,9 +898,9 @@ fn typed_input_longer_than_the_fifo_reaches_the_guest_whole() {
         read.push(ctx.x[2] as u8);
     }
     assert_eq!(read, line);
-    assert!(vm.input.is_empty());
+    assert!(vm.console.input.is_empty());
     // A guest that reads nothing loses only what does not fit in the queue.
-    let room = super::state::CONSOLE_INPUT_MAX + vm.uart.rx_depth();
+    let room = super::state::CONSOLE_INPUT_MAX + vm.devices.uart.rx_depth();
     let kept = (0..room - 5)
         .filter(|_| irq::console_input(&mut vm, &mut cpu, b'x'))
         .count();
@@ -901,12 +912,12 @@ fn typed_input_longer_than_the_fifo_reaches_the_guest_whole() {
     lifecycle::request_stop(&mut vm, &mut cpu).expect("running");
     lifecycle::leave(&mut vm, &mut cpu, 0, true);
     lifecycle::start(&mut vm, &mut cpu).expect("starts again");
-    assert!(vm.input.is_empty());
+    assert!(vm.console.input.is_empty());
 }
 
 /// The mirror page's word at `offset`, as the guest would load it.
 fn mirror_word(vm: &Vm, cpu: &mut FakeCpu, offset: u64) -> u32 {
-    let frame = vm.uart_mirror.frame().expect("a mirror frame");
+    let frame = vm.devices.uart_mirror.frame().expect("a mirror frame");
     let mut word = [0u8; 4];
     cpu.host.read(frame + offset, &mut word);
     u32::from_le_bytes(word)
@@ -918,7 +929,7 @@ fn assert_mirror_matches(vm: &Vm, cpu: &mut FakeCpu) {
         .step_by(4)
         .chain((pl011::UARTPERIPHID0..pl011::PL011_SIZE).step_by(4))
     {
-        let expected = vm.uart.clone().read(offset, 4);
+        let expected = vm.devices.uart.clone().read(offset, 4);
         assert_eq!(mirror_word(vm, cpu, offset), expected, "offset {offset:#x}");
     }
 }
@@ -928,7 +939,7 @@ fn the_uart_mirror_is_shown_while_reads_change_nothing_and_withdrawn_for_input()
     let (mut vm, mut cpu) = started(1);
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     let allocated = cpu.host.frames.pages(FrameUse::Allocated);
-    assert!(vm.uart_mirror.is_mapped(), "shown from the start");
+    assert!(vm.devices.uart_mirror.is_mapped(), "shown from the start");
     assert_mirror_matches(&vm, &mut cpu);
     // Linux's setup and a byte sent: each store traps and the page follows.
     for (offset, value) in [
@@ -944,7 +955,7 @@ fn the_uart_mirror_is_shown_while_reads_change_nothing_and_withdrawn_for_input()
             &mut ctx,
             store(layout::UART_BASE + offset, 2),
         );
-        assert!(vm.uart_mirror.is_mapped());
+        assert!(vm.devices.uart_mirror.is_mapped());
         assert_mirror_matches(&vm, &mut cpu);
     }
     assert_eq!(
@@ -956,20 +967,20 @@ fn the_uart_mirror_is_shown_while_reads_change_nothing_and_withdrawn_for_input()
     // can see the byte; reads trap until the FIFO is empty again.
     let flushes = cpu.host.flushes;
     assert!(irq::console_input_bytes(&mut vm, &mut cpu, b"ab") == 2);
-    assert!(!vm.uart_mirror.is_mapped());
+    assert!(!vm.devices.uart_mirror.is_mapped());
     assert_eq!(cpu.host.flushes, flushes + 1);
     exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 2));
     assert_eq!(ctx.x[2], u64::from(b'a'));
-    assert!(!vm.uart_mirror.is_mapped(), "a byte is left");
+    assert!(!vm.devices.uart_mirror.is_mapped(), "a byte is left");
     exit(&mut vm, &mut cpu, &mut ctx, load(layout::UART_BASE, 2));
     assert_eq!(ctx.x[2], u64::from(b'b'));
-    assert!(vm.uart_mirror.is_mapped(), "empty again");
+    assert!(vm.devices.uart_mirror.is_mapped(), "empty again");
     assert_mirror_matches(&vm, &mut cpu);
     assert_ne!(
         mirror_word(&vm, &mut cpu, pl011::UARTFR) & pl011::FR_RXFE,
         0
     );
-    let stats = vm.uart_mirror.stats;
+    let stats = vm.devices.uart_mirror.stats;
     assert_eq!((stats.shown, stats.withdrawn), (2, 1));
     // A store to the page is emulated as the store it is: the permission
     // fault decodes to an MMIO write (`exit::decode`), handled as above.
@@ -977,10 +988,10 @@ fn the_uart_mirror_is_shown_while_reads_change_nothing_and_withdrawn_for_input()
     // A restart keeps the frame: no page per start.
     lifecycle::request_stop(&mut vm, &mut cpu).expect("running");
     lifecycle::leave(&mut vm, &mut cpu, 0, true);
-    let frame = vm.uart_mirror.frame();
+    let frame = vm.devices.uart_mirror.frame();
     lifecycle::start(&mut vm, &mut cpu).expect("starts again");
-    assert_eq!(vm.uart_mirror.frame(), frame);
-    assert!(vm.uart_mirror.is_mapped());
+    assert_eq!(vm.devices.uart_mirror.frame(), frame);
+    assert!(vm.devices.uart_mirror.is_mapped());
     assert_mirror_matches(&vm, &mut cpu);
     assert_eq!(cpu.host.frames.pages(FrameUse::Allocated), allocated);
     assert_check(&vm, &mut cpu);
@@ -1083,7 +1094,7 @@ proptest! {
         for (exit, regs) in exits {
             ctx.x[..4].copy_from_slice(&regs);
             let outcome = handle::after_exit(&mut vm, &mut cpu, 0, &mut ctx, exit, 0);
-            let _ = vm.out.take();
+            let _ = vm.console.out.take();
             match outcome {
                 Outcome::Continue | Outcome::Idle | Outcome::WaitMemory => {}
                 Outcome::Stop(why) => {
@@ -1096,7 +1107,7 @@ proptest! {
                 }
                 Outcome::VcpuOff => break,
             }
-            let pages = vm.ram.as_ref().map_or(0, |r| r.mapped_pages());
+            let pages = vm.memory.ram.as_ref().map_or(0, |r| r.mapped_pages());
             prop_assert!(cpu.host.frames.guest_pages(0) <= VM_RAM / PAGE_SIZE);
             prop_assert!(pages <= VM_RAM / PAGE_SIZE + 2);
             assert_check(&vm, &mut cpu);
@@ -1106,7 +1117,7 @@ proptest! {
         if vm.state != VmState::Stopped {
             lifecycle::request_stop(&mut vm, &mut cpu).ok();
             // A vCPU 1 the guest started must leave too.
-            if vm.inside > 0 {
+            if vm.vcpus.inside() > 0 {
                 lifecycle::leave(&mut vm, &mut cpu, 1, true);
             }
         }
@@ -1269,9 +1280,12 @@ fn the_manager_reads_a_vm_and_sets_its_target_quietly() {
     assert_eq!((second.backed, second.fault_ins), (4 + block, block));
     assert_eq!(manage::input(&mut vm).fault_ins, 0, "counted once");
     manage::apply(&mut vm, &mut cpu, 100);
-    let device = vm.balloon.as_ref().unwrap().device();
+    let device = vm.devices.balloon.as_ref().unwrap().device();
     assert_eq!(device.target(), 100);
-    assert_eq!(vm.change.map(|c| c.by), Some(balloon_ctl::SetBy::Manager));
+    assert_eq!(
+        vm.counters.change.map(|c| c.by),
+        Some(balloon_ctl::SetBy::Manager)
+    );
     assert!(
         lines(&mut vm).is_empty(),
         "no console line per manager move"
@@ -1280,7 +1294,7 @@ fn the_manager_reads_a_vm_and_sets_its_target_quietly() {
     assert_eq!(manage::input(&mut vm), Default::default());
     manage::apply(&mut vm, &mut cpu, 200);
     assert_eq!(
-        vm.balloon.as_ref().unwrap().device().target(),
+        vm.devices.balloon.as_ref().unwrap().device().target(),
         100,
         "left alone"
     );
@@ -1342,7 +1356,11 @@ fn exits_are_profiled_by_kind() {
     use crate::virtio::mmio::QUEUE_NOTIFY;
 
     let (mut vm, mut cpu) = started(1);
-    assert_eq!(vm.profile, ExitProfile::new(cpu.now_us), "reset at start");
+    assert_eq!(
+        vm.counters.profile,
+        ExitProfile::new(cpu.now_us),
+        "reset at start"
+    );
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     // Across the PMU counter's wrap: still the difference.
     cpu.instructions = u32::MAX - 10;
@@ -1448,7 +1466,7 @@ fn exits_are_profiled_by_kind() {
         );
         want[kind as usize].0 += 1;
         want[kind as usize].1 += u64::from(cost);
-        let got = vm.profile.get(kind);
+        let got = vm.counters.profile.get(kind);
         assert_eq!(
             (got.count, got.instructions),
             want[kind as usize],
@@ -1456,7 +1474,7 @@ fn exits_are_profiled_by_kind() {
         );
     }
     for kind in ExitKind::ALL {
-        let got = vm.profile.get(kind);
+        let got = vm.counters.profile.get(kind);
         assert_eq!(
             (got.count, got.instructions),
             want[kind as usize],
@@ -1464,13 +1482,14 @@ fn exits_are_profiled_by_kind() {
         );
         assert!(got.count > 0, "{kind:?} is reachable");
     }
-    let total = vm.profile.total();
+    let total = vm.counters.profile.total();
     // 21 exits costing 100, 200, ... 2100.
     assert_eq!((total.count, total.instructions), (21, 23_100));
 
     // The table, 2 s after the start.
     let mut text = String::new();
-    vm.profile
+    vm.counters
+        .profile
         .write_table("guest", cpu.now_us + 2_000_000, true, &mut text)
         .unwrap();
     let rows: Vec<&str> = text.lines().collect();
@@ -1507,10 +1526,10 @@ fn exits_are_profiled_by_kind() {
 
     // `info exits <vm> reset`.
     cpu.now_us += 5_000_000;
-    vm.profile.reset(cpu.now_us);
-    assert_eq!(vm.profile.total().count, 0);
+    vm.counters.profile.reset(cpu.now_us);
+    assert_eq!(vm.counters.profile.total().count, 0);
     profiled(&mut vm, &mut cpu, &mut ctx, wfi, 7);
-    assert_eq!(vm.profile.get(ExitKind::Wfi).instructions, 7);
+    assert_eq!(vm.counters.profile.get(ExitKind::Wfi).instructions, 7);
 
     // A guest reset: the new run is profiled from its start.
     ctx.x[0] = smccc::psci::PSCI_SYSTEM_RESET.into();
@@ -1522,16 +1541,17 @@ fn exits_are_profiled_by_kind() {
     lifecycle::begin_stop(&mut vm, &mut cpu, "reset", true);
     lifecycle::leave(&mut vm, &mut cpu, 0, true);
     assert_eq!(vm.state, VmState::Running);
-    assert_eq!(vm.profile, ExitProfile::new(cpu.now_us));
+    assert_eq!(vm.counters.profile, ExitProfile::new(cpu.now_us));
 
     // A stop: the rates are up to it.
     lifecycle::begin_stop(&mut vm, &mut cpu, "test", false);
     lifecycle::leave(&mut vm, &mut cpu, 0, true);
     assert_eq!(vm.state, VmState::Stopped);
     let stopped_at = cpu.now_us;
-    assert_eq!(vm.profile.elapsed_us(stopped_at + 9_000_000), 0);
+    assert_eq!(vm.counters.profile.elapsed_us(stopped_at + 9_000_000), 0);
     let mut text = String::new();
-    vm.profile
+    vm.counters
+        .profile
         .write_table("guest", stopped_at + 9_000_000, true, &mut text)
         .unwrap();
     assert!(text.starts_with("guest: 0 exits in 0.000 s (until the VM stopped)\n"));
@@ -1585,9 +1605,9 @@ impl Live {
                 handle::fast_exit(&mut self.vm, &mut self.cpu, 0, &mut self.ctx, &exit, before);
             if let Some(fast) = taken {
                 assert_eq!(fast.recorded, self.cpu.instructions, "recorded up to now");
-                let outbox = !self.vm.out.is_empty();
+                let outbox = !self.vm.console.out.is_empty();
                 assert_eq!(outbox, fast.shown == Shown::Outbox, "says what it left");
-                let echo = self.vm.echo.take();
+                let echo = self.vm.console.echo.take();
                 assert_eq!(
                     echo.is_some(),
                     fast.shown == Shown::Live,
@@ -1613,7 +1633,7 @@ impl Live {
     /// What the vCPU loop does after an exit once the lock is released:
     /// print the outbox (`run::show`; here to `screen`).
     fn print(&mut self) {
-        let (notices, dropped) = self.vm.out.take();
+        let (notices, dropped) = self.vm.console.out.take();
         assert_eq!(dropped, 0);
         let name = self.vm.name.clone();
         for notice in notices.iter() {
@@ -1667,27 +1687,30 @@ impl Live {
         self.print();
         let lines = core::mem::take(&mut self.screen);
         // SGIs: what the distributor counted, and vCPU 1's pending ones.
-        let sgis = self.vm.vgic.as_mut().map(|g| {
+        let sgis = self.vm.devices.vgic.as_mut().map(|g| {
             let pending = (0..4)
                 .map(|i| g.read(1, crate::vgic::GICD_SPENDSGIR + 4 * i, 4))
                 .collect::<Vec<_>>();
             (*g.counters(), pending)
         });
         let vm = &self.vm;
-        let b = vm.balloon.as_ref().expect("balloon");
+        let b = vm.devices.balloon.as_ref().expect("balloon");
         let queues: Vec<_> = b
             .queues()
             .iter()
             .map(|q| (q.ready(), q.last_avail_idx(), q.used_idx(), q.in_flight()))
             .collect();
-        let counts = ExitKind::ALL.map(|k| vm.profile.get(k).count);
+        let counts = ExitKind::ALL.map(|k| vm.counters.profile.get(k).count);
         let uart = (
-            vm.uart.counters(),
-            vm.uart.irq_level(),
-            vm.vgic.as_ref().map(|g| g.spi_line(irq::UART_INTID)),
-            vm.input.len(),
-            vm.uart_mirror.is_mapped(),
-            vm.uart_mirror.stats,
+            vm.devices.uart.counters(),
+            vm.devices.uart.irq_level(),
+            vm.devices
+                .vgic
+                .as_ref()
+                .map(|g| g.spi_line(irq::UART_INTID)),
+            vm.console.input.len(),
+            vm.devices.uart_mirror.is_mapped(),
+            vm.devices.uart_mirror.stats,
         );
         format!(
             "{:?} {:?} {:#x} {:#x} {queues:?} {:?} {uart:?} pc={:#x} x={:?} spsr={:#x} pool={} mapped={:?} kicks={:?} injected={:?} exits={counts:?} sgis={sgis:?} lines={:?}",
@@ -1695,12 +1718,12 @@ impl Live {
             b.device().stats(),
             b.status(),
             b.interrupt_status(),
-            vm.vgic.as_ref().map(|g| g.spi_line(irq::VIRTIO_INTID)),
+            vm.devices.vgic.as_ref().map(|g| g.spi_line(irq::VIRTIO_INTID)),
             self.ctx.elr,
             self.ctx.x,
             self.ctx.spsr,
             self.cpu.host.frames.free_pages(),
-            vm.ram.as_ref().map(|r| r.mapped_pages()),
+            vm.memory.ram.as_ref().map(|r| r.mapped_pages()),
             self.cpu.kicks,
             self.cpu.injected,
             lines,
@@ -1777,7 +1800,12 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
     // A PFN queued: the full path inflates it and raises the interrupt.
     step("an inflate queued", false, &mut |l, f| l.inflate_one(f));
     step("empty, interrupt up", true, &mut |l, f| {
-        assert!(l.vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending()));
+        assert!(l
+            .vm
+            .devices
+            .balloon
+            .as_ref()
+            .is_some_and(|b| b.interrupt_pending()));
         l.notify(0, f)
     });
     step("interrupt acked", false, &mut |l, f| {
@@ -1786,15 +1814,15 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
     step("empty, interrupt down", true, &mut |l, f| l.notify(0, f));
     // The vGIC's line not what the device says: the full path fixes it.
     step("line out of step", false, &mut |l, f| {
-        let vgic = l.vm.vgic.as_mut().expect("vGIC");
+        let vgic = l.vm.devices.vgic.as_mut().expect("vGIC");
         vgic.set_level(irq::VIRTIO_INTID, true).expect("an SPI");
         l.notify(0, f)
     });
     // Console text waiting: the full path's caller prints it.
     step("outbox", false, &mut |l, f| {
-        l.vm.out.line(format_args!("waiting"));
+        l.vm.console.out.line(format_args!("waiting"));
         let taken = l.notify(0, f);
-        let _ = l.vm.out.take();
+        let _ = l.vm.console.out.take();
         taken
     });
     // A balloon change being measured counts its exits.
@@ -1807,20 +1835,23 @@ fn an_empty_notify_goes_the_fast_way_with_the_full_paths_effects() {
         l.store(layout::VIRTIO_BASE + mmio::CONFIG + 4, 4, 1, f)
     });
     step("again", true, &mut |l, f| {
-        assert!(l.vm.change.is_none());
+        assert!(l.vm.counters.change.is_none());
         l.notify(1, f)
     });
     // A ring page without a frame: the fast path never backs it.
     step("ring page unmapped", false, &mut |l, f| {
         let ring = GuestAddr::new(l.inflate.avail);
-        let ram = l.vm.ram.as_mut().expect("RAM");
+        let ram = l.vm.memory.ram.as_mut().expect("RAM");
         assert_eq!(ram.release(&mut l.cpu.host, &[ring.pfn()]), 1);
         if f {
             let mapped = ram.mapped_pages();
             l.ctx.x[1] = 0;
             let taken = l.try_fast_notify();
             assert!(taken.is_none());
-            assert_eq!(l.vm.ram.as_ref().expect("RAM").mapped_pages(), mapped);
+            assert_eq!(
+                l.vm.memory.ram.as_ref().expect("RAM").mapped_pages(),
+                mapped
+            );
         }
         l.notify(0, false)
     });
@@ -1879,7 +1910,7 @@ fn a_quiet_uart_read_goes_the_fast_way_with_the_full_paths_effects() {
     // bytes without a change.
     step("FR with input", true, &mut |l, f| {
         assert_eq!(irq::console_input_bytes(&mut l.vm, &mut l.cpu, b"hi"), 2);
-        assert!(l.vm.uart.irq_level());
+        assert!(l.vm.devices.uart.irq_level());
         l.exit(load(UART_FR, 2), f)
     });
     // A byte read with another behind it: the receive timeout stays up.
@@ -1894,7 +1925,7 @@ fn a_quiet_uart_read_goes_the_fast_way_with_the_full_paths_effects() {
     step("input queued", false, &mut |l, f| {
         let many = [b'x'; 40];
         assert_eq!(irq::console_input_bytes(&mut l.vm, &mut l.cpu, &many), 40);
-        assert!(!l.vm.input.is_empty());
+        assert!(!l.vm.console.input.is_empty());
         l.exit(load(UART_FR, 2), f)
     });
     step("FR, input queued", false, &mut |l, f| {
@@ -1902,16 +1933,16 @@ fn a_quiet_uart_read_goes_the_fast_way_with_the_full_paths_effects() {
     });
     // The vGIC's line not what the UART says: the full path fixes it.
     step("line out of step", false, &mut |l, f| {
-        let level = l.vm.uart.irq_level();
-        let vgic = l.vm.vgic.as_mut().expect("vGIC");
+        let level = l.vm.devices.uart.irq_level();
+        let vgic = l.vm.devices.vgic.as_mut().expect("vGIC");
         vgic.set_level(irq::UART_INTID, !level).expect("an SPI");
         l.exit(load(UART_FR, 2), f)
     });
     // Console text waiting: the full path's caller prints it.
     step("outbox", false, &mut |l, f| {
-        l.vm.out.line(format_args!("waiting"));
+        l.vm.console.out.line(format_args!("waiting"));
         let taken = l.exit(load(UART_FR, 2), f);
-        let _ = l.vm.out.take();
+        let _ = l.vm.console.out.take();
         taken
     });
     // A balloon change being measured counts its exits.
@@ -1961,7 +1992,7 @@ fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
     });
     // The console has the keyboard: every byte shows at once.
     step("live", true, &mut |l, f| {
-        l.vm.focused = true;
+        l.vm.console.focused = true;
         send(b"$ ls\x08\x1b[K\r\n", 2)(l, f)
     });
     // A line longer than a console line is kept: an echo carries each
@@ -1986,7 +2017,7 @@ fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
         l.store(at(pl011::UARTIMSC), 2, 0x70, f)
     });
     step("a byte, line up", true, &mut |l, f| {
-        assert!(l.vm.uart.irq_level());
+        assert!(l.vm.devices.uart.irq_level());
         l.store(UART_DR, 2, 0x42, f)
     });
     // TXRIS cleared: the next byte raises the line, which the full path does.
@@ -1994,20 +2025,20 @@ fn a_sent_byte_goes_the_fast_way_with_the_full_paths_effects() {
         l.store(at(pl011::UARTICR), 2, 0x20, f)
     });
     step("a byte raising the line", false, &mut |l, f| {
-        assert!(!l.vm.uart.irq_level());
+        assert!(!l.vm.devices.uart.irq_level());
         l.store(UART_DR, 2, 0x43, f)
     });
     step("IMSC back", false, &mut |l, f| {
         l.store(at(pl011::UARTIMSC), 2, 0x50, f)
     });
     step("line out of step", false, &mut |l, f| {
-        let level = l.vm.uart.irq_level();
-        let vgic = l.vm.vgic.as_mut().expect("vGIC");
+        let level = l.vm.devices.uart.irq_level();
+        let vgic = l.vm.devices.vgic.as_mut().expect("vGIC");
         vgic.set_level(irq::UART_INTID, !level).expect("an SPI");
         l.store(UART_DR, 2, 0x44, f)
     });
     step("outbox", false, &mut |l, f| {
-        l.vm.out.line(format_args!("waiting"));
+        l.vm.console.out.line(format_args!("waiting"));
         l.store(UART_DR, 2, 0x45, f)
     });
     step("a change", false, &mut |l, f| {
@@ -2054,7 +2085,7 @@ fn an_sgi_to_other_vcpus_goes_the_fast_way_with_the_full_paths_effects() {
     step("reserved filter", false, &mut send(3 << 24 | 1));
     step("a halfword", false, &mut |l, f| l.store(sgir, 2, 1, f));
     step("outbox", false, &mut |l, f| {
-        l.vm.out.line(format_args!("waiting"));
+        l.vm.console.out.line(format_args!("waiting"));
         send(0b10 << 16 | 2)(l, f)
     });
     let [fast, _] = &twins.0;
@@ -2068,7 +2099,7 @@ fn an_sgi_to_other_vcpus_goes_the_fast_way_with_the_full_paths_effects() {
 #[test]
 fn fast_notifies_are_profiled() {
     let mut live = Live::new();
-    let before = live.vm.profile.get(ExitKind::VirtioNotify);
+    let before = live.vm.counters.profile.get(ExitKind::VirtioNotify);
     let mut at = 1000u32;
     for _ in 0..3 {
         live.cpu.instructions = at.wrapping_add(250);
@@ -2078,7 +2109,7 @@ fn fast_notifies_are_profiled() {
             .expect("taken")
             .recorded;
     }
-    let after = live.vm.profile.get(ExitKind::VirtioNotify);
+    let after = live.vm.counters.profile.get(ExitKind::VirtioNotify);
     assert_eq!(after.count, before.count + 3);
     assert_eq!(after.instructions, before.instructions + 750);
 }
@@ -2104,7 +2135,7 @@ fn a_bit_raised_before_the_guests_ack_is_delivered_edge_or_level() {
         let cfg = layout::GICD_BASE + 0xc00 + u64::from(intid / 16) * 4;
         let edge_bit = u64::from(edge) << (2 * (intid % 16) + 1);
         l.store(cfg, 4, edge_bit, false);
-        let vgic = l.vm.vgic.as_ref().expect("vGIC");
+        let vgic = l.vm.devices.vgic.as_ref().expect("vGIC");
         assert_eq!(vgic.spi_is_edge(intid), Some(edge));
 
         // A page inflated: the used-buffer interrupt, listed.
@@ -2122,7 +2153,7 @@ fn a_bit_raised_before_the_guests_ack_is_delivered_edge_or_level() {
             u64::from(mmio::INT_USED_BUFFER),
             false,
         );
-        let b = l.vm.balloon.as_ref().expect("balloon");
+        let b = l.vm.devices.balloon.as_ref().expect("balloon");
         assert_eq!(b.interrupt_status(), mmio::INT_CONFIG_CHANGE);
         // `info balloon` shows where the interrupt stands.
         let mut info = String::new();
@@ -2142,10 +2173,10 @@ fn a_bit_raised_before_the_guests_ack_is_delivered_edge_or_level() {
         // listed next.
         l.cpu.lrs[0] = 0;
         irq::sync_list_registers(&mut l.vm, &mut l.cpu, 0);
-        let vgic = l.vm.vgic.as_ref().expect("vGIC");
-        assert!(vgic.is_pending(0, intid) || l.vm.listed[0].contains(&Some(intid)));
+        let vgic = l.vm.devices.vgic.as_ref().expect("vGIC");
+        assert!(vgic.is_pending(0, intid) || l.vm.vcpus.listed(0).unwrap().contains(&Some(intid)));
         assert_eq!(
-            l.vm.listed[0][0],
+            l.vm.vcpus.listed(0).unwrap()[0],
             Some(intid),
             "edge={edge}: the config change is delivered"
         );
@@ -2162,7 +2193,7 @@ fn the_manager_asks_for_fresh_statistics_when_short() {
     let mut cpu = FakeCpu::new(BOARD_PAGES);
     lifecycle::start(&mut vm, &mut cpu).expect("starts");
     assert!(manage::want_fresh_stats(&mut vm, 0), "no sample yet");
-    let balloon = vm.balloon.as_mut().unwrap();
+    let balloon = vm.devices.balloon.as_mut().unwrap();
     balloon.device_mut().set_stats_sample_for_test(1_000_000);
     assert!(!manage::want_fresh_stats(&mut vm, 1_200_000), "fresh");
     assert!(manage::want_fresh_stats(
@@ -2189,13 +2220,13 @@ fn a_vm_is_never_backed_above_its_max() {
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     let max = vm.managed.limits.max;
     let mut page = 0;
-    while vm.ram.as_ref().unwrap().mapped_pages() < max {
+    while vm.memory.ram.as_ref().unwrap().mapped_pages() < max {
         let touch = first_touch(layout::RAM_BASE + page * PAGE_SIZE, true);
         assert_eq!(exit(&mut vm, &mut cpu, &mut ctx, touch), Outcome::Continue);
         page += 1;
     }
     assert_eq!(
-        vm.ram.as_ref().unwrap().mapped_pages(),
+        vm.memory.ram.as_ref().unwrap().mapped_pages(),
         max,
         "fault-around stops at max"
     );
@@ -2297,9 +2328,9 @@ fn every_device_is_saved_and_restored_into_a_vm_of_the_same_configuration() {
     super::bus::restore_devices(&mut twin, &mut r).expect("restores");
     assert_eq!(r.finish(), Ok(()));
     assert_eq!(devices_state(&twin), saved);
-    assert_eq!(twin.balloon.as_ref().unwrap().device().target(), 16);
-    assert_eq!(twin.input.len(), vm.input.len());
-    assert!(twin.balloon.as_ref().unwrap().interrupt_pending());
+    assert_eq!(twin.devices.balloon.as_ref().unwrap().device().target(), 16);
+    assert_eq!(twin.console.input.len(), vm.console.input.len());
+    assert!(twin.devices.balloon.as_ref().unwrap().interrupt_pending());
 
     // A VM without a balloon takes no state that has one.
     let no_balloon = spec_devices(1, 0, VmMemory::default(), VM_RAM, 0);

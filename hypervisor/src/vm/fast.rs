@@ -30,7 +30,7 @@ pub enum Shown {
     Nothing,
     /// Text in the VM's outbox, printed as after a full exit.
     Outbox,
-    /// A byte shown live, in [`Vm::echo`].
+    /// A byte shown live, kept in the VM's console part until printed ([`Vm::take_echo`](super::state::Vm::take_echo)).
     Live,
 }
 
@@ -49,11 +49,15 @@ impl FastExit {
 pub fn runs_plainly(vm: &Vm, cpu: &impl PhysCpu, vcpu: usize) -> bool {
     vm.state == VmState::Running
         && vm.inject_failure.is_none()
-        && vm.change.is_none()
-        && vm.out.is_empty()
-        && vm.ram.as_ref().is_some_and(|r| r.frame_error.is_none())
+        && vm.counters.change.is_none()
+        && vm.console.out.is_empty()
+        && vm
+            .memory
+            .ram
+            .as_ref()
+            .is_some_and(|r| r.frame_error.is_none())
         && !(vcpu == 0
-            && vm.balloon.as_ref().is_some_and(|b| {
+            && vm.devices.balloon.as_ref().is_some_and(|b| {
                 b.device()
                     .next_stats_poll_us()
                     .is_some_and(|t| t <= cpu.uptime_us())
@@ -115,7 +119,7 @@ impl<'a, C: PhysCpu> Fast<'a, C> {
     /// runs plainly (`runs_plainly`).
     #[inline]
     pub fn plain_access(&self, ipa: GuestAddr) -> bool {
-        !self.vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
+        !self.vm.memory.ram.as_ref().is_some_and(|r| r.contains(ipa))
             && runs_plainly(self.vm, self.cpu, self.vcpu)
     }
 
@@ -178,7 +182,9 @@ pub fn line_at(vgic: Option<&VDistributor>, intid: u32, level: bool) -> bool {
 #[inline]
 pub fn record_fast(vm: &mut Vm, cpu: &mut impl PhysCpu, kind: ExitKind, before: u32) -> u32 {
     let now = cpu.instructions();
-    vm.profile.record(kind, u64::from(now.wrapping_sub(before)));
+    vm.counters
+        .profile
+        .record(kind, u64::from(now.wrapping_sub(before)));
     now
 }
 

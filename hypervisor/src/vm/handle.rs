@@ -66,21 +66,21 @@ pub fn after_exit(
     exit: VcpuExit,
     before: u32,
 ) -> Outcome {
-    let counted = vm.change.is_some() && balloon_work(vm, &exit);
+    let counted = vm.counters.change.is_some() && balloon_work(vm, &exit);
     let (mut outcome, kind) = handle(vm, cpu, vcpu, ctx, exit);
-    if let Some(e) = vm.ram.as_ref().and_then(|r| r.frame_error) {
+    if let Some(e) = vm.memory.ram.as_ref().and_then(|r| r.frame_error) {
         // A broken frame-table invariant: not a guest's doing, but it
         // ends only this VM.
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] hypervisor failure in this VM's path: the frame table refused one of its frames: {e}; the VM is stopped",
             vm.name
         ));
         outcome = Outcome::Stop(FAILURE);
     }
     let spent = u64::from(cpu.instructions().wrapping_sub(before));
-    vm.profile.record(kind, spent);
+    vm.counters.profile.record(kind, spent);
     if counted {
-        if let Some(change) = vm.change.as_mut() {
+        if let Some(change) = vm.counters.change.as_mut() {
             change.instructions += spent;
             change.exits += 1;
         }
@@ -116,9 +116,10 @@ pub fn before_entry(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
 ///   time ([`PhysCpu::zeroing_wanted`]): the CPU zeroes them while its
 ///   vCPU idles.
 pub fn traps_wfi(vm: &Vm, vcpu: usize) -> bool {
-    vm.vgic.is_none()
+    vm.devices.vgic.is_none()
         || (vcpu == 0
             && vm
+                .devices
                 .balloon
                 .as_ref()
                 .is_some_and(|b| b.device().next_stats_poll_us().is_some()))
@@ -211,7 +212,7 @@ fn balloon_work(vm: &Vm, exit: &VcpuExit) -> bool {
         | VcpuExit::MmioWrite { ipa, .. }
         | VcpuExit::Abort { ipa, .. } => {
             matches!(bus::route(vm, ipa), Some(bus::Window::Balloon(_)))
-                || vm.ram.as_ref().is_some_and(|r| r.contains(ipa))
+                || vm.memory.ram.as_ref().is_some_and(|r| r.contains(ipa))
         }
         _ => false,
     }
@@ -232,7 +233,7 @@ pub fn handle(
     // back, not MMIO to emulate.
     let exit = match exit {
         VcpuExit::MmioRead { ipa, .. } | VcpuExit::MmioWrite { ipa, .. }
-            if vm.ram.as_ref().is_some_and(|r| r.contains(ipa)) =>
+            if vm.memory.ram.as_ref().is_some_and(|r| r.contains(ipa)) =>
         {
             VcpuExit::Abort {
                 ipa,
@@ -319,7 +320,11 @@ pub fn handle(
             }
             // A WFI with the virtual GIC idle waits for a physical
             // interrupt (timer, kick).
-            let idle = vm.vgic.as_ref().is_some_and(|g| !g.has_pending(vcpu))
+            let idle = vm
+                .devices
+                .vgic
+                .as_ref()
+                .is_some_and(|g| !g.has_pending(vcpu))
                 && !irq::lr_pending(vm, cpu, vcpu);
             let outcome = if idle {
                 Outcome::Idle
@@ -372,14 +377,14 @@ fn fault_around(vm: &mut Vm, cpu: &mut impl PhysCpu, ipa: GuestAddr) -> u64 {
         return 0;
     }
     // Within the VM's `max` too.
-    let room = vm.ram.as_ref().map_or(0, |r| {
+    let room = vm.memory.ram.as_ref().map_or(0, |r| {
         vm.managed.limits.max.saturating_sub(r.mapped_pages())
     });
     let pfn = ipa.pfn().raw();
     let first = pfn & !(FAULT_AROUND_PAGES - 1);
     let mut around: heapless::Vec<GuestPfn, { FAULT_AROUND_PAGES as usize }> = heapless::Vec::new();
     for p in (first..first + FAULT_AROUND_PAGES).map(GuestPfn::new) {
-        let kept = vm.balloon.as_ref().is_some_and(|b| {
+        let kept = vm.devices.balloon.as_ref().is_some_and(|b| {
             let d = b.device();
             d.is_ballooned(p) || d.is_hinted(p)
         });
@@ -388,7 +393,8 @@ fn fault_around(vm: &mut Vm, cpu: &mut impl PhysCpu, ipa: GuestAddr) -> u64 {
             let _ = around.push(p);
         }
     }
-    vm.ram
+    vm.memory
+        .ram
         .as_mut()
         .map_or(0, |ram| ram.back_around(cpu.memory(), &around, room))
 }
@@ -406,7 +412,7 @@ fn abort(
     instruction: bool,
     fault: FaultKind,
 ) -> (Outcome, ExitKind) {
-    let in_ram = vm.ram.as_ref().is_some_and(|r| r.contains(ipa));
+    let in_ram = vm.memory.ram.as_ref().is_some_and(|r| r.contains(ipa));
     if in_ram && fault == FaultKind::Translation {
         return (back_page(vm, cpu, vcpu, ctx, ipa), ExitKind::Stage2Fault);
     }
@@ -449,7 +455,7 @@ fn sysreg(
     insn_len: u8,
 ) -> Outcome {
     let sgi = [ICC_SGI1R_EL1, ICC_ASGI1R_EL1, ICC_SGI0R_EL1].contains(&encoding);
-    match vm.vgic.as_mut() {
+    match vm.devices.vgic.as_mut() {
         // The SGI generation registers are write-only.
         Some(vgic) if sgi && !read => {
             if let Ok(effect) = vgic.send_sgi_v3(vcpu, ctx.reg(reg)) {
@@ -491,8 +497,12 @@ fn back_page(
     ctx: &GuestContext,
     ipa: GuestAddr,
 ) -> Outcome {
-    let fill = vm.balloon.as_ref().map_or(0, |b| b.device().page_fill());
-    let Some(ram) = vm.ram.as_mut() else {
+    let fill = vm
+        .devices
+        .balloon
+        .as_ref()
+        .map_or(0, |b| b.device().page_fill());
+    let Some(ram) = vm.memory.ram.as_mut() else {
         return Outcome::Continue;
     };
     ram.set_page_fill(fill);
@@ -502,7 +512,7 @@ fn back_page(
     if max < ram.pages() && ram.mapped_pages() >= max {
         if manage::max_wait(vm, vcpu, cpu.uptime_us()) {
             let why = "it needed more than its memory max and its balloon made no room";
-            vm.out.line(format_args!(
+            vm.console.out.line(format_args!(
                 "tidal: [{}] stopping the VM: {why} within {} s",
                 vm.name,
                 manage::WAIT_BOUND_US / 1_000_000
@@ -521,7 +531,7 @@ fn back_page(
         }
         Err(e) => {
             let why = "its RAM could not be mapped";
-            vm.out.line(format_args!(
+            vm.console.out.line(format_args!(
                 "tidal: [{}] stopping the VM: {why}: IPA {ipa:#x}, PC {:#x}: {e}",
                 vm.name, ctx.elr
             ));
@@ -532,6 +542,7 @@ fn back_page(
         manage::frame_served(vm, vcpu, cpu.uptime_us());
     }
     let fresh = vm
+        .memory
         .ram
         .as_ref()
         .is_some_and(|r| r.stats.faults_backed != backed);
@@ -544,7 +555,7 @@ fn back_page(
         fill,
         around
     );
-    if let Some(balloon) = vm.balloon.as_mut() {
+    if let Some(balloon) = vm.devices.balloon.as_mut() {
         balloon.device_mut().page_refaulted(ipa.pfn());
     }
     Outcome::Continue
@@ -615,7 +626,7 @@ fn bad_access(
     }
     let _ = write!(place, "PC {:#x}", ctx.elr);
     if vm.on_bad_access == OnBadAccess::Stop {
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] stopping the VM (on_bad_access = \"stop\"): {refused}: {place}",
             vm.name
         ));
@@ -626,7 +637,7 @@ fn bad_access(
     } else {
         refused.kind.exception(access.write)
     };
-    vm.bad_access.count(refused.kind);
+    vm.counters.bad_access.count(refused.kind);
     vm.lines_at(cpu.uptime_us()).say(
         LineKind::Abort,
         format_args!("{} injected: {refused}: {place}", exception.label()),

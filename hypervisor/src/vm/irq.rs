@@ -8,7 +8,7 @@ use super::device_memory::{ConsoleView, DeviceView};
 use super::exit_profile::ExitKind;
 use super::fdt::layout;
 use super::ratelimit::LineKind;
-use super::state::{Power, Vm};
+use super::state::Vm;
 use crate::limits::MAX_LRS;
 use crate::vgic::intid::{HYP_TIMER_PPI, KICK_SGI, MAINTENANCE_PPI, SPURIOUS, VTIMER_PPI};
 use crate::vgic::{LrStatus, VgicEffect};
@@ -26,16 +26,20 @@ pub const VCONSOLE_INTID: u32 = 32 + layout::VIRTIO_SPI_BASE + layout::CONSOLE_S
 /// (not the caller's own CPU: it syncs before entering anyway).
 pub fn apply_effect(vm: &Vm, cpu: &mut impl PhysCpu, effect: VgicEffect) {
     let me = cpu.index();
-    for v in 0..vm.vcpus {
-        if effect.kicks(v) && vm.power[v] != Power::Off && vm.cpus[v] != me {
-            cpu.kick(vm.cpus[v]);
+    for (v, other) in vm.vcpus.awake_elsewhere(me) {
+        if effect.kicks(v) {
+            cpu.kick(other);
         }
     }
 }
 
 /// Drive the balloon's interrupt line into the virtual distributor.
 pub fn update_virtio(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    let level = vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending());
+    let level = vm
+        .devices
+        .balloon
+        .as_ref()
+        .is_some_and(|b| b.interrupt_pending());
     set_line(vm, cpu, VIRTIO_INTID, level);
 }
 
@@ -50,14 +54,20 @@ pub fn update_virtio(vm: &mut Vm, cpu: &mut impl PhysCpu) {
 /// line is high.
 pub fn update_virtio_after_ack(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     update_virtio(vm, cpu);
-    let pending = vm.balloon.as_ref().is_some_and(|b| b.interrupt_pending());
+    let pending = vm
+        .devices
+        .balloon
+        .as_ref()
+        .is_some_and(|b| b.interrupt_pending());
     edge_again(vm, cpu, VIRTIO_INTID, pending);
 }
 
 /// An edge-configured SPI whose device still has bits pending after an
 /// ACK signals again ([`update_virtio_after_ack`]).
 fn edge_again(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, pending: bool) {
-    let Some(vgic) = vm.vgic.as_mut() else { return };
+    let Some(vgic) = vm.devices.vgic.as_mut() else {
+        return;
+    };
     if pending && vgic.spi_is_edge(intid) == Some(true) {
         if let Ok(effect) = vgic.pend_edge(intid) {
             apply_effect(vm, cpu, effect);
@@ -67,14 +77,22 @@ fn edge_again(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, pending: bool) {
 
 /// Drive the virtio console's interrupt line into the virtual distributor.
 pub fn update_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    let level = vm.vconsole.as_ref().is_some_and(|c| c.interrupt_pending());
+    let level = vm
+        .devices
+        .vconsole
+        .as_ref()
+        .is_some_and(|c| c.interrupt_pending());
     set_line(vm, cpu, VCONSOLE_INTID, level);
 }
 
 /// [`update_virtio_after_ack`] for the virtio console.
 pub fn update_vconsole_after_ack(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     update_vconsole(vm, cpu);
-    let pending = vm.vconsole.as_ref().is_some_and(|c| c.interrupt_pending());
+    let pending = vm
+        .devices
+        .vconsole
+        .as_ref()
+        .is_some_and(|c| c.interrupt_pending());
     edge_again(vm, cpu, VCONSOLE_INTID, pending);
 }
 
@@ -85,7 +103,12 @@ pub fn update_vconsole_after_ack(vm: &mut Vm, cpu: &mut impl PhysCpu) {
 /// ([`VirtioConsole::resume`]), so that what a guest published without
 /// notifying again still moves.
 pub fn flush_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    if vm.vconsole.as_ref().is_some_and(|c| c.device().has_more()) {
+    if vm
+        .devices
+        .vconsole
+        .as_ref()
+        .is_some_and(|c| c.device().has_more())
+    {
         with_vconsole(vm, cpu, |transport, view| {
             Ok::<_, ()>(
                 transport.device_work(view, |device, queues, env| device.resume(queues, env)),
@@ -93,7 +116,12 @@ pub fn flush_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
         });
         update_vconsole(vm, cpu);
     }
-    if vm.vconsole.as_mut().is_some_and(|c| c.flush_deferred()) {
+    if vm
+        .devices
+        .vconsole
+        .as_mut()
+        .is_some_and(|c| c.flush_deferred())
+    {
         update_vconsole(vm, cpu);
     }
 }
@@ -103,7 +131,7 @@ pub fn flush_vconsole(vm: &mut Vm, cpu: &mut impl PhysCpu) {
 /// Before that (the kernel's boot, a guest without the driver) it goes to
 /// the PL011.
 pub fn vconsole_takes_input(vm: &Vm) -> bool {
-    vm.vconsole.as_ref().is_some_and(|c| {
+    vm.devices.vconsole.as_ref().is_some_and(|c| {
         c.status() & crate::virtio::mmio::STATUS_DRIVER_OK != 0
             && !c.needs_reset()
             && c.queues()
@@ -133,7 +161,8 @@ pub fn with_vconsole<C: PhysCpu, E>(
     ) -> Result<TransportEvent, E>,
 ) -> Option<Result<(), E>> {
     let now = cpu.uptime_us();
-    let (Some(transport), Some(ram)) = (vm.vconsole.as_mut(), vm.ram.as_mut()) else {
+    let (Some(transport), Some(ram)) = (vm.devices.vconsole.as_mut(), vm.memory.ram.as_mut())
+    else {
         return None;
     };
     let mut view = ConsoleView {
@@ -142,11 +171,11 @@ pub fn with_vconsole<C: PhysCpu, E>(
             mem: cpu.memory(),
             now_us: now,
         },
-        line: &mut vm.console,
-        out: &mut vm.out,
+        line: &mut vm.console.line,
+        out: &mut vm.console.out,
         name: &vm.name,
-        focused: vm.focused,
-        input: &mut vm.input,
+        focused: vm.console.focused,
+        input: &mut vm.console.input,
     };
     let event = match work(transport, &mut view) {
         Ok(event) => event,
@@ -164,12 +193,12 @@ pub fn with_vconsole<C: PhysCpu, E>(
 
 /// Drive the PL011's interrupt line into the virtual distributor.
 pub fn update_uart(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    let level = vm.uart.irq_level();
+    let level = vm.devices.uart.irq_level();
     set_line(vm, cpu, UART_INTID, level);
 }
 
 fn set_line(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, level: bool) {
-    if let Some(Ok(effect)) = vm.vgic.as_mut().map(|g| g.set_level(intid, level)) {
+    if let Some(Ok(effect)) = vm.devices.vgic.as_mut().map(|g| g.set_level(intid, level)) {
         apply_effect(vm, cpu, effect);
     }
 }
@@ -179,15 +208,21 @@ fn set_line(vm: &mut Vm, cpu: &mut impl PhysCpu, intid: u32, level: bool) {
 /// every move of input into its FIFO, before the UART's line moves.
 #[inline]
 pub fn sync_uart_mirror(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    let input_waits = !vm.input.is_empty();
-    vm.uart_mirror
-        .sync(&vm.uart, input_waits, vm.ram.as_mut(), cpu.memory());
+    let input_waits = !vm.console.input.is_empty();
+    vm.devices.uart_mirror.sync(
+        &vm.devices.uart,
+        input_waits,
+        vm.memory.ram.as_mut(),
+        cpu.memory(),
+    );
 }
 
 /// The PL011's mirror page withdrawn (before input enters its FIFO, and at
 /// a stop).
 pub fn withdraw_uart_mirror(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    vm.uart_mirror.withdraw(vm.ram.as_mut(), cpu.memory());
+    vm.devices
+        .uart_mirror
+        .withdraw(vm.memory.ram.as_mut(), cpu.memory());
 }
 
 /// Give a byte typed on the physical console to a VM: into its PL011's
@@ -204,7 +239,7 @@ pub fn console_input(vm: &mut Vm, cpu: &mut impl PhysCpu, byte: u8) -> bool {
 pub fn console_input_bytes(vm: &mut Vm, cpu: &mut impl PhysCpu, bytes: &[u8]) -> usize {
     let kept = bytes
         .iter()
-        .take_while(|&&b| vm.input.push_back(b).is_ok())
+        .take_while(|&&b| vm.console.input.push_back(b).is_ok())
         .count();
     feed_console(vm, cpu);
     kept
@@ -217,15 +252,15 @@ pub fn feed_console(vm: &mut Vm, cpu: &mut impl PhysCpu) {
         feed_vconsole(vm, cpu);
         return;
     }
-    if !vm.input.is_empty() {
+    if !vm.console.input.is_empty() {
         // Before the byte can be seen: the guest must trap to take it.
         withdraw_uart_mirror(vm, cpu);
     }
-    while let Some(&byte) = vm.input.front() {
-        if !vm.uart.push_input(byte) {
+    while let Some(&byte) = vm.console.input.front() {
+        if !vm.devices.uart.push_input(byte) {
             break;
         }
-        vm.input.pop_front();
+        vm.console.input.pop_front();
     }
     update_uart(vm, cpu);
     sync_uart_mirror(vm, cpu);
@@ -248,7 +283,7 @@ pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) -> ExitKi
             // Priority drop only: the interrupt stays active until the
             // guest's EOI deactivates it through the hardware-linked LR.
             cpu.end_of_interrupt(iar);
-            match vm.vgic.as_mut() {
+            match vm.devices.vgic.as_mut() {
                 Some(vgic) => {
                     let _ = vgic.pend_ppi(vcpu, VTIMER_PPI);
                 }
@@ -284,8 +319,10 @@ pub fn take_physical(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) -> ExitKi
 /// Sync the list registers with the virtual distributor before entering
 /// the guest: retire what the guest finished, then list what is pending.
 pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
-    let Some(vgic) = vm.vgic.as_mut() else { return };
-    let Some(listed) = vm.listed.get_mut(vcpu) else {
+    let Some(vgic) = vm.devices.vgic.as_mut() else {
+        return;
+    };
+    let Some(listed) = vm.vcpus.listed_mut(vcpu) else {
         return;
     };
     let count = cpu.list_registers().min(MAX_LRS);
@@ -345,7 +382,7 @@ pub fn sync_list_registers(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize) {
 /// Whether a list register holds an interrupt the guest has not taken yet
 /// (it may have executed WFI with interrupts masked: it must not sleep).
 pub fn lr_pending(vm: &Vm, cpu: &impl PhysCpu, vcpu: usize) -> bool {
-    let Some(listed) = vm.listed.get(vcpu) else {
+    let Some(listed) = vm.vcpus.listed(vcpu) else {
         return false;
     };
     let count = cpu.list_registers().min(MAX_LRS);

@@ -11,7 +11,7 @@ use super::memory::{GuestRam, HostMemory as _};
 use super::state::{GuestGic, InjectedFailure, Power, Vm, VmState};
 use crate::addr::GuestAddr;
 use crate::balloon::Balloon;
-use crate::limits::{GUEST_SPIS, MAX_CPUS, MAX_LRS, MAX_VCPUS};
+use crate::limits::{GUEST_SPIS, MAX_CPUS};
 use crate::mm::frames::PAGE_SIZE;
 use crate::size::Size;
 use crate::vgic::intid::VTIMER_PPI;
@@ -67,17 +67,19 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     if vm.state != VmState::Stopped {
         return Err("it is already running");
     }
-    let cpus_ok = vm.cpus[..vm.vcpus]
+    let cpus_ok = vm
+        .vcpus
+        .cpus()
         .iter()
         .all(|&c| c < MAX_CPUS && cpu.cpu_online(c));
     if !cpus_ok {
         return Err("a CPU it is pinned to is not online (CPU 0, the shell's, runs a vCPU only where the console's input interrupt can wake the shell)");
     }
-    if vm.inside > 0 {
+    if vm.vcpus.inside() > 0 {
         return Err("its vCPUs are still leaving; try again");
     }
     let spec = vm.spec;
-    if spec.vcpus() as usize != vm.vcpus || vm.vcpus > MAX_VCPUS {
+    if spec.vcpus() as usize != vm.vcpus.count() {
         return Err("its vCPU count and CPU list disagree, or it asks for more than 4 vCPUs");
     }
     let ram_end = layout::RAM_BASE.raw().checked_add(spec.ram_size());
@@ -89,7 +91,7 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     // for it first, or it is not started: nothing else is disturbed.
     let guaranteed = manage::guaranteed(vm, &vm.managed.limits);
     if let Err(short) = cpu.memory().guarantee(vm.id, guaranteed) {
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] cannot guarantee its {} ({}): {} short, {} free beside the other VMs' guarantees and the pool's min reserve; stop a VM, lower its memory min, or turn prealloc off",
             vm.name,
             Size(guaranteed * PAGE_SIZE),
@@ -106,15 +108,17 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     };
     // Backed on first touch, unless it asks for all of it now.
     if !spec.prealloc() && !spec.has_balloon() {
-        vm.out.line(format_args!(
-            "tidal: [{}] note: no balloon and no prealloc: its RAM is backed as it touches it (up to its memory max, {}) and the memory manager can take none of it back; give it a [vm.balloon] or memory.prealloc = true",
+        vm.console.out.line(format_args!(
+            "tidal: [{}] note: no balloon and no prealloc: its RAM is backed as it touches it (up to its memory max, {}) and the memory manager can take none of it back; give it a [vm.devices.balloon] or memory.prealloc = true",
             vm.name,
             Size(vm.managed.limits.max.saturating_mul(PAGE_SIZE))
         ));
     }
     if spec.prealloc() {
         if let Err(e) = ram.populate(cpu.memory()) {
-            vm.out.line(format_args!("tidal: [{}] {e}", vm.name));
+            vm.console
+                .out
+                .line(format_args!("tidal: [{}] {e}", vm.name));
             give_back(vm, cpu, ram);
             return Err("not enough free memory for its RAM");
         }
@@ -122,14 +126,12 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     vm.managed.waits = Default::default();
     vm.managed.faults_seen = 0;
     vm.managed.oom_deflated_seen = 0;
-    vm.vgic = None;
-    vm.listed = [[None; MAX_LRS]; MAX_VCPUS];
-    vm.power = [Power::Off; MAX_VCPUS];
-    vm.power[0] = Power::On;
+    vm.devices.vgic = None;
+    vm.vcpus.boot();
     vm.restart = false;
-    vm.uart.reset();
-    vm.input.clear();
-    match vm.gic {
+    vm.devices.uart.reset();
+    vm.console.input.clear();
+    match vm.devices.gic {
         GuestGic::V2 { gicv } => {
             // The guest's GICC (8 KiB) is the hardware virtual CPU interface.
             let mapped = (0..2u64).try_for_each(|page| {
@@ -143,36 +145,41 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
                 give_back(vm, cpu, ram);
                 return Err("its GIC CPU interface cannot be mapped");
             }
-            vm.vgic = VDistributor::new(vm.vcpus, GUEST_SPIS).ok();
+            vm.devices.vgic = VDistributor::new(vm.vcpus.count(), GUEST_SPIS).ok();
         }
-        GuestGic::V3 => vm.vgic = VDistributor::new_v3(vm.vcpus, GUEST_SPIS).ok(),
+        GuestGic::V3 => vm.devices.vgic = VDistributor::new_v3(vm.vcpus.count(), GUEST_SPIS).ok(),
         GuestGic::None => {}
     }
-    if let Err(why) = load_images(&mut ram, vm.gic, &spec, cpu) {
+    if let Err(why) = load_images(&mut ram, vm.devices.gic, &spec, cpu) {
         give_back(vm, cpu, ram);
         return Err(why);
     }
-    vm.balloon = None;
+    vm.devices.balloon = None;
     if spec.has_balloon() {
         match Balloon::new(spec.balloon_features(), ram.pfns()) {
-            Ok(balloon) => vm.balloon = Some(MmioTransport::new(balloon)),
+            Ok(balloon) => vm.devices.balloon = Some(MmioTransport::new(balloon)),
             Err(e) => vm
+                .console
                 .out
                 .line(format_args!("tidal: [{}] no balloon device: {e}", vm.name)),
         }
     }
-    vm.vconsole = spec
+    vm.devices.vconsole = spec
         .has_virtio_console()
         .then(|| MmioTransport::new(VirtioConsole::new()));
-    vm.ram = Some(ram);
-    let input_waits = !vm.input.is_empty();
-    vm.uart_mirror
-        .start(&vm.uart, input_waits, vm.ram.as_mut(), cpu.memory());
+    vm.memory.ram = Some(ram);
+    let input_waits = !vm.console.input.is_empty();
+    vm.devices.uart_mirror.start(
+        &vm.devices.uart,
+        input_waits,
+        vm.memory.ram.as_mut(),
+        cpu.memory(),
+    );
     vm.state = VmState::Running;
-    vm.starts += 1;
+    vm.counters.starts += 1;
     // Each run's exits are profiled from its start (`info exits`).
-    vm.profile.reset(cpu.uptime_us());
-    cpu.hand_vcpu(vm.cpus[0], vm.id, 0);
+    vm.counters.profile.reset(cpu.uptime_us());
+    cpu.hand_vcpu(vm.vcpus.cpu(0), vm.id, 0);
     Ok(())
 }
 
@@ -235,12 +242,10 @@ pub fn begin_stop(vm: &mut Vm, cpu: &mut impl PhysCpu, why: &'static str, restar
     // count a stopped VM's last wait.
     vm.managed.waits = Default::default();
     let me = cpu.index();
-    for v in 0..vm.vcpus {
-        if vm.power[v] != Power::Off && vm.cpus[v] != me {
-            cpu.kick(vm.cpus[v]);
-        }
+    for (_, other) in vm.vcpus.awake_elsewhere(me) {
+        cpu.kick(other);
     }
-    if vm.inside == 0 {
+    if vm.vcpus.inside() == 0 {
         finish_stop(vm, cpu);
     }
 }
@@ -252,7 +257,7 @@ fn give_back(vm: &mut Vm, cpu: &mut impl PhysCpu, ram: GuestRam) -> u64 {
     // Dropping a guarantee always succeeds.
     let _ = cpu.memory().guarantee(vm.id, 0);
     if let Some(e) = teardown.error {
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] {} frames could not be returned to the pool and stay accounted to it (a hypervisor bug; 'check' shows them): {e}",
             vm.name, teardown.leaked
         ));
@@ -263,12 +268,12 @@ fn give_back(vm: &mut Vm, cpu: &mut impl PhysCpu, ram: GuestRam) -> u64 {
 /// Every vCPU has left: flush the console, give every page back, say why,
 /// and start again if the guest asked for a reset.
 pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
-    if let Some(line) = vm.console.flush() {
-        vm.out.line(format_args!("[{}] {line}", vm.name));
+    if let Some(line) = vm.console.line.flush() {
+        vm.console.out.line(format_args!("[{}] {line}", vm.name));
     }
-    let suppressed = vm.lines.take_suppressed();
+    let suppressed = vm.console.lines.take_suppressed();
     if suppressed > 0 {
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] {suppressed} similar messages suppressed",
             vm.name
         ));
@@ -276,25 +281,54 @@ pub fn finish_stop(vm: &mut Vm, cpu: &mut impl PhysCpu) {
     let why = vm.last_stop;
     // The mirror's leaf out of the tables before they are freed.
     super::irq::withdraw_uart_mirror(vm, cpu);
-    if let Some(ram) = vm.ram.take() {
+    if let Some(ram) = vm.memory.ram.take() {
         let freed = give_back(vm, cpu, ram);
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] VM stopped: {why}; {freed} pages returned to the pool",
             vm.name
         ));
     }
-    vm.last_balloon_stats = vm.balloon.take().map(|b| *b.device().stats());
-    vm.vconsole = None;
-    vm.vgic = None;
-    vm.power = [Power::Off; MAX_VCPUS];
+    vm.counters.last_balloon_stats = vm.devices.balloon.take().map(|b| *b.device().stats());
+    vm.devices.vconsole = None;
+    vm.devices.vgic = None;
+    vm.vcpus.power_off_all();
     vm.state = VmState::Stopped;
-    vm.profile.stopped(cpu.uptime_us());
+    vm.counters.profile.stopped(cpu.uptime_us());
     if core::mem::take(&mut vm.restart) {
         if let Err(e) = start(vm, cpu) {
-            vm.out
+            vm.console
+                .out
                 .line(format_args!("tidal: [{}] cannot restart: {e}", vm.name));
         }
     }
+}
+
+/// Stop a VM for a failure in its path (`why`), whatever stop was asked
+/// before: it says why it stopped, and it does not start again.
+pub fn stop_for_failure(vm: &mut Vm, cpu: &mut impl PhysCpu, why: &'static str) {
+    vm.restart = false;
+    if !matches!(vm.state, VmState::Stopped | VmState::Failed) {
+        vm.last_stop = why;
+        begin_stop(vm, cpu, why, false);
+    }
+}
+
+/// A failure in the hypervisor's path left the VM's RAM perhaps half
+/// freed: what is left of its `owned` frames stays accounted to it in the
+/// frame table (dropping its `GuestRam` frees nothing), and the VM is
+/// failed, never started again.
+pub fn mark_failed(vm: &mut Vm, owned: u64) {
+    vm.memory.ram = None;
+    vm.devices.balloon = None;
+    vm.devices.vconsole = None;
+    vm.devices.vgic = None;
+    vm.vcpus.forget();
+    vm.state = VmState::Failed;
+    vm.last_stop = "a hypervisor failure, and its pages could not be freed";
+    vm.console.out.line(format_args!(
+        "tidal: [{}] the VM is failed: {owned} frames stay accounted to it; 'check' reports them",
+        vm.name
+    ));
 }
 
 /// Ask a running VM to stop; its vCPUs stop at their next exit.
@@ -322,7 +356,7 @@ pub fn inject_failure(
     }
     vm.inject_failure = Some(kind);
     // An exit soon, even from a guest asleep in WFI.
-    cpu.kick(vm.cpus[0]);
+    cpu.kick(vm.vcpus.cpu(0));
     Ok(())
 }
 
@@ -330,7 +364,7 @@ pub fn inject_failure(
 /// device tree's address, the others where PSCI CPU_ON said. None if the
 /// vCPU is off.
 pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
-    let entry = match *vm.power.get(vcpu)? {
+    let entry = match vm.vcpus.power(vcpu) {
         Power::Starting { entry, context } => (entry, context),
         Power::On if vcpu == 0 => (
             KernelImage::parse(vm.spec.kernel()).entry().raw(),
@@ -338,45 +372,37 @@ pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
         ),
         _ => return None,
     };
-    vm.power[vcpu] = Power::On;
+    vm.vcpus.set_power(vcpu, Power::On);
     Some(entry)
 }
 
 /// A vCPU enters its run loop: None if it may not (the VM is not running,
 /// or the vCPU is off), else where it starts.
 pub fn enter(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
-    if vm.state != VmState::Running || vcpu >= vm.vcpus || vm.ram.is_none() {
+    if vm.state != VmState::Running || vcpu >= vm.vcpus.count() || vm.memory.ram.is_none() {
         return None;
     }
     let entry = vcpu_entry(vm, vcpu)?;
-    vm.inside += 1;
+    vm.vcpus.enter();
     Some(entry)
 }
 
 /// A vCPU leaves its run loop: it gives up its CPU's GIC state; the last
 /// vCPU out of a stopping VM finishes the stop.
 pub fn leave(vm: &mut Vm, cpu: &mut impl PhysCpu, vcpu: usize, power_off: bool) {
-    if vm.vgic.is_some() {
+    if vm.devices.vgic.is_some() {
         cpu.reset_virtual_interface();
         // The virtual timer may be active, handed to the guest: end it.
         cpu.deactivate(VTIMER_PPI);
     }
-    if let Some(listed) = vm.listed.get_mut(vcpu) {
-        *listed = [None; MAX_LRS];
-    }
+    vm.vcpus.leave(vcpu);
     if power_off {
-        if let Some(power) = vm.power.get_mut(vcpu) {
-            *power = Power::Off;
-        }
+        vm.vcpus.set_power(vcpu, Power::Off);
     }
-    vm.inside = vm.inside.saturating_sub(1);
     cpu.vcpu_left();
-    if vm.state == VmState::StopRequested && vm.inside == 0 {
+    if vm.state == VmState::StopRequested && vm.vcpus.inside() == 0 {
         finish_stop(vm, cpu);
-    } else if vm.state == VmState::Running
-        && vm.inside == 0
-        && vm.power.iter().all(|p| *p == Power::Off)
-    {
+    } else if vm.state == VmState::Running && vm.vcpus.inside() == 0 && vm.vcpus.all_off() {
         begin_stop(
             vm,
             cpu,

@@ -98,7 +98,10 @@ pub fn exhausted_policy(stop_lowest: bool) -> &'static str {
 
 /// Whether the manager may move VM `vm`'s balloon.
 pub fn is_managed(vm: &Vm) -> bool {
-    vm.state == VmState::Running && !vm.managed.manual && vm.ram.is_some() && vm.balloon.is_some()
+    vm.state == VmState::Running
+        && !vm.managed.manual
+        && vm.memory.ram.is_some()
+        && vm.devices.balloon.is_some()
 }
 
 /// The guest's statistics as the manager reads them.
@@ -120,7 +123,7 @@ fn guest_stats(sample: &StatsSample) -> GuestStats {
 /// counted.
 pub fn input(vm: &mut Vm) -> VmInput {
     let managed = is_managed(vm);
-    let (Some(ram), Some(balloon)) = (vm.ram.as_ref(), vm.balloon.as_ref()) else {
+    let (Some(ram), Some(balloon)) = (vm.memory.ram.as_ref(), vm.devices.balloon.as_ref()) else {
         return VmInput::default();
     };
     let faults = ram.stats.faults_backed;
@@ -171,7 +174,7 @@ pub fn want_fresh_stats(vm: &mut Vm, now_us: u64) -> bool {
     if !is_managed(vm) {
         return false;
     }
-    let Some(balloon) = vm.balloon.as_mut() else {
+    let Some(balloon) = vm.devices.balloon.as_mut() else {
         return false;
     };
     let stale = balloon
@@ -269,7 +272,7 @@ pub fn with_limit(vm: &Vm, field: LimitField, value: u64) -> Result<Limits, Limi
         LimitField::Max => l.max = pages()?,
         LimitField::Weight => l.weight = u32::try_from(value).unwrap_or(u32::MAX),
     }
-    l.validate(vm.ram_size / PAGE_SIZE)
+    l.validate(vm.memory.size / PAGE_SIZE)
         .map_err(LimitError::Config)?;
     Ok(l)
 }
@@ -278,7 +281,7 @@ pub fn with_limit(vm: &Vm, field: LimitField, value: u64) -> Result<Limits, Limi
 /// prealloc, else its `min`.
 pub fn guaranteed(vm: &Vm, l: &Limits) -> Pages {
     if vm.spec.prealloc() {
-        vm.ram_size / PAGE_SIZE
+        vm.memory.size / PAGE_SIZE
     } else {
         l.min
     }
@@ -289,7 +292,7 @@ pub fn guaranteed(vm: &Vm, l: &Limits) -> Pages {
 /// which VM and why, once per wait.
 pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
     if wait_announced(vm, vcpu, now_us, false).is_some() {
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] vCPU {vcpu} waits for memory: the pool is at its min watermark ({} free) and no VM has given any back yet; the memory manager is reclaiming ('mm' shows it)",
             vm.name,
             size(pool_free)
@@ -306,7 +309,7 @@ pub fn frame_wait(vm: &mut Vm, vcpu: usize, now_us: u64, pool_free: Pages) {
 pub fn max_wait(vm: &mut Vm, vcpu: usize, now_us: u64) -> bool {
     let waited = wait_announced(vm, vcpu, now_us, true);
     if waited.is_some() {
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] vCPU {vcpu} waits for memory: the VM has its memory max ({}) backed and its balloon has not made room; at {} s the VM is stopped",
             vm.name,
             size(vm.managed.limits.max),
@@ -361,7 +364,7 @@ pub fn frame_served(vm: &mut Vm, vcpu: usize, now_us: u64) {
         m.waits_slow = m.waits_slow.saturating_add(1);
     }
     if wait.announced {
-        vm.out.line(format_args!(
+        vm.console.out.line(format_args!(
             "tidal: [{}] vCPU {vcpu} got memory after waiting {} ms",
             vm.name,
             waited / 1000
@@ -433,12 +436,14 @@ pub struct VmRow {
 
 /// VM `vm`'s row, with the manager's counters for it.
 pub fn row(vm: &Vm, stats: VmStats) -> VmRow {
-    let device = vm.balloon.as_ref().map(|b| b.device());
-    let counters = device.map(|d| *d.stats()).or(vm.last_balloon_stats);
+    let device = vm.devices.balloon.as_ref().map(|b| b.device());
+    let counters = device
+        .map(|d| *d.stats())
+        .or(vm.counters.last_balloon_stats);
     VmRow {
         state: vm.state.label(),
-        size: vm.ram_size / PAGE_SIZE,
-        backed: vm.ram.as_ref().map_or(0, |r| r.mapped_pages()),
+        size: vm.memory.size / PAGE_SIZE,
+        backed: vm.memory.ram.as_ref().map_or(0, |r| r.mapped_pages()),
         balloon: device.map_or(0, |d| u64::from(d.actual())),
         target: device.map_or(0, |d| u64::from(d.target())),
         returned: counters.map_or(0, |c| c.pages_reported.saturating_add(c.pages_hinted)),
@@ -639,7 +644,7 @@ pub fn set_limit(
     value: u64,
 ) -> Result<Limits, LimitError> {
     let limits = with_limit(vm, field, value)?;
-    if vm.ram.is_some() {
+    if vm.memory.ram.is_some() {
         cpu.memory()
             .guarantee(vm.id, guaranteed(vm, &limits))
             .map_err(|s| LimitError::CannotGuarantee {

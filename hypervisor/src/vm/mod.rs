@@ -55,6 +55,7 @@ pub mod ratelimit;
 pub mod state;
 pub mod uart_mirror;
 pub mod vcpu_loop;
+pub mod vcpus;
 
 pub use crate::hw::{controls, inject, syndrome};
 #[cfg(any(test, feature = "testing"))]

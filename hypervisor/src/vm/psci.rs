@@ -47,7 +47,7 @@ pub fn call(
     } else {
         function
     };
-    let vcpus = vm.vcpus;
+    let vcpus = vm.vcpus.count();
     let target = |mpidr: u64| {
         let v = (mpidr & 0xff_00ff_ffff) as usize;
         (v < vcpus).then_some(v)
@@ -77,19 +77,22 @@ pub fn call(
         _ if function == MIGRATE_INFO_TYPE => 2, // no trusted OS to migrate
         CPU_ON_64 => match target(ctx.x[1]) {
             None => INVALID_PARAMETERS,
-            Some(t) if vm.power[t] != Power::Off || t == vcpu => ALREADY_ON,
+            Some(t) if vm.vcpus.power(t) != Power::Off || t == vcpu => ALREADY_ON,
             Some(t) => {
-                vm.power[t] = Power::Starting {
-                    entry: ctx.x[2],
-                    context: ctx.x[3],
-                };
-                cpu.hand_vcpu(vm.cpus[t], vm.id, t);
+                vm.vcpus.set_power(
+                    t,
+                    Power::Starting {
+                        entry: ctx.x[2],
+                        context: ctx.x[3],
+                    },
+                );
+                cpu.hand_vcpu(vm.vcpus.cpu(t), vm.id, t);
                 0
             }
         },
         AFFINITY_INFO_64 => match target(ctx.x[1]) {
             None => INVALID_PARAMETERS,
-            Some(t) => match vm.power[t] {
+            Some(t) => match vm.vcpus.power(t) {
                 Power::On => 0,
                 Power::Off => 1,
                 Power::Starting { .. } => 2,

@@ -440,3 +440,13 @@ pub fn first_vm(bytes: Vec<u8>) -> guest_bundle::VmEntry<'static> {
         .vm(0)
         .expect("one VM")
 }
+
+/// A VM's vCPUs set as a test (or fuzz target) wants them, which the
+/// product only ever does through start, PSCI and the run loop: pinned to
+/// the CPUs of `affinity`, with these power states.
+pub fn set_vcpus(vm: &mut crate::vm::state::Vm, affinity: u64, power: &[crate::vm::state::Power]) {
+    vm.vcpus = crate::vm::vcpus::Vcpus::pinned(affinity);
+    for (v, &p) in power.iter().enumerate() {
+        vm.vcpus.set_power(v, p);
+    }
+}

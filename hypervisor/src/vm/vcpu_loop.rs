@@ -78,10 +78,10 @@ pub struct Pending {
 
 /// What `vm` has to print, taken out of its outbox.
 pub fn take_pending(vm: &mut Vm) -> Option<Pending> {
-    if vm.out.is_empty() {
+    if vm.console.out.is_empty() {
         return None;
     }
-    let (notices, dropped) = vm.out.take();
+    let (notices, dropped) = vm.console.out.take();
     Some(Pending {
         id: vm.id,
         name: vm.name.clone(),
@@ -153,7 +153,7 @@ pub fn run_vcpu<H: VcpuHost>(host: &H, cpu: &mut impl PhysCpu, id: usize, vcpu: 
                 Shown::Nothing => drop(guard),
                 Shown::Outbox => release(host, guard),
                 Shown::Live => {
-                    let echo = vm.echo.take();
+                    let echo = vm.console.echo.take();
                     drop(guard);
                     host.show_live(id, &echo);
                 }

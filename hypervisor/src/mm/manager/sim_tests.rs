@@ -6,7 +6,10 @@
 //! controller ([`Policy::Naive`]: proportional reclaim from every VM by weight
 //! whenever the pool is below low, no in-flight accounting, and a step that
 //! blocks until every VM reached its previous target, up to a timeout).
-//! `cargo test -- --nocapture` prints the figures.
+//! `cargo test -- --nocapture` prints the figures; with `SIM_TRACE=1` set,
+//! each run also prints the pool and every guest twice a simulated second
+//! (backed, anonymous, cache and never-touched MiB, balloon actual/target,
+//! W waiting for a frame, S stopped, K its hog killed).
 
 use super::*;
 
@@ -47,6 +50,12 @@ struct Guest {
     demand: Demand,
     /// Balloon pages moved per tick; 0: the balloon never answers.
     driver_rate: Pages,
+    /// How long an idle driver takes to act on a new target (its work
+    /// item waits for the guest's CPU; a busy one picks a new target up
+    /// at once), the target it acts on, and since when a newer one waits.
+    driver_lag_us: u64,
+    driven: Pages,
+    pending_since: Option<u64>,
     deflate_on_oom: bool,
     oom_kills: u64,
     alloc_stalls: u64,
@@ -92,6 +101,9 @@ impl Guest {
             free_backed: 0,
             demand,
             driver_rate: BALLOON_PER_TICK,
+            driver_lag_us: 0,
+            driven: 0,
+            pending_since: None,
             deflate_on_oom: true,
             oom_kills: 0,
             alloc_stalls: 0,
@@ -119,6 +131,7 @@ impl Guest {
     fn with(mut self, balloon: Pages, anon: Pages, cached: bool) -> Self {
         self.target = balloon;
         self.actual = balloon;
+        self.driven = balloon;
         self.anon = anon;
         self.base_anon = anon;
         let rest = self.size - balloon - anon;
@@ -163,10 +176,21 @@ impl Guest {
         (a + b + c, false)
     }
 
-    /// The balloon driver's move toward the target.
-    fn drive(&mut self, pool: &mut Pages) {
-        if self.target > self.actual {
-            let mut n = (self.target - self.actual).min(self.driver_rate);
+    /// The balloon driver's move toward the target it knows of.
+    fn drive(&mut self, now: u64, pool: &mut Pages) {
+        if self.target != self.driven {
+            if self.driven != self.actual {
+                self.driven = self.target;
+            } else {
+                let since = *self.pending_since.get_or_insert(now);
+                if now - since >= self.driver_lag_us {
+                    self.driven = self.target;
+                    self.pending_since = None;
+                }
+            }
+        }
+        if self.driven > self.actual {
+            let mut n = (self.driven - self.actual).min(self.driver_rate);
             // Free pages first (backed ones return a frame), then cache;
             // never anonymous memory.
             let unbacked = self.free_unbacked();
@@ -185,7 +209,7 @@ impl Guest {
                 self.reinflated += moved;
             }
         } else {
-            let n = (self.actual - self.target).min(self.driver_rate);
+            let n = (self.actual - self.driven).min(self.driver_rate);
             self.actual -= n;
             self.has_deflated |= n > 0;
         }
@@ -205,7 +229,7 @@ impl Guest {
         // included, until a frame comes.
         let parked = self.waiting_since.is_some() && *pool <= floor;
         if !parked {
-            self.drive(pool);
+            self.drive(now, pool);
         }
         let mut blocked = parked;
         match self.demand {
@@ -417,6 +441,24 @@ fn simulate_board(
             }
         }
         pool_low = pool_low.min(pool);
+        if std::env::var_os("SIM_TRACE").is_some() && tick % 5 == 0 {
+            let mut line = format!("{:5.1} s pool {:4}:", now as f64 / 1e6, pool / MIB);
+            for g in &guests {
+                line += &format!(
+                    " [b{} a{} c{} u{} bal {}/{}{}{}{}]",
+                    g.backed() / MIB,
+                    g.anon / MIB,
+                    g.cache / MIB,
+                    g.free_unbacked() / MIB,
+                    g.actual / MIB,
+                    g.target / MIB,
+                    if g.waiting_since.is_some() { " W" } else { "" },
+                    if g.stopped { " S" } else { "" },
+                    if g.killed { " K" } else { "" },
+                );
+            }
+            println!("{line}");
+        }
         let inputs: Vec<VmInput> = guests.iter_mut().map(Guest::input).collect();
         for (g, t) in guests.iter_mut().zip(ctl.tick(now, pool, &inputs)) {
             if let Some(t) = t {
@@ -789,6 +831,70 @@ fn everyone_hungry_beyond_ram_the_lowest_weight_gives_way() {
         }
         let victim = &m.guests[2];
         assert!(victim.killed || victim.stopped, "{victim:?}");
+    }
+}
+
+/// `guests/tests/overcommit-full.toml` at a quarter of its size: three
+/// guests of 256 MiB with 18 MiB of their own and 56 MiB of page cache,
+/// each starting a hog of 175 MiB at once at 22 MiB/s, on a board with
+/// 479 MiB for guests. Beyond RAM: one must give way, and after it has,
+/// the two others fit only once their balloons took some of their caches.
+/// On a slow board (`slow` > 1) every balloon driver moves `slow` times
+/// slower and acts on a new target only `(slow - 1) / 2` s after it was
+/// set (its work item waits for the guest's CPU), while the hogs, once
+/// given frames, run as fast as before; the manager's clocks (progress
+/// window, congestion deadline, backoffs) run in real time.
+fn everyone_hungry_full(slow: u64, deflate_on_oom: bool) -> (Vec<Guest>, Pages, Watermarks) {
+    let guests: Vec<Guest> = (0..3)
+        .map(|_| {
+            let mut g = Guest::new(
+                SIZE,
+                Demand::Hog {
+                    start_us: 1_000_000,
+                    goal: (18 + 175) * MIB,
+                    rate: 22 * MIB / 10,
+                },
+            );
+            g.anon = 18 * MIB;
+            g.base_anon = 18 * MIB;
+            g.cache = 56 * MIB;
+            g.deflate_on_oom = deflate_on_oom;
+            g.driver_rate /= slow;
+            g.driver_lag_us = (slow - 1) * 500_000;
+            g.limits.min = 16 * MIB;
+            // Held to the end of the run: its own kernel's OOM kill frees it.
+            g.release_after_us = Some(1_000_000_000);
+            g
+        })
+        .collect();
+    let backed: Pages = guests.iter().map(Guest::backed).sum();
+    let ram = 479 * MIB;
+    (guests, ram - backed, Watermarks::for_ram(ram))
+}
+
+#[test]
+fn everyone_hungry_beyond_ram_on_a_slow_board_one_gives_way() {
+    // A driver that moves slowly is not a stuck one: one VM gives way,
+    // once, and the two others complete, their caches taken by their
+    // balloons, whose targets the manager keeps asking for.
+    for slow in [1, 4, 8] {
+        for deflate_on_oom in [false, true] {
+            let (guests, pool, wm) = everyone_hungry_full(slow, deflate_on_oom);
+            let seconds = 60;
+            let end = seconds * 1_000_000;
+            let mut mgr = manager(wm);
+            let m = simulate_board(&mut mgr, guests, pool, seconds, tidal_board(wm));
+            println!(
+                "slow board x{slow}, deflate-on-OOM {deflate_on_oom}: {:?}",
+                mgr.stats()
+            );
+            report("manager", &m, end);
+            let gave_way = m.guests.iter().filter(|g| g.stopped || g.killed).count();
+            assert_eq!(gave_way, 1, "slow x{slow}, deflate-on-OOM {deflate_on_oom}");
+            for g in m.guests.iter().filter(|g| !g.stopped && !g.killed) {
+                assert!(g.done_us.is_some(), "slow x{slow}: {g:?}");
+            }
+        }
     }
 }
 

@@ -656,6 +656,49 @@ fn the_fence_takes_what_hungry_guests_could_touch_beyond_the_pool() {
 }
 
 #[test]
+fn the_fence_looks_further_ahead_by_a_slow_drivers_latency() {
+    // A driver began an earlier raise `answer_after` after it was asked,
+    // its vCPU first parked for `parked` (time that is not the driver's).
+    // Then the VM faults in 280 pages a tick (2800 a second) with 8000 it
+    // never touched, and the pool holds 6000 above min: at that rate,
+    // more than two horizons (5600) but less than two plus a 1.5 s
+    // latency (9800). Only the slow driver's VM is fenced.
+    let run = |parked: u64, answer_after: u64| {
+        let mut m = manager();
+        let mut v = vm(0, 0);
+        v.backed = 1000;
+        let pool = WM.min + 6000;
+        let mut now = 0;
+        m.tick(now, pool, &[v]);
+        v.target = 1000;
+        v.waiting = true;
+        for _ in 0..parked / TICK {
+            now += TICK;
+            m.tick(now, pool, &[v]);
+        }
+        v.waiting = false;
+        for _ in 0..answer_after / TICK {
+            now += TICK;
+            m.tick(now, pool, &[v]);
+        }
+        v.actual = 1000;
+        v.backed = SIZE - 1000 - 8000;
+        v.fault_ins = 280;
+        now += TICK;
+        m.tick(now, pool, &[v]);
+        now += TICK;
+        let d = m.tick(now, pool, &[v]);
+        raised(&d, &[v])[0]
+    };
+    assert_eq!(run(0, 0), 0, "fenced without a latency");
+    assert_eq!(run(3_000_000, 0), 0, "time parked counted as latency");
+    assert!(
+        run(0, 1_500_000) > 0,
+        "a slow driver's VM not fenced in time"
+    );
+}
+
+#[test]
 fn faulting_back_what_reporting_returned_is_not_hunger() {
     // Two VMs with 3000 untouched pages each fault in 512 pages a tick; the
     // second reported as many meanwhile (a file written and deleted over
@@ -871,20 +914,45 @@ fn the_naive_controller_gives_a_starving_guest_5_percent() {
 }
 
 #[test]
-fn an_escalation_cancels_inflation_and_ends_backoffs() {
+fn a_parked_vm_is_not_congested_and_an_escalation_ends_backoffs() {
     let mut m = manager();
     let mut vms = [vm(0, 0), vm(0, 0)];
     let mut now = 0;
     let d = m.tick(now, 0, &vms);
     apply(&d, &mut vms);
     assert!(vms[0].target > 0 && vms[1].target > 0);
-    // Both vCPUs wait for frames, so neither balloon moves: past the
-    // deadline both raised targets are withdrawn, and neither VM is asked
-    // again within the backoff.
+    // Both vCPUs wait for frames, so neither balloon moves: their drivers
+    // cannot run, which is no sign of a stuck driver. Nothing is withdrawn
+    // however long they wait.
     for v in &mut vms {
         v.waiting = true;
     }
-    while now < Tunables::default().congestion_deadline_us + TICK {
+    let deadline = Tunables::default().congestion_deadline_us;
+    while now < 2 * deadline {
+        now += TICK;
+        let d = m.tick(now, 0, &vms);
+        apply(&d, &mut vms);
+    }
+    assert_eq!(m.stats().congested_marks, 0);
+    assert_eq!(m.stats().pages_withdrawn, 0);
+    // Running again, the balloons still do not move: the deadline counts
+    // from here, and past it both raised targets are withdrawn; neither
+    // VM is asked again within the backoff.
+    for v in &mut vms {
+        v.waiting = false;
+    }
+    let resumed = now;
+    while now < resumed + deadline - TICK {
+        now += TICK;
+        let d = m.tick(now, 0, &vms);
+        apply(&d, &mut vms);
+    }
+    assert_eq!(
+        m.stats().pages_withdrawn,
+        0,
+        "withdrawn before the deadline"
+    );
+    while now < resumed + deadline + TICK {
         now += TICK;
         let d = m.tick(now, 0, &vms);
         apply(&d, &mut vms);
@@ -893,12 +961,9 @@ fn an_escalation_cancels_inflation_and_ends_backoffs() {
     now += TICK;
     let d = m.tick(now, 0, &vms);
     assert_eq!(d.targets, [None, None], "asked again within the backoff");
-    // A third VM is stopped by the board's escalation: the parked VMs'
-    // drivers were never stuck, and they may be asked at once. Inflation
-    // still outstanding from the shortage is cancelled first.
-    for v in &mut vms {
-        v.waiting = false;
-    }
+    // A third VM is stopped by the board's escalation: the shortage the
+    // backoffs were for is over, and the VMs may be asked at once.
+    // Inflation still outstanding from the shortage is cancelled first.
     vms[1].target = vms[1].actual + 50;
     m.escalated();
     now += TICK;

@@ -173,7 +173,7 @@ fn run_script(script: Vec<Step>) -> (ScriptedHost, FakeCpu) {
 }
 
 fn run_with(host: ScriptedHost, mut cpu: FakeCpu) -> (ScriptedHost, FakeCpu) {
-    cpu.index = host.vm().cpus[0];
+    cpu.index = host.vm().vcpus.cpu(0);
     vcpu_loop::run_vcpu(&host, &mut cpu, 0, 0);
     (host, cpu)
 }
@@ -212,8 +212,8 @@ fn the_loop_runs_the_guest_until_it_powers_itself_off() {
         "its RAM is back in the pool"
     );
     // The bytes took the UART's fast path; the call the full one.
-    assert_eq!(vm.profile.get(ExitKind::MmioUart).count, 3);
-    assert_eq!(vm.profile.get(ExitKind::Hvc).count, 1);
+    assert_eq!(vm.counters.profile.get(ExitKind::MmioUart).count, 3);
+    assert_eq!(vm.counters.profile.get(ExitKind::Hvc).count, 1);
 }
 
 #[test]
@@ -233,7 +233,7 @@ fn fast_exits_look_at_the_tick_every_sixteenth_and_a_tick_resyncs() {
     assert!(host.script.borrow().is_empty());
     assert_eq!(host.vm().state, VmState::Stopped);
     assert_eq!(
-        host.vm().profile.get(ExitKind::MmioUart).count,
+        host.vm().counters.profile.get(ExitKind::MmioUart).count,
         reads as u64
     );
 }
@@ -318,7 +318,7 @@ fn a_stop_asked_while_the_guest_ran_ends_it_at_that_exit() {
     assert_eq!(vm.state, VmState::Stopped);
     assert_eq!(cpu.host.frames.guest_pages(0), 0);
     assert_eq!(
-        vm.profile.get(ExitKind::MmioUart).count,
+        vm.counters.profile.get(ExitKind::MmioUart).count,
         1,
         "the exit it left at was not handled"
     );

@@ -53,7 +53,8 @@ fn probe(vm: &mut Vm, cpu: &mut FakeCpu, ctx: &mut GuestContext, rings: u64) -> 
 /// Guest RAM as the test reads it back.
 fn peek(vm: &mut Vm, cpu: &mut FakeCpu, ipa: u64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
-    vm.ram
+    vm.memory
+        .ram
         .as_mut()
         .expect("RAM")
         .read(&mut cpu.host, GuestAddr::new(ipa), &mut buf)
@@ -62,7 +63,7 @@ fn peek(vm: &mut Vm, cpu: &mut FakeCpu, ipa: u64, len: usize) -> Vec<u8> {
 }
 
 fn used(vm: &mut Vm, cpu: &mut FakeCpu, q: &mut DriverQueue) -> Vec<(u32, u32)> {
-    let ram = vm.ram.as_mut().expect("RAM");
+    let ram = vm.memory.ram.as_mut().expect("RAM");
     let mut view = super::super::device_memory::DeviceView {
         ram,
         mem: &mut cpu.host,
@@ -98,7 +99,7 @@ fn input_reaches_the_pl011_until_the_driver_is_ready_then_the_receive_queue() {
     let mut ctx = enter(&mut vm, &mut cpu, 0);
     // Before the driver: the PL011 takes typed bytes, as at boot.
     assert_eq!(irq::console_input_bytes(&mut vm, &mut cpu, b"a"), 1);
-    assert_eq!(vm.uart.rx_len(), 1);
+    assert_eq!(vm.devices.uart.rx_len(), 1);
     assert!(!irq::vconsole_takes_input(&vm));
 
     let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
@@ -109,8 +110,8 @@ fn input_reaches_the_pl011_until_the_driver_is_ready_then_the_receive_queue() {
         irq::console_input_bytes(&mut vm, &mut cpu, b"run 1 true\r"),
         11
     );
-    assert_eq!(vm.input.len(), 11);
-    assert_eq!(vm.uart.rx_len(), 1, "the PL011 gets no more");
+    assert_eq!(vm.console.input.len(), 11);
+    assert_eq!(vm.devices.uart.rx_len(), 1, "the PL011 gets no more");
     // The driver posts two 8-byte buffers and notifies: they fill at once.
     let bufs = rings + 0x8000;
     {
@@ -124,8 +125,8 @@ fn input_reaches_the_pl011_until_the_driver_is_ready_then_the_receive_queue() {
     reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 0);
     assert_eq!(used(&mut vm, &mut cpu, &mut rx), [(0, 8), (1, 3)]);
     assert_eq!(peek(&mut vm, &mut cpu, bufs, 11), b"run 1 true\r");
-    assert!(vm.input.is_empty());
-    let vgic = vm.vgic.as_ref().expect("vGIC");
+    assert!(vm.console.input.is_empty());
+    let vgic = vm.devices.vgic.as_ref().expect("vGIC");
     assert!(
         vgic.is_pending(0, irq::VCONSOLE_INTID),
         "used-buffer interrupt"
@@ -142,7 +143,7 @@ fn input_reaches_the_pl011_until_the_driver_is_ready_then_the_receive_queue() {
         mmio::INTERRUPT_ACK,
         mmio::INT_USED_BUFFER,
     );
-    assert!(!vm.vconsole.as_ref().unwrap().interrupt_pending());
+    assert!(!vm.devices.vconsole.as_ref().unwrap().interrupt_pending());
 
     // Output: one notify for a whole line, shown as the VM's line.
     let text = b"tidal-guest: done 1 rc=0\n";
@@ -156,15 +157,15 @@ fn input_reaches_the_pl011_until_the_driver_is_ready_then_the_receive_queue() {
         tx.add(&mut stores, &[(out, 12, false), (out + 12, 13, false)]);
     }
     let _ = lines(&mut vm);
-    let exits_before = vm.profile.get(ExitKind::VirtioNotify).count;
+    let exits_before = vm.counters.profile.get(ExitKind::VirtioNotify).count;
     reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
     assert_eq!(
-        vm.profile.get(ExitKind::VirtioNotify).count,
+        vm.counters.profile.get(ExitKind::VirtioNotify).count,
         exits_before + 1
     );
     assert_eq!(used(&mut vm, &mut cpu, &mut tx), [(0, 0)]);
     assert_eq!(lines(&mut vm), ["[guest] tidal-guest: done 1 rc=0"]);
-    let stats = *vm.vconsole.as_ref().unwrap().device().stats();
+    let stats = *vm.devices.vconsole.as_ref().unwrap().device().stats();
     assert_eq!((stats.bytes_out, stats.chains_out), (25, 1));
     assert_eq!((stats.bytes_in, stats.buffers_in), (11, 2));
     assert_check(&vm, &mut cpu);
@@ -201,7 +202,7 @@ fn a_bad_transmit_chain_resets_the_console_and_input_goes_back_to_the_pl011() {
     // Until the driver resets it, typed input goes to the PL011.
     assert!(!irq::vconsole_takes_input(&vm));
     irq::console_input_bytes(&mut vm, &mut cpu, b"x");
-    assert_eq!(vm.uart.rx_len(), 1);
+    assert_eq!(vm.devices.uart.rx_len(), 1);
     assert_check(&vm, &mut cpu);
 }
 
@@ -229,13 +230,13 @@ fn transmit_past_a_pass_bound_goes_out_at_the_tick() {
     reg_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 1);
     let per_pass = (virtio_console::TX_BYTES_PER_PASS / u64::from(chain)) as u32;
     assert_eq!(used(&mut vm, &mut cpu, &mut tx).len(), per_pass as usize);
-    assert!(vm.vconsole.as_ref().unwrap().device().has_more());
+    assert!(vm.devices.vconsole.as_ref().unwrap().device().has_more());
     irq::flush_vconsole(&mut vm, &mut cpu);
     assert_eq!(
         used(&mut vm, &mut cpu, &mut tx).len(),
         6 - per_pass as usize
     );
-    let console = vm.vconsole.as_ref().unwrap();
+    let console = vm.devices.vconsole.as_ref().unwrap();
     assert!(!console.device().has_more());
     assert_eq!(console.device().stats().chains_out, 6);
     assert_eq!(console.device().stats().passes_cut, 1);
@@ -244,6 +245,6 @@ fn transmit_past_a_pass_bound_goes_out_at_the_tick() {
         "the tick signals what it returned"
     );
     // 96 lines of 1024 'y': more than the outbox keeps, dropped and counted.
-    let _ = vm.out.take();
+    let _ = vm.console.out.take();
     assert_check(&vm, &mut cpu);
 }

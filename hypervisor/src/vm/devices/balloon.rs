@@ -29,7 +29,7 @@ pub struct BalloonWindow;
 /// windows (`bus.rs` asserts none contains it). For the notify fast path.
 #[inline]
 pub fn is_notify(vm: &Vm, ipa: GuestAddr) -> bool {
-    vm.balloon.is_some() && ipa == layout::VIRTIO_BASE + QUEUE_NOTIFY
+    vm.devices.balloon.is_some() && ipa == layout::VIRTIO_BASE + QUEUE_NOTIFY
 }
 
 /// The balloon's fast path (`handle::fast_exit` takes it for a 4-byte
@@ -67,11 +67,14 @@ pub fn empty_notify(
     if !fast.plain_access(ipa) {
         return None;
     }
-    let (Some(balloon), Some(ram)) = (fast.vm.balloon.as_mut(), fast.vm.ram.as_mut()) else {
+    let (Some(balloon), Some(ram)) = (
+        fast.vm.devices.balloon.as_mut(),
+        fast.vm.memory.ram.as_mut(),
+    ) else {
         return None;
     };
     if !line_at(
-        fast.vm.vgic.as_ref(),
+        fast.vm.devices.vgic.as_ref(),
         irq::VIRTIO_INTID,
         balloon.interrupt_pending(),
     ) {
@@ -104,7 +107,7 @@ impl MmioDevice for BalloonWindow {
 
     #[inline]
     fn window(vm: &Vm) -> Option<(GuestAddr, u64)> {
-        vm.balloon.as_ref()?;
+        vm.devices.balloon.as_ref()?;
         Some((layout::VIRTIO_BASE, layout::VIRTIO_STRIDE))
     }
 
@@ -115,7 +118,7 @@ impl MmioDevice for BalloonWindow {
         offset: u64,
         width: u8,
     ) -> Result<u64, Refused> {
-        super::read_transport(vm.balloon.as_mut(), offset, width)
+        super::read_transport(vm.devices.balloon.as_mut(), offset, width)
     }
 
     fn write(
@@ -127,7 +130,8 @@ impl MmioDevice for BalloonWindow {
         value: u64,
     ) -> Result<(), Refused> {
         let now = cpu.uptime_us();
-        let (Some(balloon), Some(ram)) = (vm.balloon.as_mut(), vm.ram.as_mut()) else {
+        let (Some(balloon), Some(ram)) = (vm.devices.balloon.as_mut(), vm.memory.ram.as_mut())
+        else {
             return Err(Refused::new(BadAccessKind::Unmapped));
         };
         // Pages a deflate backs get what a fault would give them.
@@ -143,8 +147,8 @@ impl MmioDevice for BalloonWindow {
             .write(offset, width, value as u32, &mut view)
             .map_err(Refused::virtio)?;
         let mut lines = Lines {
-            lines: &mut vm.lines,
-            out: &mut vm.out,
+            lines: &mut vm.console.lines,
+            out: &mut vm.console.out,
             name: &vm.name,
             now_us: now,
         };
@@ -173,16 +177,17 @@ impl MmioDevice for BalloonWindow {
     }
 
     fn save(vm: &Vm, w: &mut StateWriter) {
-        super::save_optional(w, vm.balloon.as_ref(), MmioTransport::save);
+        super::save_optional(w, vm.devices.balloon.as_ref(), MmioTransport::save);
     }
 
     /// A balloon offering what the VM's configuration offers, over its RAM.
     fn restore(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError> {
         let config = vm
+            .devices
             .balloon
             .as_ref()
             .map(|b| (b.device().offered_features(), b.device().ram_pfns()));
-        super::restore_optional(r, &mut vm.balloon, "balloon", |r| {
+        super::restore_optional(r, &mut vm.devices.balloon, "balloon", |r| {
             let t = MmioTransport::<Balloon>::restore(r)?;
             let restored = (t.device().offered_features(), t.device().ram_pfns());
             if Some(restored) != config {

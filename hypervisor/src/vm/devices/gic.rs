@@ -24,7 +24,7 @@ impl MmioDevice for GicdWindow {
 
     #[inline]
     fn window(vm: &Vm) -> Option<(GuestAddr, u64)> {
-        let size = match vm.vgic.as_ref()?.version() {
+        let size = match vm.devices.vgic.as_ref()?.version() {
             VgicVersion::V3 => GICV3_DIST_WINDOW,
             VgicVersion::V2 => fdt::GICV2_DIST_SIZE,
         };
@@ -39,7 +39,11 @@ impl MmioDevice for GicdWindow {
         width: u8,
     ) -> Result<u64, Refused> {
         let refused = |_| Refused::device(Self::DEVICE);
-        let vgic = vm.vgic.as_mut().ok_or(Refused::device(Self::DEVICE))?;
+        let vgic = vm
+            .devices
+            .vgic
+            .as_mut()
+            .ok_or(Refused::device(Self::DEVICE))?;
         match vgic.version() {
             VgicVersion::V3 => vgic.read_dist_v3(vcpu, offset, width).map_err(refused),
             VgicVersion::V2 => vgic
@@ -58,7 +62,11 @@ impl MmioDevice for GicdWindow {
         value: u64,
     ) -> Result<(), Refused> {
         let refused = |_| Refused::device(Self::DEVICE);
-        let vgic = vm.vgic.as_mut().ok_or(Refused::device(Self::DEVICE))?;
+        let vgic = vm
+            .devices
+            .vgic
+            .as_mut()
+            .ok_or(Refused::device(Self::DEVICE))?;
         let effect = match vgic.version() {
             VgicVersion::V3 => vgic.write_dist_v3(vcpu, offset, width, value),
             VgicVersion::V2 => vgic.write(vcpu, offset, width, value as u32),
@@ -70,16 +78,16 @@ impl MmioDevice for GicdWindow {
     }
 
     fn save(vm: &Vm, w: &mut StateWriter) {
-        super::save_optional(w, vm.vgic.as_ref(), VDistributor::save);
+        super::save_optional(w, vm.devices.vgic.as_ref(), VDistributor::save);
     }
 
     /// The distributor of the VM's own GIC version and vCPU count.
     fn restore(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError> {
-        let (version, vcpus) = match vm.vgic.as_ref() {
+        let (version, vcpus) = match vm.devices.vgic.as_ref() {
             Some(v) => (Some(v.version()), v.vcpus()),
             None => (None, 0),
         };
-        super::restore_optional(r, &mut vm.vgic, "vGIC", |r| {
+        super::restore_optional(r, &mut vm.devices.vgic, "vGIC", |r| {
             let d = VDistributor::restore(r)?;
             if Some(d.version()) != version || d.vcpus() != vcpus {
                 return Err(StateError::Invalid("vGIC of another version or size"));
@@ -105,7 +113,7 @@ pub const SGIR_IPA: GuestAddr = GuestAddr::new(layout::GICD_BASE.raw() + GICD_SG
 #[inline(never)]
 pub fn sgi_send(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
     let store = fast.stored()?;
-    let vgic = fast.vm.vgic.as_ref()?;
+    let vgic = fast.vm.devices.vgic.as_ref()?;
     if vgic.version() != VgicVersion::V2 || !fast.plain_access(store.ipa) {
         return None;
     }
@@ -137,6 +145,7 @@ impl MmioDevice for GicrWindow {
     #[inline]
     fn window(vm: &Vm) -> Option<(GuestAddr, u64)> {
         let vgic = vm
+            .devices
             .vgic
             .as_ref()
             .filter(|v| v.version() == VgicVersion::V3)?;
@@ -150,7 +159,11 @@ impl MmioDevice for GicrWindow {
         offset: u64,
         width: u8,
     ) -> Result<u64, Refused> {
-        let vgic = vm.vgic.as_mut().ok_or(Refused::device(Self::DEVICE))?;
+        let vgic = vm
+            .devices
+            .vgic
+            .as_mut()
+            .ok_or(Refused::device(Self::DEVICE))?;
         let index = (offset / GICR_STRIDE) as usize;
         vgic.read_redist(vcpu, index, offset % GICR_STRIDE, width)
             .map_err(|_| Refused::device(Self::DEVICE))
@@ -164,7 +177,11 @@ impl MmioDevice for GicrWindow {
         width: u8,
         value: u64,
     ) -> Result<(), Refused> {
-        let vgic = vm.vgic.as_mut().ok_or(Refused::device(Self::DEVICE))?;
+        let vgic = vm
+            .devices
+            .vgic
+            .as_mut()
+            .ok_or(Refused::device(Self::DEVICE))?;
         let index = (offset / GICR_STRIDE) as usize;
         let effect = vgic
             .write_redist(vcpu, index, offset % GICR_STRIDE, width, value)

@@ -6,9 +6,9 @@
 //! `bus.rs`; what refuses an access ([`Refused`]) is here too.
 
 pub mod balloon;
-pub mod console;
 pub mod gic;
 pub mod uart;
+pub mod virtio_console;
 
 use super::cpu::PhysCpu;
 use super::exit_profile::ExitKind;

@@ -47,7 +47,7 @@ pub fn write_register(
     echo: bool,
     sync_mirror: bool,
 ) -> Option<Echo> {
-    let effect = vm.uart.write(offset, width, value as u32);
+    let effect = vm.devices.uart.write(offset, width, value as u32);
     let shown = effect
         .output
         .and_then(|byte| console_output(vm, byte, echo));
@@ -115,11 +115,15 @@ fn quiet_read(fast: Fast<'_, impl PhysCpu>) -> Option<u32> {
         return None;
     };
     let offset = super::offset_in(ipa, layout::UART_BASE, fdt::UART_SIZE)?;
-    if !fast.vm.input.is_empty() || !fast.plain_access(ipa) {
+    if !fast.vm.console.input.is_empty() || !fast.plain_access(ipa) {
         return None;
     }
-    let uart = &mut fast.vm.uart;
-    if !line_at(fast.vm.vgic.as_ref(), irq::UART_INTID, uart.irq_level()) {
+    let uart = &mut fast.vm.devices.uart;
+    if !line_at(
+        fast.vm.devices.vgic.as_ref(),
+        irq::UART_INTID,
+        uart.irq_level(),
+    ) {
         return None;
     }
     let value = u64::from(uart.read_keeping_level(offset, width)?);
@@ -161,9 +165,9 @@ fn transmit(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
         return None;
     }
     let vm = &mut *fast.vm;
-    let level = vm.uart.irq_level();
-    if vm.uart.irq_level_after_transmit() != level
-        || !line_at(vm.vgic.as_ref(), irq::UART_INTID, level)
+    let level = vm.devices.uart.irq_level();
+    if vm.devices.uart.irq_level_after_transmit() != level
+        || !line_at(vm.devices.vgic.as_ref(), irq::UART_INTID, level)
     {
         return None;
     }
@@ -172,7 +176,7 @@ fn transmit(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
     // changes what the guest reads there (TXRIS), and a live byte kept as
     // an echo to print once the lock is released. Its interrupt line
     // stays where it is (checked above).
-    let changes = vm.uart.transmit_changes_registers();
+    let changes = vm.devices.uart.transmit_changes_registers();
     let echo = write_register(
         vm,
         fast.cpu,
@@ -184,10 +188,10 @@ fn transmit(fast: Fast<'_, impl PhysCpu>) -> Option<FastExit> {
     );
     let shown = match echo {
         Some(echo) => {
-            vm.echo = Some(echo);
+            vm.console.echo = Some(echo);
             Shown::Live
         }
-        None if vm.out.is_empty() => Shown::Nothing,
+        None if vm.console.out.is_empty() => Shown::Nothing,
         None => Shown::Outbox,
     };
     let traced = Traced {
@@ -219,8 +223,8 @@ impl MmioDevice for UartWindow {
         offset: u64,
         width: u8,
     ) -> Result<u64, Refused> {
-        let value = vm.uart.read(offset, width);
-        if vm.input.is_empty() {
+        let value = vm.devices.uart.read(offset, width);
+        if vm.console.input.is_empty() {
             irq::update_uart(vm, cpu);
             irq::sync_uart_mirror(vm, cpu);
         } else {
@@ -242,20 +246,20 @@ impl MmioDevice for UartWindow {
     }
 
     fn save(vm: &Vm, w: &mut StateWriter) {
-        vm.uart.save(w);
-        w.u64(vm.input.len() as u64);
-        for &byte in vm.input.iter() {
+        vm.devices.uart.save(w);
+        w.u64(vm.console.input.len() as u64);
+        for &byte in vm.console.input.iter() {
             w.u8(byte);
         }
     }
 
     fn restore(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError> {
-        vm.uart = Pl011::restore(r)?;
+        vm.devices.uart = Pl011::restore(r)?;
         let waiting = r.at_most(CONSOLE_INPUT_MAX as u64, "console input waiting")?;
-        vm.input.clear();
+        vm.console.input.clear();
         for _ in 0..waiting {
             // Fits: at most its capacity.
-            let _ = vm.input.push_back(r.u8()?);
+            let _ = vm.console.input.push_back(r.u8()?);
         }
         Ok(())
     }
@@ -266,20 +270,26 @@ impl MmioDevice for UartWindow {
 /// line fits an [`Echo`] is returned for the caller to print once the VM's
 /// lock is released; whatever else it makes goes to the outbox.
 fn console_output(vm: &mut Vm, byte: u8, echo: bool) -> Option<Echo> {
-    if vm.focused {
+    if vm.console.focused {
         if !echo {
-            let output = vm.console.push_live(byte);
-            vm.out.live(output);
+            let output = vm.console.line.push_live(byte);
+            vm.console.out.live(output);
             return None;
         }
-        return match vm.console.push_live_echo(byte) {
+        return match vm.console.line.push_live_echo(byte) {
             Ok(echo) => Some(echo),
             Err(output) => {
-                vm.out.live(output);
+                vm.console.out.live(output);
                 None
             }
         };
     }
-    super::super::device_memory::show_byte(&mut vm.console, &mut vm.out, &vm.name, false, byte);
+    super::super::device_memory::show_byte(
+        &mut vm.console.line,
+        &mut vm.console.out,
+        &vm.name,
+        false,
+        byte,
+    );
     None
 }

@@ -23,7 +23,7 @@ impl MmioDevice for ConsoleWindow {
 
     #[inline]
     fn window(vm: &Vm) -> Option<(GuestAddr, u64)> {
-        vm.vconsole.as_ref()?;
+        vm.devices.vconsole.as_ref()?;
         let base = layout::VIRTIO_BASE + layout::VIRTIO_STRIDE * layout::CONSOLE_SLOT as u64;
         Some((base, layout::VIRTIO_STRIDE))
     }
@@ -35,7 +35,7 @@ impl MmioDevice for ConsoleWindow {
         offset: u64,
         width: u8,
     ) -> Result<u64, Refused> {
-        super::read_transport(vm.vconsole.as_mut(), offset, width)
+        super::read_transport(vm.devices.vconsole.as_mut(), offset, width)
     }
 
     fn write(
@@ -52,7 +52,7 @@ impl MmioDevice for ConsoleWindow {
                 .map_err(Refused::virtio)
         })
         .ok_or(Refused::new(BadAccessKind::Unmapped))??;
-        if !vm.input.is_empty() {
+        if !vm.console.input.is_empty() {
             irq::feed_console(vm, cpu);
         }
         match offset {
@@ -67,13 +67,13 @@ impl MmioDevice for ConsoleWindow {
     }
 
     fn save(vm: &Vm, w: &mut StateWriter) {
-        super::save_optional(w, vm.vconsole.as_ref(), MmioTransport::save);
+        super::save_optional(w, vm.devices.vconsole.as_ref(), MmioTransport::save);
     }
 
     fn restore(vm: &mut Vm, r: &mut StateReader<'_>) -> Result<(), StateError> {
         super::restore_optional(
             r,
-            &mut vm.vconsole,
+            &mut vm.devices.vconsole,
             "virtio console",
             MmioTransport::restore,
         )
