@@ -36,6 +36,8 @@ mod boot;
 #[cfg(target_os = "none")]
 pub mod crash;
 #[cfg(target_os = "none")]
+pub mod disk;
+#[cfg(target_os = "none")]
 mod heap;
 #[cfg(target_os = "none")]
 pub mod held;

@@ -39,6 +39,18 @@ pub trait Disk {
     fn write(&mut self, sector: u64, buf: &[u8]) -> Result<(), DiskError>;
 }
 
+impl<D: Disk + ?Sized> Disk for &mut D {
+    fn sectors(&self) -> u64 {
+        (**self).sectors()
+    }
+    fn read(&mut self, sector: u64, buf: &mut [u8]) -> Result<(), DiskError> {
+        (**self).read(sector, buf)
+    }
+    fn write(&mut self, sector: u64, buf: &[u8]) -> Result<(), DiskError> {
+        (**self).write(sector, buf)
+    }
+}
+
 /// The device refused a read or a write (its own words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DiskError(pub &'static str);
@@ -133,8 +145,13 @@ pub struct Entry {
 
 impl Entry {
     /// The sectors it takes.
-    fn sectors(&self) -> u64 {
+    pub fn sectors(&self) -> u64 {
         self.len.div_ceil(SECTOR as u64)
+    }
+
+    /// Its first sector.
+    pub fn start(&self) -> u64 {
+        self.start
     }
 }
 
@@ -195,13 +212,16 @@ impl<D: Disk> Store<D> {
                 continue;
             };
             // Overlapping or named twice: a damaged directory; the later
-            // entry is not listed.
+            // entry is erased, so that it never comes back to claim space
+            // once the one it clashed with is deleted and the space reused.
             let clash = store.entries.iter().any(|e| {
                 e.name == entry.name
                     || (e.start < entry.start + entry.sectors()
                         && entry.start < e.start + e.sectors())
             });
-            if !clash {
+            if clash {
+                store.disk.write(1 + slot, &[0u8; SECTOR])?;
+            } else {
                 store.entries.push(entry);
             }
         }
@@ -674,7 +694,8 @@ mod tests {
         let crc = crc32(&entry[..SECTOR - 4]);
         entry[SECTOR - 4..].copy_from_slice(&crc.to_le_bytes());
         disk.bytes[at..at + SECTOR].copy_from_slice(&entry);
-        // Both sealed, but overlapping: the later one is not listed.
+        // Both sealed, but overlapping: the later one is not listed, and
+        // is erased.
         let store = Store::open(disk).unwrap();
         let names = |s: &Store<MemDisk>| {
             s.list()
@@ -683,11 +704,13 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(names(&store), ["a"]);
-        // a's entry damaged in one byte: not listed; b is, since nothing
-        // else overlaps it now.
         let mut disk = store.into_disk();
+        assert!(disk.bytes[at..at + SECTOR].iter().all(|&b| b == 0));
+        // a's entry damaged in one byte: not listed; b does not come back
+        // (had it, a snapshot written into the space a left would have
+        // been hidden by it on the next open).
         disk.bytes[SECTOR + 20] ^= 0x40;
         let store = Store::open(disk).unwrap();
-        assert_eq!(names(&store), ["b"]);
+        assert!(names(&store).is_empty());
     }
 }
