@@ -46,9 +46,18 @@ struct Sector {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Write { name: String, vm: String, len: u16, fill: u8 },
-    Delete { name: String },
-    Verify { name: String },
+    Write {
+        name: String,
+        vm: String,
+        len: u16,
+        fill: u8,
+    },
+    Delete {
+        name: String,
+    },
+    Verify {
+        name: String,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -82,7 +91,8 @@ fn check_listing(store: &Store<&mut RamDisk>, sectors: u64) {
         assert!(e.start() + e.sectors() <= sectors, "{e:?} past {sectors}");
         for f in &list[..i] {
             assert_ne!(e.name, f.name, "listed twice");
-            let apart = e.start() + e.sectors() <= f.start() || f.start() + f.sectors() <= e.start();
+            let apart =
+                e.start() + e.sectors() <= f.start() || f.start() + f.sectors() <= e.start();
             assert!(apart, "{e:?} overlaps {f:?}");
         }
     }
@@ -103,7 +113,12 @@ fuzz_target!(|input: Input| {
     check_listing(&store, sectors);
     for op in input.ops.iter().take(16) {
         match op {
-            Op::Write { name, vm, len, fill } => {
+            Op::Write {
+                name,
+                vm,
+                len,
+                fill,
+            } => {
                 let bytes = vec![*fill; usize::from(*len)];
                 let written = store.begin(name, vm).and_then(|mut w| {
                     w.write(&bytes)?;
@@ -136,5 +151,9 @@ fuzz_target!(|input: Input| {
     let listed = store.list().to_vec();
     drop(store);
     let again = Store::open(&mut disk).expect("a disk the store used opens again");
-    assert_eq!(again.list(), listed.as_slice(), "the listing did not persist");
+    assert_eq!(
+        again.list(),
+        listed.as_slice(),
+        "the listing did not persist"
+    );
 });

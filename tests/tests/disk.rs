@@ -43,8 +43,8 @@ fn disk_is_found_formatted_and_kept(board: Board) {
     let name = format!("{}-disk", board.name());
     let path = image(&name, 64, 0);
     let mut s = boot(board, &name, Some(&path));
-    let line = ok(s.expect(r"disk: virtio-blk at 0x[0-9a-f]+, 64 MiB", COMMAND));
-    assert!(!line[0].is_empty());
+    // Said at boot, before the prompt.
+    ok(s.expect_since(&mut 0, r"disk: virtio-blk at 0x[0-9a-f]+, 64 MiB", COMMAND));
     let out = ok(s.run("snapshots", COMMAND));
     assert!(
         out.contains("no snapshots on the board's disk (64 MiB)"),

@@ -409,7 +409,9 @@ impl<D: Disk> Writer<'_, D> {
         self.store
             .disk
             .write(1 + entry.slot, &encode_entry(&entry))?;
-        self.store.entries.push(entry.clone());
+        // Listed in directory order, as a fresh open lists it.
+        let at = self.store.entries.partition_point(|e| e.slot < entry.slot);
+        self.store.entries.insert(at, entry.clone());
         Ok(entry)
     }
 }
@@ -618,6 +620,26 @@ mod tests {
         let mut disk = store.into_disk();
         disk.fail_at = None;
         assert!(Store::open(disk).unwrap().list().is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_in_a_freed_slot_is_listed_in_directory_order() {
+        // Found by the snapshot_store fuzz target: the list and a fresh
+        // open of the same disk disagreed on the order.
+        let mut store = Store::open(MemDisk::new(400)).unwrap();
+        save(&mut store, "a", &bytes(SECTOR, 1)).unwrap();
+        save(&mut store, "b", &bytes(SECTOR, 2)).unwrap();
+        store.delete("a").unwrap();
+        save(&mut store, "c", &bytes(SECTOR, 3)).unwrap();
+        let names = |s: &Store<MemDisk>| {
+            s.list()
+                .iter()
+                .map(|e| e.name.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&store), ["c", "b"]);
+        let store = Store::open(store.into_disk()).unwrap();
+        assert_eq!(names(&store), ["c", "b"]);
     }
 
     #[test]
