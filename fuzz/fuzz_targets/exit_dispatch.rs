@@ -275,9 +275,7 @@ fn check(vm: &Vm, cpu: &mut FakeCpu, ram: u64) {
         id: vm.id(),
         name: vm.name(),
         stopped: vm.state() == VmState::Stopped,
-        ram: vm
-            .ram()
-            .map(|r| check::RamFacts::of(r, &mut cpu.host)),
+        ram: vm.ram().map(|r| check::RamFacts::of(r, &mut cpu.host)),
     }];
     if let Err(e) = check::check(&facts, &vms) {
         panic!("check failed: {e:?}");
@@ -367,7 +365,11 @@ fuzz_target!(|input: Input| {
         let new = &cpu.injected[injected..];
         assert!(new.len() <= 1, "{} exceptions for one exit", new.len());
         if let Some(&(exception, far, il32)) = new.first() {
-            assert_eq!(vm.on_bad_access(), OnBadAccess::Abort, "injected under stop");
+            assert_eq!(
+                vm.on_bad_access(),
+                OnBadAccess::Abort,
+                "injected under stop"
+            );
             assert_eq!(
                 Some(exception),
                 expected(&exit),

@@ -55,6 +55,7 @@ fn render(c: &Command<'_>) -> String {
         Command::Check => "check".into(),
         Command::Cpus => "cpus".into(),
         Command::Vms => "vms".into(),
+        Command::Snapshots => "snapshots".into(),
         Command::Balloon { vm, bytes } => format!("balloon {vm} {bytes}"),
         Command::BalloonAuto { vm } => format!("balloon {vm} auto"),
         Command::InfoBalloon { vm } => match vm {

@@ -25,6 +25,7 @@ use crate::mm::layout::{check_image_placement, find_hole, BadPlacement};
 use crate::mm::manager::Policy;
 use crate::mm::manager::Watermarks;
 use crate::run;
+use crate::snapshot::store::Disk;
 use crate::vm::manage;
 use crate::{print, println, report};
 
@@ -256,6 +257,14 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
     if let Some(frames) = FRAMES.get() {
         run::init(bundle, frames);
         init_manager(&bundle, frames);
+        // Before any VM runs; a board without one says nothing here.
+        if let Some(disk) = crate::disk::probe(&board.virtio_mmio) {
+            println!(
+                "disk: virtio-blk at {:#x}, {}",
+                disk.regs.start,
+                report::Size(disk.sectors.saturating_mul(512))
+            );
+        }
     }
     // Lines said under a VM's lock go through its outbox (printed after).
     run::for_each(|vm| {
@@ -813,6 +822,10 @@ impl commands::Board for ShellBoard<'_> {
 
     fn unhog(&mut self) -> u64 {
         crate::hog::unhog()
+    }
+
+    fn with_disk<R>(&mut self, f: impl FnOnce(&mut dyn Disk) -> R) -> Option<R> {
+        crate::disk::with_disk(|d| f(d))
     }
 }
 

@@ -25,6 +25,7 @@ pub mod report;
 pub mod savestate;
 pub mod selftest;
 pub mod size;
+pub mod snapshot;
 #[cfg(test)]
 mod test_rng;
 
@@ -34,6 +35,8 @@ pub mod arch;
 mod boot;
 #[cfg(target_os = "none")]
 pub mod crash;
+#[cfg(target_os = "none")]
+pub mod disk;
 #[cfg(target_os = "none")]
 mod heap;
 #[cfg(target_os = "none")]

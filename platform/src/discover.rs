@@ -21,7 +21,8 @@ use core::fmt;
 use self::fdt::{be32, Fdt, Node};
 use crate::{
     boards, BoardInfo, Cpu, EnableMethod, Gic, GicVersion, PhysRange, PowerOff, PsciConduit,
-    ReservedRegion, TimerIrqs, Uart, UartKind, MAX_CPUS, MAX_RAM_BANKS, MAX_RESERVED,
+    ReservedRegion, TimerIrqs, Uart, UartKind, VirtioMmioSlot, MAX_CPUS, MAX_RAM_BANKS,
+    MAX_RESERVED, MAX_VIRTIO_MMIO,
 };
 
 /// Why a device tree could not be turned into a [`BoardInfo`].
@@ -132,6 +133,7 @@ pub fn discover(dtb: &[u8], dtb_addr: u64) -> Result<BoardInfo, DiscoveryError> 
         psci,
         timer: timer(&fdt),
         power_off: power_off(&fdt, psci),
+        virtio_mmio: virtio_mmio(&fdt),
         bootargs: fdt
             .root()
             .child(b"chosen")
@@ -574,3 +576,16 @@ fn power_off(fdt: &Fdt, psci: Option<PsciConduit>) -> PowerOff {
 
 #[cfg(test)]
 mod tests;
+
+fn virtio_mmio(fdt: &Fdt) -> heapless::Vec<VirtioMmioSlot, MAX_VIRTIO_MMIO> {
+    fdt.nodes()
+        .filter(|n| is_available(n) && is_compatible(n, &["virtio,mmio"]))
+        .filter_map(|n| {
+            Some(VirtioMmioSlot {
+                regs: reg_range(&n, 0).filter(|r| !r.is_empty())?,
+                intid: first_intid(&n),
+            })
+        })
+        .take(MAX_VIRTIO_MMIO)
+        .collect()
+}

@@ -23,6 +23,8 @@ pub use discover::{board_desc, discover, unsupported_board, DiscoveryError};
 /// more is rejected with [`DiscoveryError::TooMany`] rather than truncated.
 pub const MAX_RAM_BANKS: usize = 8;
 pub const MAX_RESERVED: usize = 32;
+/// Virtio-mmio slots [`BoardInfo`] holds (QEMU `virt` has 32).
+pub const MAX_VIRTIO_MMIO: usize = 32;
 pub const MAX_CPUS: usize = 8;
 
 /// A half-open physical address range `[start, end)`.
@@ -80,6 +82,16 @@ pub struct Uart {
     /// CPU physical address of the register block (bus ranges already applied).
     pub regs: PhysRange,
     /// GIC interrupt ID (INTID: SPI n is 32 + n), if the node has one.
+    pub intid: Option<u32>,
+}
+
+/// A `virtio,mmio` slot of the board: a transport the hypervisor may
+/// drive itself (a disk, a network device) if a device sits behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VirtioMmioSlot {
+    /// CPU physical address of the register block (bus ranges applied).
+    pub regs: PhysRange,
+    /// GIC interrupt ID, if the node has one.
     pub intid: Option<u32>,
 }
 
@@ -200,6 +212,10 @@ pub struct BoardInfo {
     /// PSCI if [`BoardInfo::psci`] is set, else the BCM2835 watchdog if the
     /// tree has one.
     pub power_off: PowerOff,
+    /// Every available `virtio,mmio` node with a `reg`, in tree order (up
+    /// to [`MAX_VIRTIO_MMIO`]; more are left out). Whether a device sits
+    /// behind a slot is read from its registers, not from the tree.
+    pub virtio_mmio: heapless::Vec<VirtioMmioSlot, MAX_VIRTIO_MMIO>,
     /// `/chosen/bootargs`, if any, cut to capacity at a character boundary
     /// (and at the first byte that is not UTF-8).
     pub bootargs: Option<heapless::String<256>>,

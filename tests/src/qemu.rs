@@ -172,6 +172,10 @@ pub struct QemuOptions {
     /// `-smp`: how many CPUs; `None`: no `-smp` (raspi4b has a fixed 4).
     /// The hypervisor uses at most `platform::MAX_CPUS` (8).
     pub smp: Option<u32>,
+    /// The board's disk (virt only): a raw image attached as a
+    /// `virtio-blk-device` on one of the board's virtio-mmio slots, which
+    /// the hypervisor drives itself (snapshots); `None`: no disk.
+    pub disk: Option<PathBuf>,
     /// Appended to the command line as is.
     pub extra: Vec<String>,
     /// Console on `mon:stdio` (Ctrl-A X quits, Ctrl-A C is the monitor)
@@ -190,6 +194,7 @@ impl QemuOptions {
             dtb: raspi.then(|| artifacts.pi4_dtb.clone()),
             memory: (!raspi).then(|| "2G".to_string()),
             smp: (!raspi).then_some(4),
+            disk: None,
             extra: Vec::new(),
             interactive: false,
         }
@@ -227,6 +232,16 @@ pub fn qemu_args(board: Board, artifacts: &Artifacts, opts: &QemuOptions) -> Vec
     // whose option ROM (efi-virtio.rom) comes from ipxe-qemu, a package
     // `cargo xtask setup` does not install (apt's --no-install-recommends).
     push(&[&"-nic", &"none", &"-no-reboot", &"-display", &"none"]);
+    if let (Some(disk), false) = (&opts.disk, board == Board::Raspi4b) {
+        let mut drive = OsString::from("if=none,format=raw,id=board-disk,file=");
+        drive.push(disk);
+        push(&[
+            &"-drive",
+            &drive,
+            &"-device",
+            &"virtio-blk-device,drive=board-disk",
+        ]);
+    }
 
     let console = if opts.interactive {
         "mon:stdio"

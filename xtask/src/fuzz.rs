@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::json;
 
 /// Every target, in the order they run (fast ones first).
-pub const TARGETS: [&str; 17] = [
+pub const TARGETS: [&str; 18] = [
     "exit_decode",
     "shell",
     "psci",
@@ -50,6 +50,7 @@ pub const TARGETS: [&str; 17] = [
     "vgic_v3",
     "vm_config",
     "device_state",
+    "snapshot_store",
     "exit_dispatch",
     "balloon",
 ];

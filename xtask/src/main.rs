@@ -306,10 +306,11 @@ fn check_image_header(image: &Path) -> Result<(), String> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    const USAGE: &str = "usage: cargo xtask run [--board virt-gicv2|virt-gicv3|raspi4b] [--bundle NAME | --config CONFIG.toml]";
+    const USAGE: &str = "usage: cargo xtask run [--board virt-gicv2|virt-gicv3|raspi4b] [--bundle NAME | --config CONFIG.toml] [--disk FILE]";
     let mut board = Board::VirtGicv2;
     let mut bundle = None;
     let mut config = None;
+    let mut disk = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -321,6 +322,7 @@ fn run(args: &[String]) -> Result<(), String> {
             }
             "--bundle" => bundle = Some(it.next().ok_or(USAGE)?.clone()),
             "--config" => config = Some(PathBuf::from(it.next().ok_or(USAGE)?)),
+            "--disk" => disk = Some(PathBuf::from(it.next().ok_or(USAGE)?)),
             other => return Err(format!("unknown option '{other}'; {USAGE}")),
         }
     }
@@ -344,7 +346,43 @@ fn run(args: &[String]) -> Result<(), String> {
     if board == Board::Raspi4b {
         artifacts.pi4_dtb = fixtures::pi4_qemu_dtb(&root)?;
     }
-    boot_interactive(&root, board, &artifacts)
+    // The board's disk (virt): the named file, else target/board-disk.img.
+    let disk = match board {
+        Board::Raspi4b => None,
+        _ => Some(board_disk(&root, disk)?),
+    };
+    boot_interactive(&root, board, &artifacts, disk)
+}
+
+/// Size of the board disk made on first use: sparse, so it takes only
+/// what snapshots write.
+const BOARD_DISK_BYTES: u64 = 8 << 30;
+
+/// The board disk: `named`, or `target/board-disk.img`, made (sparse,
+/// [`BOARD_DISK_BYTES`]) if it does not exist. A named file must exist.
+fn board_disk(root: &Path, named: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(path) = named {
+        return match path.is_file() {
+            true => Ok(path),
+            false => Err(format!(
+                "--disk {}: no such file; make one with `truncate -s 8G {}`",
+                path.display(),
+                path.display()
+            )),
+        };
+    }
+    let path = root.join("target").join("board-disk.img");
+    if !path.is_file() {
+        let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        file.set_len(BOARD_DISK_BYTES)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!(
+            "xtask: made the board disk {} ({} GiB, sparse)",
+            path.display(),
+            BOARD_DISK_BYTES >> 30
+        );
+    }
+    Ok(path)
 }
 
 /// `target/bundles/<name>.img`, built from `guests/tests/<name>.toml`.
@@ -388,18 +426,25 @@ fn trace(args: &[String]) -> Result<(), String> {
     if let Some(name) = bundle {
         artifacts.bundle = test_bundle(&root, &name)?;
     }
-    boot_interactive(&root, board, &artifacts)
+    let disk = board_disk(&root, None)?;
+    boot_interactive(&root, board, &artifacts, Some(disk))
 }
 
 /// Boot `artifacts` on `board` with the console on this terminal; on virt
 /// the trace UART goes to `target/trace-<board>.defmt`, decoded to
 /// `target/trace-<board>.log` once QEMU exits.
-fn boot_interactive(root: &Path, board: Board, artifacts: &Artifacts) -> Result<(), String> {
+fn boot_interactive(
+    root: &Path,
+    board: Board,
+    artifacts: &Artifacts,
+    disk: Option<PathBuf>,
+) -> Result<(), String> {
     let trace = root
         .join("target")
         .join(format!("trace-{}.defmt", board.name()));
     let mut opts = QemuOptions::for_board(board, artifacts);
     opts.interactive = true;
+    opts.disk = disk;
     // As many CPUs as the highest CPU the bundle pins a vCPU to needs (the
     // virt boards): under TCG an emulated CPU nobody uses still costs the
     // others (its thread is woken for every broadcast TLB invalidation).

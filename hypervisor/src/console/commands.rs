@@ -24,6 +24,7 @@ use crate::limits::MAX_GUESTS;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::manager::{ManagerStats, Policy, VmStats, Watermarks};
 use crate::report::Size;
+use crate::snapshot::store::{Disk, Store, SECTOR};
 use crate::vm::cpu::PhysCpu;
 use crate::vm::fault::OnBadAccess;
 use crate::vm::manage::{self, LimitField, PoolView, VmRow};
@@ -68,6 +69,8 @@ pub trait Board {
     fn hog(&mut self, pages: Option<u64>) -> (u64, u64);
     /// Give back what [`Board::hog`] took: pages freed.
     fn unhog(&mut self) -> u64;
+    /// `f` on the board's disk, under its lock; `None` if it has none.
+    fn with_disk<R>(&mut self, f: impl FnOnce(&mut dyn Disk) -> R) -> Option<R>;
 }
 
 /// The memory manager's state as `mm` and `mem` show it.
@@ -116,6 +119,7 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
         Command::Check => board.check(out),
         Command::Cpus => board.write_cpus(out),
         Command::Vms => vms(board, out),
+        Command::Snapshots => snapshots(board, out),
         Command::OnBadAccess { vm, policy } => on_bad_access(board, out, vm, policy),
         Command::Balloon { vm, bytes } => balloon(board, out, vm, bytes),
         Command::BalloonAuto { vm } => balloon_auto(board, out, vm),
@@ -156,6 +160,56 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
         }
     }
     Then::Prompt
+}
+
+/// `snapshots`: what the store on the board's disk lists (a new disk is
+/// formatted on first use).
+fn snapshots(board: &mut impl Board, out: &mut String) {
+    let listed = board.with_disk(|disk| {
+        let bytes = disk.sectors().saturating_mul(SECTOR as u64);
+        Store::open(disk).map(|store| (bytes, store.list().to_vec()))
+    });
+    match listed {
+        None => {
+            let _ = writeln!(
+                out,
+                "snapshots: the board has no disk (on QEMU virt, `cargo xtask run` attaches target/board-disk.img, or the file --disk names)"
+            );
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(out, "snapshots: {e}");
+        }
+        Some(Ok((bytes, entries))) if entries.is_empty() => {
+            let _ = writeln!(out, "no snapshots on the board's disk ({})", Size(bytes));
+        }
+        Some(Ok((bytes, entries))) => {
+            let _ = writeln!(
+                out,
+                "{:<24} {:<16} {:>10} {:>14}  board",
+                "name", "vm", "size", "taken at"
+            );
+            let mut used = 0u64;
+            for e in &entries {
+                used = used.saturating_add(e.len);
+                let _ = writeln!(
+                    out,
+                    "{:<24} {:<16} {:>10} {:>12} s  {:#010x}",
+                    e.name.as_str(),
+                    e.vm.as_str(),
+                    Size(e.len),
+                    e.taken_us / 1_000_000,
+                    e.board
+                );
+            }
+            let _ = writeln!(
+                out,
+                "{} snapshots, {} of the disk's {}",
+                entries.len(),
+                Size(used),
+                Size(bytes)
+            );
+        }
+    }
 }
 
 /// The names of all VMs, for error messages.
@@ -683,6 +737,7 @@ mod tests {
     use guest_bundle::{BundleBuilder, VmMemory, VmSpec};
 
     use super::*;
+    use crate::snapshot::store::DiskError;
     use crate::vm::check::{self, FrameFacts, RamFacts, VmFacts};
     use crate::vm::outbox::Notice;
     use crate::vm::state::GuestGic;
@@ -703,6 +758,28 @@ mod tests {
         focused: Option<alloc::string::String>,
         injected: Vec<InjectInto>,
         hogged: u64,
+        /// The board's disk, as sectors in memory.
+        disk: Option<RamDisk>,
+    }
+
+    struct RamDisk(Vec<u8>);
+
+    impl Disk for RamDisk {
+        fn sectors(&self) -> u64 {
+            (self.0.len() / SECTOR) as u64
+        }
+        fn read(&mut self, sector: u64, buf: &mut [u8]) -> Result<(), DiskError> {
+            let at = sector as usize * SECTOR;
+            let from = self.0.get(at..at + buf.len()).ok_or(DiskError("end"))?;
+            buf.copy_from_slice(from);
+            Ok(())
+        }
+        fn write(&mut self, sector: u64, buf: &[u8]) -> Result<(), DiskError> {
+            let at = sector as usize * SECTOR;
+            let to = self.0.get_mut(at..at + buf.len()).ok_or(DiskError("end"))?;
+            to.copy_from_slice(buf);
+            Ok(())
+        }
     }
 
     fn kernel() -> Vec<u8> {
@@ -759,6 +836,7 @@ mod tests {
                 focused: None,
                 injected: Vec::new(),
                 hogged: 0,
+                disk: None,
             };
             lifecycle::start(&mut board.vms[0], &mut board.cpu).expect("alpha starts");
             board
@@ -889,6 +967,46 @@ mod tests {
         fn unhog(&mut self) -> u64 {
             core::mem::take(&mut self.hogged)
         }
+
+        fn with_disk<R>(&mut self, f: impl FnOnce(&mut dyn Disk) -> R) -> Option<R> {
+            self.disk.as_mut().map(|d| f(d))
+        }
+    }
+
+    #[test]
+    fn snapshots_lists_the_store_or_says_why_not() {
+        let mut board = FakeBoard::new();
+        assert!(board
+            .answer("snapshots")
+            .starts_with("snapshots: the board has no disk"));
+        // A new disk is formatted and empty.
+        board.disk = Some(RamDisk(alloc::vec![0; 2048 * SECTOR]));
+        assert_eq!(
+            board.answer("snapshots"),
+            "no snapshots on the board's disk (1 MiB)\n"
+        );
+        // One snapshot written through the store is listed.
+        let disk = board.disk.as_mut().unwrap();
+        let mut store = Store::open(disk).unwrap();
+        let mut w = store.begin("before-upgrade", "alpha").unwrap();
+        w.write(&[7u8; 3000]).unwrap();
+        w.commit(90_000_000, 0x0001_0002).unwrap();
+        let out = board.answer("snapshots");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[1].starts_with("before-upgrade"), "{out}");
+        assert!(
+            lines[1].contains("alpha") && lines[1].contains(" 90 s"),
+            "{out}"
+        );
+        assert!(lines[1].ends_with("0x00010002"), "{out}");
+        assert!(lines[2].starts_with("1 snapshots,"), "{out}");
+        // A disk that holds something else is left alone, and said so.
+        board.disk = Some(RamDisk(alloc::vec![0xee; 2048 * SECTOR]));
+        assert!(board
+            .answer("snapshots")
+            .starts_with("snapshots: the disk holds something else"));
+        assert!(board.disk.as_ref().unwrap().0.iter().all(|&b| b == 0xee));
     }
 
     #[test]

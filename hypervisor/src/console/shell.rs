@@ -13,6 +13,8 @@ pub enum Command<'a> {
     Check,
     Cpus,
     Vms,
+    /// The snapshots on the board's disk.
+    Snapshots,
     /// Set the balloon of a VM to this many bytes (rounded down to pages).
     Balloon {
         vm: &'a str,
@@ -188,6 +190,10 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "start a stopped VM again from the bundle",
     },
     CommandInfo {
+        usage: "snapshots",
+        summary: "the snapshots on the board's disk: name, VM, size, when by the guest's clock, board",
+    },
+    CommandInfo {
         usage: "poweroff",
         summary: "power the board off",
     },
@@ -284,6 +290,7 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
         "cpus" => no_args(Command::Cpus, "cpus"),
         "poweroff" => no_args(Command::PowerOff, "poweroff"),
         "vms" => no_args(Command::Vms, "vms"),
+        "snapshots" => no_args(Command::Snapshots, "snapshots"),
         "stop" => one_vm("stop <vm>", rest, words.next()).map(|vm| Some(Command::Stop { vm })),
         "start" => one_vm("start <vm>", rest, words.next()).map(|vm| Some(Command::Start { vm })),
         "console" => {

@@ -1,7 +1,7 @@
 //! What [`discover`](super::discover) promises about a tree it accepts, as
 //! one check shared by the host property tests and the `board_dtb` fuzz
 //! target (feature `testing`): RAM banks sorted, non-empty, disjoint and not
-//! adjacent; reserved regions and the initrd non-empty; the tree range is
+//! adjacent; reserved regions, virtio-mmio slots and the initrd non-empty; the tree range is
 //! the blob's size at its address; the same input gives the same answer.
 
 use crate::BoardInfo;
@@ -36,6 +36,9 @@ pub fn assert_invariants(dtb: &[u8], addr: u64, info: &BoardInfo) {
     }
     if let Some(initrd) = info.initrd {
         assert!(!initrd.is_empty(), "empty initrd {initrd:?}");
+    }
+    for slot in &info.virtio_mmio {
+        assert!(!slot.regs.is_empty(), "empty virtio-mmio slot {slot:?}");
     }
     if let Some(args) = &info.bootargs {
         assert!(!args.contains('\0'), "NUL inside bootargs");

@@ -55,6 +55,15 @@ fn virt_common(b: &BoardInfo, blob: &[u8]) {
     assert_eq!(b.timer, timer);
     assert_eq!(b.power_off, PowerOff::Psci(PsciConduit::Smc));
     assert_eq!(b.bootargs, None);
+    // 32 virtio-mmio slots of 0x200 bytes from 0xa000000, SPI 16 onwards.
+    assert_eq!(b.virtio_mmio.len(), 32);
+    for i in 0..32u64 {
+        let slot = VirtioMmioSlot {
+            regs: sz(0xa00_0000 + i * 0x200, 0x200),
+            intid: Some(32 + 16 + i as u32),
+        };
+        assert!(b.virtio_mmio.contains(&slot), "{slot:?} missing");
+    }
 }
 
 #[test]

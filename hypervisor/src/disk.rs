@@ -1,0 +1,151 @@
+//! The board's disk: a virtio-blk device behind one of the board's
+//! virtio-mmio slots (on QEMU `virt`, the image `cargo xtask run`
+//! attaches), driven by the hypervisor itself with the virtio-drivers
+//! crate. It owns the device and its DMA frames (the hypervisor's,
+//! `FrameUse::Allocated`, from the frame table). Guests never see it: no
+//! guest's stage-2 map or device tree has the board's virtio-mmio slots.
+//!
+//! Requests are polled, one at a time, under the disk's lock: the only
+//! user is the shell's snapshot commands, in the shell's failure domain;
+//! the device's interrupt is never enabled. Above it, [`Disk`] is all the
+//! snapshot store sees, so that another device (the Pi 4's SD card) can
+//! follow. Target only (the frame table behind `run::frames`, and MMIO).
+
+use core::ptr::NonNull;
+
+use spin::Mutex;
+use virtio_drivers::device::blk::{VirtIOBlk, SECTOR_SIZE};
+use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
+use virtio_drivers::transport::{DeviceType, Transport};
+use virtio_drivers::{BufferDirection, Hal};
+
+use crate::addr::PhysAddr;
+use crate::mm::frames::FrameUse;
+use crate::run::frames;
+use crate::snapshot::store::{Disk, DiskError};
+
+const PAGE: usize = 4096;
+
+/// DMA memory from the frame table, on the EL2 identity map.
+struct FrameHal;
+
+// SAFETY: `dma_alloc` hands out zeroed, page-aligned frames taken from the
+// frame table for the hypervisor's own use, which nothing else references
+// until `dma_dealloc` returns them; EL2 runs on an identity map, so a
+// buffer's physical address is its address, and the `virt` board's
+// virtio-mmio DMA is coherent (`dma-coherent` in its tree), so sharing
+// needs no cache maintenance and no copy.
+unsafe impl Hal for FrameHal {
+    fn dma_alloc(pages: usize, _direction: BufferDirection) -> (u64, NonNull<u8>) {
+        let Some(pa) = frames().alloc(pages, 1, FrameUse::Allocated) else {
+            // The crate turns a zero address into its DMA error.
+            return (0, NonNull::dangling());
+        };
+        let Some(ptr) = NonNull::new(pa.raw() as *mut u8) else {
+            return (0, NonNull::dangling());
+        };
+        // SAFETY: `pages` frames at `pa` were just taken for us alone, and
+        // are identity-mapped normal memory.
+        unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, pages * PAGE) };
+        (pa.raw(), ptr)
+    }
+
+    unsafe fn dma_dealloc(paddr: u64, _vaddr: NonNull<u8>, pages: usize) -> i32 {
+        match frames().free(PhysAddr::new(paddr), pages, FrameUse::Allocated) {
+            Ok(()) => 0,
+            Err(_) => -1,
+        }
+    }
+
+    unsafe fn mmio_phys_to_virt(paddr: u64, _size: usize) -> NonNull<u8> {
+        // Only the PCI transport asks; the identity map covers all MMIO.
+        NonNull::new(paddr as *mut u8).unwrap_or(NonNull::dangling())
+    }
+
+    unsafe fn share(buffer: NonNull<[u8]>, _direction: BufferDirection) -> u64 {
+        buffer.as_ptr() as *mut u8 as u64
+    }
+
+    unsafe fn unshare(_paddr: u64, _buffer: NonNull<[u8]>, _direction: BufferDirection) {}
+}
+
+/// The board's disk once found.
+pub struct BoardDisk {
+    blk: VirtIOBlk<FrameHal, MmioTransport<'static>>,
+    /// Where its slot is, for `info disk`.
+    pub regs: platform::PhysRange,
+}
+
+impl Disk for BoardDisk {
+    fn sectors(&self) -> u64 {
+        self.blk.capacity()
+    }
+
+    fn read(&mut self, sector: u64, buf: &mut [u8]) -> Result<(), DiskError> {
+        let block = usize::try_from(sector).map_err(|_| DiskError("sector out of range"))?;
+        self.blk
+            .read_blocks(block, buf)
+            .map_err(|_| DiskError("the disk refused a read"))
+    }
+
+    fn write(&mut self, sector: u64, buf: &[u8]) -> Result<(), DiskError> {
+        let block = usize::try_from(sector).map_err(|_| DiskError("sector out of range"))?;
+        self.blk
+            .write_blocks(block, buf)
+            .map_err(|_| DiskError("the disk refused a write"))
+    }
+}
+
+const _: () = assert!(SECTOR_SIZE == crate::snapshot::store::SECTOR);
+
+static DISK: Mutex<Option<BoardDisk>> = Mutex::new(None);
+
+/// What [`probe`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiskInfo {
+    pub regs: platform::PhysRange,
+    pub sectors: u64,
+}
+
+/// Looks behind each of the board's virtio-mmio slots for a block device
+/// and takes the first for the board (the others stay untouched). Called
+/// once at boot, before any VM runs.
+pub fn probe(slots: &[platform::VirtioMmioSlot]) -> Option<DiskInfo> {
+    for slot in slots {
+        let Ok(size) = usize::try_from(slot.regs.size()) else {
+            continue;
+        };
+        let Some(header) = NonNull::new(slot.regs.start as *mut VirtIOHeader) else {
+            continue;
+        };
+        // SAFETY: the slot's registers come from the board's device tree,
+        // are identity-mapped as device memory, and nothing else in the
+        // hypervisor (nor any guest) ever maps or touches them; the
+        // transport is the only user from here on (it is dropped, not
+        // used, when the slot is not a disk).
+        let Ok(transport) = (unsafe { MmioTransport::new(header, size) }) else {
+            continue;
+        };
+        if transport.device_type() != DeviceType::Block {
+            continue;
+        }
+        let Ok(blk) = VirtIOBlk::<FrameHal, _>::new(transport) else {
+            continue;
+        };
+        let info = DiskInfo {
+            regs: slot.regs,
+            sectors: blk.capacity(),
+        };
+        *DISK.lock() = Some(BoardDisk {
+            blk,
+            regs: slot.regs,
+        });
+        return Some(info);
+    }
+    None
+}
+
+/// Runs `f` on the board's disk, if it has one.
+pub fn with_disk<R>(f: impl FnOnce(&mut BoardDisk) -> R) -> Option<R> {
+    DISK.lock().as_mut().map(f)
+}
