@@ -10,30 +10,9 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use hypervisor::snapshot::store::{
-    valid_name, Disk, DiskError, Store, StoreError, DATA_START, ENTRIES, SECTOR,
-};
+use hypervisor::snapshot::store::{valid_name, Store, StoreError, DATA_START, ENTRIES, SECTOR};
+use hypervisor::snapshot::testing::RamDisk;
 use libfuzzer_sys::fuzz_target;
-
-struct RamDisk(Vec<u8>);
-
-impl Disk for RamDisk {
-    fn sectors(&self) -> u64 {
-        (self.0.len() / SECTOR) as u64
-    }
-    fn read(&mut self, sector: u64, buf: &mut [u8]) -> Result<(), DiskError> {
-        let at = usize::try_from(sector).map_err(|_| DiskError("far"))? * SECTOR;
-        let from = self.0.get(at..at + buf.len()).ok_or(DiskError("end"))?;
-        buf.copy_from_slice(from);
-        Ok(())
-    }
-    fn write(&mut self, sector: u64, buf: &[u8]) -> Result<(), DiskError> {
-        let at = usize::try_from(sector).map_err(|_| DiskError("far"))? * SECTOR;
-        let to = self.0.get_mut(at..at + buf.len()).ok_or(DiskError("end"))?;
-        to.copy_from_slice(buf);
-        Ok(())
-    }
-}
 
 #[derive(Arbitrary, Debug)]
 struct Sector {
@@ -100,12 +79,16 @@ fn check_listing(store: &Store<&mut RamDisk>, sectors: u64) {
 
 fuzz_target!(|input: Input| {
     let sectors = DATA_START + 1 + u64::from(input.data_sectors);
-    let mut disk = RamDisk(vec![0; sectors as usize * SECTOR]);
+    let mut disk = RamDisk::new(sectors);
     if let Some(s) = &input.superblock {
-        put(&mut disk.0, 0, s);
+        put(&mut disk.bytes, 0, s);
     }
     for s in input.directory.iter().take(ENTRIES as usize) {
-        put(&mut disk.0, 1 + usize::from(s.slot) % ENTRIES as usize, s);
+        put(
+            &mut disk.bytes,
+            1 + usize::from(s.slot) % ENTRIES as usize,
+            s,
+        );
     }
     let Ok(mut store) = Store::open(&mut disk) else {
         return;

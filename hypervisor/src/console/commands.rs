@@ -737,7 +737,7 @@ mod tests {
     use guest_bundle::{BundleBuilder, VmMemory, VmSpec};
 
     use super::*;
-    use crate::snapshot::store::DiskError;
+    use crate::snapshot::testing::RamDisk;
     use crate::vm::check::{self, FrameFacts, RamFacts, VmFacts};
     use crate::vm::outbox::Notice;
     use crate::vm::state::GuestGic;
@@ -760,26 +760,6 @@ mod tests {
         hogged: u64,
         /// The board's disk, as sectors in memory.
         disk: Option<RamDisk>,
-    }
-
-    struct RamDisk(Vec<u8>);
-
-    impl Disk for RamDisk {
-        fn sectors(&self) -> u64 {
-            (self.0.len() / SECTOR) as u64
-        }
-        fn read(&mut self, sector: u64, buf: &mut [u8]) -> Result<(), DiskError> {
-            let at = sector as usize * SECTOR;
-            let from = self.0.get(at..at + buf.len()).ok_or(DiskError("end"))?;
-            buf.copy_from_slice(from);
-            Ok(())
-        }
-        fn write(&mut self, sector: u64, buf: &[u8]) -> Result<(), DiskError> {
-            let at = sector as usize * SECTOR;
-            let to = self.0.get_mut(at..at + buf.len()).ok_or(DiskError("end"))?;
-            to.copy_from_slice(buf);
-            Ok(())
-        }
     }
 
     fn kernel() -> Vec<u8> {
@@ -980,7 +960,7 @@ mod tests {
             .answer("snapshots")
             .starts_with("snapshots: the board has no disk"));
         // A new disk is formatted and empty.
-        board.disk = Some(RamDisk(alloc::vec![0; 2048 * SECTOR]));
+        board.disk = Some(RamDisk::new(2048));
         assert_eq!(
             board.answer("snapshots"),
             "no snapshots on the board's disk (1 MiB)\n"
@@ -1002,11 +982,17 @@ mod tests {
         assert!(lines[1].ends_with("0x00010002"), "{out}");
         assert!(lines[2].starts_with("1 snapshots,"), "{out}");
         // A disk that holds something else is left alone, and said so.
-        board.disk = Some(RamDisk(alloc::vec![0xee; 2048 * SECTOR]));
+        board.disk = Some(RamDisk::from_bytes(alloc::vec![0xee; 2048 * SECTOR]));
         assert!(board
             .answer("snapshots")
             .starts_with("snapshots: the disk holds something else"));
-        assert!(board.disk.as_ref().unwrap().0.iter().all(|&b| b == 0xee));
+        assert!(board
+            .disk
+            .as_ref()
+            .unwrap()
+            .bytes
+            .iter()
+            .all(|&b| b == 0xee));
     }
 
     #[test]

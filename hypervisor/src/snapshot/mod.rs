@@ -3,3 +3,5 @@
 //! knows nothing of what a snapshot holds nor of the device under it.
 
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -482,51 +482,8 @@ fn decode_entry(s: &[u8; SECTOR], slot: u64, end: u64) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc::vec;
 
-    /// A disk in memory that can fail its `fail_at`-th write on.
-    struct MemDisk {
-        bytes: Vec<u8>,
-        writes: usize,
-        fail_at: Option<usize>,
-    }
-
-    impl MemDisk {
-        fn new(sectors: u64) -> Self {
-            Self {
-                bytes: vec![0; sectors as usize * SECTOR],
-                writes: 0,
-                fail_at: None,
-            }
-        }
-    }
-
-    impl Disk for MemDisk {
-        fn sectors(&self) -> u64 {
-            (self.bytes.len() / SECTOR) as u64
-        }
-        fn read(&mut self, sector: u64, buf: &mut [u8]) -> Result<(), DiskError> {
-            let at = sector as usize * SECTOR;
-            buf.copy_from_slice(
-                self.bytes
-                    .get(at..at + buf.len())
-                    .ok_or(DiskError("beyond the end"))?,
-            );
-            Ok(())
-        }
-        fn write(&mut self, sector: u64, buf: &[u8]) -> Result<(), DiskError> {
-            self.writes += 1;
-            if self.fail_at.is_some_and(|n| self.writes >= n) {
-                return Err(DiskError("I/O error"));
-            }
-            let at = sector as usize * SECTOR;
-            self.bytes
-                .get_mut(at..at + buf.len())
-                .ok_or(DiskError("beyond the end"))?
-                .copy_from_slice(buf);
-            Ok(())
-        }
-    }
+    use crate::snapshot::testing::RamDisk as MemDisk;
 
     fn bytes(n: usize, seed: u8) -> Vec<u8> {
         (0..n)
