@@ -21,8 +21,7 @@
 //!    the clock): its outstanding pages stop counting as in flight and it
 //!    gets no new reclaim. After
 //!    [`Tunables::congestion_deadline_us`] (at once without a driver) it is
-//!    marked *congested* (counted, shown); time a vCPU of the VM waited for
-//!    a frame does not count (parked at stage 2, its driver cannot run). Both clear when actual moves
+//!    marked *congested* (counted, shown). Both clear when actual moves
 //!    again, or when nothing is outstanding. Rates (major faults, stage-2
 //!    fault-ins) are per second, measured over windows of at least
 //!    [`RATE_WINDOW_US`] however often the manager ticks.
@@ -571,10 +570,6 @@ struct VmState {
     /// since the target became outstanding or actual last moved. Raising
     /// an outstanding target again does not restart it.
     waiting_since: Option<u64>,
-    /// How much of that time a vCPU of the VM waited for a frame: a guest
-    /// parked at stage 2 cannot run its balloon driver, so that time does
-    /// not count towards congestion.
-    parked_us: u64,
     /// When the VM was last observed.
     last_seen_us: u64,
     /// Since when its balloon owes a raise it has not begun to move
@@ -1207,13 +1202,8 @@ impl Manager {
         st.last_seen_us = now_us;
         if !outstanding {
             st.waiting_since = None;
-            st.parked_us = 0;
         } else if vm.actual != st.last_actual || st.waiting_since.is_none() {
             st.waiting_since = Some(now_us);
-            st.parked_us = 0;
-        } else if vm.waiting {
-            // Waiting now: counted as waiting since the last tick.
-            st.parked_us = st.parked_us.saturating_add(since_last);
         }
         // The driver's latency: from a raise to the balloon's first move
         // up, less time parked; a raise cancelled first gives no sample.
@@ -1256,10 +1246,9 @@ impl Manager {
             st.stats.congested = false;
         }
         let idle_for = st.waiting_since.map_or(0, |w| now_us.saturating_sub(w));
-        let unanswered_for = idle_for.saturating_sub(st.parked_us);
         if outstanding
             && !st.stats.congested
-            && (!vm.driver || unanswered_for >= t.congestion_deadline_us)
+            && (!vm.driver || idle_for >= t.congestion_deadline_us)
         {
             st.stats.congested = true;
             st.stats.congested_marks = st.stats.congested_marks.saturating_add(1);
