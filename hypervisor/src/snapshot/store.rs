@@ -6,7 +6,10 @@
 //! board reset) is never listed, and its sectors are free again.
 //!
 //! This layer knows only a [`Disk`] of 512-byte sectors, so that a board
-//! with an SD card instead of a virtio-blk device uses it unchanged.
+//! with an SD card instead of a virtio-blk device uses it unchanged. A
+//! snapshot is written ([`Writer`]) and read ([`EntryReader`]) in runs of
+//! up to [`RUN_SECTORS`] sectors per disk request: each request to the
+//! board's polled virtio-blk is a round trip, and a snapshot is megabytes.
 //! Everything it reads back is checked (magic, checksums, extents inside
 //! the disk and apart from one another): a disk can be swapped or damaged.
 
@@ -26,6 +29,10 @@ pub const NAME_MAX: usize = 32;
 /// Where the snapshots' bytes begin: after the superblock and the
 /// directory, at a 4 KiB boundary.
 pub const DATA_START: u64 = 72;
+/// Sectors a snapshot's bytes are written or read in, at most, per disk
+/// request (64 KiB, on the heap).
+pub const RUN_SECTORS: usize = 128;
+const RUN: usize = RUN_SECTORS * SECTOR;
 
 const SUPER_MAGIC: &[u8; 8] = b"TIDALDSK";
 const ENTRY_MAGIC: &[u8; 8] = b"TIDALSNP";
@@ -80,6 +87,9 @@ pub enum StoreError {
     },
     /// The snapshot's bytes do not match its checksum.
     Checksum,
+    /// A read asked for bytes past the snapshot's end: it is shorter than
+    /// what it says it holds.
+    Truncated,
 }
 
 impl From<DiskError> for StoreError {
@@ -115,6 +125,10 @@ impl fmt::Display for StoreError {
             StoreError::Checksum => write!(
                 f,
                 "the snapshot is damaged (its checksum does not match); nothing was started"
+            ),
+            StoreError::Truncated => write!(
+                f,
+                "the snapshot ends early: it is cut short or damaged"
             ),
         }
     }
@@ -281,9 +295,26 @@ impl<D: Disk> Store<D> {
             start,
             room: sectors,
             written: 0,
-            buf: [0; SECTOR],
-            fill: 0,
+            buf: Vec::with_capacity(RUN),
             crc: guest_bundle::Crc32::new(),
+        })
+    }
+
+    /// Snapshot `name`'s bytes, to be read in order ([`EntryReader`]). Its
+    /// whole-snapshot checksum is not checked here: what reads it checks
+    /// each part it acts on (the snapshot format's own checksums), and
+    /// [`Store::verify`] checks the whole.
+    pub fn open_reader(&mut self, name: &str) -> Result<EntryReader<'_, D>, StoreError> {
+        let entry = self.find(name).ok_or(StoreError::NotFound)?;
+        let (start, len) = (entry.start, entry.len);
+        Ok(EntryReader {
+            disk: &mut self.disk,
+            start,
+            len,
+            read: 0,
+            next: 0,
+            buf: Vec::new(),
+            at: 0,
         })
     }
 
@@ -299,27 +330,26 @@ impl<D: Disk> Store<D> {
         Ok(())
     }
 
-    /// Read snapshot `name` in order, a sector at a time, into `each`
-    /// (the last sector cut to the snapshot's length); then its checksum
-    /// is checked. A caller that must not act on damaged bytes reads it
-    /// through once ([`Store::verify`]) before acting on it.
+    /// Read snapshot `name` in order, in pieces of up to a run, into
+    /// `each`; then its checksum is checked. A caller that must not act on
+    /// damaged bytes reads it through once ([`Store::verify`]) before
+    /// acting on it.
     pub fn read(
         &mut self,
         name: &str,
         mut each: impl FnMut(&[u8]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let entry = self.find(name).ok_or(StoreError::NotFound)?.clone();
+        let expected = self.find(name).ok_or(StoreError::NotFound)?.crc;
+        let mut reader = self.open_reader(name)?;
         let mut crc = guest_bundle::Crc32::new();
-        let mut sector = [0u8; SECTOR];
-        let mut left = entry.len;
-        for n in 0..entry.sectors() {
-            self.disk.read(entry.start + n, &mut sector)?;
-            let part = &sector[..(left.min(SECTOR as u64)) as usize];
+        let mut buf = alloc::vec![0u8; reader.remaining().min(RUN as u64) as usize];
+        while reader.remaining() > 0 {
+            let part = &mut buf[..reader.remaining().min(RUN as u64) as usize];
+            reader.read(part)?;
             crc.update(part);
             each(part)?;
-            left -= part.len() as u64;
         }
-        if crc.finish() != entry.crc {
+        if crc.finish() != expected {
             return Err(StoreError::Checksum);
         }
         Ok(())
@@ -343,21 +373,36 @@ pub struct Writer<'a, D: Disk> {
     room: u64,
     /// Sectors written.
     written: u64,
-    buf: [u8; SECTOR],
-    fill: usize,
+    /// Bytes not on the disk yet: less than a run.
+    buf: Vec<u8>,
     crc: guest_bundle::Crc32,
 }
 
 impl<D: Disk> Writer<'_, D> {
-    /// Append `bytes`.
+    /// Append `bytes`. Bytes that would pass the extent's end are refused
+    /// whole, before any of them is written.
     pub fn write(&mut self, mut bytes: &[u8]) -> Result<(), StoreError> {
+        let largest = self.room.saturating_mul(SECTOR as u64);
+        if self.len().saturating_add(bytes.len() as u64) > largest {
+            return Err(StoreError::DiskFull {
+                written: self.len(),
+                largest,
+            });
+        }
         self.crc.update(bytes);
         while !bytes.is_empty() {
-            let n = (SECTOR - self.fill).min(bytes.len());
-            self.buf[self.fill..self.fill + n].copy_from_slice(&bytes[..n]);
-            self.fill += n;
-            bytes = &bytes[n..];
-            if self.fill == SECTOR {
+            if self.buf.is_empty() && bytes.len() >= RUN {
+                // A whole run goes to the disk as it is, not copied.
+                let (run, rest) = bytes.split_at(RUN);
+                self.put(run)?;
+                bytes = rest;
+                continue;
+            }
+            let n = (RUN - self.buf.len()).min(bytes.len());
+            let (part, rest) = bytes.split_at(n);
+            self.buf.extend_from_slice(part);
+            bytes = rest;
+            if self.buf.len() == RUN {
                 self.flush()?;
             }
         }
@@ -366,26 +411,35 @@ impl<D: Disk> Writer<'_, D> {
 
     /// Bytes written so far.
     pub fn len(&self) -> u64 {
-        self.written * SECTOR as u64 + self.fill as u64
+        self.written * SECTOR as u64 + self.buf.len() as u64
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Writes the buffered bytes, the last sector padded with zeros.
     fn flush(&mut self) -> Result<(), StoreError> {
-        if self.written >= self.room {
+        let mut buf = core::mem::take(&mut self.buf);
+        buf.resize(buf.len().div_ceil(SECTOR) * SECTOR, 0);
+        let put = self.put(&buf);
+        buf.clear();
+        self.buf = buf;
+        put
+    }
+
+    /// Writes whole sectors after those written; `write` checked they fit,
+    /// checked again here so that no request passes the extent.
+    fn put(&mut self, sectors: &[u8]) -> Result<(), StoreError> {
+        let n = (sectors.len() / SECTOR) as u64;
+        if self.written.saturating_add(n) > self.room {
             return Err(StoreError::DiskFull {
-                written: self.len(),
-                largest: self.room * SECTOR as u64,
+                written: self.written * SECTOR as u64,
+                largest: self.room.saturating_mul(SECTOR as u64),
             });
         }
-        self.store
-            .disk
-            .write(self.start + self.written, &self.buf)?;
-        self.written += 1;
-        self.buf = [0; SECTOR];
-        self.fill = 0;
+        self.store.disk.write(self.start + self.written, sectors)?;
+        self.written += n;
         Ok(())
     }
 
@@ -393,7 +447,7 @@ impl<D: Disk> Writer<'_, D> {
     /// listed from here on.
     pub fn commit(mut self, taken_us: u64, board: u32) -> Result<Entry, StoreError> {
         let len = self.len();
-        if self.fill > 0 {
+        if !self.buf.is_empty() {
             self.flush()?;
         }
         let entry = Entry {
@@ -413,6 +467,84 @@ impl<D: Disk> Writer<'_, D> {
         let at = self.store.entries.partition_point(|e| e.slot < entry.slot);
         self.store.entries.insert(at, entry.clone());
         Ok(entry)
+    }
+}
+
+/// A snapshot's bytes read in order, in runs of up to [`RUN_SECTORS`]
+/// sectors, never past its length ([`Store::open_reader`]).
+pub struct EntryReader<'a, D: Disk> {
+    disk: &'a mut D,
+    start: u64,
+    len: u64,
+    /// Bytes given out.
+    read: u64,
+    /// The next sector to read, from the snapshot's start.
+    next: u64,
+    /// The last run read, cut to the snapshot's length, and how much of it
+    /// was given out.
+    buf: Vec<u8>,
+    at: usize,
+}
+
+impl<D: Disk> EntryReader<'_, D> {
+    /// The snapshot's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> u64 {
+        self.len.saturating_sub(self.read)
+    }
+
+    /// The next `out.len()` bytes; past the snapshot's end nothing is read
+    /// and it fails with [`StoreError::Truncated`].
+    pub fn read(&mut self, mut out: &mut [u8]) -> Result<(), StoreError> {
+        if out.len() as u64 > self.remaining() {
+            return Err(StoreError::Truncated);
+        }
+        self.read += out.len() as u64;
+        while !out.is_empty() {
+            if self.at == self.buf.len() {
+                if out.len() >= RUN {
+                    // A whole run straight into `out`: inside the snapshot,
+                    // as `out` is, and starting at a sector, as the
+                    // buffer was used up.
+                    let (run, rest) = out.split_at_mut(RUN);
+                    self.disk.read(self.start + self.next, run)?;
+                    self.next += RUN_SECTORS as u64;
+                    out = rest;
+                    continue;
+                }
+                self.fill()?;
+                if self.buf.is_empty() {
+                    return Err(StoreError::Truncated);
+                }
+            }
+            let n = (self.buf.len() - self.at).min(out.len());
+            let (part, rest) = out.split_at_mut(n);
+            part.copy_from_slice(&self.buf[self.at..self.at + n]);
+            self.at += n;
+            out = rest;
+        }
+        Ok(())
+    }
+
+    /// The next run into the buffer.
+    fn fill(&mut self) -> Result<(), StoreError> {
+        let from = self.next * SECTOR as u64;
+        let left = self.len.saturating_sub(from);
+        let sectors = left.div_ceil(SECTOR as u64).min(RUN_SECTORS as u64);
+        self.buf.resize(sectors as usize * SECTOR, 0);
+        self.disk.read(self.start + self.next, &mut self.buf)?;
+        self.next += sectors;
+        self.buf.truncate(left.min(self.buf.len() as u64) as usize);
+        self.at = 0;
+        Ok(())
     }
 }
 
@@ -564,19 +696,157 @@ mod tests {
 
     #[test]
     fn a_write_error_half_way_leaves_the_directory_as_it_was() {
-        let mut disk = MemDisk::new(400);
-        let store = Store::open(MemDisk::new(400)).unwrap();
-        disk.bytes = store.into_disk().bytes;
+        // 300 sectors: runs of 128, 128 and 44, then the entry; each of
+        // the four writes fails in turn.
+        for fail_at in 1..=4 {
+            let mut disk = Store::open(MemDisk::new(400)).unwrap().into_disk();
+            disk.writes = 0;
+            disk.fail_at = Some(fail_at);
+            let mut store = Store::open(disk).unwrap();
+            assert_eq!(
+                save(&mut store, "x", &bytes(300 * SECTOR, 5)).err(),
+                Some(StoreError::Disk(DiskError("I/O error"))),
+                "write {fail_at} failing"
+            );
+            let mut disk = store.into_disk();
+            disk.fail_at = None;
+            assert!(Store::open(disk).unwrap().list().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_snapshot_is_written_in_runs_of_sectors() {
+        let mut disk = Store::open(MemDisk::new(400)).unwrap().into_disk();
         disk.writes = 0;
-        disk.fail_at = Some(5);
         let mut store = Store::open(disk).unwrap();
+        // 300 sectors and a bit, in pieces of 700 bytes: runs of 128, 128
+        // and 45 sectors (the last padded), then the entry.
+        let data = bytes(300 * SECTOR + 100, 6);
+        save(&mut store, "runs", &data).unwrap();
+        assert_eq!(store.into_disk().writes, 4);
+        // In one piece: the whole runs go from the caller's bytes.
+        let mut disk = Store::open(MemDisk::new(400)).unwrap().into_disk();
+        disk.writes = 0;
+        let mut store = Store::open(disk).unwrap();
+        let mut w = store.begin("one", "alpha").unwrap();
+        w.write(&data).unwrap();
+        assert_eq!(w.len(), data.len() as u64);
+        w.commit(0, 0).unwrap();
+        assert_eq!(load(&mut store, "one").unwrap(), data);
+        store.verify("one").unwrap();
+        assert_eq!(store.into_disk().writes, 4);
+    }
+
+    #[test]
+    fn the_disk_is_full_exactly_at_the_extents_end() {
+        // 400 sectors: 328 of data, one extent.
+        let largest = 328 * SECTOR as u64;
+        let mut store = Store::open(MemDisk::new(400)).unwrap();
+        let data = bytes(328 * SECTOR, 7);
+        save(&mut store, "full", &data).unwrap();
+        assert_eq!(load(&mut store, "full").unwrap(), data);
+        store.delete("full").unwrap();
+        // One byte more, in pieces: the piece that passes the end is
+        // refused whole, after the ones before it.
+        let err = save(&mut store, "over", &bytes(328 * SECTOR + 1, 7)).unwrap_err();
+        let written = (328 * SECTOR / 700 * 700) as u64;
+        assert_eq!(err, StoreError::DiskFull { written, largest });
+        // In one write: refused before anything is written.
+        let mut w = store.begin("over", "alpha").unwrap();
+        w.write(&[1; 10]).unwrap();
         assert_eq!(
-            save(&mut store, "x", &bytes(20 * SECTOR, 5)).err(),
-            Some(StoreError::Disk(DiskError("I/O error")))
+            w.write(&bytes(328 * SECTOR, 8)),
+            Err(StoreError::DiskFull {
+                written: 10,
+                largest
+            })
         );
+        drop(w);
         let mut disk = store.into_disk();
-        disk.fail_at = None;
-        assert!(Store::open(disk).unwrap().list().is_empty());
+        disk.writes = 0;
+        let mut store = Store::open(disk).unwrap();
+        assert!(store.list().is_empty());
+        let mut w = store.begin("over", "alpha").unwrap();
+        assert!(matches!(
+            w.write(&bytes(329 * SECTOR, 9)),
+            Err(StoreError::DiskFull { written: 0, .. })
+        ));
+        drop(w);
+        assert_eq!(store.into_disk().writes, 0);
+    }
+
+    #[test]
+    fn an_entry_reader_reads_in_runs_and_never_past_the_end() {
+        let mut store = Store::open(MemDisk::new(400)).unwrap();
+        let data = bytes(300 * SECTOR + 123, 10);
+        save(&mut store, "s", &data).unwrap();
+        assert_eq!(
+            store.open_reader("nosuch").err(),
+            Some(StoreError::NotFound)
+        );
+        // Small reads across sector and run ends, then a large one.
+        let mut r = store.open_reader("s").unwrap();
+        assert_eq!(
+            (r.len(), r.remaining()),
+            (data.len() as u64, data.len() as u64)
+        );
+        let mut back = Vec::new();
+        let mut at = 0;
+        for n in [1, 511, 600, 64 * 1024, 3, 70_000] {
+            let mut part = alloc::vec![0; n];
+            r.read(&mut part).unwrap();
+            back.extend_from_slice(&part);
+            at += n;
+            assert_eq!(r.remaining(), (data.len() - at) as u64);
+        }
+        let mut rest = alloc::vec![0; data.len() - at];
+        r.read(&mut rest).unwrap();
+        back.extend_from_slice(&rest);
+        assert_eq!(back, data);
+        // Past the end: an error, not zeros, and nothing consumed.
+        assert_eq!(r.read(&mut [0; 1]), Err(StoreError::Truncated));
+        r.read(&mut []).unwrap();
+        assert_eq!(r.remaining(), 0);
+        // A read longer than what is left fails whole.
+        let mut r = store.open_reader("s").unwrap();
+        let mut all = alloc::vec![0; data.len() + 1];
+        assert_eq!(r.read(&mut all), Err(StoreError::Truncated));
+        assert_eq!(r.remaining(), data.len() as u64);
+    }
+
+    #[test]
+    fn an_entry_reader_asks_the_disk_for_whole_runs() {
+        let mut store = Store::open(MemDisk::new(400)).unwrap();
+        let data = bytes(300 * SECTOR + 123, 11);
+        save(&mut store, "s", &data).unwrap();
+        let mut disk = store.into_disk();
+        // Opening reads the superblock and each directory entry.
+        let opened = 1 + ENTRIES as usize;
+        for (pieces, requests) in [
+            // In one read: two runs straight into the caller's buffer,
+            // then the last 45 sectors.
+            (alloc::vec![data.len()], 3),
+            // A header's worth first: the first run goes through the
+            // reader's buffer, then the same runs.
+            (alloc::vec![14, data.len() - 14], 3),
+        ] {
+            disk.reads = 0;
+            let mut store = Store::open(&mut disk).unwrap();
+            let mut r = store.open_reader("s").unwrap();
+            let mut back = Vec::new();
+            for n in pieces {
+                let mut part = alloc::vec![0; n];
+                r.read(&mut part).unwrap();
+                back.extend_from_slice(&part);
+            }
+            assert_eq!(back, data);
+            drop(store);
+            assert_eq!(disk.reads, opened + requests);
+        }
+        // `verify` reads through the same runs.
+        disk.reads = 0;
+        Store::open(&mut disk).unwrap().verify("s").unwrap();
+        assert_eq!(disk.reads, opened + 3);
     }
 
     #[test]

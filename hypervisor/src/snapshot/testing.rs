@@ -1,5 +1,6 @@
 //! A disk in memory for host tests and the fuzz target (feature
-//! `testing`): sectors in a `Vec`, and a write that fails on demand.
+//! `testing`): sectors in a `Vec`, requests counted, and a write that
+//! fails on demand.
 
 extern crate alloc;
 
@@ -10,6 +11,8 @@ use super::store::{Disk, DiskError, SECTOR};
 
 pub struct RamDisk {
     pub bytes: Vec<u8>,
+    /// Reads so far (requests, whatever their length).
+    pub reads: usize,
     /// Writes so far, and the first one (counting from 1) that fails, with
     /// every one after it.
     pub writes: usize,
@@ -26,6 +29,7 @@ impl RamDisk {
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
         Self {
             bytes,
+            reads: 0,
             writes: 0,
             fail_at: None,
         }
@@ -50,6 +54,7 @@ impl Disk for RamDisk {
     }
 
     fn read(&mut self, sector: u64, buf: &mut [u8]) -> Result<(), DiskError> {
+        self.reads += 1;
         let r = self.range(sector, buf.len())?;
         buf.copy_from_slice(&self.bytes[r]);
         Ok(())
