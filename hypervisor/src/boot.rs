@@ -19,6 +19,7 @@ use crate::arch::aarch64::{self, mmu, psci, smp};
 use crate::console::commands::{self, ManagerFacts, Then};
 use crate::console::line::{self, Event, LineEditor};
 use crate::console::shell::{self, Command};
+use crate::console::snapshot_cmds;
 use crate::domain::{InjectInto, Service, REASON_BYTES};
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::{check_image_placement, find_hole, BadPlacement};
@@ -579,9 +580,15 @@ fn shell_loop(input_interrupt: bool) -> ! {
         // Sleep rather than spin: an idle shell must not steal cycles
         // (or, under QEMU, instruction counts) from the CPUs running
         // guests.
+        let idle_us = if SNAPSHOT_JOB.lock().is_some() {
+            idle_us.min(STATS_LOOK_US)
+        } else {
+            idle_us
+        };
         aarch64::idle_wait(idle_us);
         run::memory_tick();
         shell_look(check_stats_wait);
+        shell_look(step_snapshot);
     }
 }
 
@@ -603,6 +610,14 @@ fn shell_look<R>(look: impl FnOnce() -> R) -> Option<R> {
             unsafe { STATS_WAIT.force_unlock() };
         }
         *STATS_WAIT.lock() = None;
+        if SNAPSHOT_JOB.is_locked() {
+            // SAFETY: as above.
+            unsafe { SNAPSHOT_JOB.force_unlock() };
+        }
+        // A snapshot abandoned half way leaves its VM paused: resume it.
+        if let Some(job) = SNAPSHOT_JOB.lock().take() {
+            run::with_vm(&job.vm, crate::vm::pause::resume);
+        }
         if let Some(editor) = SHELL.lock().as_mut() {
             *editor = LineEditor::new();
         }
@@ -619,12 +634,13 @@ fn shell_look<R>(look: impl FnOnce() -> R) -> Option<R> {
 /// that waits, else at the memory manager's next tick.
 fn look_from_guest() -> u64 {
     shell_look(check_stats_wait);
+    shell_look(step_snapshot);
     for _ in 0..16 {
         if !shell_look(look_at_console).unwrap_or(true) {
             break;
         }
     }
-    if STATS_WAIT.lock().is_some() {
+    if STATS_WAIT.lock().is_some() || SNAPSHOT_JOB.lock().is_some() {
         STATS_LOOK_US
     } else {
         run::TICK_US
@@ -727,6 +743,7 @@ fn run(cmd: Command, board: &BoardInfo) {
         }),
         // In the shell's own failure domain: the command is abandoned.
         Then::FailShell => panic!("injected failure ('debug fail-board shell')"),
+        Then::Snapshot { vm, name } => begin_snapshot(board, &vm, name.as_deref()),
     }
 }
 
@@ -827,6 +844,36 @@ impl commands::Board for ShellBoard<'_> {
     fn with_disk<R>(&mut self, f: impl FnOnce(&mut dyn Disk) -> R) -> Option<R> {
         crate::disk::with_disk(|d| f(d))
     }
+
+    fn with_vm_and_disk<R>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut run::Vm, &mut run::TargetCpu, Option<&mut dyn Disk>) -> R,
+    ) -> Option<R> {
+        run::with_vm(name, |vm| {
+            let mut cpu = run::TargetCpu::new();
+            crate::disk::with_disk_or_none(|d| f(vm, &mut cpu, d.map(|d| d as &mut dyn Disk)))
+        })
+    }
+
+    fn snapshot_board(&self) -> crate::vm::snapshot::BoardId {
+        let gic = match self.info.gic.as_ref().map(|g| g.version) {
+            Some(platform::GicVersion::V2) if aarch64::gic::present() => 2,
+            Some(platform::GicVersion::V3) if aarch64::gic::present() => 3,
+            _ => 0,
+        };
+        crate::vm::snapshot::BoardId {
+            tag: crate::vm::snapshot::board_tag(&self.info.compatible, gic),
+            midr: aarch64::midr(),
+            counter_hz: aarch64::counter().1,
+            // QEMU's `virt` (see `BoardId::counter_may_lead`).
+            counter_may_lead: self.info.compatible.as_str() != "linux,dummy-virt",
+        }
+    }
+
+    fn counter_now(&self) -> u64 {
+        aarch64::counter().0
+    }
 }
 
 /// Read from an address no map covers, to show the crash report.
@@ -888,6 +935,47 @@ struct StatsWait {
 }
 
 static STATS_WAIT: Mutex<Option<StatsWait>> = Mutex::new(None);
+
+/// The snapshot being taken, driven from the shell's looks
+/// ([`step_snapshot`]).
+static SNAPSHOT_JOB: Mutex<Option<snapshot_cmds::SnapshotJob>> = Mutex::new(None);
+
+/// `snapshot <vm> [name]`: begin the job unless one is being taken.
+fn begin_snapshot(board: &BoardInfo, vm: &str, name: Option<&str>) {
+    let mut job = SNAPSHOT_JOB.lock();
+    if let Some(busy) = job.as_ref() {
+        println!(
+            "snapshot: {} of {} is being taken; wait for it to end",
+            busy.name, busy.vm
+        );
+        return;
+    }
+    let mut text = alloc::string::String::new();
+    *job = snapshot_cmds::begin(&mut ShellBoard { info: board }, &mut text, vm, name);
+    drop(job);
+    print!("{text}");
+}
+
+/// One look at the snapshot being taken, if one is.
+fn step_snapshot() {
+    let Some(board) = BOARD.get() else {
+        return;
+    };
+    let mut job = SNAPSHOT_JOB.lock();
+    let Some(current) = job.as_mut() else {
+        return;
+    };
+    let mut text = alloc::string::String::new();
+    if snapshot_cmds::step(&mut ShellBoard { info: board }, &mut text, current) {
+        *job = None;
+    }
+    drop(job);
+    if !text.is_empty() {
+        crate::console::shell_line(None);
+        print!("{text}");
+        draw_shell_line("");
+    }
+}
 
 /// Show the sample a `balloon-stats <vm> now` waits for once it came, or
 /// say that it did not within 2 s.

@@ -149,3 +149,8 @@ pub fn probe(slots: &[platform::VirtioMmioSlot]) -> Option<DiskInfo> {
 pub fn with_disk<R>(f: impl FnOnce(&mut BoardDisk) -> R) -> Option<R> {
     DISK.lock().as_mut().map(f)
 }
+
+/// `f` on the board's disk under its lock, or on `None` if it has none.
+pub fn with_disk_or_none<R>(f: impl FnOnce(Option<&mut BoardDisk>) -> R) -> R {
+    f(DISK.lock().as_mut())
+}

@@ -21,10 +21,11 @@ use guest_bundle::Bundle;
 use spin::mutex::{SpinMutex, SpinMutexGuard, TicketMutex, TicketMutexGuard};
 
 use crate::addr::PhysAddr;
-use crate::arch::aarch64::vcpu::{self, El1Regs};
+use crate::arch::aarch64::vcpu;
 use crate::arch::aarch64::{self, gic, pmu, recovery};
 use crate::domain::{self, Domain, FailureLine, Point, Service, Services};
 use crate::held::{self, Tracked};
+use crate::hw::context::{El1State, VirtualInterface};
 use crate::limits::{MAX_CPUS, MAX_GUESTS, MAX_VCPUS};
 use crate::lock::ServiceFirst;
 use crate::mm::frames::{
@@ -985,7 +986,8 @@ impl VcpuHost for TargetHost {
 
     fn load_guest(&self, vm: &Vm, vcpu: usize) {
         ENTERED[aarch64::cpu_index()].store(encode(vm.id(), vcpu), Ordering::Relaxed);
-        El1Regs::reset().load();
+        let restored = vm.restored_vcpu(vcpu).and_then(|s| s.running.as_ref());
+        vcpu::load_el1(&restored.map_or(El1State::reset(), |r| r.el1));
         if let Some(ram) = vm.ram() {
             vcpu::load_vm_controls(
                 ram.vmid,
@@ -994,9 +996,35 @@ impl VcpuHost for TargetHost {
                 vm.vgic().is_some(),
             );
         }
+        vcpu::set_counter_offset(vm.counter_offset());
         if vm.vgic().is_some() {
             gic::reset_virtual_interface();
+            if let Some(r) = restored {
+                gic::load_virtual_interface(&r.vif);
+            }
+            let gic_version = vm.vgic().map_or(0, |v| match v.version() {
+                crate::vgic::VgicVersion::V2 => 2,
+                crate::vgic::VgicVersion::V3 => 3,
+            });
+            if vm
+                .restored_vcpu(vcpu)
+                .is_some_and(|s| s.timer_linked(gic_version))
+            {
+                // Listed linked to the physical timer interrupt, which the
+                // hypervisor had taken and left active for the guest's
+                // deactivation: make it so on this CPU too.
+                gic::activate_private(crate::vgic::intid::VTIMER_PPI);
+            }
         }
+    }
+
+    fn save_cpu_state(&self, gic: bool) -> (El1State, VirtualInterface) {
+        let vif = if gic {
+            gic::save_virtual_interface()
+        } else {
+            VirtualInterface::default()
+        };
+        (vcpu::save_el1(), vif)
     }
 
     #[inline]

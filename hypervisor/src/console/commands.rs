@@ -18,73 +18,18 @@ extern crate alloc;
 use alloc::string::String;
 use core::fmt::Write;
 
+pub use super::board::{names, Board, ManagerFacts};
 use super::shell::{self, BoardService, Command};
-use crate::domain::{InjectInto, Service, REASON_BYTES};
+use crate::domain::{InjectInto, Service};
 use crate::limits::MAX_GUESTS;
-use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
-use crate::mm::manager::{ManagerStats, Policy, VmStats, Watermarks};
+use crate::mm::frames::{FrameUse, PAGE_SIZE};
+use crate::mm::manager::Policy;
 use crate::report::Size;
 use crate::snapshot::store::{Disk, Store, SECTOR};
-use crate::vm::cpu::PhysCpu;
 use crate::vm::fault::OnBadAccess;
 use crate::vm::manage::{self, LimitField, PoolView, VmRow};
 use crate::vm::state::{InjectedFailure, Vm, VmState};
 use crate::vm::{balloon_ctl, balloon_info, irq, lifecycle};
-
-/// What the shell's commands act on.
-pub trait Board {
-    type Cpu: PhysCpu;
-    /// `f` on the VM called `name`, under its lock, with this CPU; `None`
-    /// if there is none. What `f` leaves in the VM's outbox is printed
-    /// once its lock is released.
-    fn with_vm<R>(&mut self, name: &str, f: impl FnOnce(&mut Vm, &mut Self::Cpu) -> R)
-        -> Option<R>;
-    /// `f` on every VM, in table order, one lock at a time.
-    fn for_each_vm(&mut self, f: impl FnMut(&mut Vm));
-    /// `f` on the frame table, under its lock.
-    fn with_frames<R>(&mut self, f: impl FnOnce(&FrameTable<'_>) -> R) -> R;
-    /// What the memory manager shows, if it runs.
-    fn manager(&mut self) -> Option<ManagerFacts>;
-    /// Who sets the balloon targets (`mm policy`); false if no manager runs.
-    fn set_policy(&mut self, policy: Policy) -> bool;
-    /// Why a board service is off, if a failure turned it off.
-    fn service_off(&self, service: Service) -> Option<heapless::String<REASON_BYTES>>;
-    /// The board's RAM, in bytes.
-    fn ram_bytes(&self) -> u64;
-    /// Microseconds since boot.
-    fn now_us(&self) -> u64;
-    /// Whether exits' costs are counted in instructions (the PMU runs).
-    fn counts_instructions(&self) -> bool;
-    /// The `check` command's walk and verdict.
-    fn check(&mut self, out: &mut String);
-    /// The board's memory map (`mem`'s first part).
-    fn write_memory_map(&self, out: &mut String);
-    /// The `cpus` table and the interrupts each CPU took.
-    fn write_cpus(&self, out: &mut String);
-    /// Give the keyboard to VM `name`'s console; false if there is none.
-    fn focus(&mut self, name: &str) -> bool;
-    /// Make the memory manager's next tick fail in `into`.
-    fn inject(&mut self, into: InjectInto);
-    /// Take `pages` (all: `None`) from the pool: pages taken, pages held.
-    fn hog(&mut self, pages: Option<u64>) -> (u64, u64);
-    /// Give back what [`Board::hog`] took: pages freed.
-    fn unhog(&mut self) -> u64;
-    /// `f` on the board's disk, under its lock; `None` if it has none.
-    fn with_disk<R>(&mut self, f: impl FnOnce(&mut dyn Disk) -> R) -> Option<R>;
-}
-
-/// The memory manager's state as `mm` and `mem` show it.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ManagerFacts {
-    pub watermarks: Watermarks,
-    pub policy: Policy,
-    /// `when_exhausted = "stop-lowest"`, and how often it stopped a VM.
-    pub stop_lowest: bool,
-    pub exhausted_stops: u64,
-    pub stats: ManagerStats,
-    /// Per VM id.
-    pub vms: [VmStats; MAX_GUESTS],
-}
 
 /// What the caller does after a command (what needs the hypervisor's own
 /// hands: a wait, a power-off, a fault).
@@ -107,6 +52,13 @@ pub enum Then {
     /// `debug fail-board shell`: fail in the shell's own failure domain
     /// (the command is abandoned, the shell goes on).
     FailShell,
+    /// `snapshot <vm> [name]`: begin the job
+    /// (`snapshot_cmds::begin`) unless one is being taken, and drive it
+    /// from the shell's looks (`snapshot_cmds::step`).
+    Snapshot {
+        vm: heapless::String<32>,
+        name: Option<crate::snapshot::store::Name>,
+    },
 }
 
 /// Run `cmd`: its answer into `out`, and what the caller does next.
@@ -120,6 +72,20 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
         Command::Cpus => board.write_cpus(out),
         Command::Vms => vms(board, out),
         Command::Snapshots => snapshots(board, out),
+        Command::Snapshot { vm, name } => {
+            let mut v = heapless::String::new();
+            let mut n = crate::snapshot::store::Name::new();
+            if v.push_str(vm).is_err() || name.is_some_and(|name| n.push_str(name).is_err()) {
+                let _ = writeln!(out, "snapshot: a name is at most 32 characters");
+                return Then::Prompt;
+            }
+            return Then::Snapshot {
+                vm: v,
+                name: name.map(|_| n),
+            };
+        }
+        Command::Restore { name, into } => super::snapshot_cmds::restore(board, out, name, into),
+        Command::Delete { name } => super::snapshot_cmds::delete(board, out, name),
         Command::OnBadAccess { vm, policy } => on_bad_access(board, out, vm, policy),
         Command::Balloon { vm, bytes } => balloon(board, out, vm, bytes),
         Command::BalloonAuto { vm } => balloon_auto(board, out, vm),
@@ -210,18 +176,6 @@ fn snapshots(board: &mut impl Board, out: &mut String) {
             );
         }
     }
-}
-
-/// The names of all VMs, for error messages.
-pub fn names(board: &mut impl Board) -> heapless::String<128> {
-    let mut s = heapless::String::new();
-    board.for_each_vm(|vm| {
-        if !s.is_empty() {
-            let _ = s.push_str(", ");
-        }
-        let _ = s.push_str(vm.name());
-    });
-    s
 }
 
 fn no_such_vm(board: &mut impl Board, out: &mut String, name: &str) {
@@ -737,6 +691,8 @@ mod tests {
     use guest_bundle::{BundleBuilder, VmMemory, VmSpec};
 
     use super::*;
+    use crate::domain::REASON_BYTES;
+    use crate::mm::frames::FrameTable;
     use crate::snapshot::testing::RamDisk;
     use crate::vm::check::{self, FrameFacts, RamFacts, VmFacts};
     use crate::vm::outbox::Notice;
@@ -950,6 +906,31 @@ mod tests {
 
         fn with_disk<R>(&mut self, f: impl FnOnce(&mut dyn Disk) -> R) -> Option<R> {
             self.disk.as_mut().map(|d| f(d))
+        }
+
+        fn with_vm_and_disk<R>(
+            &mut self,
+            name: &str,
+            f: impl FnOnce(&mut Vm, &mut FakeCpu, Option<&mut dyn Disk>) -> R,
+        ) -> Option<R> {
+            let vm = self.vms.iter_mut().find(|v| v.name().as_str() == name)?;
+            let disk = self.disk.as_mut().map(|d| d as &mut dyn Disk);
+            let result = f(vm, &mut self.cpu, disk);
+            Self::drain(&mut self.printed, vm);
+            Some(result)
+        }
+
+        fn snapshot_board(&self) -> crate::vm::snapshot::BoardId {
+            crate::vm::snapshot::BoardId {
+                tag: 0x0001_0003,
+                midr: 0x410f_d083,
+                counter_hz: 62_500_000,
+                counter_may_lead: true,
+            }
+        }
+
+        fn counter_now(&self) -> u64 {
+            self.cpu.now_us.saturating_mul(62) + self.cpu.now_us / 2
         }
     }
 

@@ -2,9 +2,11 @@
 //! macros, and the operator shell ([`shell`]). Human-readable text only:
 //! the binary trace stream goes to its own UART (see `crate::trace`).
 
+pub mod board;
 pub mod commands;
 pub mod line;
 pub mod shell;
+pub mod snapshot_cmds;
 pub mod terminal;
 
 #[cfg(target_os = "none")]

@@ -15,6 +15,21 @@ pub enum Command<'a> {
     Vms,
     /// The snapshots on the board's disk.
     Snapshots,
+    /// Save a running VM into a snapshot (`name`: or the first free
+    /// `<vm>-<n>`).
+    Snapshot {
+        vm: &'a str,
+        name: Option<&'a str>,
+    },
+    /// Start a stopped VM (the snapshot's, or `into`) from a snapshot.
+    Restore {
+        name: &'a str,
+        into: Option<&'a str>,
+    },
+    /// Delete a snapshot from the board's disk.
+    Delete {
+        name: &'a str,
+    },
     /// Set the balloon of a VM to this many bytes (rounded down to pages).
     Balloon {
         vm: &'a str,
@@ -194,6 +209,18 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "the snapshots on the board's disk: name, VM, size, when by the guest's clock, board",
     },
     CommandInfo {
+        usage: "snapshot <vm> [name]",
+        summary: "save a running VM to the board's disk (free pages it hints, ballooned and zero pages are not written); it is paused for the copy, then goes on",
+    },
+    CommandInfo {
+        usage: "restore <name> [as <vm>]",
+        summary: "start a stopped VM from a snapshot instead of booting it (the snapshot's VM, or another of the same configuration)",
+    },
+    CommandInfo {
+        usage: "delete <name>",
+        summary: "delete a snapshot from the board's disk",
+    },
+    CommandInfo {
         usage: "poweroff",
         summary: "power the board off",
     },
@@ -291,6 +318,21 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
         "poweroff" => no_args(Command::PowerOff, "poweroff"),
         "vms" => no_args(Command::Vms, "vms"),
         "snapshots" => no_args(Command::Snapshots, "snapshots"),
+        "snapshot" => match (rest, words.next(), words.next()) {
+            (Some(vm), name, None) => Ok(Some(Command::Snapshot { vm, name })),
+            _ => Err(ParseError::Usage("snapshot <vm> [name]")),
+        },
+        "restore" => match (rest, words.next(), words.next(), words.next()) {
+            (Some(name), None, ..) => Ok(Some(Command::Restore { name, into: None })),
+            (Some(name), Some("as"), Some(vm), None) => Ok(Some(Command::Restore {
+                name,
+                into: Some(vm),
+            })),
+            _ => Err(ParseError::Usage("restore <name> [as <vm>]")),
+        },
+        "delete" => {
+            one_vm("delete <name>", rest, words.next()).map(|name| Some(Command::Delete { name }))
+        }
         "stop" => one_vm("stop <vm>", rest, words.next()).map(|vm| Some(Command::Stop { vm })),
         "start" => one_vm("start <vm>", rest, words.next()).map(|vm| Some(Command::Start { vm })),
         "console" => {
@@ -445,6 +487,9 @@ mod tests {
             let line = c
                 .usage
                 .replace("<vm>", "alpha")
+                .replace("<name>", "before-upgrade")
+                .replace("[name]", "first")
+                .replace("[as alpha]", "as beta")
                 .replace("<size>", "64M")
                 .replace("<seconds>", "5")
                 .replace("<seconds|now>", "now")
@@ -458,6 +503,23 @@ mod tests {
                 .replace("<min|low|max|weight> <value>", "max 768M");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
         }
+        assert_eq!(
+            parse("restore s1 as beta"),
+            Ok(Some(Command::Restore {
+                name: "s1",
+                into: Some("beta")
+            }))
+        );
+        assert_eq!(
+            parse("snapshot alpha"),
+            Ok(Some(Command::Snapshot {
+                vm: "alpha",
+                name: None
+            }))
+        );
+        assert!(parse("restore s1 into beta").is_err());
+        assert!(parse("snapshot").is_err());
+        assert!(parse("delete").is_err());
         use crate::vm::manage::LimitField;
         assert_eq!(
             parse("set linux max 768M"),

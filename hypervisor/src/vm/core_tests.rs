@@ -32,6 +32,7 @@ use crate::pl011;
 use crate::virtio::mmio;
 use crate::virtio::testing::{DriverMemory, DriverQueue};
 
+mod snapshot_tests;
 mod vcpu_loop_tests;
 mod virtio_console_tests;
 

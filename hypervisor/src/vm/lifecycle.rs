@@ -59,8 +59,29 @@ impl KernelImage {
     }
 }
 
-/// Build a VM's memory and devices and hand vCPU 0 to its CPU.
+/// Build a VM's memory and devices, load its kernel, initrd and device
+/// tree, and hand vCPU 0 to its CPU.
 pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
+    let gic = vm.devices.gic;
+    let spec = vm.spec;
+    start_from(vm, cpu, true, |_, ram, cpu| {
+        load_images(ram, gic, &spec, cpu)
+    })?;
+    cpu.hand_vcpu(vm.vcpus.cpu(0), vm.id, 0);
+    Ok(())
+}
+
+/// Build a VM's memory and devices as a start does, then `fill` its RAM
+/// and devices (a boot's images, or a snapshot), and mark it running; its
+/// vCPUs are the caller's to hand out. `boot`: its RAM is backed all at
+/// once if it asks for prealloc (a restore backs what the snapshot holds).
+/// If `fill` fails, everything is given back and the VM stays stopped.
+pub(super) fn start_from<C: PhysCpu>(
+    vm: &mut Vm,
+    cpu: &mut C,
+    boot: bool,
+    fill: impl FnOnce(&mut Vm, &mut GuestRam, &mut C) -> Result<(), &'static str>,
+) -> Result<(), &'static str> {
     if vm.state == VmState::Failed {
         return Err("a hypervisor failure left its frames unfreed (see 'check')");
     }
@@ -114,7 +135,7 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
             Size(vm.managed.limits.max.saturating_mul(PAGE_SIZE))
         ));
     }
-    if spec.prealloc() {
+    if boot && spec.prealloc() {
         if let Err(e) = ram.populate(cpu.memory()) {
             vm.console
                 .out
@@ -150,10 +171,6 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
         GuestGic::V3 => vm.devices.vgic = VDistributor::new_v3(vm.vcpus.count(), GUEST_SPIS).ok(),
         GuestGic::None => {}
     }
-    if let Err(why) = load_images(&mut ram, vm.devices.gic, &spec, cpu) {
-        give_back(vm, cpu, ram);
-        return Err(why);
-    }
     vm.devices.balloon = None;
     if spec.has_balloon() {
         match Balloon::new(spec.balloon_features(), ram.pfns()) {
@@ -167,6 +184,11 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     vm.devices.vconsole = spec
         .has_virtio_console()
         .then(|| MmioTransport::new(VirtioConsole::new()));
+    vm.snap = Default::default();
+    if let Err(why) = fill(vm, &mut ram, cpu) {
+        give_back(vm, cpu, ram);
+        return Err(why);
+    }
     vm.memory.ram = Some(ram);
     let input_waits = !vm.console.input.is_empty();
     vm.devices.uart_mirror.start(
@@ -179,7 +201,6 @@ pub fn start(vm: &mut Vm, cpu: &mut impl PhysCpu) -> Result<(), &'static str> {
     vm.counters.starts += 1;
     // Each run's exits are profiled from its start (`info exits`).
     vm.counters.profile.reset(cpu.uptime_us());
-    cpu.hand_vcpu(vm.vcpus.cpu(0), vm.id, 0);
     Ok(())
 }
 
@@ -364,7 +385,9 @@ pub fn inject_failure(
 /// device tree's address, the others where PSCI CPU_ON said. None if the
 /// vCPU is off.
 pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
+    let restored = vm.restored_vcpu(vcpu).and_then(|s| s.running.as_ref());
     let entry = match vm.vcpus.power(vcpu) {
+        Power::On if restored.is_some() => restored.map_or((0, 0), |r| (r.ctx.elr, r.ctx.x[0])),
         Power::Starting { entry, context } => (entry, context),
         Power::On if vcpu == 0 => (
             KernelImage::parse(vm.spec.kernel()).entry().raw(),
@@ -374,6 +397,16 @@ pub fn vcpu_entry(vm: &mut Vm, vcpu: usize) -> Option<(u64, u64)> {
     };
     vm.vcpus.set_power(vcpu, Power::On);
     Some(entry)
+}
+
+/// A restored vCPU's registers, taken as it enters (its list registers
+/// are the distributor's to know again); None for a vCPU that boots.
+pub fn take_restored(vm: &mut Vm, vcpu: usize) -> Option<super::vcpu_state::Running> {
+    let running = vm.snap.restored.get_mut(vcpu)?.take()?.running?;
+    if let Some(listed) = vm.vcpus.listed_mut(vcpu) {
+        *listed = running.listed;
+    }
+    Some(running)
 }
 
 /// A vCPU enters its run loop: None if it may not (the VM is not running,

@@ -50,11 +50,14 @@ pub mod lifecycle;
 pub mod manage;
 pub mod memory;
 pub mod outbox;
+pub mod pause;
 pub mod psci;
 pub mod ratelimit;
+pub mod snapshot;
 pub mod state;
 pub mod uart_mirror;
 pub mod vcpu_loop;
+pub mod vcpu_state;
 pub mod vcpus;
 
 pub use crate::hw::{controls, inject, syndrome};

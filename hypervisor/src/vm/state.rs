@@ -7,6 +7,8 @@
 //! and its locks are the target's (`crate::run`); everything here is
 //! plain data.
 
+extern crate alloc;
+
 use guest_bundle::VmEntry;
 
 use super::console_line::{ConsoleLine, Echo};
@@ -16,6 +18,7 @@ use super::fdt::GicVersion;
 use super::memory::GuestRam;
 use super::outbox::Outbox;
 use super::ratelimit::{GuestLines, Lines};
+use super::vcpu_state::VcpuState;
 pub use super::vcpus::Power;
 use super::vcpus::Vcpus;
 use crate::addr::PhysAddr;
@@ -260,6 +263,21 @@ pub struct Memory {
     pub(in crate::vm) ram: Option<GuestRam>,
 }
 
+/// What a snapshot and a restore keep on it (`vm::snapshot`).
+#[derive(Default)]
+pub struct Snap {
+    /// The guest's virtual counter offset (CNTVOFF_EL2): 0 from a boot;
+    /// from a restore, what makes its clock go on from the snapshot's.
+    pub(in crate::vm) counter_offset: u64,
+    /// A snapshot asked its vCPUs to pause: each saves its state at its
+    /// next exit and waits until the pause ends.
+    pub(in crate::vm) pause_requested: bool,
+    /// The paused vCPUs' states.
+    pub(in crate::vm) captured: [Option<alloc::boxed::Box<VcpuState>>; MAX_VCPUS],
+    /// A restore's vCPU states, each taken by its vCPU as it enters.
+    pub(in crate::vm) restored: [Option<alloc::boxed::Box<VcpuState>>; MAX_VCPUS],
+}
+
 /// A VM: its identity and lifecycle, and its parts. Every field is the
 /// `vm` module's own; the parts that have invariants of their own keep
 /// them behind their methods (`Vcpus`).
@@ -289,6 +307,7 @@ pub struct Vm {
     pub(in crate::vm) counters: Counters,
     /// Its limits and what the memory manager keeps on it (`vm::manage`).
     pub(in crate::vm) managed: Managed,
+    pub(in crate::vm) snap: Snap,
 }
 
 impl Vm {
@@ -342,6 +361,7 @@ impl Vm {
                 spec.mem_max(),
                 spec.weight(),
             ),
+            snap: Snap::default(),
         }
     }
 
@@ -381,6 +401,21 @@ impl Vm {
     /// Its RAM size in bytes, as configured.
     pub fn ram_size(&self) -> u64 {
         self.memory.size
+    }
+
+    /// Its guest's virtual counter offset (CNTVOFF_EL2).
+    pub fn counter_offset(&self) -> u64 {
+        self.snap.counter_offset
+    }
+
+    /// The state a restored vCPU starts from, until it has entered.
+    pub fn restored_vcpu(&self, vcpu: usize) -> Option<&VcpuState> {
+        self.snap.restored.get(vcpu)?.as_deref()
+    }
+
+    /// Whether a snapshot pauses it.
+    pub fn pause_requested(&self) -> bool {
+        self.snap.pause_requested
     }
 
     /// Its RAM while it runs.

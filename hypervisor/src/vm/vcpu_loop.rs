@@ -26,6 +26,8 @@ use super::handle::{self, Outcome, Shown};
 use super::lifecycle;
 use super::outbox::Notice;
 use super::state::{InjectedFailure, Vm, VmState};
+use super::vcpu_state::{Running, VcpuState};
+use crate::hw::context::{El1State, VirtualInterface};
 
 /// Fast exits between two looks at the clock for the memory manager's
 /// tick (under QEMU a counter read takes the global lock, as every device
@@ -42,8 +44,14 @@ pub trait VcpuHost {
         Self: 'a;
     fn lock_vm(&self, id: usize) -> Self::Guard<'_>;
     /// Load what the guest runs with on this CPU, as vCPU `vcpu` enters
-    /// (EL1 registers reset, stage-2 and virtual interface controls).
+    /// (EL1 registers reset, or restored with its virtual interface if
+    /// `vm.restored_vcpu(vcpu)` has them; stage-2 and virtual interface
+    /// controls; the guest's counter offset).
     fn load_guest(&self, vm: &Vm, vcpu: usize);
+    /// What this CPU holds of the guest that runs on it, for a snapshot:
+    /// its EL1 registers and virtual timer, and (`gic`) its virtual CPU
+    /// interface.
+    fn save_cpu_state(&self, gic: bool) -> (El1State, VirtualInterface);
     /// Run the guest until it exits, and decode the exit.
     fn run_guest(&self, ctx: &mut GuestContext) -> VcpuExit;
     /// The memory manager's tick, if due: whether it ran (the targets it
@@ -109,7 +117,10 @@ pub fn run_vcpu<H: VcpuHost>(host: &H, cpu: &mut impl PhysCpu, id: usize, vcpu: 
             return;
         };
         host.load_guest(vm, vcpu);
-        GuestContext::new(entry, x0)
+        match lifecycle::take_restored(vm, vcpu) {
+            Some(running) => running.ctx,
+            None => GuestContext::new(entry, x0),
+        }
     };
     // Whether the list registers were synced since the last wait: an exit
     // handled with nothing to wait for syncs them under the lock it
@@ -202,9 +213,20 @@ pub fn run_vcpu<H: VcpuHost>(host: &H, cpu: &mut impl PhysCpu, id: usize, vcpu: 
             handle::before_entry(vm, cpu, vcpu);
             synced = true;
         }
+        let pause = !left && super::pause::pause_due(vm, vcpu);
+        if pause {
+            capture(host, vm, vcpu, &ctx);
+        }
         release(host, guard);
         if left {
             return;
+        }
+        if pause {
+            if !sit_out_pause(host, cpu, id, vcpu) {
+                return;
+            }
+            synced = false;
+            continue;
         }
         if outcome == Outcome::Idle {
             host.idle();
@@ -224,6 +246,47 @@ pub fn run_vcpu<H: VcpuHost>(host: &H, cpu: &mut impl PhysCpu, id: usize, vcpu: 
             // is not counted in the next exit's cost.
             synced = false;
         }
+    }
+}
+
+/// A snapshot asked the VM to pause: save this vCPU's state (its
+/// registers, and what its CPU holds of the guest) for the snapshot.
+fn capture<H: VcpuHost>(host: &H, vm: &mut Vm, vcpu: usize, ctx: &GuestContext) {
+    let (el1, vif) = host.save_cpu_state(vm.devices.vgic.is_some());
+    let listed = vm.vcpus.listed(vcpu).copied().unwrap_or_default();
+    let state = VcpuState {
+        power: vm.vcpus.power(vcpu),
+        running: Some(Running {
+            ctx: ctx.clone(),
+            el1,
+            vif,
+            listed,
+        }),
+    };
+    super::pause::captured(vm, vcpu, state);
+}
+
+/// Wait, paused, until the snapshot that paused the VM ends the pause
+/// (true: go on) or the VM stops (false: this vCPU has left). No lock is
+/// held while it waits; on the shell's CPU the shell goes on looking (it
+/// may be the one taking the snapshot).
+fn sit_out_pause<H: VcpuHost>(host: &H, cpu: &mut impl PhysCpu, id: usize, vcpu: usize) -> bool {
+    loop {
+        host.wait_memory();
+        host.shell_look(true, false);
+        let mut guard = host.lock_vm(id);
+        let Some(vm) = guard.as_mut() else {
+            return false;
+        };
+        if vm.state == VmState::StopRequested {
+            leave_stopping(host, guard, cpu, vcpu);
+            return false;
+        }
+        if !vm.pause_requested() {
+            release(host, guard);
+            return true;
+        }
+        drop(guard);
     }
 }
 

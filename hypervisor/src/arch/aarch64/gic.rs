@@ -20,6 +20,8 @@ use tock_registers::registers::{ReadOnly, ReadWrite, WriteOnly};
 use tock_registers::{register_bitfields, register_structs};
 
 use super::gic_v3 as v3;
+use crate::hw::context::VirtualInterface;
+use crate::hw::gic_lr::MAX_LIST_REGISTERS as MAX_LRS;
 use crate::hw::gic_lr::{lr_value, parse_lr, LrState, PendingIrq};
 
 /// 0: no GIC we drive; 2 or 3: the architecture version in use.
@@ -73,6 +75,9 @@ register_structs! {
         /// Set-enable bits; word 0 (SGIs and PPIs) is banked per CPU.
         (0x100 => isenabler: [ReadWrite<u32>; 32]),
         (0x180 => _reserved1),
+        /// Set-active bits; word 0 is banked per CPU.
+        (0x300 => isactiver: [ReadWrite<u32>; 32]),
+        (0x380 => _reserved4),
         /// One priority byte per interrupt, four to a word.
         (0x400 => ipriorityr: [ReadWrite<u32>; 255]),
         (0x7fc => _reserved2),
@@ -223,6 +228,46 @@ pub fn reset_virtual_interface() {
         gich().hcr.write(GICH_HCR::En::SET);
     }
     set_hcr_shadow(HCR_ENABLED);
+}
+
+/// This CPU's virtual interface as the guest left it (its vCPU paused).
+pub fn save_virtual_interface() -> VirtualInterface {
+    if is_v3() {
+        return v3::save_virtual_interface();
+    }
+    let count = list_registers().min(MAX_LRS);
+    let mut lrs = [0; MAX_LRS];
+    for (i, lr) in lrs.iter_mut().enumerate().take(count) {
+        *lr = u64::from(gich().lr[i].get());
+    }
+    VirtualInterface {
+        count: count as u8,
+        lrs,
+        vmcr: gich().vmcr.get(),
+        apr: [gich().apr.get(), 0],
+    }
+}
+
+/// Load a saved virtual interface (checked by its reader) into this CPU's.
+pub fn load_virtual_interface(vif: &VirtualInterface) {
+    if is_v3() {
+        return v3::load_virtual_interface(vif);
+    }
+    for i in 0..list_registers().min(MAX_LRS) {
+        gich().lr[i].set(vif.lrs[i] as u32);
+    }
+    gich().apr.set(vif.apr[0]);
+    gich().vmcr.set(vif.vmcr);
+}
+
+/// Make SGI or PPI `intid` active on this CPU, as if taken and not yet
+/// deactivated: a restored list register linked to it (the virtual
+/// timer's) then deactivates it when the guest is done.
+pub fn activate_private(intid: u32) {
+    if is_v3() {
+        return v3::activate_private(intid);
+    }
+    gicd().isactiver[0].set(1 << (intid % 32));
 }
 
 /// The number of list registers, read once (every CPU has the same).

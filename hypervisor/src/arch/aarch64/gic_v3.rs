@@ -27,6 +27,8 @@ use super::sysreg::{
     ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1,
     ICC_INTID, ICC_PMR_EL1, ICC_SGI1R_EL1,
 };
+use crate::hw::context::VirtualInterface;
+use crate::hw::gic_lr::MAX_LIST_REGISTERS as MAX_LRS;
 
 use crate::hw::gic_lr::{lr_value_v3, parse_lr_v3, LrState, PendingIrq};
 
@@ -88,6 +90,9 @@ register_structs! {
         (0x1_0084 => _reserved3),
         (0x1_0100 => isenabler0: ReadWrite<u32>),
         (0x1_0104 => _reserved4),
+        /// Set-active bits of the SGIs and PPIs.
+        (0x1_0300 => isactiver0: ReadWrite<u32>),
+        (0x1_0304 => _reserved5),
         /// One priority byte per SGI/PPI, four to a word.
         (0x1_0400 => ipriorityr: [ReadWrite<u32>; 8]),
         (0x1_0420 => @END),
@@ -237,6 +242,40 @@ pub fn enable_virtual_interface(underflow: bool) {
     };
     ICH_HCR_EL2.write(ICH_HCR_EL2::En::SET + uie);
     isb();
+}
+
+/// This CPU's virtual interface as the guest left it.
+pub fn save_virtual_interface() -> VirtualInterface {
+    let count = list_registers().min(MAX_LRS);
+    let mut lrs = [0; MAX_LRS];
+    for (i, lr) in lrs.iter_mut().enumerate().take(count) {
+        *lr = read_lr_raw(i);
+    }
+    VirtualInterface {
+        count: count as u8,
+        lrs,
+        vmcr: ICH_VMCR_EL2.get() as u32,
+        apr: [ICH_AP0R0_EL2.get() as u32, ICH_AP1R0_EL2.get() as u32],
+    }
+}
+
+/// Load a saved virtual interface (checked by its reader) into this CPU's.
+pub fn load_virtual_interface(vif: &VirtualInterface) {
+    for i in 0..list_registers().min(MAX_LRS) {
+        write_lr_raw(i, vif.lrs[i]);
+    }
+    ICH_AP0R0_EL2.set(u64::from(vif.apr[0]));
+    ICH_AP1R0_EL2.set(u64::from(vif.apr[1]));
+    ICH_VMCR_EL2.set(u64::from(vif.vmcr));
+    isb();
+}
+
+/// Make PPI `intid` (0-31) active on this CPU, as if taken and not yet
+/// deactivated.
+pub fn activate_private(intid: u32) {
+    if let Some(rd) = own_redistributor() {
+        rd.isactiver0.set(1 << (intid % 32));
+    }
 }
 
 /// Number of list registers (ICH_VTR_EL2.ListRegs + 1).

@@ -44,6 +44,11 @@ pub fn cpu_index() -> usize {
 }
 
 /// MPIDR_EL1 affinity fields (Aff3..Aff0), as device trees write them.
+/// This CPU's MIDR_EL1 (implementer, part, variant, revision).
+pub fn midr() -> u64 {
+    aarch64_cpu::registers::MIDR_EL1.get()
+}
+
 pub fn mpidr() -> u64 {
     use aarch64_cpu::registers::MPIDR_EL1::{Aff0, Aff1, Aff2, Aff3};
     let v = MPIDR_EL1.extract();

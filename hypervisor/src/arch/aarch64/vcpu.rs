@@ -15,14 +15,16 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use aarch64_cpu::asm::barrier;
 use aarch64_cpu::registers::{
-    Readable, Writeable, AMAIR_EL1, CNTHCTL_EL2, CNTKCTL_EL1, CNTVOFF_EL2, CNTV_CTL_EL0,
-    CNTV_CVAL_EL0, CONTEXTIDR_EL1, CPACR_EL1, ELR_EL1, ESR_EL1, FAR_EL1, HCR_EL2, ID_AA64MMFR0_EL1,
-    ID_AA64MMFR1_EL1, MAIR_EL1, PAR_EL1, SCTLR_EL1, SPSR_EL1, SP_EL0, SP_EL1, TCR_EL1, TPIDRRO_EL0,
-    TPIDR_EL0, TPIDR_EL1, TTBR0_EL1, TTBR1_EL1, VBAR_EL1, VMPIDR_EL2, VTCR_EL2, VTTBR_EL2,
+    Readable, Writeable, AFSR0_EL1, AFSR1_EL1, AMAIR_EL1, CNTHCTL_EL2, CNTKCTL_EL1, CNTVOFF_EL2,
+    CNTV_CTL_EL0, CNTV_CVAL_EL0, CONTEXTIDR_EL1, CPACR_EL1, CSSELR_EL1, ELR_EL1, ESR_EL1, FAR_EL1,
+    HCR_EL2, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, MAIR_EL1, MDSCR_EL1, PAR_EL1, SCTLR_EL1, SPSR_EL1,
+    SP_EL0, SP_EL1, TCR_EL1, TPIDRRO_EL0, TPIDR_EL0, TPIDR_EL1, TTBR0_EL1, TTBR1_EL1, VBAR_EL1,
+    VMPIDR_EL2, VTCR_EL2, VTTBR_EL2,
 };
 
 use super::sysreg::SCTLR_EL1_PAN;
 use crate::addr::PhysAddr;
+use crate::hw::context::El1State;
 use crate::hw::controls;
 
 /// The guest registers the world switch saves and loads (portable, so the
@@ -218,7 +220,6 @@ pub fn load_vm_controls(vmid: u16, root: PhysAddr, vcpu_index: u64, virtual_irqs
         shadow.store(hcr, Ordering::Relaxed);
     }
     CNTHCTL_EL2.set(controls::cnthctl());
-    CNTVOFF_EL2.set(0);
     barrier::isb(barrier::SY);
 }
 
@@ -273,69 +274,77 @@ fn invalidate_current_vmid_tlb() {
     };
 }
 
-/// The EL1 system registers a guest uses, loaded when its vCPU starts.
-#[derive(Clone, Copy, Default)]
-pub struct El1Regs {
-    pub sctlr: u64,
-    pub ttbr0: u64,
-    pub ttbr1: u64,
-    pub tcr: u64,
-    pub mair: u64,
-    pub amair: u64,
-    pub vbar: u64,
-    pub contextidr: u64,
-    pub tpidr_el0: u64,
-    pub tpidrro_el0: u64,
-    pub tpidr_el1: u64,
-    pub sp_el0: u64,
-    pub sp_el1: u64,
-    pub elr_el1: u64,
-    pub spsr_el1: u64,
-    pub esr_el1: u64,
-    pub far_el1: u64,
-    pub par_el1: u64,
-    pub cpacr: u64,
-    pub cntkctl: u64,
-    pub cntv_ctl: u64,
-    pub cntv_cval: u64,
+/// Load a vCPU's EL1 registers and virtual timer into this CPU (they only
+/// affect the guest that runs next on it).
+pub fn load_el1(s: &El1State) {
+    SCTLR_EL1.set(s.sctlr);
+    TTBR0_EL1.set(s.ttbr0);
+    TTBR1_EL1.set(s.ttbr1);
+    TCR_EL1.set(s.tcr);
+    MAIR_EL1.set(s.mair);
+    AMAIR_EL1.set(s.amair);
+    VBAR_EL1.set(s.vbar);
+    CONTEXTIDR_EL1.set(s.contextidr);
+    TPIDR_EL0.set(s.tpidr_el0);
+    TPIDRRO_EL0.set(s.tpidrro_el0);
+    TPIDR_EL1.set(s.tpidr_el1);
+    SP_EL0.set(s.sp_el0);
+    SP_EL1.set(s.sp_el1);
+    ELR_EL1.set(s.elr_el1);
+    SPSR_EL1.set(s.spsr_el1);
+    ESR_EL1.set(s.esr_el1);
+    FAR_EL1.set(s.far_el1);
+    PAR_EL1.set(s.par_el1);
+    CPACR_EL1.set(s.cpacr);
+    CNTKCTL_EL1.set(s.cntkctl);
+    CNTV_CTL_EL0.set(s.cntv_ctl);
+    CNTV_CVAL_EL0.set(s.cntv_cval);
+    AFSR0_EL1.set(s.afsr0);
+    AFSR1_EL1.set(s.afsr1);
+    CSSELR_EL1.set(s.csselr);
+    MDSCR_EL1.set(s.mdscr);
+    barrier::isb(barrier::SY);
 }
 
-impl El1Regs {
-    /// Architectural reset state: MMU and caches off, little-endian.
-    pub fn reset() -> Self {
-        Self {
-            sctlr: 0x30d0_0800,
-            ..Self::default()
-        }
+/// This CPU's EL1 registers and virtual timer, as the guest left them
+/// (read by its own vCPU, between two of its exits).
+pub fn save_el1() -> El1State {
+    El1State {
+        sctlr: SCTLR_EL1.get(),
+        ttbr0: TTBR0_EL1.get(),
+        ttbr1: TTBR1_EL1.get(),
+        tcr: TCR_EL1.get(),
+        mair: MAIR_EL1.get(),
+        amair: AMAIR_EL1.get(),
+        vbar: VBAR_EL1.get(),
+        contextidr: CONTEXTIDR_EL1.get(),
+        tpidr_el0: TPIDR_EL0.get(),
+        tpidrro_el0: TPIDRRO_EL0.get(),
+        tpidr_el1: TPIDR_EL1.get(),
+        sp_el0: SP_EL0.get(),
+        sp_el1: SP_EL1.get(),
+        elr_el1: ELR_EL1.get(),
+        spsr_el1: SPSR_EL1.get(),
+        esr_el1: ESR_EL1.get(),
+        far_el1: FAR_EL1.get(),
+        par_el1: PAR_EL1.get(),
+        cpacr: CPACR_EL1.get(),
+        cntkctl: CNTKCTL_EL1.get(),
+        cntv_ctl: CNTV_CTL_EL0.get(),
+        cntv_cval: CNTV_CVAL_EL0.get(),
+        afsr0: AFSR0_EL1.get(),
+        afsr1: AFSR1_EL1.get(),
+        csselr: CSSELR_EL1.get(),
+        mdscr: MDSCR_EL1.get(),
     }
+}
 
-    /// Load these values into the CPU's EL1 registers (they only affect
-    /// the guest that runs next on this CPU).
-    pub fn load(&self) {
-        SCTLR_EL1.set(self.sctlr);
-        TTBR0_EL1.set(self.ttbr0);
-        TTBR1_EL1.set(self.ttbr1);
-        TCR_EL1.set(self.tcr);
-        MAIR_EL1.set(self.mair);
-        AMAIR_EL1.set(self.amair);
-        VBAR_EL1.set(self.vbar);
-        CONTEXTIDR_EL1.set(self.contextidr);
-        TPIDR_EL0.set(self.tpidr_el0);
-        TPIDRRO_EL0.set(self.tpidrro_el0);
-        TPIDR_EL1.set(self.tpidr_el1);
-        SP_EL0.set(self.sp_el0);
-        SP_EL1.set(self.sp_el1);
-        ELR_EL1.set(self.elr_el1);
-        SPSR_EL1.set(self.spsr_el1);
-        ESR_EL1.set(self.esr_el1);
-        FAR_EL1.set(self.far_el1);
-        PAR_EL1.set(self.par_el1);
-        CPACR_EL1.set(self.cpacr);
-        CNTKCTL_EL1.set(self.cntkctl);
-        CNTV_CTL_EL0.set(self.cntv_ctl);
-        CNTV_CVAL_EL0.set(self.cntv_cval);
-        barrier::isb(barrier::SY);
-    }
+/// Set the guest's virtual counter offset (CNTVOFF_EL2): what it reads is
+/// the physical count minus `offset`, so a restored guest's clock goes on
+/// from where it was.
+pub fn set_counter_offset(offset: u64) {
+    CNTVOFF_EL2.set(offset);
+    barrier::isb(barrier::SY);
 }
 
 /// Turn the EL1 virtual timer off (a guest left this CPU): its interrupt

@@ -85,6 +85,16 @@ impl VcpuHost for ScriptedHost {
         );
         self.log.borrow_mut().push(format!("load vcpu{vcpu}"));
     }
+
+    fn save_cpu_state(
+        &self,
+        _gic: bool,
+    ) -> (
+        crate::hw::context::El1State,
+        crate::hw::context::VirtualInterface,
+    ) {
+        (crate::hw::context::El1State::reset(), Default::default())
+    }
     fn run_guest(&self, ctx: &mut GuestContext) -> VcpuExit {
         let runs = self.runs.get();
         self.runs.set(runs + 1);

@@ -1,0 +1,169 @@
+//! Snapshots under QEMU (issue 39): the bare-metal test guest saved with
+//! `snapshot`, stopped, and started again with `restore`: its heartbeat
+//! goes on from where it was and its memory pattern verifies; the
+//! snapshot survives QEMU's exit and restores into a fresh boot of the
+//! board; a damaged one is refused with nothing started. Ignored by plain
+//! `cargo test`; `cargo xtask test` runs them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use harness::{log_dir, Artifacts, Board, HarnessError, QemuOptions, Session, PROMPT};
+
+const BOOT: Duration = Duration::from_secs(60);
+const COMMAND: Duration = Duration::from_secs(10);
+/// A snapshot of a 128 MiB guest whose pattern fills its free memory,
+/// written through QEMU's emulated disk.
+const SAVE: Duration = Duration::from_secs(120);
+
+fn ok<T>(result: Result<T, HarnessError>) -> T {
+    result.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A new sparse image of `mib` MiB under the test logs.
+fn image(name: &str, mib: u64) -> PathBuf {
+    let path = log_dir().join(format!("{name}.img"));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(mib << 20).unwrap();
+    path
+}
+
+fn boot(board: Board, name: &str, disk: &Path) -> Session {
+    let artifacts = Artifacts::locate();
+    let mut opts = QemuOptions::for_board(board, &artifacts);
+    opts.disk = Some(disk.to_path_buf());
+    let mut s = ok(Session::start(name, board, &artifacts, &opts));
+    ok(s.expect(&regex::escape(PROMPT), BOOT));
+    ok(s.await_test_guests(&["alpha", "beta"], BOOT));
+    s
+}
+
+/// The latest heartbeat (`alive Ns`) of `vm` printed so far.
+fn last_beat(s: &Session, vm: &str) -> u64 {
+    let re = regex::Regex::new(&format!(r"\[{vm}\] testguest: alive (\d+)s")).unwrap();
+    re.captures_iter(&s.output())
+        .last()
+        .map_or(0, |c| c[1].parse().unwrap())
+}
+
+/// `stop <vm>`, then `restore <name>`: the answer.
+fn stop_and_restore(s: &mut Session, vm: &str, name: &str) -> String {
+    // `stop` waits until the VM has stopped (its vCPU is not on the
+    // shell's CPU).
+    ok(s.run(&format!("stop {vm}"), COMMAND));
+    let again = regex::Regex::new(r"try again in (\d+) s").unwrap();
+    loop {
+        let out = ok(s.run(&format!("restore {name}"), SAVE));
+        // A fresh board's clock may be behind the guest's: QEMU's timer
+        // cannot run a guest ahead of the board (the hypervisor says when
+        // to try again).
+        match again.captures(&out) {
+            Some(c) => std::thread::sleep(Duration::from_secs(c[1].parse().unwrap())),
+            None => return out,
+        }
+    }
+}
+
+fn saved_restored_and_refused_when_damaged(board: Board) {
+    let name = format!("{}-snapshot", board.name());
+    let path = image(&name, 1024);
+    let mut s = boot(board, &name, &path);
+    // Its pattern is set and verified once before the snapshot.
+    ok(s.balloon_test_guest("beta", 16, SAVE));
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", COMMAND));
+    let before = last_beat(&s, "beta");
+
+    ok(s.run("snapshot beta s1", COMMAND));
+    let saved = ok(s.expect(
+        r"snapshot s1: beta saved, ([0-9.]+ [KMG]iB) written; paused (\d+) ms",
+        SAVE,
+    ));
+    let pages = ok(s.expect(
+        r"pages: (\d+) data, (\d+) zero \(a bit each\), (\d+) not written: (\d+) ballooned",
+        COMMAND,
+    ));
+    eprintln!(
+        "snapshot: {} written, paused {} ms; {} data, {} zero, {} not written ({} ballooned)",
+        saved[1], saved[2], pages[1], pages[2], pages[3], pages[4]
+    );
+    assert_eq!(pages[4], "4096", "the 16 MiB balloon is not written");
+    // It goes on running after the snapshot.
+    ok(s.expect(r"\[beta\] testguest: alive \d+s", COMMAND));
+    let out = ok(s.run("snapshots", COMMAND));
+    assert!(out.contains("s1") && out.contains("beta"), "{out}");
+
+    // Stopped and restored: the heartbeat goes on from the snapshot's
+    // count (not from 0, as a boot would), and its pattern verifies.
+    let out = stop_and_restore(&mut s, "beta", "s1");
+    assert!(out.contains("restore: beta runs again from 's1'"), "{out}");
+    let beat = ok(s.expect(r"\[beta\] testguest: alive (\d+)s", COMMAND));
+    let after: u64 = beat[1].parse().unwrap();
+    assert!(
+        after >= before,
+        "the restored guest's clock went back: alive {after}s after alive {before}s"
+    );
+    ok(s.balloon_test_guest("beta", 8, SAVE));
+    s.assert_check();
+    let out = ok(s.run("snapshot beta s1", COMMAND));
+    assert!(out.contains("exists"), "{out}");
+    drop(s);
+
+    // The disk survives QEMU's exit: a fresh boot restores it.
+    let mut s = boot(board, &format!("{name}-again"), &path);
+    let out = stop_and_restore(&mut s, "beta", "s1");
+    assert!(out.contains("restore: beta runs again from 's1'"), "{out}");
+    let beat = ok(s.expect(r"\[beta\] testguest: alive (\d+)s", COMMAND));
+    assert!(beat[1].parse::<u64>().unwrap() >= before);
+    ok(s.balloon_test_guest("beta", 4, SAVE));
+    s.assert_check();
+    drop(s);
+
+    // A damaged snapshot: a byte of its data flipped on the image.
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .open(&path)
+            .unwrap();
+        // Well inside the first snapshot's pages (its data starts at
+        // sector 72).
+        let at = 72 * 512 + (8 << 20);
+        let mut byte = [0u8; 1];
+        file.read_exact_at(&mut byte, at).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x5a], at).unwrap();
+    }
+    let mut s = boot(board, &format!("{name}-damaged"), &path);
+    let out = stop_and_restore(&mut s, "beta", "s1");
+    assert!(out.contains("restore: beta not started from 's1'"), "{out}");
+    assert!(out.contains("checksum"), "{out}");
+    let vms = ok(s.run("vms", COMMAND));
+    assert!(
+        vms.lines()
+            .any(|l| l.contains("beta") && l.contains("stopped")),
+        "{vms}"
+    );
+    s.assert_check();
+    // The other VM was never disturbed.
+    ok(s.balloon_test_guest("alpha", 8, SAVE));
+}
+
+mod virt_gicv2 {
+    use super::*;
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn saved_restored_and_refused_when_damaged() {
+        super::saved_restored_and_refused_when_damaged(Board::VirtGicv2);
+    }
+}
+
+mod virt_gicv3 {
+    use super::*;
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn saved_restored_and_refused_when_damaged() {
+        super::saved_restored_and_refused_when_damaged(Board::VirtGicv3);
+    }
+}
