@@ -202,8 +202,11 @@ pub mod entry {
     pub const MEM_WEIGHT: usize = 144;
     /// `u32`, [`mem_flags`](crate::mem_flags) bits.
     pub const MEM_FLAGS: usize = 148;
-    /// `[u8; 40]`, reserved, must be zero.
-    pub const RESERVED: usize = 152;
+    /// `[u8; 32]`, the snapshot the VM starts from instead of booting:
+    /// printable ASCII without spaces, NUL-padded (all NUL: it boots).
+    pub const RESTORE: usize = 152;
+    /// `[u8; 8]`, reserved, must be zero.
+    pub const RESERVED: usize = 184;
 }
 
 /// The fuzz entry point: the same as [`parse`], named so that a fuzz target
@@ -368,6 +371,9 @@ pub enum VmError {
         features: u64,
     },
     EmptyKernel,
+    /// The snapshot name to restore from is not printable ASCII without
+    /// spaces, NUL-padded.
+    BadRestore,
     /// Size 0 (no blob) but a non-zero offset.
     OffsetWithoutBlob {
         blob: Blob,
@@ -584,6 +590,9 @@ impl fmt::Display for VmError {
                 "balloon features {features:#x} offered but the balloon device is not enabled"
             ),
             VmError::EmptyKernel => f.write_str("kernel blob is empty"),
+            VmError::BadRestore => f.write_str(
+                "the snapshot to restore from is not a name of printable ASCII without spaces, NUL-padded",
+            ),
             VmError::OffsetWithoutBlob { blob, offset } => write!(
                 f,
                 "{} blob has size 0 (none) but offset {offset:#x} (must be 0)",
@@ -941,6 +950,17 @@ fn check_pool(min: u64, low: u64, high: u64, flags: u32) -> Result<(), BundleErr
     Ok(())
 }
 
+/// A snapshot name (`restore`) as the entry stores it: printable ASCII
+/// without spaces, then NUL padding; all NUL is none.
+pub(crate) fn check_restore(b: &[u8]) -> Result<Option<&str>, VmError> {
+    let len = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    let (name, pad) = b.split_at(len);
+    if !name.iter().all(|c| c.is_ascii_graphic()) || pad.iter().any(|&c| c != 0) {
+        return Err(VmError::BadRestore);
+    }
+    Ok((!name.is_empty()).then(|| core::str::from_utf8(name).unwrap_or("")))
+}
+
 fn check_cmdline(b: &[u8]) -> Result<&str, VmError> {
     let s = core::str::from_utf8(b).map_err(|e| VmError::CmdlineNotUtf8 {
         valid_up_to: e.valid_up_to(),
@@ -1003,9 +1023,16 @@ pub struct VmEntry<'a> {
     mem_max: u64,
     mem_weight: u32,
     mem_flags: u32,
+    /// The snapshot it starts from instead of booting.
+    restore: Option<&'a str>,
 }
 
 impl<'a> VmEntry<'a> {
+    /// The snapshot it starts from instead of booting (`restore = "..."`).
+    pub fn restore(&self) -> Option<&'a str> {
+        self.restore
+    }
+
     /// Position in the VM table.
     pub fn index(&self) -> usize {
         self.index
@@ -1440,6 +1467,9 @@ impl<'a> Bundle<'a> {
         let cmdline = self.blob(raw, Blob::Cmdline, entry::CMDLINE_OFFSET)?;
         let cmdline = check_cmdline(cmdline)?;
         check_fits(kernel.len() as u64, initrd.len() as u64, ram_size)?;
+        let restore = raw
+            .get(entry::RESTORE..entry::RESTORE + NAME_LEN)
+            .map_or(Ok(None), check_restore)?;
         Ok(VmEntry {
             index,
             name,
@@ -1457,6 +1487,7 @@ impl<'a> Bundle<'a> {
             mem_max,
             mem_weight,
             mem_flags,
+            restore,
         })
     }
 }

@@ -21,6 +21,7 @@ fn spec(name: &str) -> VmSpec {
         balloon_features: 0b110,
         devices: devices::BALLOON,
         on_bad_access: bad_access::ABORT,
+        restore: None,
     }
 }
 
@@ -422,10 +423,19 @@ fn memory_corruptions() {
             max: 0x40_0000
         }
     ));
-    // The reserved tail now starts at 152.
+    // The reserved tail now starts at 184, after the snapshot name.
     assert!(matches!(
         mem(&|b| b[E0 + entry::RESERVED] = 1),
-        V::ReservedNonZero { offset: 152 }
+        V::ReservedNonZero { offset: 184 }
+    ));
+    // The snapshot name: printable, NUL-padded.
+    assert!(matches!(
+        mem(&|b| b[E0 + entry::RESTORE] = b' '),
+        V::BadRestore
+    ));
+    assert!(matches!(
+        mem(&|b| b[E0 + entry::RESTORE + 1] = b'a'),
+        V::BadRestore
     ));
     // Edge values that are valid: weight 10000, max = RAM, min = low = max.
     let ok = |f: &dyn Fn(&mut Vec<u8>)| {
@@ -1265,4 +1275,24 @@ fn on_target_tests_flag_round_trips_and_defaults_off() {
         parse(&bad),
         Err(BundleError::UnknownFlags { flags: 3 })
     ));
+}
+
+#[test]
+fn a_snapshot_to_restore_from_round_trips_and_bad_names_are_refused() {
+    let with = |r: &str| VmSpec {
+        restore: Some(r.into()),
+        ..spec("snap")
+    };
+    let bytes = BundleBuilder::new()
+        .add_vm(with("before-upgrade"))
+        .unwrap()
+        .build();
+    let b = parse(&bytes).unwrap();
+    assert_eq!(b.vm(0).unwrap().restore(), Some("before-upgrade"));
+    let plain = BundleBuilder::new().add_vm(spec("boots")).unwrap().build();
+    assert_eq!(parse(&plain).unwrap().vm(0).unwrap().restore(), None);
+    for bad in ["", "two words", &"x".repeat(33), "tab\t"] {
+        assert!(BundleBuilder::new().add_vm(with(bad)).is_err(), "{bad:?}");
+    }
+    assert!(BundleBuilder::new().add_vm(with(&"x".repeat(32))).is_ok());
 }

@@ -30,6 +30,9 @@ pub struct VmSpec {
     /// A [`bad_access`](crate::bad_access) code: what the VM gets for an
     /// access the hypervisor refuses.
     pub on_bad_access: u32,
+    /// The snapshot it starts from instead of booting: 1 to 32 printable
+    /// ASCII characters without spaces.
+    pub restore: Option<String>,
 }
 
 /// A VM's memory limits, as stored in its entry: 0 means the default, so
@@ -194,6 +197,14 @@ impl BundleBuilder {
         if let Some(c) = &spec.cmdline {
             check_cmdline(c.as_bytes()).map_err(err)?;
         }
+        if let Some(r) = &spec.restore {
+            if r.is_empty() || r.len() > crate::NAME_LEN {
+                return Err(err(VmError::BadRestore));
+            }
+            let mut raw = [0u8; crate::NAME_LEN];
+            raw[..r.len()].copy_from_slice(r.as_bytes());
+            crate::check_restore(&raw).map_err(err)?;
+        }
         let initrd_len = spec.initrd.as_ref().map_or(0, |i| i.len()) as u64;
         check_fits(spec.kernel.len() as u64, initrd_len, spec.ram_size).map_err(err)?;
         self.vms.push((spec, memory));
@@ -223,6 +234,9 @@ impl BundleBuilder {
             put64(&mut e, entry::MEM_MAX, mem.max);
             put32(&mut e, entry::MEM_WEIGHT, mem.weight);
             put32(&mut e, entry::MEM_FLAGS, mem.flags());
+            if let Some(r) = &vm.restore {
+                e[entry::RESTORE..entry::RESTORE + r.len()].copy_from_slice(r.as_bytes());
+            }
             let cmdline = vm.cmdline.as_deref().unwrap_or("").as_bytes();
             let blobs: [(usize, &[u8]); 3] = [
                 (entry::KERNEL_OFFSET, &vm.kernel),

@@ -76,6 +76,7 @@ fuzz_target!(|data: &[u8]| {
                     balloon_features: vm.balloon_features(),
                     devices: vm.devices(),
                     on_bad_access: vm.on_bad_access(),
+                    restore: vm.restore().map(String::from),
                 },
                 memory,
             )

@@ -258,6 +258,7 @@ fn spec(prealloc: bool) -> guest_bundle::VmEntry<'static> {
                 balloon_features: F_VERSION_1,
                 devices,
                 on_bad_access: 0,
+                restore: None,
             },
             VmMemory {
                 prealloc,

@@ -103,6 +103,7 @@ fn spec() -> guest_bundle::VmEntry<'static> {
             balloon_features: 0,
             devices: 0,
             on_bad_access: 0,
+            restore: None,
         })
         .expect("valid VM")
         .build();

@@ -14,6 +14,7 @@
 //! modules = "path"        # optional: the kernel's lib/modules/<release>; initramfs generated
 //! linux_deb = "path"      # instead of kernel: a linux-image-*-arm64 .deb; initramfs generated
 //! cmdline = "pattern"     # optional
+//! restore = "snap-1"      # optional: start from this snapshot on the board's disk instead of booting
 //! [vm.balloon]            # optional; absent: no balloon device
 //! features = ["must-tell-host"]
 //! [vm.memory]             # optional; every key optional
@@ -108,7 +109,7 @@ pub const BALLOON_FEATURES: [(&str, u32); 6] = [
 // ------------------------------------------------------------- file format
 
 /// Keys a `[[vm]]` table may have.
-const VM_KEYS: [&str; 13] = [
+const VM_KEYS: [&str; 14] = [
     "name",
     "ram",
     "vcpus",
@@ -122,6 +123,7 @@ const VM_KEYS: [&str; 13] = [
     "on_bad_access",
     "memory",
     "console",
+    "restore",
 ];
 
 /// Keys a `[vm.memory]` table may have.
@@ -170,6 +172,8 @@ struct VmConfig {
     /// A Debian `linux-image-*` package: kernel and generated initramfs.
     linux_deb: Option<String>,
     cmdline: Option<String>,
+    /// The snapshot it starts from instead of booting.
+    restore: Option<String>,
     /// `Some(features)` when `[vm.balloon]` is present.
     balloon: Option<Vec<String>>,
     /// A [`bad_access`] code (default abort).
@@ -453,6 +457,14 @@ impl VmConfig {
         let modules = optional_string("modules")?;
         let linux_deb = optional_string("linux_deb")?;
         let cmdline = optional_string("cmdline")?;
+        let restore = optional_string("restore")?;
+        if let Some(r) = &restore {
+            if r.is_empty() || r.len() > 32 || !r.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!(
+                    "restore \"{r}\" is not a snapshot name: 1 to 32 printable characters without spaces"
+                ));
+            }
+        }
         if linux_deb.is_some() {
             for (key, given) in [
                 ("kernel", kernel.is_some()),
@@ -539,6 +551,7 @@ impl VmConfig {
             modules,
             linux_deb,
             cmdline,
+            restore,
             balloon,
             on_bad_access,
             virtio_console,
@@ -1298,6 +1311,7 @@ fn check_vm<'a>(
             balloon_features,
             devices,
             on_bad_access: vm.on_bad_access,
+            restore: vm.restore.clone(),
         },
         memory,
     ))
@@ -2009,6 +2023,7 @@ on_bad_access = "stop"
             (one_with("initrd = \"nope.cpio\""), "t.toml: VM \"alpha\": initrd \"nope.cpio\": cannot read /ws/nope.cpio"),
             (one_with("initrd = \"\""), "t.toml: VM \"alpha\": initrd is empty"),
             (one_with("cmdline = \"a\\u0000b\""), "t.toml: VM \"alpha\": cmdline contains a NUL character"),
+            (one_with("restore = \"two words\""), "t.toml: VM \"alpha\": restore \"two words\" is not a snapshot name: 1 to 32 printable characters without spaces"),
             (
                 one_with(&format!("cmdline = \"{}\"", "x".repeat(3000))),
                 "t.toml: VM \"alpha\": cmdline is 3000 bytes; at most 2047",

@@ -742,6 +742,7 @@ mod tests {
             },
             devices,
             on_bad_access: 0,
+            restore: None,
         }
     }
 

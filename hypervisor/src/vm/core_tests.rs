@@ -109,6 +109,7 @@ fn spec_devices(
                 },
                 devices,
                 on_bad_access,
+                restore: None,
             },
             memory,
         )
