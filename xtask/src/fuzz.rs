@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::json;
 
 /// Every target, in the order they run (fast ones first).
-pub const TARGETS: [&str; 18] = [
+pub const TARGETS: [&str; 19] = [
     "exit_decode",
     "shell",
     "psci",
@@ -51,6 +51,7 @@ pub const TARGETS: [&str; 18] = [
     "vm_config",
     "device_state",
     "snapshot_store",
+    "snapshot_format",
     "exit_dispatch",
     "balloon",
 ];
