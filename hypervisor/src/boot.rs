@@ -21,6 +21,7 @@ use crate::console::line::{self, Event, LineEditor};
 use crate::console::shell::{self, Command};
 use crate::console::snapshot_cmds;
 use crate::domain::{InjectInto, Service, REASON_BYTES};
+use crate::limits::MAX_GUESTS;
 use crate::mm::frames::{FrameTable, FrameUse, PAGE_SIZE};
 use crate::mm::layout::{check_image_placement, find_hole, BadPlacement};
 use crate::mm::manager::Policy;
@@ -268,8 +269,16 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
         }
     }
     // Lines said under a VM's lock go through its outbox (printed after).
+    // A VM configured with `restore = "<name>"` starts from that snapshot
+    // (below, once the others have started) instead of booting.
+    let mut restores: heapless::Vec<(heapless::String<32>, &str), MAX_GUESTS> =
+        heapless::Vec::new();
     run::for_each(|vm| {
         let (name, cpu, ram) = (vm.name().clone(), vm.cpu(), report::Size(vm.ram_size()));
+        if let Some(snapshot) = vm.spec().restore() {
+            let _ = restores.push((name, snapshot));
+            return;
+        }
         match run::start(vm) {
             Ok(()) => vm.out().line(format_args!(
                 "tidal: [{name}] VM started on CPU {cpu} with {ram} of RAM"
@@ -279,6 +288,19 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
                 .line(format_args!("tidal: [{name}] VM not started: {e}")),
         }
     });
+    for (vm, snapshot) in restores {
+        let mut text = alloc::string::String::new();
+        let later = snapshot_cmds::restore(
+            &mut ShellBoard { info: board },
+            &mut text,
+            snapshot,
+            Some(&vm),
+        );
+        print!("{text}");
+        if let Some(later) = later {
+            restore_later(later);
+        }
+    }
     // A test bundle: the on-target checks, then the shell as usual.
     if bundle.on_target_tests() {
         crate::ontarget::run(board, &bundle);
@@ -580,7 +602,7 @@ fn shell_loop(input_interrupt: bool) -> ! {
         // Sleep rather than spin: an idle shell must not steal cycles
         // (or, under QEMU, instruction counts) from the CPUs running
         // guests.
-        let idle_us = if SNAPSHOT_JOB.lock().is_some() {
+        let idle_us = if SNAPSHOT_JOB.lock().is_some() || !PENDING_RESTORES.lock().is_empty() {
             idle_us.min(STATS_LOOK_US)
         } else {
             idle_us
@@ -589,6 +611,7 @@ fn shell_loop(input_interrupt: bool) -> ! {
         run::memory_tick();
         shell_look(check_stats_wait);
         shell_look(step_snapshot);
+        shell_look(step_restores);
     }
 }
 
@@ -635,12 +658,16 @@ fn shell_look<R>(look: impl FnOnce() -> R) -> Option<R> {
 fn look_from_guest() -> u64 {
     shell_look(check_stats_wait);
     shell_look(step_snapshot);
+    shell_look(step_restores);
     for _ in 0..16 {
         if !shell_look(look_at_console).unwrap_or(true) {
             break;
         }
     }
-    if STATS_WAIT.lock().is_some() || SNAPSHOT_JOB.lock().is_some() {
+    if STATS_WAIT.lock().is_some()
+        || SNAPSHOT_JOB.lock().is_some()
+        || !PENDING_RESTORES.lock().is_empty()
+    {
         STATS_LOOK_US
     } else {
         run::TICK_US
@@ -744,6 +771,7 @@ fn run(cmd: Command, board: &BoardInfo) {
         // In the shell's own failure domain: the command is abandoned.
         Then::FailShell => panic!("injected failure ('debug fail-board shell')"),
         Then::Snapshot { vm, name } => begin_snapshot(board, &vm, name.as_deref()),
+        Then::RestoreLater(later) => restore_later(later),
     }
 }
 
@@ -954,6 +982,48 @@ fn begin_snapshot(board: &BoardInfo, vm: &str, name: Option<&str>) {
     *job = snapshot_cmds::begin(&mut ShellBoard { info: board }, &mut text, vm, name);
     drop(job);
     print!("{text}");
+}
+
+/// Restores waiting for the board's clock to pass their guest's.
+static PENDING_RESTORES: Mutex<heapless::Vec<snapshot_cmds::PendingRestore, MAX_GUESTS>> =
+    Mutex::new(heapless::Vec::new());
+
+/// Keep a restore for later (one per VM: a later one replaces it).
+fn restore_later(later: snapshot_cmds::PendingRestore) {
+    let mut pending = PENDING_RESTORES.lock();
+    pending.retain(|p| p.vm != later.vm);
+    if pending.push(later).is_err() {
+        println!("restore: too many restores waiting; try again later");
+    }
+}
+
+/// Do the restores whose time has come.
+fn step_restores() {
+    let Some(board) = BOARD.get() else {
+        return;
+    };
+    let now = aarch64::uptime_us();
+    let due = {
+        let mut pending = PENDING_RESTORES.lock();
+        let i = pending.iter().position(|p| p.due_us <= now);
+        i.map(|i| pending.swap_remove(i))
+    };
+    let Some(due) = due else {
+        return;
+    };
+    let mut text = alloc::string::String::new();
+    let again = snapshot_cmds::restore(
+        &mut ShellBoard { info: board },
+        &mut text,
+        &due.name,
+        Some(&due.vm),
+    );
+    if let Some(again) = again {
+        restore_later(again);
+    }
+    crate::console::shell_line(None);
+    print!("{text}");
+    draw_shell_line("");
 }
 
 /// One look at the snapshot being taken, if one is.

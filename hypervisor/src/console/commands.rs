@@ -59,6 +59,9 @@ pub enum Then {
         vm: heapless::String<32>,
         name: Option<crate::snapshot::store::Name>,
     },
+    /// `restore`: the board's clock must first pass the guest's; the
+    /// shell's looks do it when it is due.
+    RestoreLater(super::snapshot_cmds::PendingRestore),
 }
 
 /// Run `cmd`: its answer into `out`, and what the caller does next.
@@ -84,7 +87,11 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
                 name: name.map(|_| n),
             };
         }
-        Command::Restore { name, into } => super::snapshot_cmds::restore(board, out, name, into),
+        Command::Restore { name, into } => {
+            if let Some(later) = super::snapshot_cmds::restore(board, out, name, into) {
+                return Then::RestoreLater(later);
+            }
+        }
         Command::Delete { name } => super::snapshot_cmds::delete(board, out, name),
         Command::OnBadAccess { vm, policy } => on_bad_access(board, out, vm, policy),
         Command::Balloon { vm, bytes } => balloon(board, out, vm, bytes),

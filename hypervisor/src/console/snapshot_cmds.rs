@@ -19,7 +19,7 @@ use crate::report::Size;
 use crate::snapshot::store::{valid_name, Name, Store, StoreError};
 use crate::vm::balloon_ctl::{self, HintStartError};
 use crate::vm::pause;
-use crate::vm::snapshot;
+use crate::vm::snapshot::{self, SnapError};
 
 /// How long a snapshot waits for the guest's hinting run to end.
 pub const HINT_WAIT_US: u64 = 10_000_000;
@@ -294,24 +294,40 @@ fn copy(board: &mut impl Board, out: &mut String, job: &SnapshotJob) {
     }
 }
 
-/// `restore <name> [as <vm>]`.
-pub fn restore(board: &mut impl Board, out: &mut String, name: &str, into: Option<&str>) {
+/// A restore that waits for the board's clock to pass the guest's
+/// (`snapshot::SnapError::ClockBehind`): done by the shell's looks once
+/// `due_us` (microseconds since boot) has come.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingRestore {
+    pub name: Name,
+    pub vm: Name,
+    pub due_us: u64,
+}
+
+/// `restore <name> [as <vm>]`, or a VM's `restore = "<name>"` at boot: a
+/// restore to do later if the board's clock must first pass the guest's.
+pub fn restore(
+    board: &mut impl Board,
+    out: &mut String,
+    name: &str,
+    into: Option<&str>,
+) -> Option<PendingRestore> {
     let found = board.with_disk(|disk| Store::open(disk).map(|s| s.find(name).cloned()));
     let entry = match found {
         None => {
             let _ = writeln!(out, "restore: {NO_DISK}");
-            return;
+            return None;
         }
         Some(Err(e)) => {
             let _ = writeln!(out, "restore: {e}");
-            return;
+            return None;
         }
         Some(Ok(None)) => {
             let _ = writeln!(
                 out,
                 "restore: no snapshot called '{name}' ('snapshots' lists them)"
             );
-            return;
+            return None;
         }
         Some(Ok(Some(entry))) => entry,
     };
@@ -320,10 +336,12 @@ pub fn restore(board: &mut impl Board, out: &mut String, name: &str, into: Optio
     let counter = board.counter_now();
     let began = board.now_us();
     let done = board.with_vm_and_disk(vm_name, |vm, cpu, disk| {
-        let disk = disk.ok_or_else(|| String::from(NO_DISK))?;
-        let mut store = Store::open(disk).map_err(|e| alloc::format!("{e}"))?;
-        let reader = store.open_reader(name).map_err(|e| alloc::format!("{e}"))?;
-        snapshot::restore(vm, cpu, id, counter, reader).map_err(|e| alloc::format!("{e}"))
+        let disk = disk.ok_or(SnapError::Refused(String::from(NO_DISK)))?;
+        let mut store = Store::open(disk).map_err(|e| SnapError::Refused(alloc::format!("{e}")))?;
+        let reader = store
+            .open_reader(name)
+            .map_err(|e| SnapError::Refused(alloc::format!("{e}")))?;
+        snapshot::restore(vm, cpu, id, counter, reader)
     });
     let ms = board.now_us().saturating_sub(began) / 1_000;
     match done {
@@ -333,6 +351,21 @@ pub fn restore(board: &mut impl Board, out: &mut String, name: &str, into: Optio
                 "restore: no VM called '{vm_name}'; the VMs are: {} (type 'vms')",
                 names(board)
             );
+        }
+        Some(Err(SnapError::ClockBehind {
+            board_s,
+            guest_s,
+            wait_s,
+        })) => {
+            let _ = writeln!(
+                out,
+                "restore: {vm_name} starts from '{name}' in {wait_s} s: the board's clock ({board_s} s since boot) must first pass the guest's ({guest_s} s), as QEMU's timer cannot run a guest ahead of the board"
+            );
+            return Some(PendingRestore {
+                name: name_of(name),
+                vm: name_of(vm_name),
+                due_us: began.saturating_add(wait_s.saturating_mul(1_000_000)),
+            });
         }
         Some(Err(e)) => {
             let _ = writeln!(out, "restore: {vm_name} not started from '{name}': {e}");
@@ -349,6 +382,7 @@ pub fn restore(board: &mut impl Board, out: &mut String, name: &str, into: Optio
             );
         }
     }
+    None
 }
 
 /// `delete <name>`.

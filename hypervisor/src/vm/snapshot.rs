@@ -105,6 +105,14 @@ pub enum SnapError {
     Format(FormatError),
     /// This VM or board cannot take it, and why.
     Refused(alloc::string::String),
+    /// The board's clock is behind the guest's on a board whose counter
+    /// may not lead ([`BoardId::counter_may_lead`]): the restore can be
+    /// done in `wait_s` seconds.
+    ClockBehind {
+        board_s: u64,
+        guest_s: u64,
+        wait_s: u64,
+    },
 }
 
 impl From<FormatError> for SnapError {
@@ -118,6 +126,14 @@ impl core::fmt::Display for SnapError {
         match self {
             SnapError::Format(e) => write!(f, "{e}"),
             SnapError::Refused(why) => f.write_str(why),
+            SnapError::ClockBehind {
+                board_s,
+                guest_s,
+                wait_s,
+            } => write!(
+                f,
+                "the board's clock ({board_s} s since boot) is behind the guest's ({guest_s} s), and QEMU's timer model cannot run a guest ahead of the board (a timer whose CVAL + CNTVOFF overflows never fires); it can be restored in {wait_s} s"
+            ),
         }
     }
 }
@@ -229,12 +245,11 @@ pub fn restore<C: PhysCpu, S: Source>(
     check_header(vm, board, &header)?;
     if !board.counter_may_lead && now_count < header.guest_counter {
         let hz = header.counter_hz.max(1);
-        return Err(refused(format_args!(
-            "the board's clock ({} s since boot) is behind the guest's ({} s), and QEMU's timer model cannot run a guest ahead of the board (a timer whose CVAL + CNTVOFF overflows never fires); try again in {} s",
-            now_count / hz,
-            header.guest_counter / hz,
-            (header.guest_counter - now_count) / hz + 1
-        )));
+        return Err(SnapError::ClockBehind {
+            board_s: now_count / hz,
+            guest_s: header.guest_counter / hz,
+            wait_s: (header.guest_counter - now_count) / hz + 1,
+        });
     }
     let config = reader.section(SectionKind::Config)?;
     let mut w = StateWriter::default();
