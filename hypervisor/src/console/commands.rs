@@ -711,7 +711,7 @@ mod tests {
 
     /// A board of two VMs over the fake CPU: `alpha` (8 MiB, a balloon,
     /// started) and `beta` (4 MiB, no balloon, stopped).
-    struct FakeBoard {
+    pub(super) struct FakeBoard {
         vms: Vec<Vm>,
         cpu: FakeCpu,
         manager: Option<ManagerFacts>,
@@ -722,7 +722,7 @@ mod tests {
         injected: Vec<InjectInto>,
         hogged: u64,
         /// The board's disk, as sectors in memory.
-        disk: Option<RamDisk>,
+        pub(super) disk: Option<RamDisk>,
     }
 
     fn kernel() -> Vec<u8> {
@@ -754,7 +754,7 @@ mod tests {
     }
 
     impl FakeBoard {
-        fn new() -> Self {
+        pub(super) fn new() -> Self {
             let bytes = BundleBuilder::new()
                 .add_vm_with_memory(
                     spec("alpha", 8 << 20, 1, guest_bundle::devices::BALLOON),
@@ -787,20 +787,20 @@ mod tests {
         }
 
         /// `line` parsed and run: its answer, and what comes next.
-        fn type_line(&mut self, line: &str) -> (alloc::string::String, Then) {
+        pub(super) fn type_line(&mut self, line: &str) -> (alloc::string::String, Then) {
             let cmd = shell::parse(line).expect("parses").expect("a command");
             let mut out = alloc::string::String::new();
             let then = run(cmd, self, &mut out);
             (out, then)
         }
 
-        fn answer(&mut self, line: &str) -> alloc::string::String {
+        pub(super) fn answer(&mut self, line: &str) -> alloc::string::String {
             let (out, then) = self.type_line(line);
             assert_eq!(then, Then::Prompt, "{line}");
             out
         }
 
-        fn vm(&self, name: &str) -> &Vm {
+        pub(super) fn vm(&self, name: &str) -> &Vm {
             self.vms
                 .iter()
                 .find(|v| v.name().as_str() == name)
@@ -1233,5 +1233,158 @@ mod tests {
             .answer("hint alpha")
             .starts_with("alpha: cannot start free page hinting: "));
         assert!(board.answer("help").contains("balloon"));
+    }
+}
+
+#[cfg(test)]
+mod snapshot_command_tests {
+    //! `snapshot`, `restore` and `delete` through the shell over the fake
+    //! board: the job's steps, what the console says, and that a failed
+    //! snapshot leaves the VM running and nothing listed.
+
+    use super::tests::FakeBoard;
+    use super::*;
+    use crate::console::snapshot_cmds::{self, SnapshotJob};
+    use crate::hw::context::{El1State, VirtualInterface};
+    use crate::snapshot::testing::RamDisk;
+    use crate::vm::pause;
+    use crate::vm::vcpu_state::{Running, VcpuState};
+    use crate::vm::vcpus::Power;
+
+    /// `line` typed: the job it begins (its answer in `out`).
+    fn begin(board: &mut FakeBoard, line: &str, out: &mut String) -> Option<SnapshotJob> {
+        let (text, then) = board.type_line(line);
+        out.push_str(&text);
+        let Then::Snapshot { vm, name } = then else {
+            return None;
+        };
+        snapshot_cmds::begin(board, out, &vm, name.as_deref())
+    }
+
+    /// alpha's vCPU 0 inside its loop: it saves its state when paused.
+    fn enter_alpha(board: &mut FakeBoard) {
+        board.with_vm("alpha", |vm, _| {
+            lifecycle::enter(vm, 0).expect("enters");
+        });
+    }
+
+    fn capture_alpha(board: &mut FakeBoard) {
+        board.with_vm("alpha", |vm, _| {
+            assert!(pause::pause_due(vm, 0));
+            let mut ctx = crate::vm::cpu::GuestContext::new(0x4020_0000, 0);
+            ctx.x[3] = 33;
+            pause::captured(
+                vm,
+                0,
+                VcpuState {
+                    power: Power::On,
+                    running: Some(Running {
+                        ctx,
+                        el1: El1State::reset(),
+                        vif: VirtualInterface {
+                            count: 4,
+                            ..VirtualInterface::default()
+                        },
+                        listed: [None; crate::limits::MAX_LRS],
+                    }),
+                },
+            );
+        });
+    }
+
+    #[test]
+    fn a_snapshot_is_taken_listed_restored_and_deleted() {
+        let mut board = FakeBoard::new();
+        board.disk = Some(RamDisk::new(64 << 11));
+        enter_alpha(&mut board);
+        let mut out = String::new();
+        let mut job = begin(&mut board, "snapshot alpha", &mut out).expect("a job");
+        assert!(out.contains("alpha does not hint its free pages"), "{out}");
+        assert_eq!(job.name.as_str(), "alpha-1", "the first free name");
+        // Its vCPU has not paused yet: the job waits.
+        let mut out = String::new();
+        assert!(!snapshot_cmds::step(&mut board, &mut out, &mut job));
+        assert!(out.is_empty(), "{out}");
+        capture_alpha(&mut board);
+        assert!(snapshot_cmds::step(&mut board, &mut out, &mut job));
+        assert!(out.contains("snapshot alpha-1: alpha saved"), "{out}");
+        assert!(out.contains("pages: "), "{out}");
+        assert!(!board.vm("alpha").pause_requested(), "it goes on");
+        assert!(board.answer("snapshots").contains("alpha-1"));
+        // A name that exists, and a second job is refused at once.
+        let mut out = String::new();
+        assert!(begin(&mut board, "snapshot alpha alpha-1", &mut out).is_none());
+        assert!(out.contains("exists"), "{out}");
+
+        // Restore into the running VM: refused, it runs on.
+        let out = board.answer("restore alpha-1");
+        assert!(out.contains("already running"), "{out}");
+        board.type_line("stop alpha");
+        // Its vCPU leaves at its next exit.
+        board.with_vm("alpha", |vm, cpu| lifecycle::leave(vm, cpu, 0, true));
+        assert!(stopped(&mut board, "alpha"));
+        let out = board.answer("restore alpha-1");
+        assert!(
+            out.contains("restore: alpha runs again from 'alpha-1'"),
+            "{out}"
+        );
+        assert_eq!(board.vm("alpha").state(), VmState::Running);
+        let ctx = board.with_vm("alpha", |vm, _| lifecycle::take_restored(vm, 0));
+        assert_eq!(ctx.flatten().map(|r| r.ctx.x[3]), Some(33));
+        // Into another VM of another configuration: refused.
+        let out = board.answer("restore alpha-1 as beta");
+        assert!(out.contains("restore: beta not started"), "{out}");
+        assert_eq!(
+            board.answer("delete alpha-1"),
+            "snapshot 'alpha-1' deleted\n"
+        );
+        assert!(board
+            .answer("restore alpha-1")
+            .contains("no snapshot called"));
+        assert!(board.answer("delete alpha-1").contains("no snapshot"));
+        assert!(
+            board.answer("check").contains("ok"),
+            "{}",
+            board.answer("check")
+        );
+    }
+
+    #[test]
+    fn a_full_disk_leaves_the_vm_running_and_nothing_listed() {
+        let mut board = FakeBoard::new();
+        // Room for the directory and a few sectors of data only.
+        board.disk = Some(RamDisk::new(75));
+        enter_alpha(&mut board);
+        let mut out = String::new();
+        let mut job = begin(&mut board, "snapshot alpha big", &mut out).expect("a job");
+        capture_alpha(&mut board);
+        let mut out = String::new();
+        assert!(snapshot_cmds::step(&mut board, &mut out, &mut job));
+        assert!(
+            out.contains("snapshot big: not taken: the disk is full"),
+            "{out}"
+        );
+        assert!(out.contains("alpha goes on running"), "{out}");
+        assert!(!board.vm("alpha").pause_requested());
+        assert_eq!(board.vm("alpha").state(), VmState::Running);
+        assert!(board.answer("snapshots").starts_with("no snapshots"));
+    }
+
+    #[test]
+    fn without_a_disk_or_a_running_vm_nothing_begins() {
+        let mut board = FakeBoard::new();
+        let mut out = String::new();
+        assert!(begin(&mut board, "snapshot alpha", &mut out).is_none());
+        assert!(out.contains("the board has no disk"), "{out}");
+        board.disk = Some(RamDisk::new(4096));
+        let mut out = String::new();
+        assert!(begin(&mut board, "snapshot beta", &mut out).is_none());
+        assert!(out.contains("beta is not running"), "{out}");
+        let mut out = String::new();
+        assert!(begin(&mut board, "snapshot ghost", &mut out).is_none());
+        assert!(out.contains("no VM called 'ghost'"), "{out}");
+        assert!(board
+            .answer("restore nothing")
+            .contains("no snapshot called"));
     }
 }

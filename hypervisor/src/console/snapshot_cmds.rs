@@ -34,6 +34,8 @@ pub struct SnapshotJob {
     phase: Phase,
     /// When the pause was asked for (microseconds since boot).
     pause_asked_us: u64,
+    /// Pages the guest hinted free in the run the snapshot asked for.
+    hinted: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +121,7 @@ pub fn begin(
         name,
         phase: Phase::Pausing { until_us: 0 },
         pause_asked_us: 0,
+        hinted: 0,
     };
     match board.with_vm(vm, balloon_ctl::start_hint) {
         Some(Ok(id)) => {
@@ -180,11 +183,19 @@ pub fn step(board: &mut impl Board, out: &mut String, job: &mut SnapshotJob) -> 
     match job.phase {
         Phase::Hinting { id, until_us } => {
             let ended = board.with_vm(&job.vm, |vm, _| {
-                vm.balloon()
+                let run = vm
+                    .balloon()
                     .and_then(|b| b.device().hint_run())
-                    .filter(|r| r.id == id)
-                    .is_none_or(|r| r.outcome != HintOutcome::Running)
+                    .filter(|r| r.id == id);
+                (
+                    run.is_none_or(|r| r.outcome != HintOutcome::Running),
+                    run.map_or(0, |r| r.pages_hinted),
+                )
             });
+            if let Some((_, hinted)) = ended {
+                job.hinted = hinted;
+            }
+            let ended = ended.map(|(ended, _)| ended);
             match ended {
                 None => {
                     let _ = writeln!(out, "snapshot {}: {} is gone", job.name, job.vm);
@@ -213,7 +224,8 @@ pub fn step(board: &mut impl Board, out: &mut String, job: &mut SnapshotJob) -> 
                     true
                 }
                 Some(true) => {
-                    copy(board, out, job);
+                    let pausing_ms = now.saturating_sub(job.pause_asked_us) / 1_000;
+                    copy(board, out, job, pausing_ms);
                     true
                 }
                 Some(false) if now < until_us => false,
@@ -238,8 +250,9 @@ fn resume(board: &mut impl Board, vm: &str) {
 }
 
 /// Write the paused VM into the store, then resume it.
-fn copy(board: &mut impl Board, out: &mut String, job: &SnapshotJob) {
+fn copy(board: &mut impl Board, out: &mut String, job: &SnapshotJob, pausing_ms: u64) {
     let id = board.snapshot_board();
+    let copy_began = board.now_us();
     let counter = board.counter_now();
     let name = job.name.clone();
     let done = board.with_vm_and_disk(&job.vm, |vm, cpu, disk| {
@@ -264,7 +277,9 @@ fn copy(board: &mut impl Board, out: &mut String, job: &SnapshotJob) {
         pause::resume(vm);
         result
     });
-    let paused_ms = board.now_us().saturating_sub(job.pause_asked_us) / 1_000;
+    let now = board.now_us();
+    let paused_ms = now.saturating_sub(job.pause_asked_us) / 1_000;
+    let write_ms = now.saturating_sub(copy_began) / 1_000;
     match done {
         None => {
             let _ = writeln!(out, "snapshot {}: {} is gone", job.name, job.vm);
@@ -280,15 +295,19 @@ fn copy(board: &mut impl Board, out: &mut String, job: &SnapshotJob) {
             let not_backed = r.totals.not_backed;
             let _ = writeln!(
                 out,
-                "snapshot {}: {} saved, {} written; paused {paused_ms} ms",
+                "snapshot {}: {} saved, {} written; paused {paused_ms} ms ({pausing_ms} ms for its vCPUs to stop, {write_ms} ms to write)",
                 job.name,
                 job.vm,
                 Size(bytes)
             );
             let _ = writeln!(
                 out,
-                "  pages: {} data, {} zero (a bit each), {not_backed} not written: {} ballooned, {} hinted free, {} reported free or never touched",
-                r.totals.data, r.totals.zero, r.ballooned, r.hinted, r.other_unbacked
+                "  pages: {} data, {} zero (a bit each), {not_backed} not written: {} ballooned, {} freed (hinted, reported) or never touched; the guest hinted {} pages free for it",
+                r.totals.data,
+                r.totals.zero,
+                r.ballooned,
+                r.hinted.saturating_add(r.other_unbacked),
+                job.hinted
             );
         }
     }
