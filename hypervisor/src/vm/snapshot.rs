@@ -51,8 +51,7 @@ pub struct BoardId {
     /// Whether a guest's virtual counter may run ahead of the physical
     /// one (CNTVOFF_EL2 "negative"). The architecture allows it; QEMU's
     /// timer model does not fire a timer whose CVAL + CNTVOFF overflows
-    /// (target/arm's `gt_recalc_timer` saturates it with
-    /// `uadd64_overflow`), so on QEMU a guest restored ahead of the
+    /// (target/arm's timer recalculation saturates the sum), so on QEMU a guest restored ahead of the
     /// board's clock would never get a timer interrupt.
     pub counter_may_lead: bool,
 }
