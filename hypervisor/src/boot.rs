@@ -770,7 +770,7 @@ fn run(cmd: Command, board: &BoardInfo) {
         }),
         // In the shell's own failure domain: the command is abandoned.
         Then::FailShell => panic!("injected failure ('debug fail-board shell')"),
-        Then::Snapshot { vm, name } => begin_snapshot(board, &vm, name.as_deref()),
+        Then::Snapshot { vm, name, hint } => begin_snapshot(board, &vm, name.as_deref(), hint),
         Then::RestoreLater(later) => restore_later(later),
     }
 }
@@ -969,7 +969,7 @@ static STATS_WAIT: Mutex<Option<StatsWait>> = Mutex::new(None);
 static SNAPSHOT_JOB: Mutex<Option<snapshot_cmds::SnapshotJob>> = Mutex::new(None);
 
 /// `snapshot <vm> [name]`: begin the job unless one is being taken.
-fn begin_snapshot(board: &BoardInfo, vm: &str, name: Option<&str>) {
+fn begin_snapshot(board: &BoardInfo, vm: &str, name: Option<&str>, hint: bool) {
     let mut job = SNAPSHOT_JOB.lock();
     if let Some(busy) = job.as_ref() {
         println!(
@@ -979,7 +979,7 @@ fn begin_snapshot(board: &BoardInfo, vm: &str, name: Option<&str>) {
         return;
     }
     let mut text = alloc::string::String::new();
-    *job = snapshot_cmds::begin(&mut ShellBoard { info: board }, &mut text, vm, name);
+    *job = snapshot_cmds::begin(&mut ShellBoard { info: board }, &mut text, vm, name, hint);
     drop(job);
     print!("{text}");
 }

@@ -58,6 +58,7 @@ pub enum Then {
     Snapshot {
         vm: heapless::String<32>,
         name: Option<crate::snapshot::store::Name>,
+        hint: bool,
     },
     /// `restore`: the board's clock must first pass the guest's; the
     /// shell's looks do it when it is due.
@@ -75,7 +76,7 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
         Command::Cpus => board.write_cpus(out),
         Command::Vms => vms(board, out),
         Command::Snapshots => snapshots(board, out),
-        Command::Snapshot { vm, name } => {
+        Command::Snapshot { vm, name, hint } => {
             let mut v = heapless::String::new();
             let mut n = crate::snapshot::store::Name::new();
             if v.push_str(vm).is_err() || name.is_some_and(|name| n.push_str(name).is_err()) {
@@ -85,6 +86,7 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
             return Then::Snapshot {
                 vm: v,
                 name: name.map(|_| n),
+                hint,
             };
         }
         Command::Restore { name, into } => {
@@ -1255,10 +1257,10 @@ mod snapshot_command_tests {
     fn begin(board: &mut FakeBoard, line: &str, out: &mut String) -> Option<SnapshotJob> {
         let (text, then) = board.type_line(line);
         out.push_str(&text);
-        let Then::Snapshot { vm, name } = then else {
+        let Then::Snapshot { vm, name, hint } = then else {
             return None;
         };
-        snapshot_cmds::begin(board, out, &vm, name.as_deref())
+        snapshot_cmds::begin(board, out, &vm, name.as_deref(), hint)
     }
 
     /// alpha's vCPU 0 inside its loop: it saves its state when paused.

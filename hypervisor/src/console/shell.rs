@@ -20,6 +20,9 @@ pub enum Command<'a> {
     Snapshot {
         vm: &'a str,
         name: Option<&'a str>,
+        /// `--no-hint`: no hinting run first (what hinting saves is
+        /// measured against it).
+        hint: bool,
     },
     /// Start a stopped VM (the snapshot's, or `into`) from a snapshot.
     Restore {
@@ -209,8 +212,8 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "the snapshots on the board's disk: name, VM, size, when by the guest's clock, board",
     },
     CommandInfo {
-        usage: "snapshot <vm> [name]",
-        summary: "save a running VM to the board's disk (free pages it hints, ballooned and zero pages are not written); it is paused for the copy, then goes on",
+        usage: "snapshot <vm> [name] [--no-hint]",
+        summary: "save a running VM to the board's disk (free pages it hints, ballooned and zero pages are not written; --no-hint: no hinting run first); it is paused for the copy, then goes on",
     },
     CommandInfo {
         usage: "restore <name> [as <vm>]",
@@ -299,6 +302,8 @@ impl core::fmt::Display for ParseError<'_> {
     }
 }
 
+const SNAPSHOT_USAGE: &str = "snapshot <vm> [name] [--no-hint]";
+
 /// Parse one line; `Ok(None)` for a blank line.
 pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
     let mut words = line.split_ascii_whitespace();
@@ -318,10 +323,22 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
         "poweroff" => no_args(Command::PowerOff, "poweroff"),
         "vms" => no_args(Command::Vms, "vms"),
         "snapshots" => no_args(Command::Snapshots, "snapshots"),
-        "snapshot" => match (rest, words.next(), words.next()) {
-            (Some(vm), name, None) => Ok(Some(Command::Snapshot { vm, name })),
-            _ => Err(ParseError::Usage("snapshot <vm> [name]")),
-        },
+        "snapshot" => {
+            let mut args = [rest, words.next(), words.next(), words.next()];
+            let no_hint = args.iter().position(|a| *a == Some("--no-hint"));
+            if let Some(i) = no_hint {
+                args[i..].rotate_left(1);
+                args[3] = None;
+            }
+            match args {
+                [Some(vm), name, None, None] => Ok(Some(Command::Snapshot {
+                    vm,
+                    name,
+                    hint: no_hint.is_none(),
+                })),
+                _ => Err(ParseError::Usage(SNAPSHOT_USAGE)),
+            }
+        }
         "restore" => match (rest, words.next(), words.next(), words.next()) {
             (Some(name), None, ..) => Ok(Some(Command::Restore { name, into: None })),
             (Some(name), Some("as"), Some(vm), None) => Ok(Some(Command::Restore {
@@ -489,6 +506,7 @@ mod tests {
                 .replace("<vm>", "alpha")
                 .replace("<name>", "before-upgrade")
                 .replace("[name]", "first")
+                .replace("[--no-hint]", "--no-hint")
                 .replace("[as alpha]", "as beta")
                 .replace("<size>", "64M")
                 .replace("<seconds>", "5")
@@ -514,9 +532,23 @@ mod tests {
             parse("snapshot alpha"),
             Ok(Some(Command::Snapshot {
                 vm: "alpha",
-                name: None
+                name: None,
+                hint: true
             }))
         );
+        assert_eq!(
+            parse("snapshot alpha --no-hint"),
+            Ok(Some(Command::Snapshot {
+                vm: "alpha",
+                name: None,
+                hint: false
+            }))
+        );
+        assert_eq!(
+            parse("snapshot alpha s2 --no-hint"),
+            parse("snapshot alpha --no-hint s2")
+        );
+        assert!(parse("snapshot alpha a b").is_err());
         assert!(parse("restore s1 into beta").is_err());
         assert!(parse("snapshot").is_err());
         assert!(parse("delete").is_err());

@@ -52,12 +52,14 @@ fn name_of(s: &str) -> Name {
     n
 }
 
-/// `snapshot <vm> [name]`: the job, or why there is none (in `out`).
+/// `snapshot <vm> [name] [--no-hint]`: the job, or why there is none (in
+/// `out`). `hint`: ask the guest to hint its free pages first.
 pub fn begin(
     board: &mut impl Board,
     out: &mut String,
     vm: &str,
     name: Option<&str>,
+    hint: bool,
 ) -> Option<SnapshotJob> {
     if let Some(n) = name.filter(|n| !valid_name(n)) {
         let _ = writeln!(out, "snapshot: '{n}': {}", StoreError::BadName);
@@ -123,7 +125,20 @@ pub fn begin(
         pause_asked_us: 0,
         hinted: 0,
     };
-    match board.with_vm(vm, balloon_ctl::start_hint) {
+    let started = if hint {
+        board.with_vm(vm, balloon_ctl::start_hint)
+    } else {
+        let _ = writeln!(
+            out,
+            "snapshot {}: no hinting run first (--no-hint)",
+            job.name
+        );
+        if !ask_pause(board, out, &mut job, now) {
+            return None;
+        }
+        return Some(job);
+    };
+    match started {
         Some(Ok(id)) => {
             let _ = writeln!(
                 out,
