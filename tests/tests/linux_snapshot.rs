@@ -155,7 +155,30 @@ fn saved_and_restored(board: Board) {
         "uptime went back from {uptime_before} to {uptime_after}"
     );
 
-    // The balloon driver still works: inflate, deflate, a hinting run.
+    // The balloon driver still works: free page reporting gives back what
+    // a process freed, inflate, deflate, a hinting run.
+    let reported = |s: &mut Session| {
+        let info = ok(s.run("info balloon linux", COMMAND));
+        harness::console::first_number(
+            &info,
+            r"free page reporting: \d+ reports, \d+ blocks, (\d+) pages",
+        )
+        .unwrap_or_else(|| panic!("{info}"))
+    };
+    let before = reported(&mut s);
+    agent(&mut s, 12, "tidal-mem hog 96");
+    let mut grew = false;
+    for _ in 0..30 {
+        if reported(&mut s) >= before + 8192 {
+            grew = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        grew,
+        "free page reporting gave back less than 32 MiB of 96 after the restore"
+    );
     ok(s.run("balloon linux 96M", COMMAND));
     ok(s.expect(r"tidal: \[linux\] balloon: reached 24576 pages", STEP));
     ok(s.run("balloon linux 0", COMMAND));
