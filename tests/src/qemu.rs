@@ -79,6 +79,17 @@ pub fn log_dir() -> PathBuf {
     dir
 }
 
+/// A new sparse image of `mib` MiB under the test logs (`<name>.img`): a
+/// board disk for a test.
+pub fn disk_image(name: &str, mib: u64) -> PathBuf {
+    let path = log_dir().join(format!("{name}.img"));
+    let file = std::fs::File::create(&path)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+    file.set_len(mib << 20)
+        .unwrap_or_else(|e| panic!("cannot size {}: {e}", path.display()));
+    path
+}
+
 /// Where `cargo xtask` puts the trace build of the hypervisor (the `trace`
 /// feature, `DEFMT_LOG=trace`), relative to the workspace root: a target
 /// directory of its own.

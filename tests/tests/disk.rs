@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use harness::{log_dir, Artifacts, Board, HarnessError, QemuOptions, Session, PROMPT};
+use harness::{disk_image, Artifacts, Board, HarnessError, QemuOptions, Session, PROMPT};
 
 const BOOT: Duration = Duration::from_secs(60);
 const COMMAND: Duration = Duration::from_secs(10);
@@ -20,11 +20,10 @@ fn ok<T>(result: Result<T, HarnessError>) -> T {
 /// A sparse image of `mib` MiB under the test logs, filled with `byte`
 /// for its first sector if `byte` is not 0.
 fn image(name: &str, mib: u64, byte: u8) -> PathBuf {
-    let path = log_dir().join(format!("{name}.img"));
-    let file = std::fs::File::create(&path).unwrap();
-    file.set_len(mib << 20).unwrap();
+    let path = disk_image(name, mib);
     if byte != 0 {
         use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(&[byte; 512], 0).unwrap();
     }
     path

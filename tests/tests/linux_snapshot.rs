@@ -8,11 +8,10 @@
 //! inflation completes after its restore. Ignored by plain `cargo test`;
 //! `cargo xtask test` runs them.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use harness::linux::{agent_run, wait_for_agents};
-use harness::{log_dir, Artifacts, Board, HarnessError, QemuOptions, Session};
+use harness::{disk_image, Artifacts, Board, HarnessError, QemuOptions, Session};
 
 const BOOT: Duration = Duration::from_secs(180);
 const STEP: Duration = Duration::from_secs(60);
@@ -21,13 +20,6 @@ const COMMAND: Duration = Duration::from_secs(20);
 
 fn ok<T>(result: Result<T, HarnessError>) -> T {
     result.unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn image(name: &str, mib: u64) -> PathBuf {
-    let path = log_dir().join(format!("{name}.img"));
-    let file = std::fs::File::create(&path).unwrap();
-    file.set_len(mib << 20).unwrap();
-    path
 }
 
 fn agent(s: &mut Session, id: u32, cmd: &str) -> Vec<String> {
@@ -90,7 +82,7 @@ fn wait_info(s: &mut Session, what: &str) {
 
 fn saved_and_restored(board: Board) {
     let name = format!("{}-linux-snapshot", board.name());
-    let disk = image(&name, 2048);
+    let disk = disk_image(&name, 2048);
     let artifacts = Artifacts::locate();
     let mut opts = QemuOptions::for_board(board, &artifacts);
     opts.initrd = Some(harness::target_dir().join("bundles").join("linux-full.img"));

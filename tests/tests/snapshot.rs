@@ -6,10 +6,10 @@
 //! a damaged one is refused with nothing started. Ignored by plain
 //! `cargo test`; `cargo xtask test` runs them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use harness::{log_dir, Artifacts, Board, HarnessError, QemuOptions, Session, PROMPT};
+use harness::{disk_image, Artifacts, Board, HarnessError, QemuOptions, Session, PROMPT};
 
 const BOOT: Duration = Duration::from_secs(60);
 const COMMAND: Duration = Duration::from_secs(10);
@@ -19,14 +19,6 @@ const SAVE: Duration = Duration::from_secs(120);
 
 fn ok<T>(result: Result<T, HarnessError>) -> T {
     result.unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A new sparse image of `mib` MiB under the test logs.
-fn image(name: &str, mib: u64) -> PathBuf {
-    let path = log_dir().join(format!("{name}.img"));
-    let file = std::fs::File::create(&path).unwrap();
-    file.set_len(mib << 20).unwrap();
-    path
 }
 
 /// Boots `bundle` (target/bundles/<bundle>.img) with `disk` attached.
@@ -77,7 +69,7 @@ fn stop_and_restore(s: &mut Session, vm: &str, name: &str) -> String {
 
 fn saved_restored_and_refused_when_damaged(board: Board) {
     let name = format!("{}-snapshot", board.name());
-    let path = image(&name, 1024);
+    let path = disk_image(&name, 1024);
     let mut s = boot(board, "pair", &name, &path);
     ok(s.await_test_guests(&["alpha", "beta"], BOOT));
     // Its pattern is set and verified once before the snapshot.

@@ -694,6 +694,26 @@ fn driver_live(
     (inflate, deflate)
 }
 
+/// The guest puts 16 PFNs in the middle of its RAM (from 2.5 MiB on) on
+/// `queue`, its page array at `rings + 0x8000`: the first PFN and the
+/// array's address.
+fn queue_16_pages(
+    vm: &mut Vm,
+    cpu: &mut FakeCpu,
+    queue: &mut DriverQueue,
+    rings: u64,
+) -> (u64, u64) {
+    let first_pfn = (layout::RAM_BASE + (2 << 20) + (512 << 10)).pfn().raw();
+    let pfns: Vec<u8> = (0..16u32)
+        .flat_map(|i| (first_pfn as u32 + i).to_le_bytes())
+        .collect();
+    let array = rings + 0x8000;
+    let mut stores = GuestStores { vm, cpu };
+    stores.poke(array, &pfns);
+    queue.add(&mut stores, &[(array, 64, false)]);
+    (first_pfn, array)
+}
+
 #[test]
 fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
     let (mut vm, mut cpu) = started(1);
@@ -711,19 +731,7 @@ fn a_balloon_driven_by_exits_moves_pages_to_the_pool_and_back() {
         .as_ref()
         .is_some_and(|b| b.interrupt_pending()));
     // The guest inflates 16 pages in the middle of its RAM.
-    let first_pfn = (layout::RAM_BASE + (2 << 20) + (512 << 10)).pfn().raw();
-    let pfns: Vec<u8> = (0..16u32)
-        .flat_map(|i| (first_pfn as u32 + i).to_le_bytes())
-        .collect();
-    let array = rings + 0x8000;
-    {
-        let mut stores = GuestStores {
-            vm: &mut vm,
-            cpu: &mut cpu,
-        };
-        stores.poke(array, &pfns);
-        inflate.add(&mut stores, &[(array, 64, false)]);
-    }
+    let (first_pfn, array) = queue_16_pages(&mut vm, &mut cpu, &mut inflate, rings);
     virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 0);
     assert_eq!(
         cpu.host.frames.free_pages(),

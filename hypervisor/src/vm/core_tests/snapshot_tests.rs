@@ -23,19 +23,7 @@ fn paused_vm() -> (Vm, FakeCpu, GuestContext) {
     let rings = layout::RAM_BASE.raw() + VM_RAM - 0x10_0000;
     let (mut inflate, _) = driver_live(&mut vm, &mut cpu, &mut ctx, rings);
     balloon_ctl::set_target(&mut vm, &mut cpu, 16).expect("target set");
-    let first_pfn = (layout::RAM_BASE + (2 << 20) + (512 << 10)).pfn().raw();
-    let pfns: Vec<u8> = (0..16u32)
-        .flat_map(|i| (first_pfn as u32 + i).to_le_bytes())
-        .collect();
-    let array = rings + 0x8000;
-    {
-        let mut stores = GuestStores {
-            vm: &mut vm,
-            cpu: &mut cpu,
-        };
-        stores.poke(array, &pfns);
-        inflate.add(&mut stores, &[(array, 64, false)]);
-    }
+    queue_16_pages(&mut vm, &mut cpu, &mut inflate, rings);
     virtio_write(&mut vm, &mut cpu, &mut ctx, mmio::QUEUE_NOTIFY, 0);
     let data: Vec<u8> = (0..PAGE_SIZE as u32 * 3).map(|i| (i % 251) as u8).collect();
     let ram = vm.memory.ram.as_mut().expect("RAM");
