@@ -878,7 +878,9 @@ impl commands::Board for ShellBoard<'_> {
         name: &str,
         f: impl FnOnce(&mut run::Vm, &mut run::TargetCpu, Option<&mut dyn Disk>) -> R,
     ) -> Option<R> {
-        run::with_vm(name, |vm| {
+        // Seconds of disk work under the VM's lock: the manager's rounds
+        // leave the VM out meanwhile.
+        run::with_vm_held_long(name, |vm| {
             let mut cpu = run::TargetCpu::new();
             crate::disk::with_disk_or_none(|d| f(vm, &mut cpu, d.map(|d| d as &mut dyn Disk)))
         })

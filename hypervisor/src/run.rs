@@ -591,6 +591,43 @@ pub fn with_vm<R>(name: &str, f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
     None
 }
 
+/// The VM whose lock a shell command holds for seconds (a snapshot's
+/// write, a restore's read; `usize::MAX`: none): the memory manager's
+/// tick, which any CPU may run between two exits of another VM's vCPU,
+/// leaves it out of its rounds rather than wait for it.
+static HELD_LONG: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// [`with_vm`] for work that holds the VM's lock for seconds: the
+/// memory manager's rounds leave the VM out meanwhile (its last input
+/// stands; no target is set on it), so no other VM's CPU waits on it.
+pub fn with_vm_held_long<R>(name: &str, f: impl FnOnce(&mut Vm) -> R) -> Option<R> {
+    let id = (0..MAX_GUESTS).find(|&id| {
+        lock_vm_for_service(id)
+            .as_ref()
+            .is_some_and(|vm| vm.name() == name)
+    })?;
+    HELD_LONG.store(id, Ordering::Release);
+    // A round already past its check of the flag ends before the lock is
+    // taken here; every later round sees the flag.
+    drop(MANAGER.lock());
+    let mut guard = lock_vm_for_service(id);
+    let done = guard.as_mut().filter(|vm| vm.name() == name).map(|vm| {
+        let result = f(vm);
+        (result, take_pending(vm))
+    });
+    drop(guard);
+    HELD_LONG.store(usize::MAX, Ordering::Release);
+    done.map(|(result, pending)| {
+        show(pending);
+        result
+    })
+}
+
+/// Whether the shell holds VM `id`'s lock for long ([`with_vm_held_long`]).
+fn held_long(id: usize) -> bool {
+    HELD_LONG.load(Ordering::Acquire) == id
+}
+
 /// The `check` command, one VM at a time: each VM's stage-2 tables are
 /// walked under its lock alone; the frame table's own invariants are
 /// checked under its lock alone; then the figures added up across VMs are
@@ -1376,6 +1413,9 @@ fn manager_tick(now: u64) {
     // deciding on a sample up to a poll interval old.
     let short = frames().unreserved_free() < mm.manager.watermarks().low;
     for (id, failed) in failed.iter_mut().enumerate() {
+        if held_long(id) {
+            continue;
+        }
         let read = for_vm_input(Service::Manager, id, || {
             let mut vm_guard = lock_vm_for_service(id);
             let vm = vm_guard.as_mut()?;
@@ -1416,7 +1456,7 @@ fn manager_tick(now: u64) {
     let decisions = mm.manager.tick(now, pool, &mm.inputs);
     for (id, target) in decisions.targets.iter().enumerate() {
         let Some(target) = *target else { continue };
-        if failed.get(id).copied().unwrap_or(true) {
+        if failed.get(id).copied().unwrap_or(true) || held_long(id) {
             continue;
         }
         let applied = for_vm_input(Service::Manager, id, || {
