@@ -1308,6 +1308,10 @@ mod snapshot_command_tests {
         assert!(!snapshot_cmds::step(&mut board, &mut out, &mut job));
         assert!(out.is_empty(), "{out}");
         capture_alpha(&mut board);
+        // Paused: said, then written at the next step.
+        assert!(!snapshot_cmds::step(&mut board, &mut out, &mut job));
+        assert!(out.contains("snapshot alpha-1: alpha paused; writing it"), "{out}");
+        assert!(board.vm("alpha").pause_requested(), "still paused");
         assert!(snapshot_cmds::step(&mut board, &mut out, &mut job));
         assert!(out.contains("snapshot alpha-1: alpha saved"), "{out}");
         assert!(out.contains("pages: "), "{out}");
@@ -1361,6 +1365,7 @@ mod snapshot_command_tests {
         let mut job = begin(&mut board, "snapshot alpha big", &mut out).expect("a job");
         capture_alpha(&mut board);
         let mut out = String::new();
+        assert!(!snapshot_cmds::step(&mut board, &mut out, &mut job));
         assert!(snapshot_cmds::step(&mut board, &mut out, &mut job));
         assert!(
             out.contains("snapshot big: not taken: the disk is full"),

@@ -44,6 +44,8 @@ enum Phase {
     Hinting { id: u32, until_us: u64 },
     /// The vCPUs pause, until `until_us`.
     Pausing { until_us: u64 },
+    /// Paused after `pausing_ms`, said so: written at the next look.
+    Writing { pausing_ms: u64 },
 }
 
 fn name_of(s: &str) -> Name {
@@ -239,9 +241,21 @@ pub fn step(board: &mut impl Board, out: &mut String, job: &mut SnapshotJob) -> 
                     true
                 }
                 Some(true) => {
+                    // Said before the write, which may take seconds: the
+                    // shell answers nothing meanwhile.
                     let pausing_ms = now.saturating_sub(job.pause_asked_us) / 1_000;
-                    copy(board, out, job, pausing_ms);
-                    true
+                    let backed = board
+                        .with_vm(&job.vm, |vm, _| vm.ram().map_or(0, |r| r.mapped_pages()))
+                        .unwrap_or(0);
+                    let _ = writeln!(
+                        out,
+                        "snapshot {}: {} paused; writing it ({} backed, zero pages not written)...",
+                        job.name,
+                        job.vm,
+                        Size(backed.saturating_mul(crate::mm::frames::PAGE_SIZE))
+                    );
+                    job.phase = Phase::Writing { pausing_ms };
+                    false
                 }
                 Some(false) if now < until_us => false,
                 Some(false) => {
@@ -256,6 +270,10 @@ pub fn step(board: &mut impl Board, out: &mut String, job: &mut SnapshotJob) -> 
                     true
                 }
             }
+        }
+        Phase::Writing { pausing_ms } => {
+            copy(board, out, job, pausing_ms);
+            true
         }
     }
 }
