@@ -1310,7 +1310,10 @@ mod snapshot_command_tests {
         capture_alpha(&mut board);
         // Paused: said, then written at the next step.
         assert!(!snapshot_cmds::step(&mut board, &mut out, &mut job));
-        assert!(out.contains("snapshot alpha-1: alpha paused; writing it"), "{out}");
+        assert!(
+            out.contains("snapshot alpha-1: alpha paused; writing it"),
+            "{out}"
+        );
         assert!(board.vm("alpha").pause_requested(), "still paused");
         assert!(snapshot_cmds::step(&mut board, &mut out, &mut job));
         assert!(out.contains("snapshot alpha-1: alpha saved"), "{out}");

@@ -271,6 +271,17 @@ pub fn restore<C: PhysCpu, S: Source>(
         state
             .check_for(gic, intids)
             .map_err(|e| refused(format_args!("its vCPU state: {e}")))?;
+        // A list register this CPU lacks would keep its interrupt listed
+        // for good.
+        let here = cpu.list_registers().min(crate::limits::MAX_LRS);
+        if let Some(r) = state.running.as_ref().filter(|_| gic != 0) {
+            if usize::from(r.vif.count) != here {
+                return Err(refused(format_args!(
+                    "it was taken on a CPU with {} list registers, this one has {here}",
+                    r.vif.count
+                )));
+            }
+        }
         vcpus.push(state);
     }
     r.finish()

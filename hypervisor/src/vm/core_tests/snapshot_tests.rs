@@ -239,3 +239,28 @@ fn a_board_whose_counter_may_not_lead_waits_until_its_clock_passes_the_guests() 
         1_000_000_000
     );
 }
+
+#[test]
+fn a_vcpu_saved_on_a_cpu_with_other_list_registers_is_refused() {
+    let (mut vm, mut cpu, _) = paused_vm();
+    if let Some(Some(state)) = vm.snap.captured.get_mut(0) {
+        if let Some(r) = state.running.as_mut() {
+            r.vif.count = 2;
+        }
+    }
+    let (bytes, _) = save(&mut vm, &mut cpu);
+    let mut twin = Vm::new(0, vm.spec, GuestGic::V3);
+    let e = snapshot::restore(
+        &mut twin,
+        &mut FakeCpu::new(BOARD_PAGES),
+        BOARD,
+        0,
+        &bytes[..],
+    )
+    .expect_err("refused");
+    assert!(
+        format!("{e}").contains("2 list registers, this one has 4"),
+        "{e}"
+    );
+    assert_eq!(twin.state(), VmState::Stopped);
+}
