@@ -86,7 +86,7 @@ fn saved_and_restored(board: Board) {
     let artifacts = Artifacts::locate();
     let mut opts = QemuOptions::for_board(board, &artifacts);
     opts.initrd = Some(harness::target_dir().join("bundles").join("linux-full.img"));
-    opts.disk = Some(disk);
+    opts.disk = Some(disk.clone());
     let mut s = ok(Session::start(&name, board, &artifacts, &opts));
     s.set_deadline(Duration::from_secs(900));
     ok(wait_for_agents(&mut s, &["linux"], 0, BOOT));
@@ -189,6 +189,9 @@ fn saved_and_restored(board: Board) {
     wait_info(&mut s, "actual 32768 pages");
     agent(&mut s, 11, "md5sum -c /tmp/data.md5");
     s.assert_check();
+    drop(s);
+    // Kept only when the test failed.
+    let _ = std::fs::remove_file(&disk);
 }
 
 mod virt_gicv3 {

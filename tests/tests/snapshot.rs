@@ -152,6 +152,9 @@ fn saved_restored_and_refused_when_damaged(board: Board) {
     s.assert_check();
     // The other VM was never disturbed.
     ok(s.balloon_test_guest("alpha", 8, SAVE));
+    drop(s);
+    // Kept only when the test failed.
+    let _ = std::fs::remove_file(&path);
 }
 
 mod virt_gicv2 {
