@@ -56,6 +56,16 @@ fn render(c: &Command<'_>) -> String {
         Command::Cpus => "cpus".into(),
         Command::Vms => "vms".into(),
         Command::Snapshots => "snapshots".into(),
+        Command::Snapshot { vm, name, hint } => format!(
+            "snapshot {vm}{}{}",
+            name.map(|n| format!(" {n}")).unwrap_or_default(),
+            if hint { "" } else { " --no-hint" }
+        ),
+        Command::Restore { name, into } => match into {
+            Some(vm) => format!("restore {name} as {vm}"),
+            None => format!("restore {name}"),
+        },
+        Command::Delete { name } => format!("delete {name}"),
         Command::Balloon { vm, bytes } => format!("balloon {vm} {bytes}"),
         Command::BalloonAuto { vm } => format!("balloon {vm} auto"),
         Command::InfoBalloon { vm } => match vm {
@@ -120,6 +130,9 @@ fn quoted<'a>(c: &Command<'a>) -> Vec<&'a str> {
         | Command::DebugFail { vm, .. }
         | Command::DebugFailInput { vm } => vec![vm],
         Command::InfoBalloon { vm } => vm.into_iter().collect(),
+        Command::Snapshot { vm, name, .. } => [Some(vm), name].into_iter().flatten().collect(),
+        Command::Restore { name, into } => [Some(name), into].into_iter().flatten().collect(),
+        Command::Delete { name } => vec![name],
         _ => Vec::new(),
     }
 }
