@@ -474,6 +474,15 @@ impl Guest {
         })
     }
 
+    /// Runs `command` on QEMU's human monitor (the QEMU side only): its
+    /// output.
+    pub(super) fn monitor(&mut self, command: &str) -> Result<String, String> {
+        self.monitor
+            .as_mut()
+            .ok_or_else(|| format!("{}: no QEMU monitor", self.side.name()))?
+            .command(command)
+    }
+
     /// How the guest's console lines start on this side's console.
     fn prefix(&self) -> &'static str {
         match self.side {
