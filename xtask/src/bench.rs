@@ -15,7 +15,9 @@
 //! target/bench/balloon.json.
 //!
 //! Not part of that run: [`mod@policy`] (`cargo xtask bench policy`), the
-//! memory manager under overcommit, plotted by [`svg`].
+//! memory manager under overcommit, plotted by [`svg`]; and
+//! [`mod@snapshot`] (`cargo xtask bench snapshot`), a Linux guest's
+//! snapshot and restore under Tidal beside QEMU's own save.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -29,6 +31,7 @@ mod exits;
 mod features;
 mod linux;
 mod policy;
+mod snapshot;
 mod svg;
 
 const ROUNDS: usize = 3;
@@ -128,6 +131,12 @@ pub fn features(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
 /// (`cargo xtask bench policy`).
 pub fn policy(root: &Path, artifacts: &Artifacts, rounds: usize) -> Result<(), String> {
     policy::run(root, artifacts, rounds)
+}
+
+/// A Linux guest's snapshot and restore against QEMU's save and a boot
+/// (`cargo xtask bench snapshot`).
+pub fn snapshot(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
+    snapshot::run(root, artifacts)
 }
 
 /// `cargo xtask bench policy`'s own arguments (`--rounds N`).

@@ -52,12 +52,13 @@ fn main() -> ExitCode {
                 Some("bare-metal") => bench::bare_metal(&root, &build(&root)?),
                 Some("linux") => bench::linux(&root, &build(&root)?),
                 Some("features") => bench::features(&root, &build(&root)?),
+                Some("snapshot") => bench::snapshot(&root, &build(&root)?),
                 Some("policy") => {
                     let rounds = bench::policy_rounds(&args[2..])?;
                     bench::policy(&root, &build(&root)?, rounds)
                 }
                 Some(other) => Err(format!(
-                    "unknown bench '{other}'; `cargo xtask bench` runs the balloon benches, `cargo xtask bench bare-metal` the -icount part only, `cargo xtask bench linux` the Linux comparison only, `cargo xtask bench features` the balloon features only, `cargo xtask bench policy` the memory manager under overcommit"
+                    "unknown bench '{other}'; `cargo xtask bench` runs the balloon benches, `cargo xtask bench bare-metal` the -icount part only, `cargo xtask bench linux` the Linux comparison only, `cargo xtask bench features` the balloon features only, `cargo xtask bench policy` the memory manager under overcommit, `cargo xtask bench snapshot` a Linux guest's snapshot and restore against QEMU's save"
                 )),
             }
         }),
@@ -131,6 +132,12 @@ fn print_help() {
                      (default 3); per phase the time until the demand is met, pages moved,
                      vCPU waits over 100 ms, OOM kills (target/bench/policy.json, with the
                      median and spread), and a plot per run (target/bench/policy-*.svg)
+  bench snapshot     a Linux guest's snapshot (not part of `bench`): 1 GiB, 768 MiB of random
+                     data written to a tmpfs and removed; under Tidal (free page reporting off,
+                     and the demo's balloon features) `snapshot --no-hint` and `snapshot` with
+                     hinting, then `restore` timed to the agent's answer against a boot; beside
+                     QEMU's own save (`stop`, `migrate file:`); 3 rounds; bytes written, time,
+                     pause, pages by kind, and the goals' ratios (target/bench/snapshot.json)
   fuzz [TARGET...] [--time S | --runs N | --long]
                      build and run the fuzz targets (default: all, 60 s each; --long: 10
                      million executions each); per target executions, exec/s, coverage;

@@ -241,6 +241,7 @@ impl QemuGuest {
             &name,
             reporting,
             round.is_none(),
+            linux::GUEST_MIB,
         )?;
         let pid = guest.qemu_pid;
         guest.wait_ready()?;
@@ -722,6 +723,7 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             reporting.bundle().1,
             &fixture.kernel,
             &fixture.initramfs,
+            linux::GUEST_MIB,
         )?;
     }
     let started = Instant::now();

@@ -421,7 +421,8 @@ impl Guest {
     }
 
     /// The same kernel and initramfs directly under QEMU, with QEMU's own
-    /// balloon; `name`: the session's (its log's), and in
+    /// balloon and `mib` MiB of RAM ([`GUEST_MIB`] but for `bench
+    /// snapshot`'s larger guest); `name`: the session's (its log's), and in
     /// [`process_name`] QEMU's `-name`.
     pub(super) fn boot_qemu(
         kernel: &Path,
@@ -430,6 +431,7 @@ impl Guest {
         name: &str,
         reporting: Reporting,
         icount: bool,
+        mib: u64,
     ) -> Result<Guest, String> {
         let process = process_name(name);
         let socket = std::env::temp_dir().join(format!("{process}.mon"));
@@ -440,7 +442,7 @@ impl Guest {
         // with it, which halves the page-fault rate under TCG.
         cmd.args(["-M", "virt,gic-version=2,dtb-randomness=off"])
             .args(["-cpu", "cortex-a72"])
-            .args(["-smp", &VCPUS.to_string(), "-m", &format!("{GUEST_MIB}M")])
+            .args(["-smp", &VCPUS.to_string(), "-m", &format!("{mib}M")])
             .arg("-kernel")
             .arg(kernel)
             .arg("-initrd")
@@ -470,6 +472,15 @@ impl Guest {
             qemu_pid: find_qemu(&process)?,
             ready_cpu_s: (0.0, 0.0),
         })
+    }
+
+    /// Runs `command` on QEMU's human monitor (the QEMU side only): its
+    /// output.
+    pub(super) fn monitor(&mut self, command: &str) -> Result<String, String> {
+        self.monitor
+            .as_mut()
+            .ok_or_else(|| format!("{}: no QEMU monitor", self.side.name()))?
+            .command(command)
     }
 
     /// How the guest's console lines start on this side's console.
@@ -1206,14 +1217,15 @@ pub(super) fn spread(values: &[f64]) -> Spread {
     }
 }
 
-/// The Tidal bundle must hold the guest the QEMU side runs: same RAM, vCPU
-/// count, command line and fixture files, on the CPUs [`tidal_board`]
-/// gives it.
+/// The Tidal bundle must hold the guest the QEMU side runs: same RAM
+/// (`mib`), vCPU count, command line and fixture files, on the CPUs
+/// [`tidal_board`] gives it.
 pub(super) fn check_config(
     root: &Path,
     config: &str,
     kernel: &Path,
     initramfs: &Path,
+    mib: u64,
 ) -> Result<(), String> {
     let path = root.join(config);
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -1230,9 +1242,17 @@ pub(super) fn check_config(
         Some(other) => other.to_string(),
         None => String::new(),
     };
+    let ram =
+        vmconfig::parse_size(&field("ram")).map_err(|e| format!("{}: ram: {e}", path.display()))?;
+    if ram != mib << 20 {
+        return Err(format!(
+            "{}: ram = {} but the QEMU side runs {mib}M",
+            path.display(),
+            field("ram")
+        ));
+    }
     let expected = [
         ("name", VM.to_string()),
-        ("ram", format!("{GUEST_MIB}M")),
         ("vcpus", VCPUS.to_string()),
         ("cpus", format!("{:?}", (0..VCPUS).collect::<Vec<_>>())),
         ("cmdline", CMDLINE.to_string()),
@@ -1282,6 +1302,7 @@ fn boot(
             &format!("bench-linux-qemu-{name}"),
             reporting,
             false,
+            GUEST_MIB,
         ),
     }
 }
@@ -1294,6 +1315,7 @@ pub fn run(root: &Path, artifacts: &Artifacts) -> Result<(), String> {
             reporting.bundle().1,
             &fixture.kernel,
             &fixture.initramfs,
+            GUEST_MIB,
         )?;
     }
     // One boot of each side first, not measured: the first QEMU after an
@@ -1410,6 +1432,7 @@ fn icount_run(
         "bench-linux-qemu-icount",
         Reporting::On,
         true,
+        GUEST_MIB,
     )?;
     qemu.wait_ready()?;
     let qemu_guest_s = qemu.work_loop(ICOUNT_WORK_LOOPS)?;
@@ -2328,12 +2351,17 @@ mod tests {
                 config,
                 &dir.join("Image"),
                 &dir.join("initramfs.cpio"),
+                GUEST_MIB,
             )
             .unwrap();
         }
         let config = Reporting::On.bundle().1;
+        let image = dir.join("Image");
         let err =
-            check_config(&root, config, &dir.join("Image"), Path::new("/other.cpio")).unwrap_err();
+            check_config(&root, config, &image, Path::new("/other.cpio"), GUEST_MIB).unwrap_err();
         assert!(err.contains("initrd"), "{err}");
+        let cpio = dir.join("initramfs.cpio");
+        let err = check_config(&root, config, &image, &cpio, 2 * GUEST_MIB).unwrap_err();
+        assert!(err.contains("ram"), "{err}");
     }
 }
