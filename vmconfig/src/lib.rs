@@ -1583,6 +1583,14 @@ kernel = "testguest"
                 linux_on_cpu0("bench-linux"),
                 linux_on_cpu0("bench-linux-reporting"),
                 (
+                    "bench-snapshot".into(),
+                    vec![("linux".into(), 1024, 3, p(quiet))]
+                ),
+                (
+                    "bench-snapshot-demo".into(),
+                    vec![("linux".into(), 1024, 3, p(quiet))]
+                ),
+                (
                     "demo".into(),
                     vec![
                         (
