@@ -38,6 +38,8 @@ pub mod crash;
 #[cfg(target_os = "none")]
 pub mod disk;
 #[cfg(target_os = "none")]
+pub mod dma;
+#[cfg(target_os = "none")]
 mod heap;
 #[cfg(target_os = "none")]
 pub mod held;
