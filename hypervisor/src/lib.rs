@@ -46,6 +46,8 @@ pub mod held;
 #[cfg(target_os = "none")]
 pub mod hog;
 #[cfg(target_os = "none")]
+pub mod net;
+#[cfg(target_os = "none")]
 mod ontarget;
 #[cfg(target_os = "none")]
 pub mod run;
