@@ -16,8 +16,10 @@
 
 extern crate alloc;
 
+use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec;
+use alloc::vec::Vec;
 use core::fmt::Write;
 use core::ptr::NonNull;
 
@@ -30,7 +32,7 @@ use smoltcp::wire::{
     EthernetAddress, HardwareAddress, Icmpv4Packet, Icmpv4Repr, IpAddress, IpCidr, Ipv4Address,
 };
 use spin::Mutex;
-use virtio_drivers::device::net::VirtIONet;
+use virtio_drivers::device::net::VirtIONetRaw;
 use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
 use virtio_drivers::transport::{DeviceType, Transport};
 
@@ -43,8 +45,6 @@ const QUEUE_SIZE: usize = 16;
 const BUF_LEN: usize = 2048;
 /// The largest Ethernet frame (without its FCS) sent or accepted.
 const MTU: usize = 1514;
-/// The largest virtio-net header before a frame in a receive buffer.
-const MAX_HEADER: usize = 12;
 /// The ICMP identifier of the board's echo requests.
 const PING_IDENT: u16 = 0x7464;
 /// Bytes of payload in an echo request.
@@ -57,7 +57,7 @@ const MAX_POLL_WAIT_US: u64 = 1_000_000;
 /// configuration space starts at 0x100: 6 bytes of MAC, then `status`).
 const STATUS_OFFSET: u64 = 0x106;
 
-type Card = VirtIONet<FrameHal, MmioTransport<'static>, QUEUE_SIZE>;
+type Card = VirtIONetRaw<FrameHal, MmioTransport<'static>, QUEUE_SIZE>;
 
 /// What went through the card since boot.
 #[derive(Clone, Copy, Debug, Default)]
@@ -66,54 +66,111 @@ pub struct Counters {
     pub rx_bytes: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
-    /// Frames refused (too long, too short, a bad length from the card)
-    /// or that the card failed to take back or to send.
+    /// Frames refused (too long, too short, a bad length or buffer from
+    /// the card) or that the card failed to take back or to send.
     pub rx_errors: u64,
     pub tx_errors: u64,
 }
 
-/// The card as smoltcp's device: a received frame is copied out of the
-/// card's buffer (which goes straight back to the card) into `rx`.
+/// The card as smoltcp's device. The card holds `QUEUE_SIZE` receive
+/// buffers (on the heap, at addresses that do not move), each under the
+/// token the card's queue gave it; a received frame is copied out into
+/// `rx` and its buffer goes straight back to the card.
 struct NetDevice {
     card: Card,
+    /// Receive buffers by token: `Some` while the card has it.
+    buffers: Vec<Option<Box<[u8]>>>,
     counters: Counters,
     rx: [u8; MTU],
+    tx: [u8; MTU],
 }
 
 impl NetDevice {
+    fn new(mut card: Card) -> Result<NetDevice, &'static str> {
+        let mut buffers: Vec<Option<Box<[u8]>>> = (0..QUEUE_SIZE).map(|_| None).collect();
+        for _ in 0..QUEUE_SIZE {
+            let mut buf = vec![0u8; BUF_LEN].into_boxed_slice();
+            // SAFETY: the buffer is kept (on the heap, not moved) in
+            // `buffers` under its token and not touched until the card
+            // gives the token back (`take_frame`), nor freed before: the
+            // card is dropped (its queues unset) before the buffers.
+            let Ok(token) = (unsafe { card.receive_begin(&mut buf) }) else {
+                // The card may hold those given before: never freed.
+                core::mem::forget(buffers);
+                return Err("the card took no receive buffer");
+            };
+            match buffers.get_mut(usize::from(token)) {
+                Some(slot @ None) => *slot = Some(buf),
+                _ => {
+                    core::mem::forget((buf, buffers));
+                    return Err("the card's queue gave a token twice");
+                }
+            }
+        }
+        Ok(NetDevice {
+            card,
+            buffers,
+            counters: Counters::default(),
+            rx: [0; MTU],
+            tx: [0; MTU],
+        })
+    }
+
     /// The next good frame into `rx`, its length; bad ones are counted
     /// and dropped.
     fn take_frame(&mut self) -> Option<usize> {
         for _ in 0..QUEUE_SIZE {
-            let buf = match self.card.receive() {
-                Ok(buf) => buf,
-                Err(virtio_drivers::Error::NotReady) => return None,
-                Err(_) => {
-                    self.counters.rx_errors += 1;
-                    return None;
-                }
-            };
-            // The length is the card's word: checked against the buffer
-            // before the frame is sliced out of it.
-            let len = buf.packet_len();
-            let fits = (14..=MTU).contains(&len)
-                && len
-                    .checked_add(MAX_HEADER)
-                    .is_some_and(|end| end <= buf.as_bytes().len());
-            if fits {
-                if let (Some(to), Some(from)) = (self.rx.get_mut(..len), buf.packet().get(..len)) {
-                    to.copy_from_slice(from);
-                }
-            }
-            if self.card.recycle_rx_buffer(buf).is_err() {
+            // The token is the card's word: it must name a buffer the
+            // card holds (else nothing more is received: a broken card).
+            let token = self.card.poll_receive()?;
+            let Some(Some(buf)) = self.buffers.get_mut(usize::from(token)) else {
                 self.counters.rx_errors += 1;
+                return None;
+            };
+            // SAFETY: `buf` is the buffer given to the card under `token`.
+            let Ok((header, len)) = (unsafe { self.card.receive_complete(token, buf) }) else {
+                self.counters.rx_errors += 1;
+                return None;
+            };
+            // The lengths are the card's word too: checked before the
+            // frame is sliced out of the buffer.
+            let frame = header
+                .checked_add(len)
+                .and_then(|end| buf.get(header..end))
+                .filter(|f| (14..=MTU).contains(&f.len()));
+            let got = match (frame, self.rx.get_mut(..len)) {
+                (Some(frame), Some(to)) => {
+                    to.copy_from_slice(frame);
+                    Some(len)
+                }
+                _ => None,
+            };
+            // SAFETY: as in `new`: the same buffer, kept in its slot until
+            // the card gives it back under the new token.
+            match unsafe { self.card.receive_begin(buf) } {
+                Ok(again) if again == token => {}
+                Ok(again) => {
+                    let moved = self
+                        .buffers
+                        .get_mut(usize::from(token))
+                        .and_then(Option::take);
+                    match self.buffers.get_mut(usize::from(again)) {
+                        Some(slot @ None) => *slot = moved,
+                        // Cannot happen with the driver's own free list;
+                        // the card keeps a buffer we can no longer name.
+                        _ => self.counters.rx_errors += 1,
+                    }
+                }
+                Err(_) => self.counters.rx_errors += 1,
             }
-            if fits {
-                self.counters.rx_packets += 1;
-                self.counters.rx_bytes += len as u64;
-                return Some(len);
+            match got {
+                Some(len) => {
+                    self.counters.rx_packets += 1;
+                    self.counters.rx_bytes += len as u64;
+                    return Some(len);
+                }
+                None => self.counters.rx_errors += 1,
             }
-            self.counters.rx_errors += 1;
         }
         None
     }
@@ -131,18 +188,21 @@ impl phy::RxToken for RxToken<'_> {
 
 struct TxToken<'a> {
     card: &'a mut Card,
+    buf: &'a mut [u8; MTU],
     counters: &'a mut Counters,
 }
 
 impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
-        let mut buf = self.card.new_tx_buffer(len);
-        let result = f(buf.packet_mut());
-        // Sent and waited for: the card hands the buffer back at once.
-        match self.card.send(buf) {
+        // smoltcp keeps to the MTU it was given; a longer frame is cut
+        // (and so refused by the other side) rather than a panic.
+        let frame = &mut self.buf[..len.min(MTU)];
+        let result = f(frame);
+        // Sent and waited for: the card is done with the frame on return.
+        match self.card.send(frame) {
             Ok(()) => {
                 self.counters.tx_packets += 1;
-                self.counters.tx_bytes += len as u64;
+                self.counters.tx_bytes += frame.len() as u64;
             }
             Err(_) => self.counters.tx_errors += 1,
         }
@@ -162,6 +222,7 @@ impl phy::Device for NetDevice {
             },
             TxToken {
                 card: &mut self.card,
+                buf: &mut self.tx,
                 counters: &mut self.counters,
             },
         ))
@@ -170,6 +231,7 @@ impl phy::Device for NetDevice {
     fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
         Some(TxToken {
             card: &mut self.card,
+            buf: &mut self.tx,
             counters: &mut self.counters,
         })
     }
@@ -278,8 +340,8 @@ fn take(
     regs: platform::PhysRange,
     address: Option<BoardAddress>,
 ) -> Result<NetInfo, &'static str> {
-    let mut card = Card::new(transport, BUF_LEN)
-        .map_err(|_| "the card refused to start (or no DMA memory)")?;
+    let mut card =
+        Card::new(transport).map_err(|_| "the card refused to start (or no DMA memory)")?;
     card.disable_interrupts();
     let mac = card.mac_address();
     let ethernet = EthernetAddress(mac);
@@ -287,11 +349,7 @@ fn take(
     if !ethernet.is_unicast() {
         return Err("its MAC address is not a unicast address");
     }
-    let mut dev = NetDevice {
-        card,
-        counters: Counters::default(),
-        rx: [0; MTU],
-    };
+    let mut dev = NetDevice::new(card)?;
     let (us, instant) = now();
     let mut config = Config::new(HardwareAddress::Ethernet(ethernet));
     config.random_seed = aarch64::counter().0 ^ us.rotate_left(17);
@@ -341,7 +399,7 @@ pub fn poll(out: &mut String) -> bool {
         return false;
     };
     let (us, instant) = now();
-    if net.ping.is_none() && us < net.poll_at_us && !net.dev.card.can_recv() {
+    if net.ping.is_none() && us < net.poll_at_us && net.dev.card.poll_receive().is_none() {
         return false;
     }
     net.iface.poll(instant, &mut net.dev, &mut net.sockets);
