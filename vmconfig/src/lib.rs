@@ -1725,7 +1725,9 @@ kernel = "testguest"
                         ("beta".into(), 64, 16, p("pattern"))
                     ]
                 ),
-                ("pair".into(), pair),
+                ("pair".into(), pair.clone()),
+                // The pair with beta restored from snapshot s1 at boot.
+                ("pair-restore".into(), pair),
                 (
                     "stuck-balloon".into(),
                     vec![
