@@ -565,7 +565,8 @@ pub fn begin_ping(to: [u8; 4], count: u32, out: &mut String) {
     });
 }
 
-/// The link bit of the card's `status` (VIRTIO_NET_S_LINK_UP).
+/// The link bit of the card's `status` (VIRTIO_NET_S_LINK_UP). QEMU's
+/// stream backend keeps it up while no other board is connected.
 fn link_up(regs: platform::PhysRange) -> bool {
     let at = regs.start + STATUS_OFFSET;
     // SAFETY: a read of the card's own configuration space, inside its

@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use harness::{Artifacts, Board, HarnessError, QemuOptions, Session, PROMPT};
+use harness::{
+    bundle_with_address, log_dir, Artifacts, Board, HarnessError, NetLink, QemuOptions, Session,
+    PROMPT,
+};
 
 const BOOT: Duration = Duration::from_secs(60);
 const COMMAND: Duration = Duration::from_secs(10);
@@ -94,6 +97,52 @@ fn no_card_says_so(board: Board) {
     assert!(out.contains("ping: the board has no network card"), "{out}");
 }
 
+/// A board whose card has no other board at the end of its link: its
+/// echo requests time out (the card's sends still complete: QEMU drops
+/// them, and keeps the card's link up meanwhile), nothing comes in.
+/// Without an address the card is found and says so.
+fn alone_on_the_network(board: Board) {
+    let artifacts = Artifacts::locate();
+    let name = format!("{}-net-alone", board.name());
+    let bundle = log_dir().join(format!("{name}.img"));
+    bundle_with_address(&artifacts.bundle, "10.0.0.1/24", &bundle).unwrap();
+    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut opts = QemuOptions::for_board(board, &artifacts);
+    opts.initrd = Some(bundle);
+    opts.net = Some(NetLink::Listen(port));
+    let mut s = ok(Session::start(&name, board, &artifacts, &opts));
+    ok(s.expect(&regex::escape(PROMPT), BOOT));
+    ok(s.run("ping 10.0.0.2 2", COMMAND));
+    ok(s.expect(r"ping 10\.0\.0\.2: 2 sent, 0 received, 2 lost", COMMAND));
+    let net = ok(s.run("net", COMMAND));
+    assert!(net.contains("link up"), "{net}");
+    assert!(packets(&net, "out:") >= 1, "{net}");
+    assert_eq!(packets(&net, "in:"), 0, "{net}");
+    s.assert_check();
+    drop(s);
+
+    // The bundle as built: no [board] address.
+    let mut opts = QemuOptions::for_board(board, &artifacts);
+    opts.net = Some(NetLink::Listen(port));
+    let mut s = ok(Session::start(
+        &format!("{name}-no-address"),
+        board,
+        &artifacts,
+        &opts,
+    ));
+    ok(s.expect(&regex::escape(PROMPT), BOOT));
+    ok(s.expect_since(
+        &mut 0,
+        r"net: virtio-net at 0x[0-9a-f]+, MAC 52:54:00:74:64:01, no address configured \(\[board\] address\)",
+        COMMAND,
+    ));
+    let out = ok(s.run("ping 10.0.0.2", COMMAND));
+    assert!(out.contains("ping: the board has no address"), "{out}");
+}
+
 mod virt_gicv3 {
     use super::*;
 
@@ -107,6 +156,12 @@ mod virt_gicv3 {
     #[ignore = "boots QEMU: run cargo xtask test"]
     fn no_card_says_so() {
         super::no_card_says_so(Board::VirtGicv3);
+    }
+
+    #[test]
+    #[ignore = "boots QEMU: run cargo xtask test"]
+    fn alone_on_the_network() {
+        super::alone_on_the_network(Board::VirtGicv3);
     }
 }
 
