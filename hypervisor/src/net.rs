@@ -568,10 +568,13 @@ pub fn begin_ping(to: [u8; 4], count: u32, out: &mut String) {
 /// The link bit of the card's `status` (VIRTIO_NET_S_LINK_UP). QEMU's
 /// stream backend keeps it up while no other board is connected.
 fn link_up(regs: platform::PhysRange) -> bool {
+    if regs.size() < STATUS_OFFSET + 2 {
+        return false;
+    }
     let at = regs.start + STATUS_OFFSET;
     // SAFETY: a read of the card's own configuration space, inside its
-    // slot (at least 0x200 bytes on virtio-mmio), identity-mapped as
-    // device memory; reading it has no side effect.
+    // slot (checked above), identity-mapped as device memory; reading it
+    // has no side effect.
     let status = unsafe { core::ptr::read_volatile(at as *const u16) };
     status & 1 != 0
 }
