@@ -123,6 +123,93 @@ pub mod pool_flags {
     pub const KNOWN: u32 = STOP_LOWEST | WAIT;
 }
 
+/// Bits of the header's `board_flags` byte.
+pub mod board_flags {
+    /// The board has a network address (`[board] address`): the header's
+    /// `board_address` and `board_prefix` hold it.
+    pub const ADDRESS: u8 = 1 << 0;
+    /// Every bit defined so far; any other bit is rejected.
+    pub const KNOWN: u8 = ADDRESS;
+}
+
+/// The board's IPv4 address and prefix length (`[board] address =
+/// "10.0.0.2/24"`), checked: a dotted quad, a prefix of 1 to 32, neither
+/// the network's nor its broadcast address (below /31), not in 0.0.0.0/8,
+/// 127.0.0.0/8 (loopback) or 224.0.0.0 and up (multicast, reserved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BoardAddress {
+    octets: [u8; 4],
+    prefix: u8,
+}
+
+impl BoardAddress {
+    /// The address `octets`/`prefix`, or why it cannot be a board's.
+    pub fn new(octets: [u8; 4], prefix: u8) -> Result<BoardAddress, &'static str> {
+        if !(1..=32).contains(&prefix) {
+            return Err("the prefix length is 1 to 32");
+        }
+        match octets[0] {
+            0 => return Err("0.0.0.0/8 is not an address a board can have"),
+            127 => return Err("127.0.0.0/8 is the loopback network"),
+            224.. => return Err("224.0.0.0 and up are multicast or reserved"),
+            _ => {}
+        }
+        if prefix <= 30 {
+            let host_mask = u32::MAX >> prefix;
+            let host = u32::from_be_bytes(octets) & host_mask;
+            if host == 0 {
+                return Err("that is the network's own address (its host part is all zeros)");
+            }
+            if host == host_mask {
+                return Err("that is the network's broadcast address (its host part is all ones)");
+            }
+        }
+        Ok(BoardAddress { octets, prefix })
+    }
+
+    /// `"a.b.c.d/n"`, checked as [`BoardAddress::new`] does.
+    pub fn parse(text: &str) -> Result<BoardAddress, &'static str> {
+        const FORM: &str = "write a dotted quad and a prefix length, e.g. \"10.0.0.2/24\"";
+        let (quad, prefix) = text.split_once('/').ok_or(FORM)?;
+        let mut octets = [0u8; 4];
+        let mut parts = quad.split('.');
+        for octet in &mut octets {
+            *octet = parts.next().and_then(decimal_u8).ok_or(FORM)?;
+        }
+        if parts.next().is_some() {
+            return Err(FORM);
+        }
+        BoardAddress::new(octets, decimal_u8(prefix).ok_or(FORM)?)
+    }
+
+    pub fn octets(&self) -> [u8; 4] {
+        self.octets
+    }
+
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+}
+
+/// 0 to 255 in plain decimal (no sign, no leading zeros but "0").
+fn decimal_u8(text: &str) -> Option<u8> {
+    let ok = !text.is_empty()
+        && text.len() <= 3
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    if !ok {
+        return None;
+    }
+    text.parse().ok()
+}
+
+impl fmt::Display for BoardAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d] = self.octets;
+        write!(f, "{a}.{b}.{c}.{d}/{}", self.prefix)
+    }
+}
+
 /// Byte offsets of the header fields.
 pub mod header {
     /// `[u8; 8]`, [`MAGIC`](crate::MAGIC).
@@ -147,8 +234,19 @@ pub mod header {
     pub const CRC32: usize = 48;
     /// `u32`, [`flags`](crate::flags) bits; any other bit must be zero.
     pub const FLAGS: usize = 52;
-    /// `[u8; 8]`, reserved, must be zero.
+    /// `[u8; 8]`: the board's network address (below), else zero. Bundles
+    /// written before it have zero here ("no address").
     pub const RESERVED: usize = 56;
+    /// `u32`, the board's IPv4 address (`10.0.0.2` is `0x0a00_0002`),
+    /// read only when [`board_flags::ADDRESS`](crate::board_flags::ADDRESS)
+    /// is set; zero otherwise.
+    pub const BOARD_ADDRESS: usize = 56;
+    /// `u8`, the address's prefix length (1 to 32); zero without an address.
+    pub const BOARD_PREFIX: usize = 60;
+    /// `u8`, [`board_flags`](crate::board_flags) bits.
+    pub const BOARD_FLAGS: usize = 61;
+    /// `[u8; 2]`, reserved, must be zero.
+    pub const BOARD_RESERVED: usize = 62;
     // The pool extension, read only when `header_size` is at least
     // [`HEADER_SIZE_POOL`](crate::HEADER_SIZE_POOL).
     /// `u64` bytes each, the free page pool's watermarks: multiples of 4 KiB,
@@ -461,6 +559,16 @@ pub enum BundleError {
     HeaderReservedNonZero {
         offset: usize,
     },
+    /// The header's `board_flags` has bits this reader does not know.
+    UnknownBoardFlags {
+        flags: u8,
+    },
+    /// The board's address is not one a board can have.
+    BadBoardAddress {
+        octets: [u8; 4],
+        prefix: u8,
+        why: &'static str,
+    },
     /// `total_size` is smaller than the header.
     TotalSizeTooSmall {
         total_size: u64,
@@ -752,6 +860,19 @@ impl fmt::Display for BundleError {
                 "CRC mismatch: header says {stored:#010x}, contents give {computed:#010x} \
                  (corrupted or truncated bundle)"
             ),
+            BundleError::UnknownBoardFlags { flags } => write!(
+                f,
+                "board flags {flags:#x} include unknown bits {:#x} (written by a newer tool?)",
+                flags & !board_flags::KNOWN
+            ),
+            BundleError::BadBoardAddress {
+                octets,
+                prefix,
+                why,
+            } => {
+                let [a, b, c, d] = octets;
+                write!(f, "board address {a}.{b}.{c}.{d}/{prefix}: {why}")
+            }
             BundleError::UnknownPoolFlags { flags } => write!(
                 f,
                 "pool flags {flags:#x} include unknown bits {:#x} (written by a newer tool?)",
@@ -788,6 +909,66 @@ impl core::error::Error for VmError {}
 
 // ---------------------------------------------------------------------------
 // Checks shared by the reader and the writer.
+
+/// The board's address from header bytes 56 to 64 (`hdr` is at least
+/// [`HEADER_SIZE`] long): `None` when the flag is clear, and then the
+/// other bytes must be zero, as in bundles written before the field.
+fn read_board_address(hdr: &[u8]) -> Result<Option<BoardAddress>, BundleError> {
+    let flags = hdr.get(header::BOARD_FLAGS).copied().unwrap_or(0);
+    if flags & !board_flags::KNOWN != 0 {
+        return Err(BundleError::UnknownBoardFlags { flags });
+    }
+    let must_be_zero = if flags & board_flags::ADDRESS == 0 {
+        header::RESERVED..header::BOARD_FLAGS
+    } else {
+        header::BOARD_RESERVED..header::BOARD_RESERVED
+    };
+    for range in [must_be_zero, header::BOARD_RESERVED..HEADER_SIZE] {
+        let start = range.start;
+        if let Some(i) = hdr.get(range).and_then(|r| r.iter().position(|&b| b != 0)) {
+            return Err(BundleError::HeaderReservedNonZero { offset: start + i });
+        }
+    }
+    if flags & board_flags::ADDRESS == 0 {
+        return Ok(None);
+    }
+    let octets = read_u32(hdr, header::BOARD_ADDRESS).to_be_bytes();
+    let prefix = hdr.get(header::BOARD_PREFIX).copied().unwrap_or(0);
+    BoardAddress::new(octets, prefix)
+        .map(Some)
+        .map_err(|why| BundleError::BadBoardAddress {
+            octets,
+            prefix,
+            why,
+        })
+}
+
+/// Header bytes 56 to 64 for `address` (all zero for `None`).
+pub fn board_address_bytes(address: Option<BoardAddress>) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    if let Some(a) = address {
+        b[..4].copy_from_slice(&u32::from_be_bytes(a.octets).to_le_bytes());
+        b[header::BOARD_PREFIX - header::RESERVED] = a.prefix;
+        b[header::BOARD_FLAGS - header::RESERVED] = board_flags::ADDRESS;
+    }
+    b
+}
+
+/// Give a valid bundle (`bytes`, checked first) another board address in
+/// place: the header only, which the CRC does not cover, so the rest of
+/// the bundle is untouched. How `cargo xtask run --address` and the test
+/// harness boot two boards of one bundle with different addresses.
+pub fn set_board_address(
+    bytes: &mut [u8],
+    address: Option<BoardAddress>,
+) -> Result<(), BundleError> {
+    parse(bytes)?;
+    let field = bytes
+        .get_mut(header::RESERVED..HEADER_SIZE)
+        .ok_or(BundleError::TooShort { len: 0 })?;
+    field.copy_from_slice(&board_address_bytes(address));
+    Ok(())
+}
 
 /// Length of a valid NUL-padded name, or why it is invalid.
 fn name_len(raw: &[u8; NAME_LEN]) -> Result<usize, NameProblem> {
@@ -1001,6 +1182,8 @@ pub struct Bundle<'a> {
     pool_flags: u32,
     /// The header's [`flags`] bits.
     flags: u32,
+    /// The board's network address, if the header has one.
+    board_address: Option<BoardAddress>,
 }
 
 /// One VM of a validated bundle.
@@ -1173,14 +1356,7 @@ pub fn parse_with_crc(
     if flags & !KNOWN_FLAGS != 0 {
         return Err(BundleError::UnknownFlags { flags });
     }
-    if let Some(i) = hdr[header::RESERVED..HEADER_SIZE]
-        .iter()
-        .position(|&b| b != 0)
-    {
-        return Err(BundleError::HeaderReservedNonZero {
-            offset: header::RESERVED + i,
-        });
-    }
+    let board_address = read_board_address(hdr)?;
     let header_size32 = read_u32(hdr, header::HEADER_SIZE);
     let header_size = header_size32 as usize;
     if header_size < HEADER_SIZE || !header_size.is_multiple_of(8) {
@@ -1287,6 +1463,7 @@ pub fn parse_with_crc(
         pool,
         pool_flags,
         flags,
+        board_address,
     };
     for index in 0..bundle.vm_count {
         let raw = bundle.raw_entry(index);
@@ -1346,6 +1523,10 @@ impl<'a> Bundle<'a> {
     /// The free page pool's watermarks `(min, low, high)` in bytes
     /// (multiples of 4 KiB, non-zero, in order), or `None` when the bundle
     /// leaves them to the hypervisor (no pool extension, or all zero).
+    pub fn board_address(&self) -> Option<BoardAddress> {
+        self.board_address
+    }
+    /// The header's watermarks, if any.
     pub fn pool_watermarks(&self) -> Option<(u64, u64, u64)> {
         let [min, low, high] = self.pool;
         (min != 0).then_some((min, low, high))

@@ -1296,3 +1296,102 @@ fn a_snapshot_to_restore_from_round_trips_and_bad_names_are_refused() {
     }
     assert!(BundleBuilder::new().add_vm(with(&"x".repeat(32))).is_ok());
 }
+
+#[test]
+fn board_address_round_trips_and_older_bundles_have_none() {
+    let plain = BundleBuilder::new().add_vm(spec("a")).unwrap().build();
+    assert_eq!(parse(&plain).unwrap().board_address(), None);
+    assert!(plain[header::RESERVED..HEADER_SIZE].iter().all(|&b| b == 0));
+    let address = BoardAddress::parse("10.0.0.2/24").unwrap();
+    let mut b = BundleBuilder::new();
+    b.add_vm(spec("a")).unwrap().board_address(Some(address));
+    let bytes = b.build();
+    assert_eq!(parse(&bytes).unwrap().board_address(), Some(address));
+    assert_eq!(&bytes[56..64], &[2, 0, 0, 10, 24, 1, 0, 0]);
+    // Another address in place: the CRC still holds.
+    let mut other = bytes.clone();
+    let b_addr = BoardAddress::parse("10.0.0.3/24").unwrap();
+    set_board_address(&mut other, Some(b_addr)).unwrap();
+    assert_eq!(parse(&other).unwrap().board_address(), Some(b_addr));
+    assert_eq!(other[64..], bytes[64..]);
+    set_board_address(&mut other, None).unwrap();
+    assert_eq!(other, plain_with(&bytes));
+    assert_eq!(address.to_string(), "10.0.0.2/24");
+}
+
+/// `bytes` with header bytes 56 to 64 zeroed.
+fn plain_with(bytes: &[u8]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[56..64].fill(0);
+    b
+}
+
+#[test]
+fn board_address_header_errors() {
+    let mut b = BundleBuilder::new();
+    b.add_vm(spec("a"))
+        .unwrap()
+        .board_address(Some(BoardAddress::parse("10.0.0.2/24").unwrap()));
+    let good = b.build();
+    let with = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut bytes = good.clone();
+        f(&mut bytes);
+        parse(&bytes).unwrap_err()
+    };
+    assert_eq!(
+        with(&|b| b[header::BOARD_FLAGS] = 3),
+        BundleError::UnknownBoardFlags { flags: 3 }
+    );
+    assert_eq!(
+        with(&|b| b[header::BOARD_RESERVED + 1] = 1),
+        BundleError::HeaderReservedNonZero { offset: 63 }
+    );
+    let e = with(&|b| b[header::BOARD_PREFIX] = 33);
+    assert!(matches!(e, BundleError::BadBoardAddress { prefix: 33, .. }));
+    assert_eq!(
+        e.to_string(),
+        "board address 10.0.0.2/33: the prefix length is 1 to 32"
+    );
+    // The network's own address.
+    let e = with(&|b| b[header::BOARD_ADDRESS] = 0);
+    assert!(matches!(e, BundleError::BadBoardAddress { .. }), "{e}");
+    // Flag clear: the address bytes must be zero (an older reader's rule).
+    assert_eq!(
+        with(&|b| b[header::BOARD_FLAGS] = 0),
+        BundleError::HeaderReservedNonZero { offset: 56 }
+    );
+}
+
+#[test]
+fn board_addresses_parse_and_are_checked() {
+    for good in [
+        "10.0.0.2/24",
+        "192.168.1.254/24",
+        "10.0.0.0/31",
+        "10.1.2.3/32",
+        "1.0.0.1/1",
+    ] {
+        let a = BoardAddress::parse(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        assert_eq!(a.to_string(), good);
+    }
+    for (bad, why) in [
+        ("10.0.0.2", "dotted quad"),
+        ("10.0.0/24", "dotted quad"),
+        ("10.0.0.2.1/24", "dotted quad"),
+        ("10.0.0.256/24", "dotted quad"),
+        ("10.0.0.02/24", "dotted quad"),
+        ("10.0.0.2/", "dotted quad"),
+        ("10.0.0.2/-1", "dotted quad"),
+        (" 10.0.0.2/24", "dotted quad"),
+        ("10.0.0.2/0", "1 to 32"),
+        ("10.0.0.2/33", "1 to 32"),
+        ("10.0.0.0/24", "network's own address"),
+        ("10.0.0.255/24", "broadcast"),
+        ("127.0.0.1/8", "loopback"),
+        ("0.1.2.3/8", "0.0.0.0/8"),
+        ("239.0.0.1/8", "multicast"),
+    ] {
+        let e = BoardAddress::parse(bad).unwrap_err();
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+}

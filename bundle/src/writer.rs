@@ -1,9 +1,9 @@
 //! The bundle writer (feature `std`), used by the host build tool.
 
 use crate::{
-    check_cmdline, check_fits, check_memory, check_pool, check_scalars, crc32, entry, flags,
-    header, is_valid_name, mem_flags, pool_flags, NameProblem, VmError, BLOB_ALIGN,
-    HEADER_SIZE_POOL, MAGIC, MAX_VMS, NAME_LEN, VERSION, VM_ENTRY_SIZE,
+    board_address_bytes, check_cmdline, check_fits, check_memory, check_pool, check_scalars, crc32,
+    entry, flags, header, is_valid_name, mem_flags, pool_flags, BoardAddress, NameProblem, VmError,
+    BLOB_ALIGN, HEADER_SIZE, HEADER_SIZE_POOL, MAGIC, MAX_VMS, NAME_LEN, VERSION, VM_ENTRY_SIZE,
 };
 
 /// One VM to put in a bundle.
@@ -93,6 +93,7 @@ pub struct BundleBuilder {
     vms: Vec<(VmSpec, VmMemory)>,
     pool: PoolSpec,
     on_target_tests: bool,
+    board_address: Option<BoardAddress>,
 }
 
 fn align_up(x: usize) -> usize {
@@ -126,6 +127,12 @@ impl BundleBuilder {
     /// hypervisor runs its on-target self-checks once the VMs have started.
     pub fn on_target_tests(&mut self, on: bool) -> &mut Self {
         self.on_target_tests = on;
+        self
+    }
+
+    /// Sets the board's network address (`[board] address`); `None`: none.
+    pub fn board_address(&mut self, address: Option<BoardAddress>) -> &mut Self {
+        self.board_address = address;
         self
     }
 
@@ -272,6 +279,8 @@ impl BundleBuilder {
             0
         };
         put32(&mut out, header::FLAGS, header_flags);
+        out[header::RESERVED..HEADER_SIZE]
+            .copy_from_slice(&board_address_bytes(self.board_address));
         put64(&mut out, header::POOL_MIN, self.pool.min);
         put64(&mut out, header::POOL_LOW, self.pool.low);
         put64(&mut out, header::POOL_HIGH, self.pool.high);

@@ -16,7 +16,8 @@
 use arbitrary::Arbitrary;
 use hypervisor::console::line::{Event, LineEditor, MAX_LINE};
 use hypervisor::console::shell::{
-    parse, parse_seconds, parse_size, BoardService, Command, InjectedFailure, ParseError, COMMANDS,
+    parse, parse_ipv4, parse_seconds, parse_size, BoardService, Command, InjectedFailure,
+    ParseError, COMMANDS,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -66,6 +67,11 @@ fn render(c: &Command<'_>) -> String {
             None => format!("restore {name}"),
         },
         Command::Delete { name } => format!("delete {name}"),
+        Command::Net => "net".into(),
+        Command::Ping {
+            to: [a, b, c, d],
+            count,
+        } => format!("ping {a}.{b}.{c}.{d} {count}"),
         Command::Balloon { vm, bytes } => format!("balloon {vm} {bytes}"),
         Command::BalloonAuto { vm } => format!("balloon {vm} auto"),
         Command::InfoBalloon { vm } => match vm {
@@ -186,6 +192,10 @@ fn check_line(line: &str) {
                 ParseError::BadSeconds(w) | ParseError::BadWeight(w) => {
                     assert!(is_word(w, &words));
                     assert_eq!(parse_seconds(w), None);
+                }
+                ParseError::BadAddress(w) => {
+                    assert!(is_word(w, &words));
+                    assert_eq!(parse_ipv4(w), None);
                 }
                 ParseError::Usage(u) => assert!(!u.is_empty()),
             }

@@ -260,12 +260,33 @@ extern "C" fn rust_boot_cpu_main(dtb_addr: usize, load_addr: usize) -> ! {
         run::init(bundle, frames);
         init_manager(&bundle, frames);
         // Before any VM runs; a board without one says nothing here.
-        if let Some(disk) = crate::disk::probe(&board.virtio_mmio) {
+        let disk = crate::disk::probe(&board.virtio_mmio);
+        if let Some(disk) = disk {
             println!(
                 "disk: virtio-blk at {:#x}, {}",
                 disk.regs.start,
                 report::Size(disk.sectors.saturating_mul(512))
             );
+        }
+        // The network card on another slot, with the bundle's address.
+        let skip = disk.map(|d| d.regs);
+        match crate::net::probe(&board.virtio_mmio, skip, bundle.board_address()) {
+            None => {}
+            Some(Ok(net)) => match net.address {
+                Some(address) => println!(
+                    "net: virtio-net at {:#x}, MAC {}, address {address}",
+                    net.regs.start,
+                    crate::net::Mac(net.mac)
+                ),
+                None => println!(
+                    "net: virtio-net at {:#x}, MAC {}, no address configured ([board] address)",
+                    net.regs.start,
+                    crate::net::Mac(net.mac)
+                ),
+            },
+            Some(Err((regs, why))) => {
+                println!("net: virtio-net at {:#x} not used: {why}", regs.start)
+            }
         }
     }
     // Lines said under a VM's lock go through its outbox (printed after).
@@ -607,11 +628,17 @@ fn shell_loop(input_interrupt: bool) -> ! {
         } else {
             idle_us
         };
+        let idle_us = if crate::net::pinging() {
+            idle_us.min(NET_LOOK_US)
+        } else {
+            idle_us
+        };
         aarch64::idle_wait(idle_us);
         run::memory_tick();
         shell_look(check_stats_wait);
         shell_look(step_snapshot);
         shell_look(step_restores);
+        shell_look(step_net);
     }
 }
 
@@ -641,6 +668,8 @@ fn shell_look<R>(look: impl FnOnce() -> R) -> Option<R> {
         if let Some(job) = SNAPSHOT_JOB.lock().take() {
             run::with_vm(&job.vm, crate::vm::pause::resume);
         }
+        // SAFETY: as above (only the shell's CPU takes the network's lock).
+        unsafe { crate::net::recover() };
         if let Some(editor) = SHELL.lock().as_mut() {
             *editor = LineEditor::new();
         }
@@ -659,6 +688,7 @@ fn look_from_guest() -> u64 {
     shell_look(check_stats_wait);
     shell_look(step_snapshot);
     shell_look(step_restores);
+    let pinging = shell_look(step_net).unwrap_or(false);
     for _ in 0..16 {
         if !shell_look(look_at_console).unwrap_or(true) {
             break;
@@ -669,9 +699,28 @@ fn look_from_guest() -> u64 {
         || !PENDING_RESTORES.lock().is_empty()
     {
         STATS_LOOK_US
+    } else if pinging {
+        NET_LOOK_US
     } else {
         run::TICK_US
     }
+}
+
+/// How often the shell looks at the network while a `ping` runs (else:
+/// at each of its idle wakes, every 20 ms at most on the idle shell).
+const NET_LOOK_US: u64 = 1_000;
+
+/// One look at the board's network ([`crate::net::poll`]); true while a
+/// `ping` runs.
+fn step_net() -> bool {
+    let mut text = alloc::string::String::new();
+    let pinging = crate::net::poll(&mut text);
+    if !text.is_empty() {
+        crate::console::shell_line(None);
+        print!("{text}");
+        draw_shell_line("");
+    }
+    pinging
 }
 
 /// How often a `balloon-stats <vm> now` waiting from a vCPU's exits looks
@@ -772,6 +821,16 @@ fn run(cmd: Command, board: &BoardInfo) {
         Then::FailShell => panic!("injected failure ('debug fail-board shell')"),
         Then::Snapshot { vm, name, hint } => begin_snapshot(board, &vm, name.as_deref(), hint),
         Then::RestoreLater(later) => restore_later(later),
+        Then::Net => {
+            let mut text = alloc::string::String::new();
+            crate::net::write_status(&mut text);
+            print!("{text}");
+        }
+        Then::Ping { to, count } => {
+            let mut text = alloc::string::String::new();
+            crate::net::begin_ping(to, count, &mut text);
+            print!("{text}");
+        }
     }
 }
 

@@ -17,57 +17,9 @@ use spin::Mutex;
 use virtio_drivers::device::blk::{VirtIOBlk, SECTOR_SIZE};
 use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
 use virtio_drivers::transport::{DeviceType, Transport};
-use virtio_drivers::{BufferDirection, Hal};
 
-use crate::addr::PhysAddr;
-use crate::mm::frames::FrameUse;
-use crate::run::frames;
+use crate::dma::FrameHal;
 use crate::snapshot::store::{Disk, DiskError};
-
-const PAGE: usize = 4096;
-
-/// DMA memory from the frame table, on the EL2 identity map.
-struct FrameHal;
-
-// SAFETY: `dma_alloc` hands out zeroed, page-aligned frames taken from the
-// frame table for the hypervisor's own use, which nothing else references
-// until `dma_dealloc` returns them; EL2 runs on an identity map, so a
-// buffer's physical address is its address, and the `virt` board's
-// virtio-mmio DMA is coherent (`dma-coherent` in its tree), so sharing
-// needs no cache maintenance and no copy.
-unsafe impl Hal for FrameHal {
-    fn dma_alloc(pages: usize, _direction: BufferDirection) -> (u64, NonNull<u8>) {
-        let Some(pa) = frames().alloc(pages, 1, FrameUse::Allocated) else {
-            // The crate turns a zero address into its DMA error.
-            return (0, NonNull::dangling());
-        };
-        let Some(ptr) = NonNull::new(pa.raw() as *mut u8) else {
-            return (0, NonNull::dangling());
-        };
-        // SAFETY: `pages` frames at `pa` were just taken for us alone, and
-        // are identity-mapped normal memory.
-        unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, pages * PAGE) };
-        (pa.raw(), ptr)
-    }
-
-    unsafe fn dma_dealloc(paddr: u64, _vaddr: NonNull<u8>, pages: usize) -> i32 {
-        match frames().free(PhysAddr::new(paddr), pages, FrameUse::Allocated) {
-            Ok(()) => 0,
-            Err(_) => -1,
-        }
-    }
-
-    unsafe fn mmio_phys_to_virt(paddr: u64, _size: usize) -> NonNull<u8> {
-        // Only the PCI transport asks; the identity map covers all MMIO.
-        NonNull::new(paddr as *mut u8).unwrap_or(NonNull::dangling())
-    }
-
-    unsafe fn share(buffer: NonNull<[u8]>, _direction: BufferDirection) -> u64 {
-        buffer.as_ptr() as *mut u8 as u64
-    }
-
-    unsafe fn unshare(_paddr: u64, _buffer: NonNull<[u8]>, _direction: BufferDirection) {}
-}
 
 /// The board's disk once found.
 pub struct BoardDisk {

@@ -38,11 +38,15 @@ pub mod crash;
 #[cfg(target_os = "none")]
 pub mod disk;
 #[cfg(target_os = "none")]
+pub mod dma;
+#[cfg(target_os = "none")]
 mod heap;
 #[cfg(target_os = "none")]
 pub mod held;
 #[cfg(target_os = "none")]
 pub mod hog;
+#[cfg(target_os = "none")]
+pub mod net;
 #[cfg(target_os = "none")]
 mod ontarget;
 #[cfg(target_os = "none")]

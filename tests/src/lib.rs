@@ -33,8 +33,9 @@ pub mod symbols;
 
 pub use console::{parse_cpus, parse_mem, CpuLine, MemReport, PROMPT};
 pub use qemu::{
-    disk_image, log_dir, qemu_args, qemu_command, qemu_command_line, target_dir, trace_build,
-    workspace_root, Artifacts, Board, QemuOptions, PI4_QEMU_DTB, QEMU, TRACE_BUILD_DIR,
+    bundle_with_address, disk_image, log_dir, qemu_args, qemu_command, qemu_command_line,
+    target_dir, trace_build, workspace_root, Artifacts, Board, NetLink, QemuOptions, PI4_QEMU_DTB,
+    QEMU, TRACE_BUILD_DIR,
 };
 pub use session::{ErrorKind, HarnessError, Session, DEFAULT_DEADLINE};
 pub use symbols::{decode_trace, symbolize};

@@ -168,6 +168,80 @@ impl Artifacts {
     }
 }
 
+/// How a board's network card reaches the other board's: the two QEMU
+/// processes are joined by one TCP connection carrying Ethernet frames
+/// (`-netdev stream`). The listening board starts first; the other
+/// connects, and tries again every second until it can.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetLink {
+    /// Listen on this TCP port of 127.0.0.1.
+    Listen(u16),
+    /// Connect to the board listening on `host` (an IPv4 address or a
+    /// name), this port.
+    Connect(String, u16),
+}
+
+impl NetLink {
+    /// The card's MAC address: QEMU's prefix (52:54:00), then one for
+    /// each side, so that the two boards differ.
+    pub fn mac(&self) -> &'static str {
+        match self {
+            NetLink::Listen(_) => "52:54:00:74:64:01",
+            NetLink::Connect(..) => "52:54:00:74:64:02",
+        }
+    }
+
+    /// The `-netdev` argument.
+    fn netdev(&self) -> String {
+        match self {
+            NetLink::Listen(port) => format!(
+                "stream,id=board-net,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port={port}"
+            ),
+            NetLink::Connect(host, port) => format!(
+                "stream,id=board-net,server=off,reconnect-ms=1000,addr.type=inet,addr.host={host},addr.port={port}"
+            ),
+        }
+    }
+}
+
+impl FromStr for NetLink {
+    type Err = String;
+
+    /// `listen:PORT`, `connect:PORT` (127.0.0.1) or `connect:HOST:PORT`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        const FORM: &str = "write listen:PORT, connect:PORT or connect:HOST:PORT";
+        let port = |p: &str| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| format!("'{p}' is not a TCP port (1 to 65535); {FORM}"))
+        };
+        let host_ok = |h: &str| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+        };
+        match s.split(':').collect::<Vec<_>>().as_slice() {
+            ["listen", p] => Ok(NetLink::Listen(port(p)?)),
+            ["connect", p] => Ok(NetLink::Connect("127.0.0.1".into(), port(p)?)),
+            ["connect", h, p] if host_ok(h) => Ok(NetLink::Connect(h.to_string(), port(p)?)),
+            _ => Err(format!("'{s}' is not a network link; {FORM}")),
+        }
+    }
+}
+
+/// A copy of the bundle `from`, with the board address `address`
+/// (`"10.0.0.1/24"`), at `to` (the header only changes:
+/// `guest_bundle::set_board_address`).
+pub fn bundle_with_address(from: &Path, address: &str, to: &Path) -> Result<(), String> {
+    let address = guest_bundle::BoardAddress::parse(address)
+        .map_err(|e| format!("board address \"{address}\": {e}"))?;
+    let mut bytes = std::fs::read(from).map_err(|e| format!("{}: {e}", from.display()))?;
+    guest_bundle::set_board_address(&mut bytes, Some(address))
+        .map_err(|e| format!("{}: {e}", from.display()))?;
+    std::fs::write(to, &bytes).map_err(|e| format!("{}: {e}", to.display()))
+}
+
 /// What varies between QEMU runs of one board. Start from
 /// [`QemuOptions::for_board`]; every field is used verbatim by [`qemu_command`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +261,11 @@ pub struct QemuOptions {
     /// `virtio-blk-device` on one of the board's virtio-mmio slots, which
     /// the hypervisor drives itself (snapshots); `None`: no disk.
     pub disk: Option<PathBuf>,
+    /// The board's network card (virt only): a `virtio-net-device` on
+    /// another of the board's virtio-mmio slots, joined to one other board
+    /// by a TCP stream (QEMU's `-netdev stream`), which the hypervisor
+    /// drives itself (smoltcp); `None`: no card.
+    pub net: Option<NetLink>,
     /// Appended to the command line as is.
     pub extra: Vec<String>,
     /// Console on `mon:stdio` (Ctrl-A X quits, Ctrl-A C is the monitor)
@@ -206,6 +285,7 @@ impl QemuOptions {
             memory: (!raspi).then(|| "2G".to_string()),
             smp: (!raspi).then_some(4),
             disk: None,
+            net: None,
             extra: Vec::new(),
             interactive: false,
         }
@@ -252,6 +332,10 @@ pub fn qemu_args(board: Board, artifacts: &Artifacts, opts: &QemuOptions) -> Vec
             &"-device",
             &"virtio-blk-device,drive=board-disk",
         ]);
+    }
+    if let (Some(net), false) = (&opts.net, board == Board::Raspi4b) {
+        let device = format!("virtio-net-device,netdev=board-net,mac={}", net.mac());
+        push(&[&"-netdev", &net.netdev(), &"-device", &device]);
     }
 
     let console = if opts.interactive {
@@ -387,6 +471,43 @@ mod tests {
              -smp 8 -m 32M -kernel IMAGE -dtb x.dtb -nic none -no-reboot -display none \
              -serial stdio -monitor none -d 'int guest'"
         );
+    }
+
+    #[test]
+    fn net_links_parse_and_reach_the_command_line() {
+        assert_eq!("listen:5555".parse(), Ok(NetLink::Listen(5555)));
+        assert_eq!(
+            "connect:5555".parse(),
+            Ok(NetLink::Connect("127.0.0.1".into(), 5555))
+        );
+        assert_eq!(
+            "connect:pi.local:7".parse(),
+            Ok(NetLink::Connect("pi.local".into(), 7))
+        );
+        for bad in [
+            "listen",
+            "listen:0",
+            "listen:70000",
+            "dial:1",
+            "connect:a b:1",
+            "connect::1",
+        ] {
+            assert!(bad.parse::<NetLink>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            line(Board::VirtGicv3, |o| o.net = Some(NetLink::Listen(5555))),
+            format!(
+                "{VIRT} -netdev stream,id=board-net,server=on,addr.type=inet,addr.host=127.0.0.1,addr.port=5555 \
+                 -device virtio-net-device,netdev=board-net,mac=52:54:00:74:64:01 -serial stdio -monitor none"
+            )
+            .replace("gic-version=2", "gic-version=3")
+        );
+        assert!(line(Board::VirtGicv2, |o| {
+            o.net = Some(NetLink::Connect("127.0.0.1".into(), 5555))
+        })
+        .contains("server=off,reconnect-ms=1000,addr.type=inet,addr.host=127.0.0.1,addr.port=5555 -device virtio-net-device,netdev=board-net,mac=52:54:00:74:64:02"));
+        // Not on the Pi (no virtio-mmio there).
+        assert!(!line(Board::Raspi4b, |o| o.net = Some(NetLink::Listen(1))).contains("netdev"));
     }
 
     #[test]

@@ -15,7 +15,8 @@ use regex::bytes::Regex;
 
 use crate::console::{crash_image_offset, MemReport, PROMPT};
 use crate::qemu::{
-    log_dir, qemu_command, qemu_command_line, render_command, Artifacts, Board, QemuOptions,
+    log_dir, qemu_command, qemu_command_line, render_command, Artifacts, Board, NetLink,
+    QemuOptions,
 };
 use crate::symbols::symbolize;
 
@@ -363,6 +364,51 @@ impl Session {
             &artifacts,
             &opts,
         )
+    }
+
+    /// Two boards on one network: QEMU `board` twice, each with the bundle
+    /// `bundle` given its own address (`addresses`, e.g. `["10.0.0.1/24",
+    /// "10.0.0.2/24"]`; copies under the test logs), their network cards
+    /// joined by a TCP stream on a free port of 127.0.0.1. The first
+    /// listens and is started first; the second connects. Logs
+    /// `<name>-a.log` and `<name>-b.log`.
+    pub fn start_pair(
+        board: Board,
+        bundle: &Path,
+        name: &str,
+        addresses: [&str; 2],
+    ) -> Result<(Session, Session), HarnessError> {
+        let setup = |e: String| HarnessError::new(ErrorKind::Setup, e);
+        // A port the system just gave out and took back: free unless
+        // another process takes it in between.
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| setup(format!("no free TCP port: {e}")))?
+            .port();
+        let artifacts = Artifacts::locate();
+        let links = [
+            NetLink::Listen(port),
+            NetLink::Connect("127.0.0.1".into(), port),
+        ];
+        let mut sessions = Vec::new();
+        for ((side, address), link) in ["a", "b"].iter().zip(addresses).zip(links) {
+            let copy = crate::log_dir().join(format!("{name}-{side}.img"));
+            crate::bundle_with_address(bundle, address, &copy).map_err(setup)?;
+            let mut opts = QemuOptions::for_board(board, &artifacts);
+            opts.initrd = Some(copy);
+            opts.net = Some(link);
+            sessions.push(Session::start(
+                &format!("{name}-{side}"),
+                board,
+                &artifacts,
+                &opts,
+            )?);
+        }
+        let b = sessions.pop();
+        match (sessions.pop(), b) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(setup("two sessions were not started".into())),
+        }
     }
 
     /// The position to look from later ([`Session::expect_since`]). In the

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use harness::{qemu_args, workspace_root, Artifacts, Board, QemuOptions};
+use harness::{qemu_args, workspace_root, Artifacts, Board, NetLink, QemuOptions};
 
 /// The one thing every line must carry, spelled as a shell word pair or as
 /// the items of an argument list (Python, Rust).
@@ -31,7 +31,7 @@ fn artifacts() -> Artifacts {
 #[test]
 fn every_harness_command_line_has_no_default_nic() {
     for board in Board::ALL {
-        let variants: [fn(&mut QemuOptions); 4] = [
+        let variants: [fn(&mut QemuOptions); 6] = [
             |_| {},
             |o| o.interactive = true,
             |o| o.trace = Some("trace.bin".into()),
@@ -40,6 +40,9 @@ fn every_harness_command_line_has_no_default_nic() {
                 o.dtb = None;
                 o.extra = vec!["-S".into()];
             },
+            // The board's own card is added beside `-nic none`.
+            |o| o.net = Some(NetLink::Listen(5555)),
+            |o| o.net = Some(NetLink::Connect("127.0.0.1".into(), 5555)),
         ];
         for tweak in variants {
             let mut opts = QemuOptions::for_board(board, &artifacts());

@@ -30,6 +30,9 @@
 //! high = "80M"
 //! when_exhausted = "stop-lowest" # or "wait" (without bound)
 //!
+//! [board]                 # optional; the board itself
+//! address = "10.0.0.2/24" # its IPv4 address on its network card (QEMU virt)
+//!
 //! on_target_tests = true  # optional, top level (before any table): the
 //!                         # hypervisor runs its on-target self-checks
 //! ```
@@ -54,7 +57,8 @@ use std::path::{Path, PathBuf};
 use toml::de::{DeString, DeTable, DeValue};
 
 use guest_bundle::{
-    bad_access, devices, BundleBuilder, PoolSpec, VmMemory, VmSpec, MAX_WEIGHT, MEM_ALIGN,
+    bad_access, devices, BoardAddress, BundleBuilder, PoolSpec, VmMemory, VmSpec, MAX_WEIGHT,
+    MEM_ALIGN,
 };
 
 /// The name `kernel` takes for the test guest built from `guest-driver/testguest`.
@@ -131,6 +135,9 @@ const MEMORY_KEYS: [&str; 5] = ["min", "low", "max", "weight", "prealloc"];
 
 /// Keys the `[pool]` table may have.
 const POOL_KEYS: [&str; 4] = ["min", "low", "high", "when_exhausted"];
+
+/// Keys the `[board]` table may have.
+const BOARD_KEYS: [&str; 1] = ["address"];
 
 /// Values of `[pool] when_exhausted` and whether they set the bundle's
 /// wait flag (vCPUs wait for a frame without bound).
@@ -395,6 +402,30 @@ fn pool_from_value(value: &toml::Value) -> Result<PoolSpec, String> {
         high,
         wait,
     })
+}
+
+/// Reads and validates the top-level `[board]` table: the board's network
+/// address, if it has one; `Err` names the field.
+fn board_from_value(value: &toml::Value) -> Result<Option<BoardAddress>, String> {
+    let toml::Value::Table(t) = value else {
+        return Err(format!(
+            "must be a table ([board]), found {}",
+            describe(value)
+        ));
+    };
+    if let Some(k) = t.keys().find(|k| !BOARD_KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field `{k}`; [board] has {}",
+            BOARD_KEYS.join(", ")
+        ));
+    }
+    match t.get("address") {
+        None => Ok(None),
+        Some(toml::Value::String(text)) => BoardAddress::parse(text)
+            .map(Some)
+            .map_err(|why| format!("address \"{text}\": {why}")),
+        Some(other) => Err(wrong_type("address", "a string", other)),
+    }
 }
 
 impl VmConfig {
@@ -845,9 +876,12 @@ pub fn bundle_from_str_in(
     inputs: &Inputs,
     load: &dyn Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<Vec<u8>, String> {
-    let (specs, pool, on_target_tests) = specs_from_str(text, file, base, inputs, load)?;
+    let (specs, pool, on_target_tests, board_address) =
+        specs_from_str(text, file, base, inputs, load)?;
     let mut builder = BundleBuilder::new();
-    builder.on_target_tests(on_target_tests);
+    builder
+        .on_target_tests(on_target_tests)
+        .board_address(board_address);
     builder
         .pool(pool)
         .map_err(|e| format!("{file}: bundle writer refused {e}"))?;
@@ -928,6 +962,11 @@ impl<'t> Locator<'t> {
     fn pool(&self, msg: &str) -> String {
         self.at(self.span("pool", None, &[field_of(msg)]))
     }
+
+    /// Where the message `msg` about the `[board]` table points.
+    fn board(&self, msg: &str) -> String {
+        self.at(self.span("board", None, &[field_of(msg)]))
+    }
 }
 
 /// The field a message is about. Messages start with the field, dotted
@@ -962,10 +1001,10 @@ fn read_vms(doc: &toml::Table, loc: &Locator) -> Result<Vec<VmConfig>, String> {
     let file = loc.file;
     if let Some(k) = doc
         .keys()
-        .find(|k| !matches!(k.as_str(), "vm" | "pool" | "on_target_tests"))
+        .find(|k| !matches!(k.as_str(), "vm" | "pool" | "board" | "on_target_tests"))
     {
         return Err(format!(
-            "{}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables, an optional [pool] table and an optional on_target_tests = true",
+            "{}: unknown top-level key `{k}`; a configuration is a list of [[vm]] tables, an optional [pool] table, an optional [board] table and an optional on_target_tests = true",
             loc.at(loc.span(k, None, &[]))
         ));
     }
@@ -1021,9 +1060,14 @@ struct Seen<'a> {
     guaranteed: u64,
 }
 
-/// What a file describes: each VM with its memory limits, the pool, and
-/// whether the bundle runs the on-target checks.
-type FileSpecs = (Vec<(VmSpec, VmMemory)>, PoolSpec, bool);
+/// What a file describes: each VM with its memory limits, the pool,
+/// whether the bundle runs the on-target checks, and the board's address.
+type FileSpecs = (
+    Vec<(VmSpec, VmMemory)>,
+    PoolSpec,
+    bool,
+    Option<BoardAddress>,
+);
 
 fn specs_from_str(
     text: &str,
@@ -1065,7 +1109,11 @@ fn specs_from_str(
             ))
         }
     };
-    Ok((specs, pool, on_target_tests))
+    let board_address = match doc.get("board") {
+        None => None,
+        Some(v) => board_from_value(v).map_err(|e| format!("{}: board: {e}", loc.board(&e)))?,
+    };
+    Ok((specs, pool, on_target_tests, board_address))
 }
 
 /// Validates VM `index` against itself and the VMs before it (`seen`) and
@@ -2107,6 +2155,45 @@ on_bad_access = "stop"
     /// `ONE` with a `[pool]` table of `lines`.
     fn pool(lines: &str) -> String {
         format!("{ONE}\n[pool]\n{lines}\n")
+    }
+
+    /// `ONE` with a `[board]` table of `lines`.
+    fn board(lines: &str) -> String {
+        format!("{ONE}\n[board]\n{lines}\n")
+    }
+
+    #[test]
+    fn board_address_is_carried_in_the_bundle() {
+        let bytes = build(&board("address = \"10.0.0.2/24\"")).unwrap();
+        let b = guest_bundle::parse(&bytes).unwrap();
+        assert_eq!(
+            b.board_address().map(|a| a.to_string()).as_deref(),
+            Some("10.0.0.2/24")
+        );
+        let bytes = build(&board("")).unwrap();
+        assert_eq!(guest_bundle::parse(&bytes).unwrap().board_address(), None);
+        let bytes = build(ONE).unwrap();
+        assert_eq!(guest_bundle::parse(&bytes).unwrap().board_address(), None);
+    }
+
+    #[test]
+    fn board_errors_name_file_line_and_field() {
+        for (lines, want) in [
+            ("address = \"10.0.0.2\"", "t.toml:10:11: board: address \"10.0.0.2\": write a dotted quad and a prefix length, e.g. \"10.0.0.2/24\""),
+            ("address = \"10.0.0.2/33\"", "t.toml:10:11: board: address \"10.0.0.2/33\": the prefix length is 1 to 32"),
+            ("address = \"10.0.0.0/24\"", "t.toml:10:11: board: address \"10.0.0.0/24\": that is the network's own address"),
+            ("address = \"10.0.0.255/24\"", "t.toml:10:11: board: address \"10.0.0.255/24\": that is the network's broadcast address"),
+            ("address = 10", "t.toml:10:11: board: address must be a string, found integer 10"),
+            ("mac = \"x\"", "t.toml:10:7: board: unknown field `mac`; [board] has address"),
+        ] {
+            let got = err(&board(lines));
+            assert!(got.starts_with(want), "{lines}\nwant: {want}\ngot:  {got}");
+        }
+        let got = err(&format!("board = 1\n{ONE}"));
+        assert!(
+            got.starts_with("t.toml:1:9: board: must be a table ([board]), found integer 1"),
+            "{got}"
+        );
     }
 
     #[test]

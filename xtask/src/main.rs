@@ -20,7 +20,7 @@ pub mod userconfig;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use harness::{Artifacts, Board, QemuOptions};
+use harness::{Artifacts, Board, NetLink, QemuOptions};
 
 const TARGET: &str = "aarch64-unknown-none";
 
@@ -90,11 +90,17 @@ fn print_help() {
                      disk; format: docs/CONFIGURATION.md), written to FILE; builds or
                      fetches only what its VMs use (the test guest, the Linux fixture,
                      the initramfs for a kernel of your own)
-  run [--board B] [--bundle NAME | --config CONFIG]
+  run [--board B] [--bundle NAME | --config CONFIG] [--disk FILE] [--net LINK]
+      [--address A.B.C.D/N]
                      build, then boot in QEMU with the console on this terminal
                      (B: virt-gicv2 (default), virt-gicv3, raspi4b; Ctrl-A X quits QEMU);
                      the guests: guests/demo.toml, or NAME, a bundle of target/bundles
-                     (guests/tests/NAME.toml), or the bundle of the file CONFIG
+                     (guests/tests/NAME.toml), or the bundle of the file CONFIG;
+                     --disk FILE: the board's disk (default target/board-disk.img);
+                     --net listen:PORT | connect:[HOST:]PORT: the board's network card,
+                     joined to another board's by TCP (start the listening one first);
+                     --address A.B.C.D/N: the board's address instead of the bundle's
+                     ([board] address), on a copy of the bundle
   trace [--board B] [--bundle NAME]
                      as run, with the trace build: the hot paths' trace events too
                      (exits, MMIO, balloon batches, faults, TLB flushes); B: virt-gicv2
@@ -313,11 +319,13 @@ fn check_image_header(image: &Path) -> Result<(), String> {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    const USAGE: &str = "usage: cargo xtask run [--board virt-gicv2|virt-gicv3|raspi4b] [--bundle NAME | --config CONFIG.toml] [--disk FILE]";
+    const USAGE: &str = "usage: cargo xtask run [--board virt-gicv2|virt-gicv3|raspi4b] [--bundle NAME | --config CONFIG.toml] [--disk FILE] [--net listen:PORT|connect:[HOST:]PORT] [--address A.B.C.D/N]";
     let mut board = Board::VirtGicv2;
     let mut bundle = None;
     let mut config = None;
     let mut disk = None;
+    let mut net: Option<NetLink> = None;
+    let mut address = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -330,11 +338,23 @@ fn run(args: &[String]) -> Result<(), String> {
             "--bundle" => bundle = Some(it.next().ok_or(USAGE)?.clone()),
             "--config" => config = Some(PathBuf::from(it.next().ok_or(USAGE)?)),
             "--disk" => disk = Some(PathBuf::from(it.next().ok_or(USAGE)?)),
+            "--net" => net = Some(it.next().ok_or(USAGE)?.parse()?),
+            "--address" => {
+                let text = it.next().ok_or(USAGE)?;
+                guest_bundle::BoardAddress::parse(text)
+                    .map_err(|e| format!("--address {text}: {e}"))?;
+                address = Some(text.clone());
+            }
             other => return Err(format!("unknown option '{other}'; {USAGE}")),
         }
     }
     if bundle.is_some() && config.is_some() {
         return Err(format!("--bundle and --config exclude each other; {USAGE}"));
+    }
+    if net.is_some() && board == Board::Raspi4b {
+        return Err(format!(
+            "--net is for the virt boards (QEMU raspi4b has no virtio-mmio); {USAGE}"
+        ));
     }
     setup::run()?;
     let root = root();
@@ -353,12 +373,22 @@ fn run(args: &[String]) -> Result<(), String> {
     if board == Board::Raspi4b {
         artifacts.pi4_dtb = fixtures::pi4_qemu_dtb(&root)?;
     }
-    // The board's disk (virt): the named file, else target/board-disk.img.
+    // Another address than the bundle's: a copy with it (the header
+    // only), so that two boards run one configuration.
+    if let Some(address) = &address {
+        let copy = root
+            .join("target")
+            .join(format!("guests-{}.img", address.replace(['.', '/'], "-")));
+        harness::bundle_with_address(&artifacts.bundle, address, &copy)?;
+        artifacts.bundle = copy;
+    }
+    // The board's disk (virt): the named file, else target/board-disk.img;
+    // with --net, one per side (two QEMUs cannot share an image).
     let disk = match board {
         Board::Raspi4b => None,
-        _ => Some(board_disk(&root, disk)?),
+        _ => Some(board_disk(&root, disk, net.as_ref())?),
     };
-    boot_interactive(&root, board, &artifacts, disk)
+    boot_interactive(&root, board, &artifacts, disk, net)
 }
 
 /// Size of the board disk made on first use: sparse, so it takes only
@@ -367,7 +397,11 @@ const BOARD_DISK_BYTES: u64 = 8 << 30;
 
 /// The board disk: `named`, or `target/board-disk.img`, made (sparse,
 /// [`BOARD_DISK_BYTES`]) if it does not exist. A named file must exist.
-fn board_disk(root: &Path, named: Option<PathBuf>) -> Result<PathBuf, String> {
+fn board_disk(
+    root: &Path,
+    named: Option<PathBuf>,
+    net: Option<&NetLink>,
+) -> Result<PathBuf, String> {
     if let Some(path) = named {
         return match path.is_file() {
             true => Ok(path),
@@ -378,7 +412,12 @@ fn board_disk(root: &Path, named: Option<PathBuf>) -> Result<PathBuf, String> {
             )),
         };
     }
-    let path = root.join("target").join("board-disk.img");
+    let file = match net {
+        None => "board-disk.img",
+        Some(NetLink::Listen(_)) => "board-disk-listen.img",
+        Some(NetLink::Connect(..)) => "board-disk-connect.img",
+    };
+    let path = root.join("target").join(file);
     if !path.is_file() {
         let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         file.set_len(BOARD_DISK_BYTES)
@@ -433,8 +472,8 @@ fn trace(args: &[String]) -> Result<(), String> {
     if let Some(name) = bundle {
         artifacts.bundle = test_bundle(&root, &name)?;
     }
-    let disk = board_disk(&root, None)?;
-    boot_interactive(&root, board, &artifacts, Some(disk))
+    let disk = board_disk(&root, None, None)?;
+    boot_interactive(&root, board, &artifacts, Some(disk), None)
 }
 
 /// Boot `artifacts` on `board` with the console on this terminal; on virt
@@ -445,13 +484,21 @@ fn boot_interactive(
     board: Board,
     artifacts: &Artifacts,
     disk: Option<PathBuf>,
+    net: Option<NetLink>,
 ) -> Result<(), String> {
+    // Two boards on a network run at once: a trace file each.
+    let side = match &net {
+        None => "",
+        Some(NetLink::Listen(_)) => "-listen",
+        Some(NetLink::Connect(..)) => "-connect",
+    };
     let trace = root
         .join("target")
-        .join(format!("trace-{}.defmt", board.name()));
+        .join(format!("trace-{}{side}.defmt", board.name()));
     let mut opts = QemuOptions::for_board(board, artifacts);
     opts.interactive = true;
     opts.disk = disk;
+    opts.net = net;
     // As many CPUs as the highest CPU the bundle pins a vCPU to needs (the
     // virt boards): under TCG an emulated CPU nobody uses still costs the
     // others (its thread is woken for every broadcast TLB invalidation).

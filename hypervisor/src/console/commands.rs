@@ -63,6 +63,14 @@ pub enum Then {
     /// `restore`: the board's clock must first pass the guest's; the
     /// shell's looks do it when it is due.
     RestoreLater(super::snapshot_cmds::PendingRestore),
+    /// `net`: the board's network card, which only the hypervisor drives.
+    Net,
+    /// `ping <address> [count]`: begin the echo job, driven from the
+    /// shell's looks.
+    Ping {
+        to: [u8; 4],
+        count: u32,
+    },
 }
 
 /// Run `cmd`: its answer into `out`, and what the caller does next.
@@ -95,6 +103,8 @@ pub fn run(cmd: Command<'_>, board: &mut impl Board, out: &mut String) -> Then {
             }
         }
         Command::Delete { name } => super::snapshot_cmds::delete(board, out, name),
+        Command::Net => return Then::Net,
+        Command::Ping { to, count } => return Then::Ping { to, count },
         Command::OnBadAccess { vm, policy } => on_bad_access(board, out, vm, policy),
         Command::Balloon { vm, bytes } => balloon(board, out, vm, bytes),
         Command::BalloonAuto { vm } => balloon_auto(board, out, vm),

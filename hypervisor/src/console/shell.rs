@@ -33,6 +33,14 @@ pub enum Command<'a> {
     Delete {
         name: &'a str,
     },
+    /// The board's network card: address, MAC, link, counters.
+    Net,
+    /// ICMP echo requests to `to`, `count` of them, one at a time (each
+    /// answered or given up after a second).
+    Ping {
+        to: [u8; 4],
+        count: u32,
+    },
     /// Set the balloon of a VM to this many bytes (rounded down to pages).
     Balloon {
         vm: &'a str,
@@ -224,6 +232,14 @@ pub const COMMANDS: &[CommandInfo] = &[
         summary: "delete a snapshot from the board's disk",
     },
     CommandInfo {
+        usage: "net",
+        summary: "the board's network card (not the guests'): its address, MAC, link, packets and bytes in and out, errors",
+    },
+    CommandInfo {
+        usage: "ping <address> [count]",
+        summary: "ICMP echo from the board's address to another (e.g. ping 10.0.0.2 3; count 1 to 100, default 4): each reply with its time, or a timeout after 1 s; the shell goes on meanwhile",
+    },
+    CommandInfo {
         usage: "poweroff",
         summary: "power the board off",
     },
@@ -274,6 +290,7 @@ pub enum ParseError<'a> {
     BadSize(&'a str),
     BadSeconds(&'a str),
     BadWeight(&'a str),
+    BadAddress(&'a str),
 }
 
 impl core::fmt::Display for ParseError<'_> {
@@ -293,6 +310,10 @@ impl core::fmt::Display for ParseError<'_> {
             ParseError::BadWeight(text) => write!(
                 f,
                 "'{text}' is not a weight: write a whole number from 1 to 10000 (default 100)"
+            ),
+            ParseError::BadAddress(text) => write!(
+                f,
+                "'{text}' is not an IPv4 address: write a dotted quad (e.g. 10.0.0.2)"
             ),
             ParseError::BadSeconds(text) => write!(
                 f,
@@ -346,6 +367,20 @@ pub fn parse(line: &str) -> Result<Option<Command<'_>>, ParseError<'_>> {
                 into: Some(vm),
             })),
             _ => Err(ParseError::Usage("restore <name> [as <vm>]")),
+        },
+        "net" => no_args(Command::Net, "net"),
+        "ping" => match (rest, words.next(), words.next()) {
+            (Some(to), count, None) => {
+                let to = parse_ipv4(to).ok_or(ParseError::BadAddress(to))?;
+                let count = match count {
+                    None => DEFAULT_PINGS,
+                    Some(c) => parse_seconds(c)
+                        .filter(|n| (1..=MAX_PINGS).contains(n))
+                        .ok_or(ParseError::Usage(PING_USAGE))?,
+                };
+                Ok(Some(Command::Ping { to, count }))
+            }
+            _ => Err(ParseError::Usage(PING_USAGE)),
         },
         "delete" => {
             one_vm("delete <name>", rest, words.next()).map(|name| Some(Command::Delete { name }))
@@ -461,6 +496,25 @@ fn one_vm<'a>(
     }
 }
 
+const PING_USAGE: &str = "ping <address> [count] (count 1 to 100)";
+/// Echo requests `ping` sends without a count, and at most.
+pub const DEFAULT_PINGS: u32 = 4;
+pub const MAX_PINGS: u32 = 100;
+
+/// A dotted quad: four decimal numbers 0 to 255, nothing else.
+pub fn parse_ipv4(text: &str) -> Option<[u8; 4]> {
+    let mut octets = [0u8; 4];
+    let mut parts = text.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *octet = part.parse().ok()?;
+    }
+    parts.next().is_none().then_some(octets)
+}
+
 /// Whole seconds: decimal digits only, at most `u32::MAX`.
 pub fn parse_seconds(text: &str) -> Option<u32> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -518,8 +572,50 @@ mod tests {
                 .replace("[vm]", "beta")
                 .replace("[raw]", "raw")
                 .replace("<manager|naive|none>", "naive")
-                .replace("<min|low|max|weight> <value>", "max 768M");
+                .replace("<min|low|max|weight> <value>", "max 768M")
+                .replace("<address>", "10.0.0.2")
+                .replace("[count]", "3");
             assert!(matches!(parse(&line), Ok(Some(_))), "{line}");
+        }
+        assert_eq!(
+            parse("ping 10.0.0.2"),
+            Ok(Some(Command::Ping {
+                to: [10, 0, 0, 2],
+                count: DEFAULT_PINGS
+            }))
+        );
+        assert_eq!(
+            parse("ping 192.168.1.200 100"),
+            Ok(Some(Command::Ping {
+                to: [192, 168, 1, 200],
+                count: 100
+            }))
+        );
+        assert_eq!(parse("net"), Ok(Some(Command::Net)));
+        assert!(parse("net x").is_err());
+        for bad in [
+            "10.0.0",
+            "10.0.0.256",
+            "10.0.0.2.1",
+            "a.b.c.d",
+            "10..0.2",
+            "10.0.0.-1",
+            "10.0.0.0002",
+        ] {
+            assert_eq!(
+                parse(&format!("ping {bad}")),
+                Err(ParseError::BadAddress(bad)),
+                "{bad}"
+            );
+        }
+        for bad in [
+            "ping",
+            "ping 10.0.0.2 0",
+            "ping 10.0.0.2 101",
+            "ping 10.0.0.2 x",
+            "ping 10.0.0.2 3 4",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
         }
         assert_eq!(
             parse("restore s1 as beta"),
