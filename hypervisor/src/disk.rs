@@ -11,12 +11,10 @@
 //! snapshot store sees, so that another device (the Pi 4's SD card) can
 //! follow. Target only (the frame table behind `run::frames`, and MMIO).
 
-use core::ptr::NonNull;
-
 use spin::Mutex;
 use virtio_drivers::device::blk::{VirtIOBlk, SECTOR_SIZE};
-use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
-use virtio_drivers::transport::{DeviceType, Transport};
+use virtio_drivers::transport::mmio::MmioTransport;
+use virtio_drivers::transport::DeviceType;
 
 use crate::dma::FrameHal;
 use crate::snapshot::store::{Disk, DiskError};
@@ -63,38 +61,14 @@ pub struct DiskInfo {
 /// and takes the first for the board (the others stay untouched). Called
 /// once at boot, before any VM runs.
 pub fn probe(slots: &[platform::VirtioMmioSlot]) -> Option<DiskInfo> {
-    for slot in slots {
-        let Ok(size) = usize::try_from(slot.regs.size()) else {
-            continue;
-        };
-        let Some(header) = NonNull::new(slot.regs.start as *mut VirtIOHeader) else {
-            continue;
-        };
-        // SAFETY: the slot's registers come from the board's device tree,
-        // are identity-mapped as device memory, and nothing else in the
-        // hypervisor (nor any guest) ever maps or touches them; the
-        // transport is the only user from here on (it is dropped, not
-        // used, when the slot is not a disk).
-        let Ok(transport) = (unsafe { MmioTransport::new(header, size) }) else {
-            continue;
-        };
-        if transport.device_type() != DeviceType::Block {
-            continue;
-        }
-        let Ok(blk) = VirtIOBlk::<FrameHal, _>::new(transport) else {
-            continue;
-        };
-        let info = DiskInfo {
-            regs: slot.regs,
-            sectors: blk.capacity(),
-        };
-        *DISK.lock() = Some(BoardDisk {
-            blk,
-            regs: slot.regs,
-        });
-        return Some(info);
-    }
-    None
+    let (transport, regs) = crate::dma::find_device(slots, None, DeviceType::Block)?;
+    let blk = VirtIOBlk::<FrameHal, _>::new(transport).ok()?;
+    let info = DiskInfo {
+        regs,
+        sectors: blk.capacity(),
+    };
+    *DISK.lock() = Some(BoardDisk { blk, regs });
+    Some(info)
 }
 
 /// Runs `f` on the board's disk, if it has one.

@@ -1,10 +1,13 @@
-//! DMA memory for the devices the hypervisor drives itself (the board's
-//! disk, [`crate::disk`], and its network card, `net.rs`): the
-//! virtio-drivers crate's [`Hal`] over the frame table, on the EL2
+//! The virtio devices the hypervisor drives itself (the board's disk,
+//! [`crate::disk`], and its network card, `net.rs`): finding one behind
+//! the board's virtio-mmio slots ([`find_device`]), and their DMA memory,
+//! the virtio-drivers crate's [`Hal`] over the frame table on the EL2
 //! identity map. Target only (the frame table behind `run::frames`).
 
 use core::ptr::NonNull;
 
+use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
+use virtio_drivers::transport::{DeviceType, Transport};
 use virtio_drivers::{BufferDirection, Hal};
 
 use crate::addr::PhysAddr;
@@ -54,4 +57,34 @@ unsafe impl Hal for FrameHal {
     }
 
     unsafe fn unshare(_paddr: u64, _buffer: NonNull<[u8]>, _direction: BufferDirection) {}
+}
+
+/// The first of the board's virtio-mmio slots (but `skip`) with a device
+/// of `kind` behind it: its transport and registers. Called at boot,
+/// before any VM runs; the slots looked at and passed over stay untouched.
+pub fn find_device(
+    slots: &[platform::VirtioMmioSlot],
+    skip: Option<platform::PhysRange>,
+    kind: DeviceType,
+) -> Option<(MmioTransport<'static>, platform::PhysRange)> {
+    for slot in slots.iter().filter(|s| Some(s.regs) != skip) {
+        let Ok(size) = usize::try_from(slot.regs.size()) else {
+            continue;
+        };
+        let Some(header) = NonNull::new(slot.regs.start as *mut VirtIOHeader) else {
+            continue;
+        };
+        // SAFETY: the slot's registers come from the board's device tree,
+        // are identity-mapped as device memory, and nothing else in the
+        // hypervisor (nor any guest) maps or touches them (a slot already
+        // taken is `skip`); the transport is the only user from here on
+        // (it is dropped, not used, when the device is another kind).
+        let Ok(transport) = (unsafe { MmioTransport::new(header, size) }) else {
+            continue;
+        };
+        if transport.device_type() == kind {
+            return Some((transport, slot.regs));
+        }
+    }
+    None
 }

@@ -21,7 +21,6 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt::Write;
-use core::ptr::NonNull;
 
 use guest_bundle::BoardAddress;
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
@@ -33,8 +32,8 @@ use smoltcp::wire::{
 };
 use spin::Mutex;
 use virtio_drivers::device::net::VirtIONetRaw;
-use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
-use virtio_drivers::transport::{DeviceType, Transport};
+use virtio_drivers::transport::mmio::MmioTransport;
+use virtio_drivers::transport::DeviceType;
 
 use crate::arch::aarch64;
 use crate::dma::FrameHal;
@@ -309,30 +308,8 @@ pub fn probe(
     skip: Option<platform::PhysRange>,
     address: Option<BoardAddress>,
 ) -> Option<Result<NetInfo, (platform::PhysRange, &'static str)>> {
-    for slot in slots {
-        if Some(slot.regs) == skip {
-            continue;
-        }
-        let Ok(size) = usize::try_from(slot.regs.size()) else {
-            continue;
-        };
-        let Some(header) = NonNull::new(slot.regs.start as *mut VirtIOHeader) else {
-            continue;
-        };
-        // SAFETY: the slot's registers come from the board's device tree,
-        // are identity-mapped as device memory, and nothing else in the
-        // hypervisor (nor any guest) maps or touches them: the disk's slot
-        // is skipped; the transport is the only user from here on (it is
-        // dropped, not used, when the slot is not a network card).
-        let Ok(transport) = (unsafe { MmioTransport::new(header, size) }) else {
-            continue;
-        };
-        if transport.device_type() != DeviceType::Network {
-            continue;
-        }
-        return Some(take(transport, slot.regs, address).map_err(|why| (slot.regs, why)));
-    }
-    None
+    let (transport, regs) = crate::dma::find_device(slots, skip, DeviceType::Network)?;
+    Some(take(transport, regs, address).map_err(|why| (regs, why)))
 }
 
 fn take(
