@@ -353,7 +353,7 @@ impl<D: Disk> Store<D> {
         while reader.remaining() > 0 {
             let part = &mut buf[..reader.remaining().min(RUN as u64) as usize];
             reader.read(part)?;
-            crc.update(part);
+            crate::bundle_crc::update(&mut crc, part);
             each(part)?;
         }
         if crc.finish() != expected {
@@ -396,7 +396,7 @@ impl<D: Disk> Writer<'_, D> {
                 largest,
             });
         }
-        self.crc.update(bytes);
+        crate::bundle_crc::update(&mut self.crc, bytes);
         while !bytes.is_empty() {
             if self.buf.is_empty() && bytes.len() >= RUN {
                 // A whole run goes to the disk as it is, not copied.
