@@ -16,16 +16,11 @@
 
 use arbitrary::Arbitrary;
 use hypervisor::snapshot::format::{
-    FormatError, Header, Page, SectionKind, SnapshotReader, SnapshotWriter, Totals, CHUNK_PAGES,
-    END_LEN, HEADER_LEN, MAX_RAM_PAGES, MAX_SECTION, PAGE,
+    Header, SnapshotWriter, Totals, CHUNK_PAGES, END_LEN, HEADER_LEN, MAX_RAM_PAGES, MAX_SECTION,
+    PAGE,
 };
+use hypervisor::snapshot::testing::{read_all, OwnedPage, ReadAll, SECTION_KINDS as KINDS};
 use libfuzzer_sys::fuzz_target;
-
-const KINDS: [SectionKind; 3] = [
-    SectionKind::Config,
-    SectionKind::Vcpus,
-    SectionKind::Devices,
-];
 
 #[derive(Arbitrary, Debug)]
 struct Valid {
@@ -83,102 +78,46 @@ enum Input {
     },
 }
 
-/// A page as the target keeps it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Owned {
-    NotBacked,
-    Zero,
-    Data(Box<[u8; PAGE]>),
-}
-
-impl Owned {
-    fn page(&self) -> Page<'_> {
-        match self {
-            Owned::NotBacked => Page::NotBacked,
-            Owned::Zero => Page::Zero,
-            Owned::Data(d) => Page::Data(d),
-        }
-    }
-}
-
-/// What a reader got, and how it ended.
-#[derive(Debug)]
-struct Read {
-    header: Option<Header>,
-    sections: Vec<Vec<u8>>,
-    pages: Vec<Owned>,
-    result: Result<Totals, FormatError>,
-}
-
-fn read(bytes: &[u8]) -> Read {
-    let mut out = Read {
-        header: None,
-        sections: Vec::new(),
-        pages: Vec::new(),
-        result: Err(FormatError::Invalid("not read")),
-    };
-    let (mut r, header) = match SnapshotReader::open(bytes) {
-        Ok(opened) => opened,
-        Err(e) => {
-            out.result = Err(e);
-            return out;
-        }
+/// What a reader got from `bytes`, checked: a header the writer takes,
+/// sections within their bound, pages in order from 0 and within RAM, and
+/// on success every page there and the totals what was delivered.
+fn read(bytes: &[u8]) -> ReadAll {
+    let out = read_all(bytes);
+    let Some(header) = out.header.as_ref() else {
+        return out;
     };
     assert!(
-        SnapshotWriter::new(Vec::new(), &header).is_ok(),
+        SnapshotWriter::new(Vec::new(), header).is_ok(),
         "the reader took a header the writer refuses: {header:?}"
     );
     let ram_pages = header.ram_pages;
     assert!((1..=MAX_RAM_PAGES).contains(&ram_pages));
-    out.header = Some(header);
-    for kind in KINDS {
-        match r.section(kind) {
-            Ok(bytes) => {
-                assert!(bytes.len() <= MAX_SECTION);
-                out.sections.push(bytes);
-            }
-            Err(e) => {
-                out.result = Err(e);
-                return out;
-            }
+    assert!(out.sections.iter().all(|s| s.len() <= MAX_SECTION));
+    let mut counted = Totals::default();
+    for (i, (pfn, page)) in out.pages.iter().enumerate() {
+        assert_eq!(*pfn, i as u64, "a page out of order");
+        assert!(*pfn < ram_pages, "page {pfn} past the RAM's {ram_pages}");
+        match page {
+            OwnedPage::NotBacked => counted.not_backed += 1,
+            OwnedPage::Zero => counted.zero += 1,
+            OwnedPage::Data(_) => counted.data += 1,
         }
     }
-    let mut counted = Totals::default();
-    let result = r.pages(|pfn, page| {
-        assert_eq!(pfn, out.pages.len() as u64, "a page out of order");
-        assert!(pfn < ram_pages, "page {pfn} past the RAM's {ram_pages}");
-        out.pages.push(match page {
-            Page::NotBacked => {
-                counted.not_backed += 1;
-                Owned::NotBacked
-            }
-            Page::Zero => {
-                counted.zero += 1;
-                Owned::Zero
-            }
-            Page::Data(d) => {
-                counted.data += 1;
-                Owned::Data(Box::new(*d))
-            }
-        });
-        Ok::<_, FormatError>(())
-    });
-    if let Ok(totals) = result {
+    if let Ok(totals) = out.result {
         assert_eq!(totals, counted, "the totals are not the pages delivered");
         assert_eq!(out.pages.len() as u64, ram_pages, "a page missing");
     }
-    out.result = result;
     out
 }
 
 /// A snapshot of what was read, written again.
-fn rewrite(read: &Read) -> Vec<u8> {
+fn rewrite(read: &ReadAll) -> Vec<u8> {
     let header = read.header.as_ref().expect("read whole");
     let mut w = SnapshotWriter::new(Vec::new(), header).expect("its header");
     for (kind, bytes) in KINDS.iter().zip(&read.sections) {
         w.section(*kind, bytes).expect("a section read");
     }
-    for page in &read.pages {
+    for (_, page) in &read.pages {
         w.page(page.page()).expect("a page read");
     }
     let (bytes, totals) = w.finish().expect("every page read");
@@ -188,7 +127,7 @@ fn rewrite(read: &Read) -> Vec<u8> {
 
 /// The valid snapshot `v` describes, what it holds, and where its parts
 /// lie.
-fn build(v: &Valid) -> (Vec<u8>, Read, Vec<(usize, usize)>) {
+fn build(v: &Valid) -> (Vec<u8>, ReadAll, Vec<(usize, usize)>) {
     let header = Header {
         board: v.board,
         gic: [0, 2, 3][usize::from(v.gic % 3)],
@@ -205,18 +144,18 @@ fn build(v: &Valid) -> (Vec<u8>, Read, Vec<(usize, usize)>) {
         .map(|s| s[..s.len().min(64)].to_vec())
         .collect();
     let mut data = 0;
-    let pages: Vec<Owned> = (0..header.ram_pages as usize)
+    let pages: Vec<OwnedPage> = (0..header.ram_pages as usize)
         .map(|i| {
             let byte = v.kinds.get(i / 4 % v.kinds.len().max(1)).copied();
             match byte.map_or(0, |b| (b >> (2 * (i % 4))) & 3) {
-                0 => Owned::NotBacked,
+                0 => OwnedPage::NotBacked,
                 2 if data < 4 => {
                     data += 1;
                     let mut page = Box::new([v.fill; PAGE]);
                     page[..8].copy_from_slice(&(i as u64).to_le_bytes());
-                    Owned::Data(page)
+                    OwnedPage::Data(page)
                 }
-                _ => Owned::Zero,
+                _ => OwnedPage::Zero,
             }
         })
         .collect();
@@ -236,7 +175,10 @@ fn build(v: &Valid) -> (Vec<u8>, Read, Vec<(usize, usize)>) {
         at += 12 + s.len();
     }
     for chunk in pages.chunks(CHUNK_PAGES) {
-        let data = chunk.iter().filter(|p| matches!(p, Owned::Data(_))).count();
+        let data = chunk
+            .iter()
+            .filter(|p| matches!(p, OwnedPage::Data(_)))
+            .count();
         let len = 14 + chunk.len().div_ceil(4) + data * PAGE + 4;
         parts.push((at, at + len));
         at += len;
@@ -247,10 +189,10 @@ fn build(v: &Valid) -> (Vec<u8>, Read, Vec<(usize, usize)>) {
         bytes.len(),
         "the parts are not where they were thought"
     );
-    let written = Read {
+    let written = ReadAll {
         header: Some(header),
         sections,
-        pages,
+        pages: (0..).zip(pages).collect(),
         result: Ok(totals),
     };
     (bytes, written, parts)
@@ -300,7 +242,7 @@ fn reseal(bytes: &mut [u8], parts: &[(usize, usize)]) {
     }
 }
 
-fn check(bytes: &[u8]) -> Read {
+fn check(bytes: &[u8]) -> ReadAll {
     let out = read(bytes);
     if out.result.is_ok() {
         let again = rewrite(&out);

@@ -8,35 +8,11 @@ use proptest::prelude::*;
 
 use super::format::*;
 use super::store::{Store, StoreError};
-use super::testing::RamDisk;
+use super::testing::{
+    read_all as read, OwnedPage as Owned, RamDisk, ReadAll, SECTION_KINDS as KINDS,
+};
 use crate::bundle_crc::crc32;
 use crate::test_rng::XorShift;
-
-/// A page as a test keeps it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Owned {
-    NotBacked,
-    Zero,
-    Data(Box<[u8; PAGE]>),
-}
-
-impl Owned {
-    fn page(&self) -> Page<'_> {
-        match self {
-            Owned::NotBacked => Page::NotBacked,
-            Owned::Zero => Page::Zero,
-            Owned::Data(d) => Page::Data(d),
-        }
-    }
-
-    fn of(page: Page<'_>) -> Self {
-        match page {
-            Page::NotBacked => Owned::NotBacked,
-            Page::Zero => Owned::Zero,
-            Page::Data(d) => Owned::Data(Box::new(*d)),
-        }
-    }
-}
 
 fn data(seed: u64) -> Owned {
     let mut rng = XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
@@ -72,12 +48,6 @@ fn header(ram_pages: u64) -> Header {
     }
 }
 
-const KINDS: [SectionKind; 3] = [
-    SectionKind::Config,
-    SectionKind::Vcpus,
-    SectionKind::Devices,
-];
-
 fn sections() -> [Vec<u8>; 3] {
     [b"name = alpha".to_vec(), vec![7; 300], Vec::new()]
 }
@@ -94,46 +64,6 @@ fn write(header: &Header, sections: &[Vec<u8>; 3], pages: &[Owned]) -> (Vec<u8>,
     let (bytes, finished) = w.finish().unwrap();
     assert_eq!(totals, finished);
     (bytes, totals)
-}
-
-/// Everything a reader got from `bytes`, and how it ended.
-#[derive(Debug)]
-struct Outcome {
-    header: Option<Header>,
-    sections: Vec<Vec<u8>>,
-    pages: Vec<(u64, Owned)>,
-    result: Result<Totals, FormatError>,
-}
-
-fn read(bytes: &[u8]) -> Outcome {
-    let mut out = Outcome {
-        header: None,
-        sections: Vec::new(),
-        pages: Vec::new(),
-        result: Err(FormatError::Invalid("not read")),
-    };
-    let (mut r, header) = match SnapshotReader::open(bytes) {
-        Ok(opened) => opened,
-        Err(e) => {
-            out.result = Err(e);
-            return out;
-        }
-    };
-    out.header = Some(header);
-    for kind in KINDS {
-        match r.section(kind) {
-            Ok(bytes) => out.sections.push(bytes),
-            Err(e) => {
-                out.result = Err(e);
-                return out;
-            }
-        }
-    }
-    out.result = r.pages(|pfn, page| {
-        out.pages.push((pfn, Owned::of(page)));
-        Ok::<_, FormatError>(())
-    });
-    out
 }
 
 fn totals_of(pages: &[Owned]) -> Totals {
@@ -483,7 +413,7 @@ fn a_section_longer_than_the_limit_is_refused_before_it_is_read() {
 }
 
 /// `memory` after the start of a snapshot of `ram_pages`, read.
-fn read_memory(ram_pages: u64, memory: &[&[u8]]) -> Outcome {
+fn read_memory(ram_pages: u64, memory: &[&[u8]]) -> ReadAll {
     let mut bytes = start(ram_pages);
     for part in memory {
         bytes.extend_from_slice(part);
@@ -491,7 +421,7 @@ fn read_memory(ram_pages: u64, memory: &[&[u8]]) -> Outcome {
     read(&bytes)
 }
 
-fn bad_chunk(out: &Outcome) -> &'static str {
+fn bad_chunk(out: &ReadAll) -> &'static str {
     match out.result {
         Err(FormatError::BadChunk { why, .. }) => why,
         ref other => panic!("not a bad chunk: {other:?}"),

@@ -1,12 +1,15 @@
-//! A disk in memory for host tests and the fuzz target (feature
-//! `testing`): sectors in a `Vec`, requests counted, and a write that
-//! fails on demand.
+//! For host tests and the fuzz targets (feature `testing`): a disk in
+//! memory (sectors in a `Vec`, requests counted, a write that fails on
+//! demand), and everything a snapshot reader gets from some bytes.
 
 extern crate alloc;
 
 use alloc::vec;
 use alloc::vec::Vec;
 
+use alloc::boxed::Box;
+
+use super::format::{FormatError, Header, Page, SectionKind, SnapshotReader, Totals, PAGE};
 use super::store::{Disk, DiskError, SECTOR};
 
 pub struct RamDisk {
@@ -69,4 +72,79 @@ impl Disk for RamDisk {
         self.bytes[r].copy_from_slice(buf);
         Ok(())
     }
+}
+
+/// A page as a test keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnedPage {
+    NotBacked,
+    Zero,
+    Data(Box<[u8; PAGE]>),
+}
+
+impl OwnedPage {
+    pub fn page(&self) -> Page<'_> {
+        match self {
+            OwnedPage::NotBacked => Page::NotBacked,
+            OwnedPage::Zero => Page::Zero,
+            OwnedPage::Data(d) => Page::Data(d),
+        }
+    }
+
+    pub fn of(page: Page<'_>) -> Self {
+        match page {
+            Page::NotBacked => OwnedPage::NotBacked,
+            Page::Zero => OwnedPage::Zero,
+            Page::Data(d) => OwnedPage::Data(Box::new(*d)),
+        }
+    }
+}
+
+/// The three sections, in the order a snapshot has them.
+pub const SECTION_KINDS: [SectionKind; 3] = [
+    SectionKind::Config,
+    SectionKind::Vcpus,
+    SectionKind::Devices,
+];
+
+/// Everything a reader got from some bytes, and how it ended.
+#[derive(Debug)]
+pub struct ReadAll {
+    pub header: Option<Header>,
+    pub sections: Vec<Vec<u8>>,
+    /// Each page as delivered, with its page number.
+    pub pages: Vec<(u64, OwnedPage)>,
+    pub result: Result<Totals, FormatError>,
+}
+
+/// Read `bytes` as far as the reader goes.
+pub fn read_all(bytes: &[u8]) -> ReadAll {
+    let mut out = ReadAll {
+        header: None,
+        sections: Vec::new(),
+        pages: Vec::new(),
+        result: Err(FormatError::Invalid("not read")),
+    };
+    let (mut r, header) = match SnapshotReader::open(bytes) {
+        Ok(opened) => opened,
+        Err(e) => {
+            out.result = Err(e);
+            return out;
+        }
+    };
+    out.header = Some(header);
+    for kind in SECTION_KINDS {
+        match r.section(kind) {
+            Ok(bytes) => out.sections.push(bytes),
+            Err(e) => {
+                out.result = Err(e);
+                return out;
+            }
+        }
+    }
+    out.result = r.pages(|pfn, page| {
+        out.pages.push((pfn, OwnedPage::of(page)));
+        Ok::<_, FormatError>(())
+    });
+    out
 }
